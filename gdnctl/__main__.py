@@ -1,0 +1,3 @@
+from gdnctl.cli import main
+
+main()

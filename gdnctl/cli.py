@@ -1,0 +1,220 @@
+"""The `gdnctl` command line: parse, call one function, print. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gdnctl import __version__
+from gdnctl.errors import GdnctlError
+
+app = typer.Typer(
+    name="gdnctl",
+    help="Validate, render and launch Qwen3.5 / Qwen3-Next Gated-DeltaNet training and RL jobs "
+         "on Megatron + vLLM.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+presets_app = typer.Typer(help="List, show and copy the shipped presets.", no_args_is_help=True)
+app.add_typer(presets_app, name="presets")
+
+PresetArg = Annotated[str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", metavar="KEY=VALUE",
+    help="Override a preset field; the value parses as YAML (e.g. --set parallel.tp=2). Repeatable.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+def _colour() -> bool:
+    return sys.stdout.isatty()
+
+
+def _emit_json(data: object) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"gdnctl: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"gdnctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    pass
+
+
+@app.command()
+def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False,
+             strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False) -> None:
+    """Check a preset before any GPU is spent. Exit 0: valid, 1: errors (or warnings with --strict),
+    2: the file cannot be read or the arguments are wrong."""
+    from gdnctl.findings import Severity
+    from gdnctl.report import format_findings, summary_line
+    from gdnctl.validate import validate as run_validation
+
+    result = run_validation(preset, set_ or [])
+    failed = not result.ok or (strict and result.count(Severity.WARNING) > 0)
+    if json_output:
+        data = result.to_json()
+        data["ok"] = not failed
+        _emit_json(data)
+    else:
+        text = format_findings(result.findings, _colour())
+        if text:
+            typer.echo(text)
+        typer.echo(summary_line(result.loaded.source, result.count(Severity.ERROR), result.count(Severity.WARNING),
+                                result.count(Severity.INFO), _colour()))
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False) -> None:
+    """Show the resolved config: every derived value with the reason for it, and the memory table."""
+    from gdnctl.explain import derived_values, memory_table
+    from gdnctl.report import format_derived, format_findings, format_memory
+    from gdnctl.validate import validate as run_validation
+
+    result = run_validation(preset, set_ or [])
+    run = result.run
+    derived = derived_values(run) if run is not None else []
+    estimate = memory_table(run) if run is not None else None
+    if json_output:
+        _emit_json({
+            **result.to_json(),
+            "derived": [{"name": d.name, "value": d.value, "reason": d.reason} for d in derived],
+            "memory": None if estimate is None else {
+                "rows": [{"name": r.name, "gib": round(r.gib, 3), "note": r.note} for r in estimate.rows],
+                "total_gib": round(estimate.total_gib, 3), "capacity_gib": estimate.capacity_gib,
+                "usage": round(estimate.usage, 4)},
+        })
+        raise typer.Exit(0 if result.ok else 1)
+    typer.echo(f"{result.loaded.source}" + (f" (built on {', '.join(result.loaded.chain[:-1])})"
+                                            if len(result.loaded.chain) > 1 else ""))
+    if derived:
+        typer.echo("\nderived values:")
+        typer.echo(format_derived(derived))
+    if estimate is not None:
+        typer.echo("\nmemory per GPU (estimate):")
+        typer.echo(format_memory(estimate))
+    if result.findings:
+        typer.echo("\nfindings:")
+        typer.echo(format_findings(result.findings, _colour()))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
+          json_output: JsonOpt = False) -> None:
+    """List every rule, or print one rule's documentation."""
+    import gdnctl.rules  # noqa: F401  (registers the rules)
+    import gdnctl.validate  # noqa: F401  (registers the loader's codes)
+    from gdnctl.findings import RULES
+    from gdnctl.report import format_rule_doc, format_rule_list
+
+    ordered = sorted(RULES.values(), key=lambda r: r.code)
+    if code is None:
+        if json_output:
+            _emit_json([{"code": r.code, "name": r.name, "severity": r.severity.value, "concern": r.concern,
+                         "summary": r.summary} for r in ordered])
+        else:
+            typer.echo(format_rule_list(sorted(ordered, key=lambda r: (r.concern, r.code))))
+        return
+    info = RULES.get(code.upper())
+    if info is None:
+        import difflib
+
+        close = difflib.get_close_matches(code.upper(), list(RULES), n=1)
+        _fail(f"no rule {code}." + (f" Did you mean {close[0]}?" if close else "") + " `gdnctl rules` lists them.")
+    if json_output:
+        _emit_json({"code": info.code, "name": info.name, "severity": info.severity.value,
+                    "summary": info.summary, "doc": info.doc})
+    else:
+        typer.echo(format_rule_doc(info))
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of presets (for editor completion and validation)."""
+    from gdnctl.preset import Preset
+
+    data = Preset.model_json_schema()
+    data["properties"]["base"] = {"type": "string",
+                                  "description": "Preset this one builds on (path or shipped preset name)"}
+    _emit_json(data)
+
+
+def _shipped(name: str) -> Path:
+    from gdnctl.loader import resolve_preset_path
+    from gdnctl.resources import presets_dir
+
+    path = resolve_preset_path(name)
+    if not path.is_file():
+        names = sorted(p.stem for p in presets_dir().glob("*.yaml"))
+        _fail(f"no shipped preset '{name}'. Shipped: {', '.join(names)}.")
+    return path
+
+
+@presets_app.command("list")
+def presets_list(json_output: JsonOpt = False) -> None:
+    """List the shipped presets with their job, model and cluster."""
+    import yaml
+
+    from gdnctl.loader import load_preset
+    from gdnctl.resources import presets_dir
+
+    rows = []
+    for path in sorted(presets_dir().glob("*.yaml")):
+        loaded = load_preset(path)
+        p = loaded.preset
+        description = (yaml.safe_load(path.read_text()) or {}).get("description") or (p.description if p else "")
+        rows.append({"name": path.stem, "job": p.job if p else "?",
+                     "model": (p.model.id or p.model.path) if p else "?",
+                     "cluster": f"{p.cluster.nodes}x{p.cluster.gpus_per_node} {p.cluster.gpu}" if p else "?",
+                     "description": description or ""})
+    if json_output:
+        _emit_json(rows)
+        return
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        typer.echo(f"{r['name']:<{width}}  {r['job']:<8} {r['model']:<26} {r['cluster']:<11} {r['description']}")
+
+
+@presets_app.command("show")
+def presets_show(name: Annotated[str, typer.Argument(help="Shipped preset name.")]) -> None:
+    """Print a shipped preset."""
+    typer.echo(_shipped(name).read_text(), nl=False)
+
+
+@presets_app.command("cp")
+def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.")],
+               dest: Annotated[Path, typer.Argument(help="File or directory to copy it to.")],
+               force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False) -> None:
+    """Copy a shipped preset to edit it (or better: write `base: NAME` in your own)."""
+    source = _shipped(name)
+    target = dest / source.name if dest.is_dir() else dest
+    if target.exists() and not force:
+        _fail(f"{target} exists; pass --force to overwrite it.")
+    shutil.copyfile(source, target)
+    typer.echo(f"copied {source.name} to {target}")
+
+
+def main() -> None:
+    try:
+        app()
+    except GdnctlError as err:
+        typer.echo(f"gdnctl: {err}", err=True)
+        sys.exit(err.exit_code)

@@ -1,0 +1,164 @@
+"""The engine config: what `gdnctl render` writes to `engine.yaml` and `python -m gdnctl.runtime` reads.
+
+Every value here has been decided by the compiler (`gdnctl.compile`); the runtime never applies a default
+of its own. Kept free of heavy imports: the runtime loads it before torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+ENGINE_CONFIG_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    # defer_build: `gdnctl validate` needs only ModelArch; the rest is built when render/runtime use it.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+class ModelArch(_Frozen):
+    """Architecture of the model being run (catalog or checkpoint config.json, already merged)."""
+
+    id: str | None
+    path: str | None
+    model_type: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    full_attention_interval: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    ffn_hidden_size: int | None
+    num_experts: int | None
+    num_experts_per_tok: int | None
+    moe_ffn_hidden_size: int | None
+    shared_expert_ffn_hidden_size: int | None
+    mtp_num_layers: int
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts)
+
+    @property
+    def is_qwen35(self) -> bool:
+        return self.model_type.startswith("qwen3_5")
+
+    @property
+    def text_only(self) -> bool:
+        """Text-only classes (`*ForCausalLM`); the released Qwen3.5 checkpoints are vision-language."""
+        return self.architecture.endswith("ForCausalLM")
+
+    @property
+    def label(self) -> str:
+        return self.id or self.path or self.model_type
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return self.num_layers // self.full_attention_interval
+
+    @property
+    def num_gdn_layers(self) -> int:
+        return self.num_layers - self.num_full_attention_layers
+
+
+class EngineParallel(_Frozen):
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int | None
+    dp: int
+    sequence_parallel: bool
+
+
+class EngineTrain(_Frozen):
+    bridge: str
+    update_weights_via_bridge: bool
+    # Why the bridge export is not used even though it was asked for (empty when it is used).
+    weight_sync_fallback_reasons: tuple[str, ...]
+    precision: str
+    lora_rank: int | None
+    lora_alpha: float | None
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int
+    num_microbatches: int
+    lr: float
+    train_iters: int
+    seed: int
+    recompute: str
+    optimizer_cpu_offload: bool
+    data_path: str | None
+    tokenizer_path: str | None
+    save_dir: str | None
+    save_interval: int | None
+
+
+class EngineComm(_Frozen):
+    memory_guard: bool
+    free_gb_threshold: float
+    skip_ops: tuple[str, ...]
+    profile: bool
+    profile_dir: str
+
+
+class EngineKernels(_Frozen):
+    gdn_backend: Literal["fla", "flashqla"]
+
+
+class EngineRollout(_Frozen):
+    engine: str
+    tp: int
+    num_gpus: int
+    colocate: bool
+    gdn_prefill_backend: str | None
+    gpu_memory_utilization: float
+    max_model_len: int
+    n_samples_per_prompt: int
+    python: str | None
+
+
+class EngineSelftest(_Frozen):
+    steps: int
+
+
+class EngineConfig(_Frozen):
+    version: int = ENGINE_CONFIG_VERSION
+    gdnctl_version: str
+    name: str
+    job: Literal["rl", "sft", "pretrain", "selftest"]
+    device: Literal["cuda", "cpu"]
+    model: ModelArch
+    parallel: EngineParallel
+    layout: Literal["thd", "bshd"]
+    train: EngineTrain
+    kernels: EngineKernels
+    comm: EngineComm
+    rollout: EngineRollout | None
+    selftest: EngineSelftest | None
+    runtime_versions: dict[str, str]
+    env: dict[str, str]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "EngineConfig":
+        data = yaml.safe_load(Path(path).read_text())
+        return cls.model_validate(data)

@@ -1,0 +1,63 @@
+"""GPU facts the rules need: compute capability (SM) and memory.
+
+Memory is the capacity a job can use on one GPU in GiB (nvidia-smi's total where we have read one,
+e.g. H100 80GB shows 81559 MiB = 79.6 GiB; otherwise the vendor's nominal figure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    description: str
+    sm: tuple[int, int] | None  # None for the CPU pseudo-device
+    memory_gib: float
+
+    @property
+    def sm_label(self) -> str:
+        return "none" if self.sm is None else f"SM{self.sm[0]}{self.sm[1]}"
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.sm == (9, 0)
+
+    @property
+    def is_blackwell(self) -> bool:
+        return self.sm is not None and self.sm[0] in (10, 12)
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec("h100", "NVIDIA H100 80GB", (9, 0), 79.6),
+        GpuSpec("h200", "NVIDIA H200 141GB", (9, 0), 140.4),
+        GpuSpec("h800", "NVIDIA H800 80GB", (9, 0), 79.6),
+        GpuSpec("h20", "NVIDIA H20 96GB", (9, 0), 95.0),
+        GpuSpec("gh200", "NVIDIA GH200 96GB", (9, 0), 95.0),
+        GpuSpec("a100", "NVIDIA A100 80GB", (8, 0), 79.2),
+        GpuSpec("a100-40g", "NVIDIA A100 40GB", (8, 0), 39.4),
+        GpuSpec("a800", "NVIDIA A800 80GB", (8, 0), 79.2),
+        GpuSpec("l20", "NVIDIA L20 48GB", (8, 9), 44.5),
+        GpuSpec("l40s", "NVIDIA L40S 48GB", (8, 9), 44.5),
+        GpuSpec("b200", "NVIDIA B200 180GB", (10, 0), 178.0),
+        GpuSpec("gb200", "NVIDIA GB200 186GB", (10, 0), 184.0),
+        GpuSpec("b300", "NVIDIA B300 288GB", (10, 3), 268.0),
+        GpuSpec("gb300", "NVIDIA GB300 288GB", (10, 3), 268.0),
+        GpuSpec("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell 96GB", (12, 0), 95.0),
+        GpuSpec("rtx-5090", "NVIDIA GeForce RTX 5090 32GB", (12, 0), 31.4),
+        GpuSpec("gb10", "NVIDIA GB10 (DGX Spark) 128GB unified", (12, 1), 119.0),
+        GpuSpec("cpu", "no GPU: CPU processes with gloo (selftest only)", None, 0.0),
+    )
+}
+
+# FlashQLA kernels exist for these compute capabilities (QwenLM/FlashQLA README; FACTS section 4).
+FLASHQLA_SMS: frozenset[tuple[int, int]] = frozenset({(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)})
+# ...of which SM120/SM121 have a forward kernel only, so they cannot train.
+FLASHQLA_FORWARD_ONLY_SMS: frozenset[tuple[int, int]] = frozenset({(12, 0), (12, 1)})
+
+
+def sm_label(sm: tuple[int, int]) -> str:
+    return f"SM{sm[0]}{sm[1]}"

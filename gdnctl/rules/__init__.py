@@ -1,0 +1,14 @@
+"""The rule set. Importing this package registers every rule in `gdnctl.findings.RULES`."""
+
+from __future__ import annotations
+
+from gdnctl.findings import RULES, Finding, sort_findings
+from gdnctl.rules import bridge, comm, heads, kernels, layout, memory, parallel, rollout  # noqa: F401  (register)
+
+
+def check(run) -> list[Finding]:
+    findings = []
+    for info in RULES.values():
+        if info.check is not None:
+            findings.extend(info.run(run))
+    return sort_findings(findings)
