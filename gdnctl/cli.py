@@ -9,11 +9,25 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
 
+
+class _Group(TyperGroup):
+    """Turns a GdnctlError (bad input, not a bug) into one line on stderr and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except GdnctlError as err:
+            typer.echo(f"gdnctl: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+
+
 app = typer.Typer(
+    cls=_Group,
     name="gdnctl",
     help="Validate, render and launch Qwen3.5 / Qwen3-Next Gated-DeltaNet training and RL jobs "
          "on Megatron + vLLM.",
@@ -22,7 +36,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-presets_app = typer.Typer(help="List, show and copy the shipped presets.", no_args_is_help=True)
+presets_app = typer.Typer(cls=_Group, help="List, show and copy the shipped presets.", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 
 PresetArg = Annotated[str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.")]
@@ -213,8 +227,4 @@ def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.")]
 
 
 def main() -> None:
-    try:
-        app()
-    except GdnctlError as err:
-        typer.echo(f"gdnctl: {err}", err=True)
-        sys.exit(err.exit_code)
+    app()

@@ -47,9 +47,11 @@ class Run:
 
     @property
     def dp(self) -> int | None:
-        """Data-parallel size, or None when the world size is not divisible by tp*pp*cp."""
+        """Data-parallel size, or None when the world size is empty or not divisible by tp*pp*cp."""
         world = self.world_size.value
-        return world // self.model_parallel_size if world % self.model_parallel_size == 0 else None
+        if world < 1 or world % self.model_parallel_size:
+            return None
+        return world // self.model_parallel_size
 
     @cached_property
     def layout(self) -> decide.Decision:

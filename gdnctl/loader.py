@@ -8,6 +8,7 @@ the file:line:column it was written at, and a did-you-mean for misspelt keys.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -47,6 +48,17 @@ INVALID_VALUE = register_load_code(
 )
 
 SET_SOURCE = "--set"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-5` as a float (YAML 1.2), not the string PyYAML's YAML 1.1 makes of it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
 
 
 @dataclass
@@ -103,8 +115,12 @@ def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
     except (OSError, UnicodeDecodeError) as err:
         raise PresetLoadError(f"{path} cannot be read: {err}.") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = _Loader(text)
+        try:  # one parse gives both the values and their positions
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -175,7 +191,7 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise PresetLoadError(f"--set '{text}' is not of the form a.b=value (e.g. --set parallel.tp=2).")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
     except yaml.YAMLError:
         raise PresetLoadError(f"--set '{text}': the value is not valid YAML; quote it.") from None
     return tuple(key.split(".")), value

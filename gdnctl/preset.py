@@ -20,7 +20,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # defer_build: the schema is built once, for Preset, at the first validation instead of per section.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class ModelSpec(_Section):

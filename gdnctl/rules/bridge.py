@@ -15,8 +15,8 @@ def qwen35_needs_megatron_bridge(run):
     """
     What it checks: Qwen3.5 models use train.bridge: megatron-bridge.
 
-    Why: mbridge substring-matches `qwen3` and emits wrong shapes for the GDN layers of Qwen3.5
-    (FACTS section 3); megatron-bridge has dedicated Qwen3.5 bridges.
+    Why: mbridge substring-matches `qwen3` and emits wrong shapes for the GDN layers of Qwen3.5;
+    megatron-bridge has dedicated Qwen3.5 bridges.
 
     Fix: set train.bridge: megatron-bridge.
     """
@@ -94,8 +94,7 @@ def vpp_tied_embeddings(run):
     What it checks: parallel.vpp on a model with tied input/output embeddings (Qwen3.5-0.8B, 2B, 4B)
     under megatron-bridge.
 
-    Why: megatron-bridge's `_broadcast_shared_embeddings` does not support VPP with tied embeddings
-    (FACTS section 3).
+    Why: megatron-bridge's `_broadcast_shared_embeddings` does not support VPP with tied embeddings.
 
     Fix: remove parallel.vpp (use plain pp), or pick an untied model size.
     """

@@ -32,7 +32,7 @@ def tp_divides_kv_heads(run):
 
     Why: Megatron-Core asserts `num_query_groups % tensor_model_parallel_size == 0`; it does not replicate
     KV heads. Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B and Qwen3-Next-80B have 2 KV heads, so TP <= 2
-    (slime PR #1662 moved 35B-A3B from TP4 to TP2; AReaL tests the same). FACTS section 2.
+    (slime PR #1662 moved 35B-A3B from TP4 to TP2; AReaL tests the same).
 
     Fix: use tp 1 or 2 on 2-KV-head models and scale with ep, cp, pp or dp instead.
     """

@@ -19,7 +19,7 @@ def flashqla_gpu(run):
     What it checks: kernels.gdn_backend: flashqla only on SM90, SM100, SM103, SM120 or SM121 GPUs.
 
     Why: FlashQLA's TileLang kernels exist only for those architectures, and `import flash_qla` raises
-    ValueError on any other GPU (FACTS section 4).
+    ValueError on any other GPU (QwenLM/FlashQLA).
 
     Fix: set kernels.gdn_backend: fla, or run on a Hopper/Blackwell GPU.
     """

@@ -15,7 +15,7 @@ def mcore_has_gdn(run):
     """
     What it checks: runtime.megatron_core is at least 0.16, the first release with GatedDeltaNet.
 
-    Why: older Megatron-Core cannot build Qwen3.5 / Qwen3-Next GDN layers. FACTS section 2.
+    Why: older Megatron-Core cannot build Qwen3.5 / Qwen3-Next GDN layers (megatron/core/ssm/gated_delta_net).
 
     Fix: set runtime.megatron_core to 0.19.2 (the stack gdnctl is pinned to) and install it.
     """
@@ -119,7 +119,7 @@ def thd_micro_batch(run):
     What it checks: a thd layout with train.micro_batch_size > 1.
 
     Why: Megatron-Core's GDN THD path needs batch size 1: a micro-batch is one packed row of
-    concatenated sequences (FACTS section 2). seq_length sets the tokens per micro-batch.
+    concatenated sequences (Megatron-LM PR #2645). seq_length sets the tokens per micro-batch.
 
     Fix: set train.micro_batch_size: 1 and size train.seq_length to the tokens per micro-batch.
     """

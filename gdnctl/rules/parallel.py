@@ -82,7 +82,7 @@ def moe_tp_needs_sp(run):
     What it checks: a MoE model with tp > 1 runs with sequence parallel on.
 
     Why: Megatron-Core asserts `sequence_parallel` when `tensor_model_parallel_size > 1` and experts are used
-    (the token dispatcher expects sequence-sharded inputs). FACTS section 2.
+    (the token dispatcher expects sequence-sharded inputs).
 
     Fix: set parallel.sequence_parallel: true (or leave it unset: it defaults to on when tp > 1).
     """

@@ -43,7 +43,7 @@ def prefill_backend_supported(run):
     """
     What it checks: rollout.gdn_prefill_backend is accepted by runtime.vllm: vLLM < 0.18 has no
     `--gdn-prefill-backend` flag; 0.18-0.21 accept flashinfer and triton; 0.22 adds cutedsl; 0.32 adds
-    aiter_flydsl; 0.33 adds sycl. `auto` (or null) emits no flag. FACTS section 7.
+    aiter_flydsl; 0.33 adds sycl. `auto` (or null) emits no flag (vLLM's engine args by release).
 
     Why: vLLM rejects an unknown flag or choice at start-up, after the trainer has loaded.
 
@@ -162,7 +162,7 @@ def separate_environments(run):
 
     Why: megatron-bridge 0.6.2 pins transformers <= 5.12.1 and flashinfer-python == 0.6.8.post1, while
     vLLM 0.33.0 pins transformers >= 5.16.1, flashinfer-python == 0.7.2.post1 and torch == 2.14.0
-    (FACTS section 3): one environment cannot satisfy both.
+    (their release metadata): one environment cannot satisfy both.
 
     Fix: set rollout.python to the interpreter of a separate vLLM environment (or rollout.container_image).
     """
