@@ -171,6 +171,93 @@ def schema() -> None:
     _emit_json(data)
 
 
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Run dir to write (default: "
+                                                   "runs/NAME-TIMESTAMP).")]
+TemplatesOpt = Annotated[Optional[Path], typer.Option("--templates", help="Directory with your own copies of "
+                                                      "gdnctl's templates.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace a non-empty run dir.")]
+
+
+def _render_or_report(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
+                      templates: Optional[Path], dry_run: bool = False):
+    from gdnctl.launch import default_run_dir
+    from gdnctl.render import RenderRefused, render
+    from gdnctl.report import format_findings
+
+    try:
+        if run_dir is None:
+            from gdnctl.loader import load_preset
+
+            loaded = load_preset(preset, overrides)
+            run_dir = default_run_dir(loaded.preset.name if loaded.preset else "run")
+        return render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
+    except RenderRefused as refused:
+        typer.echo(format_findings(refused.result.findings, _colour()), err=True)
+        raise
+
+
+def _print_dry_run(rendered) -> None:
+    for name in ("launch_local.sh", "launch_slurm.sbatch"):
+        typer.echo(f"===== {name} =====")
+        typer.echo(rendered.files[name], nl=False)
+    typer.echo("===== environment =====")
+    width = max(len(row[0]) for row in rendered.env_table)
+    for name, value, source in rendered.env_table:
+        typer.echo(f"{name:<{width}}  {value}  ({source})")
+
+
+@app.command()
+def render(preset: PresetArg,
+           output: Annotated[Path, typer.Option("--output", "-o", help="Run dir to write.")],
+           set_: SetOpt = None, force: ForceOpt = False, templates: TemplatesOpt = None,
+           json_output: JsonOpt = False) -> None:
+    """Write the run dir: engine.yaml, launch_local.sh, launch_slurm.sbatch, manifest.json.
+    Refuses a preset with errors (exit 1)."""
+    rendered = _render_or_report(preset, output, set_ or [], force, templates)
+    if json_output:
+        _emit_json({"run_dir": str(rendered.run_dir), "files": sorted([*rendered.files, "manifest.json"]),
+                    "manifest": rendered.manifest})
+        return
+    typer.echo(f"rendered {rendered.run_dir}")
+    for name in sorted([*rendered.files, "manifest.json"]):
+        typer.echo(f"  {name}")
+    typer.echo(f"run it: gdnctl launch {preset} --run-dir {rendered.run_dir}   "
+               f"(or: bash {rendered.run_dir / 'launch_local.sh'})")
+
+
+@app.command()
+def launch(preset: PresetArg, set_: SetOpt = None,
+           slurm: Annotated[Optional[bool], typer.Option("--slurm/--local", help="Submit with sbatch, or run "
+                                                         "here (default: the preset's launch.executor).")] = None,
+           dry_run: Annotated[bool, typer.Option("--dry-run", help="Render and print the scripts and the "
+                                                 "environment; run nothing.")] = False,
+           run_dir: RunDirOpt = None, force: ForceOpt = False, templates: TemplatesOpt = None,
+           wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and "
+                                              "exit with its exit code.")] = False) -> None:
+    """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch)."""
+    from gdnctl import launch as launcher
+    from gdnctl.render import slurm_job_name
+
+    overrides = list(set_ or [])
+    if slurm is not None:
+        overrides.append(f"launch.executor={'slurm' if slurm else 'local'}")
+    rendered = _render_or_report(preset, run_dir, overrides, force, templates, dry_run=dry_run)
+    if dry_run:
+        _print_dry_run(rendered)
+        return
+    run = rendered.result.run
+    typer.echo(f"gdnctl: rendered {rendered.run_dir}", err=True)
+    if run.preset.launch.executor == "local":
+        raise typer.Exit(launcher.run_local(rendered.run_dir))
+    job = launcher.submit(rendered.run_dir)
+    typer.echo(f"submitted job {job.job_id}; log: {rendered.run_dir / 'logs'}/"
+               f"{slurm_job_name(run.preset.name)}-{job.job_id}.out")
+    if wait:
+        job = launcher.follow(rendered.run_dir, job, slurm_job_name(run.preset.name), typer.echo)
+        typer.echo(f"gdnctl: job {job.job_id} ended {job.state} with exit code {job.exit_code}", err=True)
+        raise typer.Exit(job.exit_code)
+
+
 def _shipped(name: str) -> Path:
     from gdnctl.loader import resolve_preset_path
     from gdnctl.resources import presets_dir

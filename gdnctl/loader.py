@@ -264,7 +264,7 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
             reason = item["msg"].removeprefix("Value error, ")
             shown = item.get("input")
             shown = "" if isinstance(shown, (dict, list)) else f" (got {shown!r})"
-            message = f"{path}: {reason}{shown}."
+            message = f"{reason[:1].upper()}{reason[1:]}{shown}."
             hint = f"Set {path} to a valid value (gdnctl schema shows its type)."
         findings.append(Finding(INVALID_VALUE.code, Severity.ERROR, path, message, hint, location))
     return findings

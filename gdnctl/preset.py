@@ -17,6 +17,10 @@ from gdnctl.hardware import GPUS
 
 JobKind = Literal["rl", "sft", "pretrain", "selftest"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What may stand in an #SBATCH directive: sbatch reads those lines itself (no shell quoting applies), so
+# spaces, quotes, `$` and newlines are refused rather than escaped.
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:@%+=/&|!*\[\]\-]+$")
+SBATCH_SAFE_TEXT = "use letters, digits and _ . , : @ % + = / & | ! * [ ] - only (no spaces, quotes, $ or newlines)"
 
 
 class _Section(BaseModel):
@@ -156,6 +160,18 @@ class SlurmSpec(_Section):
     container_image: str | None = Field(None, description="trainer container image (pyxis --container-image)")
     extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --reservation=x")
 
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("partition", "account", "qos", "constraint", "mem")
+    @classmethod
+    def _directive_value(cls, value: str | None) -> str | None:
+        if value is not None and not SBATCH_SAFE.match(value):
+            raise ValueError(f"'{value}' cannot go into an #SBATCH line: {SBATCH_SAFE_TEXT}")
+        return value
+
     @field_validator("time")
     @classmethod
     def _slurm_time(cls, value: str) -> str:
@@ -167,8 +183,9 @@ class SlurmSpec(_Section):
     @classmethod
     def _options(cls, value: list[str]) -> list[str]:
         for option in value:
-            if not option.startswith("--") or "\n" in option:
-                raise ValueError(f"'{option}' is not a single long sbatch option like --reservation=name")
+            if not option.startswith("--") or not SBATCH_SAFE.match(option):
+                raise ValueError(f"'{option}' is not a single long sbatch option like --reservation=name "
+                                 f"({SBATCH_SAFE_TEXT})")
         return value
 
 

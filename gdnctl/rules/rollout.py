@@ -178,3 +178,26 @@ def separate_environments(run):
         yield Issue("rollout.python", "the trainer and vLLM need different packages: " + "; ".join(conflicts) + ".",
                     "Install vLLM in its own environment and set rollout.python to its interpreter "
                     "(or rollout.container_image).")
+
+
+@rule("RLT009", Severity.ERROR, "A separate rollout on several nodes takes whole nodes")
+def separate_rollout_whole_nodes(run):
+    """
+    What it checks: with rollout.colocate: false on more than one node (or under Slurm), the rollout GPUs
+    are a whole number of nodes.
+
+    Why: the Slurm script runs the trainer and the rollout as separate job steps on disjoint nodes
+    (`srun --relative`), each with its own environment; a node split between them would need two
+    environments on one node.
+
+    Fix: make rollout.num_gpus a multiple of cluster.gpus_per_node, or colocate.
+    """
+    rollout = _rollout(run)
+    p = run.preset
+    if rollout is None or rollout.colocate or (p.cluster.nodes == 1 and p.launch.executor == "local"):
+        return
+    gpus, per_node = run.rollout_gpus.value, p.cluster.gpus_per_node
+    if gpus % per_node:
+        yield Issue("rollout.num_gpus", f"a separate rollout of {gpus} GPUs is not a whole number of "
+                                        f"{per_node}-GPU nodes.",
+                    f"Use a multiple of {per_node} for rollout.num_gpus, or set rollout.colocate: true.")

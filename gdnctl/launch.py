@@ -1,0 +1,114 @@
+"""Run a rendered run dir: locally with bash, or on Slurm with sbatch (optionally following the job)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from gdnctl.errors import GdnctlError
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED"}
+POLL_SECONDS = 1.0
+
+
+class SubmitError(GdnctlError):
+    pass
+
+
+def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "run"
+    return root / f"{safe}-{stamp}"
+
+
+def run_local(run_dir: Path) -> int:
+    """Run launch_local.sh with this process's stdout/stderr; returns the job's exit code."""
+    return subprocess.run(["bash", str(run_dir / "launch_local.sh")], cwd=run_dir, check=False).returncode
+
+
+@dataclass
+class SlurmJob:
+    job_id: str
+    state: str | None = None
+    exit_code: int | None = None
+
+
+def _require(command: str) -> str:
+    path = shutil.which(command)
+    if path is None:
+        raise SubmitError(f"{command} is not on PATH: install the Slurm client (Debian: slurm-client) on this "
+                          "host, or launch without --slurm to run locally.")
+    return path
+
+
+def submit(run_dir: Path) -> SlurmJob:
+    sbatch = _require("sbatch")
+    proc = subprocess.run([sbatch, "--parsable", "launch_slurm.sbatch"], cwd=run_dir, capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        reason = (proc.stderr or proc.stdout).strip().splitlines()
+        raise SubmitError(f"sbatch rejected the job: {reason[-1] if reason else f'exit {proc.returncode}'}. "
+                          f"The script is {run_dir / 'launch_slurm.sbatch'}.")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SubmitError(f"sbatch did not print a job id (got {proc.stdout.strip()!r}).")
+    return SlurmJob(job_id)
+
+
+def job_status(job_id: str) -> tuple[str | None, int | None]:
+    """(state, exit code) from scontrol; the exit code is known once the job has ended."""
+    scontrol = _require("scontrol")
+    proc = subprocess.run([scontrol, "-o", "show", "job", job_id], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return None, None
+    state = re.search(r"\bJobState=(\S+)", proc.stdout)
+    code = re.search(r"\bExitCode=(\d+):(\d+)", proc.stdout)
+    exit_code = None
+    if code:
+        status, signal = int(code.group(1)), int(code.group(2))
+        exit_code = status if status else (128 + signal if signal else 0)
+    return (state.group(1) if state else None), exit_code
+
+
+def follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None],
+           poll: float = POLL_SECONDS) -> SlurmJob:
+    """Tail the job's log until it ends; the job's exit code lands in `job.exit_code`."""
+    log = run_dir / "logs" / f"{job_name}-{job.job_id}.out"
+    offset = 0
+
+    def drain() -> None:
+        nonlocal offset
+        if not log.exists():
+            return
+        with log.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+        offset += len(chunk)
+        if chunk:
+            echo(chunk.decode(errors="replace").rstrip("\n"))
+
+    last_state = None
+    while True:
+        state, exit_code = job_status(job.job_id)
+        drain()
+        if state != last_state and state is not None:
+            print(f"gdnctl: job {job.job_id} is {state}", file=sys.stderr)
+            last_state = state
+        if state in TERMINAL_STATES:
+            drain()
+            job.state = state
+            job.exit_code = exit_code if exit_code is not None else 1
+            if state != "COMPLETED" and job.exit_code == 0:
+                job.exit_code = 1  # cancelled or timed out jobs can report 0:0; they did not succeed
+            return job
+        if state is None:
+            raise SubmitError(f"scontrol no longer knows job {job.job_id}; its log is {log}.")
+        time.sleep(poll)

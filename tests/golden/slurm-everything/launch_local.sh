@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# qwen3.5-35b-a3b-sft: single-node launch on this host (torchrun --standalone).
+# Rendered by gdnctl 0.1.0 from qwen3.5-35b-a3b-sft.yaml; re-render rather than edit.
+# Every value that came from the preset is shell-quoted.
+set -euo pipefail
+
+RUN_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+cd -- "$RUN_DIR"
+mkdir -p -- logs
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export FLA_FLASH_QLA=0
+export OMP_NUM_THREADS=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TILELANG_CACHE_DIR=/shared/tilelang
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export WANDB_PROJECT=q35
+export GDNCTL_JOB_NAME=qwen3.5-35b-a3b-sft
+[[ -n "${WANDB_API_KEY+set}" ]] || echo "gdnctl: WANDB_API_KEY is not set in this shell; the job runs without it" >&2
+[[ -n "${HF_TOKEN+set}" ]] || echo "gdnctl: HF_TOKEN is not set in this shell; the job runs without it" >&2
+
+exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 \
+  -m gdnctl.runtime --config "$RUN_DIR/engine.yaml"
