@@ -1,0 +1,132 @@
+"""`python -m gdnctl.runtime --config engine.yaml`, started by torchrun on every rank.
+
+Order matters: the config is read and checked before torch is imported, and its `env` entries are applied
+before the import too, because NCCL and CUDA read theirs when they initialise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from gdnctl.engine_config import ENGINE_CONFIG_VERSION, EngineConfig
+from gdnctl.errors import GdnctlError
+
+IMPLEMENTED_JOBS = ("selftest",)
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The selftest's collectives take milliseconds; a rank still waiting after this is in a hang, and gloo's
+# default (30 minutes) would hide it.
+SELFTEST_COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+class RuntimeSetupError(GdnctlError):
+    """The engine config or the launch environment cannot run a job."""
+
+
+def load_config(path: Path) -> EngineConfig:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise RuntimeSetupError(f"engine config {path} does not exist; pass the engine.yaml that `gdnctl render` "
+                                "wrote into the run dir.") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise RuntimeSetupError(f"engine config {path} cannot be read ({type(error).__name__}); render the run "
+                                "dir again with `gdnctl render`.") from None
+    version = document.get("version") if isinstance(document, dict) else None
+    if version is not None and version != ENGINE_CONFIG_VERSION:
+        raise RuntimeSetupError(f"engine config {path} has version {version} but this gdnctl reads version "
+                                f"{ENGINE_CONFIG_VERSION}; render it with the gdnctl version that runs it.")
+    try:
+        return EngineConfig.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        raise RuntimeSetupError(f"engine config {path} is invalid at {where} ({first['msg']}); render the run "
+                                "dir again with `gdnctl render`.") from None
+
+
+def check_job(config: EngineConfig) -> None:
+    if config.job not in IMPLEMENTED_JOBS:
+        raise RuntimeSetupError(
+            f"the '{config.job}' job is not available in this version of gdnctl; this version runs "
+            f"{', '.join(IMPLEMENTED_JOBS)} only, so render a preset with job: selftest or upgrade gdnctl.")
+    if config.job == "selftest" and config.selftest is None:
+        raise RuntimeSetupError("the engine config has job 'selftest' but no selftest section; render the run "
+                                "dir again with `gdnctl render`.")
+
+
+def check_launch(config: EngineConfig) -> None:
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise RuntimeSetupError(f"torchrun's variables {', '.join(missing)} are missing; launch this with the run "
+                                "dir's torchrun script (or `torchrun ... -m gdnctl.runtime --config ...`).")
+    world_size = int(os.environ["WORLD_SIZE"])
+    if world_size != config.parallel.world_size:
+        raise RuntimeSetupError(f"torchrun started {world_size} ranks but the engine config was compiled for "
+                                f"parallel.world_size {config.parallel.world_size}; launch it with the run dir's "
+                                "script or render the preset for this many GPUs.")
+
+
+def apply_env(env: dict[str, str]) -> None:
+    """Set the config's environment variables that the launch did not set already (the launch wins)."""
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
+
+
+def run_job(config: EngineConfig, config_path: Path) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from gdnctl.runtime import selftest
+    from gdnctl.runtime.comm_guard import CommGuardPolicy
+
+    policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeSetupError("the engine config says device cuda but torch sees no CUDA device here; run "
+                                    "on a GPU node or render the preset with device: cpu.")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        # Initialised now so the comm guard picks the CUDA memory probe.
+        torch.cuda.init()
+    # On GPUs the default group gets gloo for CPU tensors beside NCCL for CUDA ones: the selftest's comm checks
+    # use CPU tensors so that they run the same on every node, and CUDA collectives still go to NCCL.
+    backend = "gloo" if config.device == "cpu" else "cpu:gloo,cuda:nccl"
+    timeout = SELFTEST_COLLECTIVE_TIMEOUT if config.job == "selftest" else None
+    dist.init_process_group(backend=backend, timeout=timeout)
+    try:
+        return selftest.run(config, policy)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gdnctl.runtime",
+                                     description="Run the job an engine.yaml describes (under torchrun).")
+    parser.add_argument("--config", required=True, type=Path, help="engine.yaml written by gdnctl render")
+    parser.add_argument("--role", choices=("trainer", "rollout"), default="trainer",
+                        help="rollout: the separate vLLM step of an rl job (the Slurm script starts it)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        if args.role == "rollout" and config.job != "rl":
+            raise RuntimeSetupError(f"--role rollout belongs to rl jobs, but this engine config runs "
+                                    f"'{config.job}'; start it without --role.")
+        check_job(config)
+        check_launch(config)
+        apply_env(config.env)
+        return run_job(config, args.config.resolve())
+    except GdnctlError as error:
+        # Every rank finds the same problem; one copy of the sentence is enough.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"gdnctl runtime: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""FLA and FlashQLA, called through gdnctl's adapter, against the fp32 reference at Qwen3.5-35B-A3B GDN shapes.
+
+Forward output and all input gradients must stay within 1e-2 relative error (||a - b|| / ||b||). FlashQLA
+compiles its TileLang kernels on first use (minutes per head configuration); set TILELANG_CACHE_DIR to keep them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnctl.runtime.gdn_kernels import BACKENDS, GdnBackendUnavailable, resolve_backend
+from gdnctl.runtime.gdn_reference import GdnShape, make_gdn_inputs, parity_errors
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOLERANCE = 1e-2
+
+# Qwen3.5-35B-A3B GDN: 16 q/k heads and 32 v heads of dim 128, split over tensor-parallel ranks.
+SHAPES = [
+    GdnShape("tp1-1x8192", qk_heads=16, v_heads=32, seq_lens=(8192,), packed=False),
+    GdnShape("tp2-1x8192", qk_heads=8, v_heads=16, seq_lens=(8192,), packed=False),
+    GdnShape("tp1-varlen-4", qk_heads=16, v_heads=32, seq_lens=(1500, 2548, 3000, 1144), packed=True),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def kernel(request):
+    try:
+        return resolve_backend(request.param, training=True)
+    except GdnBackendUnavailable as unavailable:
+        pytest.skip(str(unavailable))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_forward_and_gradients_match_the_fp32_reference(kernel, shape):
+    errors = parity_errors(kernel, make_gdn_inputs(shape, device="cuda"))
+    print(f"{kernel.name} {shape.name}: " + " ".join(f"{name}={error:.2e}" for name, error in errors.items()))
+    assert max(errors.values()) <= TOLERANCE, errors

@@ -1,0 +1,96 @@
+"""`python -m gdnctl.runtime`: the selftest job end to end under torchrun, and the one-sentence failures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from gdnctl.runtime.__main__ import TORCHRUN_VARIABLES, apply_env, main
+
+from .conftest import torchrun
+from .engine_fixture import WORLD_SIZE, tiny_engine_config, write_engine_yaml
+
+
+def test_selftest_passes_on_two_gloo_ranks(tmp_path):
+    config_path = write_engine_yaml(tmp_path, tiny_engine_config())
+    completed = torchrun("-m", "gdnctl.runtime", "--config", str(config_path), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("selftest: ")]
+    assert lines[-1] == f"selftest: passed: 6 ok, 0 failed, 0 skipped on {WORLD_SIZE} ranks (gloo)"
+    assert len(lines) == 7 and all(" ok (" in line for line in lines[:-1]), lines
+    assert any(line.startswith("selftest: gdn kernel backend ok (flashqla unavailable (expected on CPU)")
+               for line in lines)
+    for rank in range(WORLD_SIZE):
+        assert (tmp_path / "comm_profile" / f"comm_profile_rank{rank}.json").is_file()
+
+
+def test_an_unknown_skip_op_stops_every_rank_with_one_sentence(tmp_path):
+    comm = tiny_engine_config().comm.model_copy(update={"skip_ops": ("all_reduse",)}).model_dump()
+    config_path = write_engine_yaml(tmp_path, tiny_engine_config(comm=comm))
+    completed = torchrun("-m", "gdnctl.runtime", "--config", str(config_path), cwd=tmp_path)
+    assert completed.returncode != 0
+    messages = [line for line in completed.stderr.splitlines() if line.startswith("gdnctl runtime: ")]
+    assert messages == ["gdnctl runtime: comm.skip_ops names unknown ops all_reduse (did you mean all_reduce?); use "
+                        "torch.distributed collective or ProcessGroup method names, which `gdnctl rules COM001` "
+                        "lists."]
+    assert "Traceback (most recent call last)" not in completed.stdout
+
+
+@pytest.fixture
+def outside_torchrun(monkeypatch):
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("job", ["sft", "pretrain", "rl"])
+def test_jobs_not_in_this_version_exit_2(tmp_path, capsys, outside_torchrun, job):
+    config_path = write_engine_yaml(tmp_path, tiny_engine_config(job=job))
+    assert main(["--config", str(config_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"gdnctl runtime: the '{job}' job is not available in this version of gdnctl; ")
+    assert error.count("\n") == 1
+
+
+def test_bad_configs_exit_2_with_a_sentence(tmp_path, capsys, outside_torchrun):
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist; pass the engine.yaml" in capsys.readouterr().err
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("job: [unclosed\n")
+    assert main(["--config", str(broken)]) == 2
+    assert "cannot be read (ParserError); render the run dir again" in capsys.readouterr().err
+
+    document = tiny_engine_config().model_dump(mode="json")
+    document["parallel"]["cp"] = "two"
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text(yaml.safe_dump(document))
+    assert main(["--config", str(invalid)]) == 2
+    assert "is invalid at parallel.cp" in capsys.readouterr().err
+
+    newer = write_engine_yaml(tmp_path, tiny_engine_config(version=2))
+    assert main(["--config", str(newer)]) == 2
+    assert "has version 2 but this gdnctl reads version 1" in capsys.readouterr().err
+
+
+def test_launch_outside_torchrun_or_with_the_wrong_rank_count(tmp_path, capsys, outside_torchrun):
+    config_path = write_engine_yaml(tmp_path, tiny_engine_config())
+    assert main(["--config", str(config_path)]) == 2
+    assert "torchrun's variables RANK, WORLD_SIZE" in capsys.readouterr().err
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        outside_torchrun.setenv(name, value)
+    assert main(["--config", str(config_path)]) == 2
+    assert "torchrun started 4 ranks but the engine config was compiled for parallel.world_size 2" in \
+        capsys.readouterr().err
+
+
+def test_config_env_fills_only_unset_variables(monkeypatch):
+    monkeypatch.setenv("GDNCTL_TEST_SET_BY_LAUNCH", "launch")
+    monkeypatch.delenv("GDNCTL_TEST_FROM_CONFIG", raising=False)
+    apply_env({"GDNCTL_TEST_SET_BY_LAUNCH": "config", "GDNCTL_TEST_FROM_CONFIG": "config"})
+    assert os.environ["GDNCTL_TEST_SET_BY_LAUNCH"] == "launch"
+    assert os.environ["GDNCTL_TEST_FROM_CONFIG"] == "config"
