@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -48,6 +50,23 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 
 def _colour() -> bool:
     return sys.stdout.isatty()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """Send file descriptor 1 to stderr for the duration (catches output of C extensions too)."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _emit_json(data: object) -> None:
@@ -256,6 +275,76 @@ def launch(preset: PresetArg, set_: SetOpt = None,
         job = launcher.follow(rendered.run_dir, job, slurm_job_name(run.preset.name), typer.echo)
         typer.echo(f"gdnctl: job {job.job_id} ended {job.state} with exit code {job.exit_code}", err=True)
         raise typer.Exit(job.exit_code)
+
+
+@app.command()
+def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this preset against the machine.")] = None,
+           set_: SetOpt = None, json_output: JsonOpt = False,
+           kernels: Annotated[bool, typer.Option("--kernels", help="Run fla, flashqla and an fp32 reference at "
+                                                 "the preset's per-rank GDN shapes and compare (GPU).")] = False,
+           bench: Annotated[bool, typer.Option("--bench", help="Time fla vs flashqla at those shapes (GPU).")] = False,
+           chart: Annotated[Optional[Path], typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
+           facts_file: Annotated[Optional[Path], typer.Option("--facts", help="Judge facts saved with "
+                                                              "--save-facts instead of probing this machine.")] = None,
+           save_facts: Annotated[Optional[Path], typer.Option("--save-facts", help="Write the probed machine "
+                                                              "facts as JSON (to share or replay).")] = None) -> None:
+    """Can this machine run the preset? One line per check (OK/WARN/FAIL/SKIP); exit 1 on any FAIL."""
+    from gdnctl.doctor.report import doctor_report
+
+    # Kernel libraries (TileLang) log to stdout; with --json, stdout must carry the one JSON object only.
+    with _stdout_to_stderr(json_output and (kernels or bench)):
+        result = doctor_report(preset, set_ or [], facts_file=facts_file, save_facts=save_facts, kernels=kernels,
+                               bench=bench, chart=chart, progress=None if json_output else typer.echo)
+    if json_output:
+        _emit_json(result.to_json())
+    else:
+        typer.echo(result.text(_colour()))
+    raise typer.Exit(1 if result.failed else 0)
+
+
+@app.command()
+def prewarm(preset: PresetArg, set_: SetOpt = None,
+            cache_dir: Annotated[Optional[Path], typer.Option("--cache-dir", help="Kernel cache to fill (default: "
+                                                              "the preset's launch.kernel_cache_dir).")] = None,
+            verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh "
+                                                 "process afterwards.")] = True,
+            json_output: JsonOpt = False) -> None:
+    """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache."""
+    from gdnctl import prewarm as warmer
+    from gdnctl.render import DEFAULT_KERNEL_CACHE
+    from gdnctl.validate import validate as run_validation
+
+    result = run_validation(preset, set_ or [])
+    if result.run is None or not result.ok:
+        from gdnctl.report import format_findings
+
+        typer.echo(format_findings(result.findings, _colour()), err=True)
+        _fail(f"{preset} has errors; fix them first (gdnctl validate {preset}).", code=1)
+    directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
+    report = warmer.prewarm(result.run, directory, progress=None if json_output else typer.echo, verify=verify)
+    if json_output:
+        _emit_json(report)
+        return
+    typer.echo(f"kernel cache: {report['cache_dir']}")
+    for timing in report.get("fresh_process", []):
+        ratio = report["first_over_warm"][timing["shape"]]
+        typer.echo(f"  {timing['shape']}: first call in a fresh process {timing['first_call_s'] * 1000:.1f} ms, "
+                   f"warm {timing['warm_call_s'] * 1000:.1f} ms ({ratio:.2f}x)")
+
+
+@app.command("comm-report")
+def comm_report(run_dir: Annotated[Path, typer.Argument(help="Run dir of a job that ran with comm.profile: true.")],
+                threshold_mib: Annotated[float, typer.Option("--threshold-mib", help="Largest steady-state memory "
+                                                             "change (MiB) for an op to count as skip-safe.")] = 64,
+                json_output: JsonOpt = False) -> None:
+    """Merge the per-rank communication profiles into slime PR #1947's table and recommend a skip set."""
+    from gdnctl import comm_report as reports
+
+    report = reports.build_report(run_dir, threshold_mib)
+    if json_output:
+        _emit_json(reports.report_as_dict(report))
+    else:
+        typer.echo(reports.format_table(report))
 
 
 def _shipped(name: str) -> Path:

@@ -1,0 +1,63 @@
+"""What the doctor knows about a machine: plain data, saved and loaded as JSON so checks can be replayed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Distributions the doctor looks up (by metadata, without importing them).
+PACKAGES = ("torch", "triton", "flash-qla", "tilelang", "fla-core", "flash-linear-attention", "megatron-core",
+            "megatron-bridge", "transformer-engine", "transformer_engine", "vllm", "nvidia-cudnn-cu12",
+            "nvidia-cudnn-cu13")
+# Environment variables the env lint reads.
+ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH",
+             "TILELANG_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+
+
+@dataclass(frozen=True)
+class GpuFact:
+    name: str
+    sm: tuple[int, int]
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class KernelCacheFact:
+    path: str
+    exists: bool
+    writable: bool
+    entries: int  # compiled kernels found (files under the cache dir)
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    python_version: str
+    torch_version: str | None = None
+    torch_cuda: str | None = None  # CUDA torch was built for
+    torch_error: str | None = None  # why torch could not be imported, when installed but broken
+    gpus: tuple[GpuFact, ...] = ()
+    driver_version: str | None = None
+    nccl_version: str | None = None
+    cudnn_version: str | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    flash_qla_import_error: str | None = None  # None: imported fine (or not installed: see packages)
+    env: dict[str, str] = field(default_factory=dict)
+    kernel_cache: KernelCacheFact | None = None
+
+    def version(self, distribution: str) -> str | None:
+        return self.packages.get(distribution)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MachineFacts":
+        gpus = tuple(GpuFact(g["name"], tuple(g["sm"]), g["memory_gib"]) for g in data.get("gpus", ()))
+        cache = data.get("kernel_cache")
+        return cls(**{**data, "gpus": gpus, "kernel_cache": KernelCacheFact(**cache) if cache else None})
+
+    @classmethod
+    def load(cls, path: Path) -> "MachineFacts":
+        return cls.from_json(json.loads(path.read_text()))

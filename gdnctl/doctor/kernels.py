@@ -1,0 +1,146 @@
+"""`gdnctl doctor --kernels / --bench`: the GDN kernels at the preset's per-rank shapes on this GPU.
+
+Parity runs each backend through the runtime's adapter against the fp32 reference, forward and backward,
+and reports the largest relative error per tensor; timing uses triton's do_bench (median).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from gdnctl.doctor.checks import Check, Status
+from gdnctl.doctor.facts import MachineFacts
+from gdnctl.errors import GdnctlError
+from gdnctl.gdn_shapes import RankShape, per_rank_shapes
+
+TOLERANCE = 1e-2  # relative error ||a - b|| / ||b|| against the fp32 reference, per tensor
+BACKENDS = ("fla", "flashqla")
+
+
+def _say(progress: Callable[[str], None] | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _gdn_shape(shape: RankShape):
+    from gdnctl.runtime.gdn_reference import GdnShape
+
+    return GdnShape(shape.name, shape.qk_heads, shape.v_heads, shape.seq_lens, shape.packed, shape.head_dim)
+
+
+def _available(backend: str, run):
+    """(kernel, None) or (None, reason)."""
+    from gdnctl.runtime.gdn_kernels import GdnBackendUnavailable, resolve_backend
+
+    try:
+        return resolve_backend(backend, training=run.is_training), None
+    except GdnBackendUnavailable as err:
+        return None, str(err)
+
+
+def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
+    if not facts.gpus:
+        return [Check("kernels", Status.SKIP, "no CUDA GPU: kernel parity needs one")]
+    from gdnctl.runtime.gdn_reference import make_gdn_inputs, parity_errors
+
+    results = []
+    for backend in BACKENDS:
+        kernel, reason = _available(backend, run)
+        if kernel is None:
+            chosen = backend == run.preset.kernels.gdn_backend
+            results.append(Check(f"kernels.{backend}", Status.FAIL if chosen else Status.SKIP, reason or ""))
+            continue
+        for shape in per_rank_shapes(run):
+            _say(progress, f"doctor: {backend} vs fp32 reference at {shape.name} "
+                           "(FlashQLA compiles on first use: minutes)" if backend == "flashqla" else
+                 f"doctor: {backend} vs fp32 reference at {shape.name}")
+            inputs = make_gdn_inputs(_gdn_shape(shape), device="cuda")
+            errors = parity_errors(kernel, inputs)
+            worst = max(errors, key=errors.get)
+            text = ", ".join(f"{name} {value:.1e}" for name, value in errors.items())
+            ok = errors[worst] <= TOLERANCE
+            results.append(Check(f"kernels.{backend}.{shape.name}", Status.OK if ok else Status.FAIL, text,
+                                 "" if ok else f"{worst} is {errors[worst]:.2e} > {TOLERANCE}: check the kernel "
+                                               "versions (flash-qla >= 0.1.3, fla 0.6)"))
+    return results
+
+
+def _time_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
+    if not facts.gpus:
+        raise GdnctlError("--bench needs a CUDA GPU; this machine has none.")
+    from gdnctl.runtime.gdn_reference import make_gdn_inputs
+
+    rows = []
+    for shape in per_rank_shapes(run):
+        row: dict = {"shape": shape.name, "qk_heads": shape.qk_heads, "v_heads": shape.v_heads,
+                     "tokens": shape.tokens}
+        for backend in BACKENDS:
+            kernel, reason = _available(backend, run)
+            if kernel is None:
+                row[backend] = {"error": reason}
+                continue
+            _say(progress, f"doctor: timing {backend} at {shape.name}")
+            inputs = make_gdn_inputs(_gdn_shape(shape), device="cuda")
+            leaves = {k: (v.detach().requires_grad_(True) if k in ("q", "k", "v", "g", "beta") else v)
+                      for k, v in inputs.items()}
+
+            def forward():
+                return kernel(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
+                              cu_seqlens=leaves["cu_seqlens"])[0]
+
+            def forward_backward():
+                forward().sum().backward()
+
+            row[backend] = {"fwd_ms": round(_time_ms(forward), 4), "fwd_bwd_ms": round(_time_ms(forward_backward), 4)}
+        if all("fwd_ms" in row.get(b, {}) for b in BACKENDS):
+            row["speedup_fwd"] = round(row["fla"]["fwd_ms"] / row["flashqla"]["fwd_ms"], 3)
+            row["speedup_fwd_bwd"] = round(row["fla"]["fwd_bwd_ms"] / row["flashqla"]["fwd_bwd_ms"], 3)
+        rows.append(row)
+    return rows
+
+
+def format_bench(rows: list[dict]) -> str:
+    lines = [f"{'shape':<24} {'fla fwd':>9} {'fqla fwd':>9} {'x':>6} {'fla f+b':>9} {'fqla f+b':>9} {'x':>6}"]
+    for row in rows:
+        def cell(backend: str, key: str) -> str:
+            data = row.get(backend, {})
+            return f"{data[key]:.3f}" if key in data else "n/a"
+
+        lines.append(f"{row['shape']:<24} {cell('fla', 'fwd_ms'):>9} {cell('flashqla', 'fwd_ms'):>9} "
+                     f"{row.get('speedup_fwd', 'n/a')!s:>6} {cell('fla', 'fwd_bwd_ms'):>9} "
+                     f"{cell('flashqla', 'fwd_bwd_ms'):>9} {row.get('speedup_fwd_bwd', 'n/a')!s:>6}")
+    lines.append("times in ms (median of triton do_bench); x = FLA time / FlashQLA time")
+    return "\n".join(lines)
+
+
+def save_chart(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GdnctlError("--chart needs matplotlib: pip install matplotlib.") from None
+    shapes = [row["shape"] for row in rows]
+    fig, ax = plt.subplots(figsize=(1.8 * len(shapes) + 3, 4))
+    width = 0.2
+    for offset, (backend, key) in enumerate([("fla", "fwd_ms"), ("flashqla", "fwd_ms"), ("fla", "fwd_bwd_ms"),
+                                             ("flashqla", "fwd_bwd_ms")]):
+        values = [row.get(backend, {}).get(key, 0.0) for row in rows]
+        ax.bar([i + (offset - 1.5) * width for i in range(len(rows))], values, width,
+               label=f"{backend} {'fwd' if key == 'fwd_ms' else 'fwd+bwd'}")
+    ax.set_xticks(range(len(rows)), shapes)
+    ax.set_ylabel("ms (median)")
+    ax.set_title("GDN kernel time per call at the preset's per-rank shapes")
+    tallest = max((row.get(b, {}).get("fwd_bwd_ms", 0.0) for row in rows for b in BACKENDS), default=1.0)
+    ax.set_ylim(top=tallest * 1.4)  # headroom so the legend never covers a bar
+    ax.legend(loc="upper left", ncols=2, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,106 @@
+"""Thin probes that read this machine into MachineFacts. All judgement lives in checks.py.
+
+Kernel packages are looked up by metadata, never imported here: `import flash_qla` raises (or worse) on an
+unsupported GPU, so it is tried in a child process with a time limit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gdnctl.doctor.facts import ENV_NAMES, ENV_PREFIXES, PACKAGES, GpuFact, KernelCacheFact, MachineFacts
+
+IMPORT_TIMEOUT_S = 120
+DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_facts() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    except Exception as err:  # a broken install (missing CUDA libraries, ABI mismatch) must not crash doctor
+        return {"torch_error": f"{type(err).__name__}: {err}"}
+    facts: dict = {"torch_version": torch.__version__, "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        gpus = []
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            gpus.append(GpuFact(props.name, (props.major, props.minor), round(props.total_memory / 1024**3, 1)))
+        facts["gpus"] = tuple(gpus)
+        nccl = torch.cuda.nccl.version()
+        facts["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if cudnn:
+        facts["cudnn_version"] = cudnn_version_text(cudnn)
+    return facts
+
+
+def cudnn_version_text(number: int) -> str:
+    """torch's integer cuDNN version as text: cuDNN 9 encodes major*10000 + minor*100 + patch (91900 is
+    9.19.0), cuDNN 8 and older major*1000 + minor*100 + patch (8902 is 8.9.2)."""
+    if number >= 10000:
+        return f"{number // 10000}.{number % 10000 // 100}.{number % 100}"
+    return f"{number // 1000}.{number % 1000 // 100}.{number % 100}"
+
+
+def _driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def _flash_qla_import_error() -> str | None:
+    if _version("flash-qla") is None:
+        return None
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import flash_qla"], capture_output=True, text=True,
+                              timeout=IMPORT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"import flash_qla did not finish within {IMPORT_TIMEOUT_S} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"import flash_qla exited with {proc.returncode}"
+
+
+def _kernel_cache(path: str) -> KernelCacheFact:
+    directory = Path(os.path.expanduser(path))
+    if not directory.exists():
+        parent = next((p for p in directory.parents if p.exists()), Path("/"))
+        return KernelCacheFact(str(directory), False, os.access(parent, os.W_OK), 0)
+    entries = sum(1 for p in directory.rglob("*") if p.is_file())
+    return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), entries)
+
+
+def gather(kernel_cache_dir: str | None = None) -> MachineFacts:
+    env = {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+    cache = kernel_cache_dir or os.environ.get("TILELANG_CACHE_DIR") or DEFAULT_KERNEL_CACHE
+    return MachineFacts(
+        python_version=platform.python_version(),
+        driver_version=_driver_version(),
+        packages={name: _version(name) for name in PACKAGES},
+        flash_qla_import_error=_flash_qla_import_error(),
+        env=env,
+        kernel_cache=_kernel_cache(cache),
+        **_torch_facts(),
+    )

@@ -1,0 +1,42 @@
+"""The GDN kernel shapes one rank of a preset's job calls (no torch: doctor, prewarm and benchmarks use it).
+
+Megatron-Core shards GDN heads over TP, and under context parallel an all-to-all trades the sequence shard
+for a head shard, so each rank runs heads / (tp x cp) key and value heads over the whole sequence. A packed
+(THD) micro-batch is one row of several sequences (varlen, `cu_seqlens`); a padded (BSHD) one is fixed-length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# How a packed micro-batch is split when the doctor or prewarm needs a representative varlen call.
+VARLEN_PIECES = 4
+
+
+@dataclass(frozen=True)
+class RankShape:
+    name: str
+    qk_heads: int
+    v_heads: int
+    head_dim: int
+    seq_lens: tuple[int, ...]
+    packed: bool
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.seq_lens)
+
+
+def per_rank_shapes(run) -> list[RankShape]:
+    m, p, t = run.model, run.preset.parallel, run.preset.train
+    split = p.tp * p.cp
+    qk, v = m.linear_num_key_heads // split, m.linear_num_value_heads // split
+    dim = m.linear_key_head_dim
+    tokens = t.seq_length * (t.micro_batch_size if run.layout.value == "bshd" else 1)
+    label = f"tp{p.tp}" + (f"cp{p.cp}" if p.cp > 1 else "")
+    shapes = [RankShape(f"{label}-1x{t.seq_length}", qk, v, dim, (t.seq_length,), packed=False)]
+    if run.layout.value == "thd":
+        piece = tokens // VARLEN_PIECES
+        lens = tuple([piece] * (VARLEN_PIECES - 1) + [tokens - piece * (VARLEN_PIECES - 1)])
+        shapes.append(RankShape(f"{label}-varlen-{VARLEN_PIECES}x{piece}", qk, v, dim, lens, packed=True))
+    return shapes

@@ -1,0 +1,144 @@
+"""Every doctor check's logic, fed recorded machine facts (the probes themselves are thin)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gdnctl.doctor import checks
+from gdnctl.doctor.checks import Status
+from gdnctl.doctor.facts import KernelCacheFact, MachineFacts
+from gdnctl.doctor.probes import cudnn_version_text
+from tests.compiler.helpers import run_of
+
+FACTS = Path(__file__).parent / "facts"
+H100 = MachineFacts.load(FACTS / "h100-full-stack.json")
+A100 = MachineFacts.load(FACTS / "a100.json")
+CPU = MachineFacts.load(FACTS / "cpu-only.json")
+
+
+def with_(facts: MachineFacts, **changes) -> MachineFacts:
+    return dataclasses.replace(facts, **changes)
+
+
+def by_name(results) -> dict:
+    return {c.name: c for c in results}
+
+
+def test_full_stack_h100_runs_the_grpo_preset():
+    results = checks.run_checks(H100, run_of())
+    assert not [c for c in results if c.status is Status.FAIL]
+    assert by_name(results)["megatron_core"].found == "0.19.2 (GDN, THD, CP, fused CP all-to-all)"
+    assert "MTP+CP fix" in by_name(results)["megatron_bridge"].found
+
+
+def test_a100_with_flashqla_preset_fails_naming_both():
+    results = by_name(checks.run_checks(A100, run_of({"kernels": {"gdn_backend": "flashqla"}})))
+    gpu = results["preset.cluster.gpu"]
+    assert gpu.status is Status.FAIL and "h100" in gpu.found and "A100" in gpu.found
+    assert results["preset.kernels"].status is Status.FAIL and "SM80" in results["preset.kernels"].found
+    assert results["flash_qla"].status is Status.FAIL and "import fails" in results["flash_qla"].found
+
+
+def test_same_architecture_other_gpu_warns():
+    result = checks.check_preset_gpu(H100, run_of({"cluster": {"gpu": "h800"}}))
+    assert result.status is Status.WARN
+
+
+def test_cpu_machine_reports_gpu_checks_without_crashing():
+    results = by_name(checks.run_checks(CPU))
+    assert results["gpus"].status is Status.FAIL and results["nccl"].status is Status.SKIP
+    assert results["torch"].status is Status.FAIL  # CPU build, and no preset says CPU is fine
+    cpu_preset = by_name(checks.run_checks(CPU, run_of(base="selftest-cpu")))
+    assert not [c for c in cpu_preset.values() if c.status is Status.FAIL]
+
+
+@pytest.mark.parametrize("cudnn,layout,status", [("9.18.1", "auto", Status.FAIL), ("9.18.1", "bshd", Status.WARN),
+                                                 ("9.19.0", "auto", Status.OK)])
+def test_cudnn_on_hopper(cudnn, layout, status):
+    run = run_of({"train": {"layout": layout}})
+    assert checks.check_cudnn(with_(H100, cudnn_version=cudnn), run).status is status
+
+
+def test_cudnn_version_text():
+    assert cudnn_version_text(91900) == "9.19.0" and cudnn_version_text(8902) == "8.9.2"
+
+
+def test_old_flash_qla_for_training():
+    result = checks.check_flash_qla(with_(H100, packages={**H100.packages, "flash-qla": "0.1.2"}),
+                                    run_of({"kernels": {"gdn_backend": "flashqla"}}))
+    assert result.status is Status.FAIL and "PR #28" in result.fix
+
+
+def test_tilelang_too_old():
+    facts = with_(H100, packages={**H100.packages, "tilelang": "0.1.10"})
+    assert checks.check_tilelang(facts).status is Status.FAIL
+
+
+def test_fla_silent_dispatch_and_pin():
+    assert checks.fla_dispatches_to_flashqla(H100)
+    assert checks.check_fla(H100, run_of()).status is Status.WARN
+    pinned = with_(H100, env={"FLA_FLASH_QLA": "0"})
+    assert not checks.fla_dispatches_to_flashqla(pinned) and checks.check_fla(pinned, run_of()).status is Status.OK
+    assert not checks.fla_dispatches_to_flashqla(A100)
+
+
+def test_missing_megatron_fails_only_for_training():
+    facts = with_(H100, packages={**H100.packages, "megatron-core": None})
+    assert checks.check_megatron(facts, run_of()).status is Status.FAIL
+    assert checks.check_megatron(facts, run_of(base="selftest-cpu")).status is Status.SKIP
+    old = with_(H100, packages={**H100.packages, "megatron-core": "0.15.1"})
+    assert checks.check_megatron(old).status is Status.FAIL
+
+
+def test_vllm_choices_and_missing_vllm():
+    facts = with_(H100, packages={**H100.packages, "vllm": "0.22.0"})
+    assert checks.check_vllm(facts).found == "0.22.0; --gdn-prefill-backend {flashinfer, triton, cutedsl}"
+    assert checks.check_vllm(H100, run_of({"rollout": {"python": None}})).status is Status.FAIL
+    assert checks.check_vllm(H100, run_of()).status is Status.SKIP
+
+
+def test_env_lint():
+    facts = with_(H100, env={"NCCL_P2P_DISABLE": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
+                             "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    result = checks.check_env(facts, run_of())
+    assert result.status is Status.WARN
+    for text in ("NCCL_P2P_DISABLE", "NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS=8"):
+        assert text in result.found
+    assert checks.check_env(with_(H100, env={"NCCL_DEBUG": "WARN"})).status is Status.OK
+
+
+def test_kernel_cache():
+    unwritable = with_(H100, kernel_cache=KernelCacheFact("/ro", True, False, 0))
+    assert checks.check_kernel_cache(unwritable).status is Status.FAIL
+    cold = with_(H100, kernel_cache=KernelCacheFact("/c", True, True, 0))
+    assert checks.check_kernel_cache(cold, run_of({"kernels": {"gdn_backend": "flashqla"}})).status is Status.WARN
+    assert checks.check_kernel_cache(cold, run_of()).status is Status.OK
+
+
+def test_version_mismatch_with_preset():
+    result = checks.check_preset_versions(H100, run_of({"runtime": {"megatron_core": "0.18.0",
+                                                                     "megatron_bridge": "0.5.0"}}))
+    assert result.status is Status.WARN and "megatron_core: preset 0.18.0, installed 0.19.2" in result.found
+
+
+def test_too_few_gpus_for_preset():
+    facts = with_(H100, gpus=H100.gpus[:4])
+    assert checks.check_gpus(facts, run_of()).status is Status.FAIL
+
+
+def test_python_versions():
+    assert checks.check_python(with_(H100, python_version="3.10.4")).status is Status.FAIL
+    assert checks.check_python(with_(H100, python_version="3.11.7"), run_of()).status is Status.WARN
+    assert checks.check_python(with_(H100, python_version="3.11.7"), run_of(base="selftest-cpu")).status is Status.OK
+
+
+def test_broken_torch():
+    result = checks.check_torch(with_(CPU, torch_version=None, torch_error="OSError: libcudart.so.13"))
+    assert result.status is Status.FAIL and "libcudart" in result.found
+
+
+def test_facts_round_trip(tmp_path):
+    assert MachineFacts.from_json(H100.to_json()) == H100
