@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-import click
+import typer
 
 from gdnctl.findings import Finding, RuleInfo, Severity
 
@@ -18,7 +18,7 @@ _HEADINGS = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.IN
 
 
 def _style(text: str, colour: bool, **kwargs) -> str:
-    return click.style(text, **kwargs) if colour else text
+    return typer.style(text, **kwargs) if colour else text
 
 
 def format_findings(findings: list[Finding], colour: bool) -> str:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packaging.specifiers import SpecifierSet
-
 from gdnctl import versions
 
 # The stack gdnctl is pinned to and tested against; `runtime:` in a preset overrides any of these.
@@ -89,6 +87,8 @@ _PROBE_VERSIONS = {
 
 def pin_conflicts(trainer: Pins, rollout: Pins) -> list[str]:
     """Dependencies whose requirements in the two packages admit no common version."""
+    from packaging.specifiers import SpecifierSet  # only rl presets with known pins get here
+
     conflicts = []
     for dep, trainer_spec in trainer.requires.items():
         rollout_spec = rollout.requires.get(dep)

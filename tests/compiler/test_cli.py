@@ -118,3 +118,11 @@ def test_validate_imports_no_heavy_package():
             "if m in sys.modules]\nprint('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out
+
+
+def test_readme_lists_every_rule():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for code in RULES:
+        assert f"| {code} |" in readme, f"README's rules table lacks {code}"

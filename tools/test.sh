@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command: installs everything the test suite needs on a fresh Debian machine, then runs pytest.
+#   bash tools/test.sh [PYTEST ARGS...]
+# - Python: a CPU torch first (torch==2.13.0; an unpinned torch would pull a multi-GB CUDA build), then
+#   gdnctl with its test extras.
+# - Debian: shellcheck (rendered scripts are linted) and slurmctld/slurmd/slurm-client/munge (launch tests
+#   submit real jobs to a single-node Slurm that tests start on loopback; tools/local-slurm.sh).
+# GPU tests are marked `gpu` and skip on machines without CUDA.
+set -euo pipefail
+cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
+
+python3 -m pip install -q --disable-pip-version-check torch==2.13.0
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+
+if ! command -v shellcheck >/dev/null; then
+    echo "tools/test.sh: installing shellcheck" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=300 update >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -qq -y -o DPkg::Lock::Timeout=300 install --no-install-recommends \
+        shellcheck >/dev/null
+fi
+tools/local-slurm.sh install
+
+python3 -m pytest "$@"
