@@ -311,7 +311,7 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
             json_output: JsonOpt = False) -> None:
     """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache."""
     from gdnctl import prewarm as warmer
-    from gdnctl.render import DEFAULT_KERNEL_CACHE
+    from gdnctl.compile import DEFAULT_KERNEL_CACHE
     from gdnctl.validate import validate as run_validation
 
     result = run_validation(preset, set_ or [])

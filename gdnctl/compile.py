@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from gdnctl.facts import Run
 
 
+# Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
+# by every run and filled once by `gdnctl prewarm` (on clusters, put it on a shared filesystem).
+DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
+
+
 @dataclass(frozen=True)
 class Decision:
     value: Any

@@ -28,7 +28,6 @@ from gdnctl.resources import templates_dir
 from gdnctl.validate import ValidationResult, validate
 
 TEMPLATES = {"launch_local.sh": "launch_local.sh.j2", "launch_slurm.sbatch": "launch_slurm.sbatch.j2"}
-DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 
 
 class RenderRefused(GdnctlError):
@@ -140,7 +139,7 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         raise RenderRefused(result)
     run = result.run
     preset = run.preset
-    kernel_cache_dir = os.path.expanduser(preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
+    kernel_cache_dir = os.path.expanduser(preset.launch.kernel_cache_dir or decide.DEFAULT_KERNEL_CACHE)
     engine = decide.compile_engine_config(run, kernel_cache_dir=kernel_cache_dir)
     engine_yaml = engine.to_yaml()
     env = sorted(engine.env.items())

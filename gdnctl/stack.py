@@ -38,6 +38,9 @@ BRIDGE_CORE_PAIRING: dict[str, str] = {"0.4": "0.17", "0.5": "0.18", "0.6": "0.1
 # --- FlashQLA -------------------------------------------------------------------------------------------
 FLASHQLA_TRAINING_MIN = "0.1.3"  # <= 0.1.2 has a dg precision bug (QwenLM/FlashQLA PR #28)
 FLASHQLA_HEAD_DIM = 128  # K == V == 128 is asserted inside the kernels
+FLASHQLA_MIN_TORCH = "2.8"  # QwenLM/FlashQLA README and wheel metadata
+FLASHQLA_MIN_CUDA = "12.8"
+FLASHQLA_MIN_TILELANG = "0.1.12"  # flash-qla 0.1.3's requirement
 
 # --- vLLM ------------------------------------------------------------------------------------------------
 VLLM_QWEN35_TEXT_ONLY = "0.27.0"  # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM

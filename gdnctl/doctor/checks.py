@@ -132,8 +132,9 @@ def check_tilelang(facts: MachineFacts, run=None) -> Check:
     version = facts.version("tilelang")
     if facts.version("flash-qla") is None:
         return Check("tilelang", Status.SKIP, version or "not installed (only FlashQLA needs it)")
-    if not versions.at_least(version, "0.1.12"):
-        return Check("tilelang", Status.FAIL, version or "not installed", "pip install 'tilelang>=0.1.12'")
+    if not versions.at_least(version, stack.FLASHQLA_MIN_TILELANG):
+        return Check("tilelang", Status.FAIL, version or "not installed",
+                     f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'")
     return Check("tilelang", Status.OK, version)
 
 

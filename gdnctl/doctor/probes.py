@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gdnctl.compile import DEFAULT_KERNEL_CACHE
 from gdnctl.doctor.facts import ENV_NAMES, ENV_PREFIXES, PACKAGES, GpuFact, KernelCacheFact, MachineFacts
 
 IMPORT_TIMEOUT_S = 120
-DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 
 
 def _version(distribution: str) -> str | None:

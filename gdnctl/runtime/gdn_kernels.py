@@ -34,10 +34,6 @@ from gdnctl.hardware import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, sm_label
 
 BACKENDS = ("fla", "flashqla")
 
-# FlashQLA 0.1.3 requirements (QwenLM/FlashQLA README and wheel metadata; FACTS section 4).
-FLASHQLA_MIN_TORCH = "2.8"
-FLASHQLA_MIN_CUDA = "12.8"
-FLASHQLA_MIN_TILELANG = "0.1.12"
 # fla-core 0.6.0 wheel metadata: Requires-Dist torch>=2.7.0 (extra "cuda").
 FLA_MIN_TORCH = "2.7"
 
@@ -49,7 +45,7 @@ FLA_WITHOUT_FLASHQLA_ENV = {"FLA_FLASH_QLA": "0"}
 _KERNEL_MODULES = {"fla": "fla.ops.gated_delta_rule", "flashqla": "flash_qla"}
 _REINSTALL_HINTS = {
     "fla": "pip install flash-linear-attention (fla-core) into this environment",
-    "flashqla": f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' 'tilelang>={FLASHQLA_MIN_TILELANG}' "
+    "flashqla": f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' 'tilelang>={stack.FLASHQLA_MIN_TILELANG}' "
                 "or set kernels.gdn_backend to fla",
 }
 _USE_FLA_INSTEAD = "or set kernels.gdn_backend to fla"
@@ -111,18 +107,18 @@ def find_backend_problem(backend: str, facts: RuntimeFacts, *, training: bool = 
 
 def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
     if facts.torch_version is None:
-        return (f"PyTorch is not installed; install torch>={FLASHQLA_MIN_TORCH} built for "
-                f"CUDA>={FLASHQLA_MIN_CUDA} {_USE_FLA_INSTEAD}.")
-    if not versions.at_least(facts.torch_version, FLASHQLA_MIN_TORCH):
-        return (f"FlashQLA needs torch>={FLASHQLA_MIN_TORCH} but torch {facts.torch_version} is installed; "
+        return (f"PyTorch is not installed; install torch>={stack.FLASHQLA_MIN_TORCH} built for "
+                f"CUDA>={stack.FLASHQLA_MIN_CUDA} {_USE_FLA_INSTEAD}.")
+    if not versions.at_least(facts.torch_version, stack.FLASHQLA_MIN_TORCH):
+        return (f"FlashQLA needs torch>={stack.FLASHQLA_MIN_TORCH} but torch {facts.torch_version} is installed; "
                 f"upgrade torch {_USE_FLA_INSTEAD}.")
     if not facts.cuda_available:
         return (f"FlashQLA needs a CUDA GPU but torch {facts.torch_version} sees none; run on a Hopper or "
                 f"Blackwell GPU node {_USE_FLA_INSTEAD}.")
-    if facts.cuda_version is None or not versions.at_least(facts.cuda_version, FLASHQLA_MIN_CUDA):
+    if facts.cuda_version is None or not versions.at_least(facts.cuda_version, stack.FLASHQLA_MIN_CUDA):
         built_for = f"CUDA {facts.cuda_version}" if facts.cuda_version else "no CUDA"
-        return (f"FlashQLA needs torch built for CUDA>={FLASHQLA_MIN_CUDA} but torch {facts.torch_version} "
-                f"is built for {built_for}; install a torch built for CUDA {FLASHQLA_MIN_CUDA} or newer "
+        return (f"FlashQLA needs torch built for CUDA>={stack.FLASHQLA_MIN_CUDA} but torch {facts.torch_version} "
+                f"is built for {built_for}; install a torch built for CUDA {stack.FLASHQLA_MIN_CUDA} or newer "
                 f"{_USE_FLA_INSTEAD}.")
     gpu = f"{sm_label(facts.capability)} ({facts.device_name})"
     if facts.capability not in FLASHQLA_SMS:
@@ -139,10 +135,10 @@ def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
         return (f"flash-qla {flash_qla_version} computes wrong dg gradients (QwenLM/FlashQLA PR #28); "
                 f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}.")
     tilelang_version = facts.package_versions.get("tilelang")
-    if not versions.at_least(tilelang_version, FLASHQLA_MIN_TILELANG):
+    if not versions.at_least(tilelang_version, stack.FLASHQLA_MIN_TILELANG):
         found = f"tilelang {tilelang_version} is installed" if tilelang_version else "tilelang is not installed"
-        return (f"flash-qla needs tilelang>={FLASHQLA_MIN_TILELANG} but {found}; "
-                f"pip install 'tilelang>={FLASHQLA_MIN_TILELANG}'.")
+        return (f"flash-qla needs tilelang>={stack.FLASHQLA_MIN_TILELANG} but {found}; "
+                f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'.")
     return None
 
 
