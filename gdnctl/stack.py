@@ -27,11 +27,25 @@ MCORE_GDN_FUSED_CP_A2A = "0.19.0"  # one fused all-to-all per forward (PR #4913:
 # cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
 CUDNN_HOPPER_THD_MIN = "9.19.0"
 
+# What each threshold gives, as `gdnctl doctor` reports it: (first version, feature).
+MCORE_GDN_FEATURES: tuple[tuple[str, str], ...] = (
+    (MCORE_GDN, "GDN"),
+    (MCORE_GDN_PACKED_AND_CP, "THD"),
+    (MCORE_GDN_PACKED_AND_CP, "CP"),
+    (MCORE_GDN_FUSED_CP_A2A, "fused CP all-to-all"),
+)
+
 # --- Megatron-Bridge ------------------------------------------------------------------------------------
 BRIDGE_QWEN35_VL = "0.4.0"  # Qwen35VLBridge / Qwen35VLMoEBridge
 BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classes)
 BRIDGE_MTP_SEQUENCE_PARALLEL_FIX = "0.5.0"  # MTP shadow-embedding bug with SP (PR #3143)
 BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
+BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
+    (BRIDGE_QWEN35_VL, "Qwen3.5 VL"),
+    (BRIDGE_QWEN35_TEXT, "Qwen3.5 text"),
+    (BRIDGE_MTP_SEQUENCE_PARALLEL_FIX, "MTP+SP fix"),
+    (BRIDGE_MTP_CONTEXT_PARALLEL_FIX, "MTP+CP fix"),
+)
 # Each bridge minor release is built against one megatron-core minor release.
 BRIDGE_CORE_PAIRING: dict[str, str] = {"0.4": "0.17", "0.5": "0.18", "0.6": "0.19"}
 
@@ -55,6 +69,11 @@ VLLM_GDN_PREFILL_BACKENDS_SINCE: dict[str, str] = {
 VLLM_GDN_PREFILL_FLAG = "0.18.0"
 # Backends reported to hang in GDN prefill on SM90: flashinfer #2623, #3329, #3986; vllm #41865.
 VLLM_SM90_HANGING_PREFILL = ("auto", "flashinfer")
+
+
+def features_of(version: str, table: tuple[tuple[str, str], ...]) -> list[str]:
+    """The features of `table` that `version` has."""
+    return [feature for since, feature in table if versions.at_least(version, since)]
 
 
 def vllm_gdn_prefill_backends(vllm_version: str) -> tuple[str, ...]:

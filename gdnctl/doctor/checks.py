@@ -171,14 +171,7 @@ def check_megatron(facts: MachineFacts, run=None) -> Check:
     if core is None:
         return Check("megatron_core", Status.FAIL if needed else Status.SKIP, "not installed",
                      "pip install megatron-core==0.19.2 (Python 3.12)" if needed else "")
-    features = []
-    if versions.at_least(core, stack.MCORE_GDN):
-        features.append("GDN")
-    if versions.at_least(core, stack.MCORE_GDN_PACKED_AND_CP):
-        features += ["THD", "CP"]
-    if versions.at_least(core, stack.MCORE_GDN_FUSED_CP_A2A):
-        features.append("fused CP all-to-all")
-    found = f"{core} ({', '.join(features) or 'no GDN'})"
+    found = f"{core} ({', '.join(stack.features_of(core, stack.MCORE_GDN_FEATURES)) or 'no GDN'})"
     if not versions.at_least(core, stack.MCORE_GDN):
         return Check("megatron_core", Status.FAIL, found, "upgrade to megatron-core >= 0.16 (0.19.2 pinned)")
     return Check("megatron_core", Status.OK, found)
@@ -190,13 +183,7 @@ def check_bridge(facts: MachineFacts, run=None) -> Check:
     if bridge is None:
         return Check("megatron_bridge", Status.WARN if needed else Status.SKIP, "not installed",
                      "pip install megatron-bridge==0.6.2 to load HF weights (Python 3.12)" if needed else "")
-    features = []
-    if versions.at_least(bridge, stack.BRIDGE_QWEN35_VL):
-        features.append("Qwen3.5 VL")
-    if versions.at_least(bridge, stack.BRIDGE_QWEN35_TEXT):
-        features += ["Qwen3.5 text", "MTP+SP fix"]
-    if versions.at_least(bridge, stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX):
-        features.append("MTP+CP fix")
+    features = stack.features_of(bridge, stack.BRIDGE_QWEN35_FEATURES)
     return Check("megatron_bridge", Status.OK, f"{bridge} ({', '.join(features) or 'no Qwen3.5 bridges'})")
 
 
