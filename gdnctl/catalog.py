@@ -71,7 +71,12 @@ _HF_KEYS = {
     "moe_intermediate_size": "moe_ffn_hidden_size",
     "shared_expert_intermediate_size": "shared_expert_ffn_hidden_size",
     "mtp_num_hidden_layers": "mtp_num_layers",
+    "rms_norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "partial_rotary_factor": "partial_rotary_factor",
 }
+# transformers >= 5 writes the rope settings under `rope_parameters` instead of the top level.
+_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "linear_num_key_heads", "linear_num_value_heads")
 
@@ -107,6 +112,11 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     for hf_key, field in _HF_KEYS.items():
         if text.get(hf_key) is not None:
             fields[field] = text[hf_key]
+    rope = text.get("rope_parameters")
+    if isinstance(rope, dict):
+        for key in _ROPE_KEYS:
+            if rope.get(key) is not None:
+                fields[key] = rope[key]
     interval = _full_attention_interval(text)
     if interval:
         fields["full_attention_interval"] = interval

@@ -46,6 +46,11 @@ class ModelArch(_Frozen):
     moe_ffn_hidden_size: int | None
     shared_expert_ffn_hidden_size: int | None
     mtp_num_layers: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    # False for gdnctl's own test/benchmark architectures: no weights exist, so training starts from random ones.
+    released: bool
 
     @property
     def is_moe(self) -> bool:
@@ -67,6 +72,10 @@ class ModelArch(_Frozen):
     @property
     def num_full_attention_layers(self) -> int:
         return self.num_layers // self.full_attention_interval
+
+    def layer_is_gdn(self, index: int) -> bool:
+        """Every `full_attention_interval`-th layer (1-based) is full attention, the others GDN."""
+        return (index + 1) % self.full_attention_interval != 0
 
     @property
     def num_gdn_layers(self) -> int:
@@ -104,6 +113,7 @@ class EngineTrain(_Frozen):
     seed: int
     recompute: str
     optimizer_cpu_offload: bool
+    distributed_optimizer: bool
     data_path: str | None
     tokenizer_path: str | None
     save_dir: str | None

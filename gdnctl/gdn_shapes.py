@@ -3,6 +3,11 @@
 Megatron-Core shards GDN heads over TP, and under context parallel an all-to-all trades the sequence shard
 for a head shard, so each rank runs heads / (tp x cp) key and value heads over the whole sequence. A packed
 (THD) micro-batch is one row of several sequences (varlen, `cu_seqlens`); a padded (BSHD) one is fixed-length.
+
+Megatron-Core (0.16 through 0.19) repeats the q/k heads up to the value-head count before it calls the kernel
+(`repeat_interleave` in GatedDeltaNet), so the kernel sees as many q/k heads as value heads. TileLang compiles
+per head count, so prewarm must use these shapes: the native grouped shape (fewer q/k heads) is a different
+kernel that training never calls.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class RankShape:
 def per_rank_shapes(run) -> list[RankShape]:
     m, p, t = run.model, run.preset.parallel, run.preset.train
     split = p.tp * p.cp
-    qk, v = m.linear_num_key_heads // split, m.linear_num_value_heads // split
+    v = m.linear_num_value_heads // split
+    qk = v  # Megatron expands q/k to the value heads before the kernel call (see the module docstring)
     dim = m.linear_key_head_dim
     tokens = t.seq_length * (t.micro_batch_size if run.layout.value == "bshd" else 1)
     label = f"tp{p.tp}" + (f"cp{p.cp}" if p.cp > 1 else "")

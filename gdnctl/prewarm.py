@@ -30,7 +30,7 @@ class ShapeTiming:
     warm_call_s: float
 
 
-def _fwd_bwd_seconds(kernel, shape: RankShape) -> float:
+def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
     import torch
 
     from gdnctl.runtime.gdn_reference import GdnShape, make_gdn_inputs
@@ -56,8 +56,8 @@ def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None 
         if progress:
             progress(f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
                      f"{shape.tokens} tokens{' packed' if shape.packed else ''}")
-        first = _fwd_bwd_seconds(kernel, shape)
-        warm = min(_fwd_bwd_seconds(kernel, shape) for _ in range(3))
+        first = fwd_bwd_seconds(kernel, shape)
+        warm = min(fwd_bwd_seconds(kernel, shape) for _ in range(3))
         timings.append(ShapeTiming(shape.name, round(first, 4), round(warm, 4)))
         if progress:
             progress(f"      first call {first:.2f} s, warm call {warm * 1000:.1f} ms")

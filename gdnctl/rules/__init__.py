@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gdnctl.findings import RULES, Finding, sort_findings
-from gdnctl.rules import bridge, comm, heads, kernels, launch, layout, memory, parallel, rollout  # noqa: F401,E501
+from gdnctl.rules import bridge, comm, heads, kernels, launch, layout, memory, parallel, rollout, train  # noqa: F401,E501
 
 
 def check(run) -> list[Finding]:

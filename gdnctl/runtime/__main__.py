@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from gdnctl.engine_config import ENGINE_CONFIG_VERSION, EngineConfig
 from gdnctl.errors import GdnctlError
 
-IMPLEMENTED_JOBS = ("selftest",)
+IMPLEMENTED_JOBS = ("selftest", "sft", "pretrain")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # The selftest's collectives take milliseconds; a rank still waiting after this is in a hang, and gloo's
 # default (30 minutes) would hide it.
@@ -55,7 +55,7 @@ def check_job(config: EngineConfig) -> None:
     if config.job not in IMPLEMENTED_JOBS:
         raise RuntimeSetupError(
             f"the '{config.job}' job is not available in this version of gdnctl; this version runs "
-            f"{', '.join(IMPLEMENTED_JOBS)} only, so render a preset with job: selftest or upgrade gdnctl.")
+            f"{', '.join(IMPLEMENTED_JOBS)} only, so render a preset with one of those jobs or upgrade gdnctl.")
     if config.job == "selftest" and config.selftest is None:
         raise RuntimeSetupError("the engine config has job 'selftest' but no selftest section; render the run "
                                 "dir again with `gdnctl render`.")
@@ -100,7 +100,11 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     timeout = SELFTEST_COLLECTIVE_TIMEOUT if config.job == "selftest" else None
     dist.init_process_group(backend=backend, timeout=timeout)
     try:
-        return selftest.run(config, policy)
+        if config.job == "selftest":
+            return selftest.run(config, policy)
+        from gdnctl.runtime import trainer
+
+        return trainer.run(config, config_path, policy)
     finally:
         dist.destroy_process_group()
 

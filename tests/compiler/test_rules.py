@@ -95,6 +95,8 @@ CASES = {
     "COM003": ({"comm": {"add_skip_ops": ["barrier"]}}, {"comm": {"add_skip_ops": ["all_reduce"]}}),
     "MEM001": ({"train": {"optimizer_cpu_offload": False, "recompute": "none"}}, {}),
     "MEM002": ({"rollout": {"tp": 1, "gpu_memory_utilization": 0.3}}, {"rollout": {"tp": 4}}),
+    "TRN001": ({}, lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
+                                "parallel": {"ep": 8}}),
 }
 
 

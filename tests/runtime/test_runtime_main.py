@@ -45,7 +45,7 @@ def outside_torchrun(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("job", ["sft", "pretrain", "rl"])
+@pytest.mark.parametrize("job", ["rl"])
 def test_jobs_not_in_this_version_exit_2(tmp_path, capsys, outside_torchrun, job):
     config_path = write_engine_yaml(tmp_path, tiny_engine_config(job=job))
     assert main(["--config", str(config_path)]) == 2

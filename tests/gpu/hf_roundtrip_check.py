@@ -1,0 +1,92 @@
+"""Run by test_trainer_gpu.py in its own process (Megatron's parallel state is process-global).
+
+Builds the TE-free tiny Qwen3.5 model with random weights on one GPU, writes it as an HF checkpoint, then
+checks (1) transformers' Qwen3_5ForCausalLM loaded from that checkpoint gives the same logits, and (2) a fresh
+Megatron model with other random weights, loaded from the checkpoint, gives bit-identical logits.
+Prints one JSON line with the measured errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def _engine_config(run_dir: Path):
+    from gdnctl.engine_config import EngineConfig
+    from gdnctl.render import render
+
+    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla"])
+    return EngineConfig.from_file(run_dir / "engine.yaml")
+
+
+def main(out_dir: str) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    from megatron.core import parallel_state, tensor_parallel
+
+    from gdnctl.runtime import checkpoint
+    from gdnctl.runtime.gdn_kernels import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend
+    from gdnctl.runtime.hf_weights import ShardPlace
+    from gdnctl.runtime.megatron_model import build_gpt_model, transformer_config
+
+    config = _engine_config(Path(out_dir) / "run")
+    kernel = resolve_backend("fla")
+    patch_megatron_gdn_kernel(kernel)
+    parallel_state.initialize_model_parallel()
+    groups = checkpoint.Groups(tp=parallel_state.get_tensor_model_parallel_group(),
+                               etp=parallel_state.get_expert_tensor_parallel_group(),
+                               writes_dense=True, writes_experts=True)
+
+    def build(seed: int):
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        torch.manual_seed(seed)
+        model = build_gpt_model(config, transformer_config(config)).cuda().eval()
+        install_kernel_on_layers(model, kernel)
+        return model
+
+    arch = config.model
+    tokens = torch.randint(arch.vocab_size, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    positions = torch.arange(256, device="cuda").expand(2, -1)
+
+    def megatron_logits(model):
+        with torch.no_grad():
+            return model(tokens, positions, None).float()[..., : arch.vocab_size]
+
+    first = build(1)
+    # Random weights everywhere, including the norms (zero-initialised weights would hide a wrong offset).
+    with torch.no_grad():
+        for name, param in first.named_parameters():
+            if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                param.add_(torch.randn_like(param) * 0.1)
+    directory = Path(out_dir) / "hf"
+    checkpoint.save_hf(first, arch, ShardPlace(), groups, directory, checkpoint.hf_text_config(arch))
+    expected = megatron_logits(first)
+
+    second = build(2)
+    before = (megatron_logits(second) - expected).abs().max().item()
+    checkpoint.load_hf(second, arch, ShardPlace(), directory)
+    reload_max_abs = (megatron_logits(second) - expected).abs().max().item()
+
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        hf_logits = hf_model(tokens).logits.float()
+    relative = ((hf_logits - expected).norm() / expected.norm()).item()
+    agree = (hf_logits.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    print(json.dumps({"reload_max_abs_diff": reload_max_abs, "before_reload_max_abs_diff": before,
+                      "transformers_relative_error": relative, "transformers_argmax_agreement": agree,
+                      "hf_class": type(hf_model).__name__}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
