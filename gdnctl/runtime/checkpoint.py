@@ -223,6 +223,7 @@ def load_optimizer_state(optimizer, states: list[dict]) -> None:
                               f"{len(subs)}; resume with the parallel settings the checkpoint was saved with.")
     for sub, entry in zip(subs, states):
         sub.load_state_dict(entry["state_dict"])
+        _unshare_step_counters(sub)
         if "param_state" in entry:
             param_state = entry["param_state"]
             # Integer keys are grad-buffer indices ({dtype: [bucket: [element]]}); the loader skips elements
@@ -233,6 +234,20 @@ def load_optimizer_state(optimizer, states: list[dict]) -> None:
                         for element in bucket:
                             element.setdefault("padding", False)
             sub.load_parameter_state_from_dp_reshardable(param_state)
+
+
+def _unshare_step_counters(sub) -> None:
+    """Give every parameter its own Adam step counter.
+
+    Without Transformer Engine or apex, Megatron-Core's DistributedOptimizer.load_state_dict hands one step
+    tensor to every parameter's state, and torch's AdamW increments each parameter's counter in place: the
+    shared counter then advances once per parameter per step, so the bias correction after a resume is wrong
+    (seen as a resumed loss curve leaving the uninterrupted one from the second step on)."""
+    inner = getattr(sub, "optimizer", None)
+    for state in getattr(inner, "state", {}).values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            state["step"] = step.clone()
 
 
 def save_training_state(directory: Path, optimizer, state: dict) -> None:
