@@ -52,7 +52,7 @@ def from_catalog(model_id: str) -> ModelArch:
 
 # HF config.json key -> ModelArch field. Qwen3.5 vision-language configs nest the language model under
 # `text_config`; text-only and Qwen3-Next configs are flat.
-_HF_KEYS = {
+HF_CONFIG_KEYS = {
     "num_hidden_layers": "num_layers",
     "hidden_size": "hidden_size",
     "num_attention_heads": "num_attention_heads",
@@ -76,7 +76,7 @@ _HF_KEYS = {
     "partial_rotary_factor": "partial_rotary_factor",
 }
 # transformers >= 5 writes the rope settings under `rope_parameters` instead of the top level.
-_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
+ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "linear_num_key_heads", "linear_num_value_heads")
 
@@ -109,12 +109,12 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
         fields.update(from_catalog(fallback_id).model_dump())
     else:
         fields.update(_catalog()[0])
-    for hf_key, field in _HF_KEYS.items():
+    for hf_key, field in HF_CONFIG_KEYS.items():
         if text.get(hf_key) is not None:
             fields[field] = text[hf_key]
     rope = text.get("rope_parameters")
     if isinstance(rope, dict):
-        for key in _ROPE_KEYS:
+        for key in ROPE_KEYS:
             if rope.get(key) is not None:
                 fields[key] = rope[key]
     interval = _full_attention_interval(text)

@@ -32,11 +32,14 @@ class RankShape:
         return sum(self.seq_lens)
 
 
+def kernel_heads(model, tp: int, cp: int) -> int:
+    """Heads per kernel call on one rank, for q/k and v alike (Megatron expands q/k; see the docstring)."""
+    return model.linear_num_value_heads // (tp * cp)
+
+
 def per_rank_shapes(run) -> list[RankShape]:
     m, p, t = run.model, run.preset.parallel, run.preset.train
-    split = p.tp * p.cp
-    v = m.linear_num_value_heads // split
-    qk = v  # Megatron expands q/k to the value heads before the kernel call (see the module docstring)
+    qk = v = kernel_heads(m, p.tp, p.cp)
     dim = m.linear_key_head_dim
     tokens = t.seq_length * (t.micro_batch_size if run.layout.value == "bshd" else 1)
     label = f"tp{p.tp}" + (f"cp{p.cp}" if p.cp > 1 else "")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from gdnctl.findings import Issue, Severity, rule
 
-TRAINING_JOBS = ("sft", "pretrain", "rl")
-
-
 @rule("TRN001", Severity.WARNING, "A released model trained from random weights")
 def released_model_without_weights(run):
     """
@@ -19,7 +16,7 @@ def released_model_without_weights(run):
     on purpose for a benchmark.
     """
     p = run.preset
-    if p.job in TRAINING_JOBS and p.model.path is None and run.model.released:
+    if run.is_training and p.model.path is None and run.model.released:
         yield Issue("model.path", f"{run.model.label} has released weights but model.path is unset, so the "
                                   "trainer starts from random weights.",
                     "Set model.path to the downloaded checkpoint directory, or ignore this for a benchmark.")

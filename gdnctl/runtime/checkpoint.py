@@ -170,31 +170,27 @@ def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
 
 def hf_text_config(arch: ModelArch) -> dict:
     """config.json of the text-only HF class matching the architecture (what vLLM >= 0.27 serves)."""
+    from gdnctl.catalog import HF_CONFIG_KEYS, ROPE_KEYS
+
     moe = arch.is_moe
-    config = {
+    # The keys the catalog reads from a config.json, written back from the architecture (dense models have no
+    # expert fields, MoE models no dense intermediate size: those are None and left out).
+    config = {key: getattr(arch, field) for key, field in HF_CONFIG_KEYS.items()
+              if key not in ROPE_KEYS and getattr(arch, field) is not None}
+    config.update({
         "architectures": ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
-        "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size, "num_hidden_layers": arch.num_layers,
-        "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
-        "head_dim": arch.head_dim, "hidden_act": "silu", "rms_norm_eps": arch.rms_norm_eps,
-        "tie_word_embeddings": arch.tie_word_embeddings, "attention_bias": False,
-        "linear_conv_kernel_dim": arch.linear_conv_kernel_dim, "linear_key_head_dim": arch.linear_key_head_dim,
-        "linear_value_head_dim": arch.linear_value_head_dim, "linear_num_key_heads": arch.linear_num_key_heads,
-        "linear_num_value_heads": arch.linear_num_value_heads,
+        "hidden_act": "silu", "tie_word_embeddings": arch.tie_word_embeddings, "attention_bias": False,
         "layer_types": ["linear_attention" if arch.layer_is_gdn(i) else "full_attention"
                         for i in range(arch.num_layers)],
-        "full_attention_interval": arch.full_attention_interval,
         "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta,
                             "partial_rotary_factor": arch.partial_rotary_factor},
+        # The MTP head is not trained or written by this trainer.
         "mtp_num_hidden_layers": 0, "torch_dtype": "bfloat16",
-    }
+    })
     if moe:
-        config.update(num_experts=arch.num_experts, num_experts_per_tok=arch.num_experts_per_tok,
-                      moe_intermediate_size=arch.moe_ffn_hidden_size,
-                      shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or 0,
+        config.update(shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or 0,
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
-    else:
-        config["intermediate_size"] = arch.ffn_hidden_size
     return config
 
 

@@ -10,7 +10,7 @@ Layouts (Megatron-Core 0.19, `megatron/core/ssm/gated_delta_net` and `transforme
 - Gated attention linear_qkv: per query group [q heads, gate heads, k, v] (each head_dim rows), groups in
   order, the whole cut evenly over TP; HF q_proj interleaves per head [q_h; gate_h].
 - Dense MLP linear_fc1: each rank holds [gate_r; up_r].
-- Vocabulary rows are padded to a multiple of TP (megatron_model.padded_vocab_size) and cut over TP.
+- Vocabulary rows are padded to a multiple of TP (padded_vocab_size) and cut over TP.
 """
 
 from __future__ import annotations
@@ -180,12 +180,17 @@ def _moe_rules(arch: ModelArch, hf: str, mg: str, place: ShardPlace) -> dict[str
     return rules
 
 
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Megatron's vocab-parallel embedding needs the vocabulary divisible by TP; extra rows are never labels."""
+    return -(-vocab_size // tp) * tp
+
+
 def _vocab(hf_name: str, vocab_size: int) -> Rule:
     """Vocabulary rows: HF has vocab_size, Megatron pads to a multiple of TP and cuts over TP."""
 
     def to_local(tensors, rank, size):
         rows = tensors[hf_name]
-        padded = -(-vocab_size // size) * size
+        padded = padded_vocab_size(vocab_size, size)
         if padded != rows.shape[0]:
             rows = torch.cat([rows, rows.new_zeros(padded - rows.shape[0], *rows.shape[1:])], 0)
         return rows.chunk(size, 0)[rank].contiguous()

@@ -39,6 +39,7 @@ from megatron.core.transformer.transformer_layer import (
 
 from gdnctl.engine_config import EngineConfig, ModelArch
 from gdnctl.errors import GdnctlError
+from gdnctl.runtime.hf_weights import padded_vocab_size
 
 # Megatron's initialisation std for the linear layers (Qwen3.5's config.json: initializer_range 0.02).
 INIT_METHOD_STD = 0.02
@@ -206,11 +207,6 @@ def transformer_config(config: EngineConfig) -> TransformerConfig:
     )
 
 
-def padded_vocab_size(arch: ModelArch, tp: int) -> int:
-    """Megatron's vocab-parallel embedding needs the vocabulary divisible by TP; extra rows are never labels."""
-    return -(-arch.vocab_size // tp) * tp
-
-
 def build_gpt_model(config: EngineConfig, transformer: TransformerConfig, *, pre_process: bool = True,
                     post_process: bool = True) -> GPTModel:
     arch = config.model
@@ -219,7 +215,7 @@ def build_gpt_model(config: EngineConfig, transformer: TransformerConfig, *, pre
     local_layers = range(first, first + get_num_layers_to_build(transformer))
     return GPTModel(
         config=transformer, transformer_layer_spec=block_spec(arch, local_layers),
-        vocab_size=padded_vocab_size(arch, config.parallel.tp), max_sequence_length=config.train.seq_length,
+        vocab_size=padded_vocab_size(arch.vocab_size, config.parallel.tp), max_sequence_length=config.train.seq_length,
         pre_process=pre_process, post_process=post_process,
         share_embeddings_and_output_weights=arch.tie_word_embeddings, position_embedding_type="rope",
         rotary_percent=arch.partial_rotary_factor, rotary_base=int(arch.rope_theta),

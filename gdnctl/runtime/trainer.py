@@ -199,11 +199,11 @@ class Trainer:
     # --- kernel warm-up ----------------------------------------------------------------------------------
     def warm_up_kernel(self) -> float:
         """One forward+backward of the GDN kernel at this rank's shape; returns its seconds."""
-        from gdnctl.gdn_shapes import RankShape
+        from gdnctl.gdn_shapes import RankShape, kernel_heads
         from gdnctl.prewarm import fwd_bwd_seconds
 
         arch, p, train = self.config.model, self.config.parallel, self.config.train
-        heads = arch.linear_num_value_heads // (p.tp * p.cp)
+        heads = kernel_heads(arch, p.tp, p.cp)
         length = train.seq_length
         shape = RankShape("trainer", heads, heads, arch.linear_key_head_dim, (length,),
                           packed=self.config.layout == "thd")
@@ -281,13 +281,11 @@ class Trainer:
             handle.write(json.dumps(stats.__dict__) + "\n")
 
     def save(self, save_dir: Path) -> None:
-        from gdnctl.runtime.checkpoint import checkpoint_name, hf_text_config
-
-        name = checkpoint_name(self.iteration)
+        name = checkpoint.checkpoint_name(self.iteration)
         directory = save_dir / name
         start = time.perf_counter()
         checkpoint.save_hf(self.model, self.config.model, self.place, self.groups, directory,
-                           hf_text_config(self.config.model))
+                           checkpoint.hf_text_config(self.config.model))
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.iteration,
                                                                    "consumed_samples": self.consumed_samples})
         dist.barrier()
