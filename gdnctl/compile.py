@@ -15,6 +15,7 @@ from gdnctl.engine_config import (
     EngineConfig,
     EngineKernels,
     EngineParallel,
+    EngineGrpo,
     EngineRollout,
     EngineSelftest,
     EngineTrain,
@@ -143,6 +144,8 @@ def compile_engine_config(run: "Run", kernel_cache_dir: str | None = None) -> En
             engine=r.engine, tp=r.tp, num_gpus=run.rollout_gpus.value, colocate=r.colocate,
             gdn_prefill_backend=r.gdn_prefill_backend, gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=r.max_model_len or t.seq_length, n_samples_per_prompt=r.n_samples_per_prompt,
+            prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
+            max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,
             python=r.python,
         )
     return EngineConfig(
@@ -175,6 +178,7 @@ def compile_engine_config(run: "Run", kernel_cache_dir: str | None = None) -> En
             skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir="comm_profile",
         ),
         rollout=rollout,
+        grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
         runtime_versions={k: v for k, v in run.stack.items() if v is not None},
         env=engine_env(run, kernel_cache_dir),

@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-ENGINE_CONFIG_VERSION = 1
+ENGINE_CONFIG_VERSION = 2
 
 
 class _Frozen(BaseModel):
@@ -141,7 +141,21 @@ class EngineRollout(_Frozen):
     gpu_memory_utilization: float
     max_model_len: int
     n_samples_per_prompt: int
+    prompts_per_step: int
+    max_response_tokens: int
+    temperature: float
+    timeout_s: float
     python: str | None
+
+
+class EngineGrpo(_Frozen):
+    reward: str
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_kind: Literal["k1", "k2", "k3"]
+    aggregation: Literal["token-mean", "seq-mean-token-mean"]
+    normalize_std: bool
 
 
 class EngineSelftest(_Frozen):
@@ -161,6 +175,7 @@ class EngineConfig(_Frozen):
     kernels: EngineKernels
     comm: EngineComm
     rollout: EngineRollout | None
+    grpo: EngineGrpo | None
     selftest: EngineSelftest | None
     runtime_versions: dict[str, str]
     env: dict[str, str]

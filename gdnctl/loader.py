@@ -165,12 +165,26 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
+# Local paths a preset may give relative: to the preset file that sets them, or, from --set, to the current
+# directory. They are made absolute here because the rendered scripts run from the run dir, not from either.
+PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path"), ("train", "save_dir"))
+
+
+def _absolute_paths(data: dict, base: Path) -> None:
+    for section, key in PATH_FIELDS:
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key]:
+            path = Path(node[key]).expanduser()
+            node[key] = str(path if path.is_absolute() else (base / path).resolve())
+
+
 def _load_chain(path: Path, stack: list[Path]) -> tuple[dict, dict[tuple, str], list[str]]:
     resolved = path.resolve()
     if resolved in stack:
         cycle = " -> ".join(str(p) for p in stack + [resolved])
         raise PresetLoadError(f"base: presets form a cycle ({cycle}); remove one base: line.")
     data, positions = _read_yaml(path)
+    _absolute_paths(data, path.parent)
     base_ref = data.pop("base", None)
     positions = {k: v for k, v in positions.items() if k[:1] != ("base",)}
     if base_ref is None:
@@ -210,6 +224,8 @@ def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str
                                       "no sub-keys.")
             node = child
         node[keys[-1]] = value
+        if keys in PATH_FIELDS:
+            _absolute_paths({keys[0]: node}, Path.cwd())
         positions[keys] = SET_SOURCE
     return data
 

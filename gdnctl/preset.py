@@ -124,6 +124,24 @@ class RolloutSpec(_Section):
     n_samples_per_prompt: int = Field(8, ge=1)
     python: str | None = Field(None, description="interpreter of the rollout's own environment")
     container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
+    max_response_tokens: int = Field(1024, ge=1, description="longest response sampled per prompt")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    timeout_s: float = Field(600.0, gt=0, description="seconds a rollout request may take before the rollout "
+                                                      "server is declared hung and the job fails")
+
+
+class GrpoSpec(_Section):
+    """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
+
+    reward: Literal["math_exact", "digit_fraction"] = Field(
+        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rewards)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
+    clip_high: float = Field(0.2, ge=0, description="upper ratio clip (1 + clip_high); > clip_low is DAPO's "
+                                                    "clip-higher")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the starting policy (0: no reference)")
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    normalize_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
 
 
 class RuntimeSpec(_Section):
@@ -230,6 +248,7 @@ class Preset(_Section):
     kernels: KernelsSpec = Field(default_factory=KernelsSpec)
     comm: CommSpec = Field(default_factory=CommSpec)
     rollout: RolloutSpec | None = None
+    grpo: GrpoSpec = Field(default_factory=GrpoSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     selftest: SelftestSpec = Field(default_factory=SelftestSpec)

@@ -161,16 +161,17 @@ def sp_without_tp(run):
                     "Remove parallel.sequence_parallel, or raise parallel.tp.")
 
 
-@rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest job")
+@rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
 def cpu_only_selftest(run):
     """
-    What it checks: `cluster.gpu: cpu` is used only with `job: selftest`.
+    What it checks: `cluster.gpu: cpu` is used only with `job: selftest` or `job: rl`.
 
     Why: Megatron-Core does not run on a CPU-only torch (it calls torch.cuda.current_device()), and the
-    GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead.
+    GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, and the rl job trains
+    a tiny policy with torch beside vLLM's CPU build.
 
     Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
     """
-    if run.gpu.sm is None and run.preset.job != "selftest":
+    if run.gpu.sm is None and run.preset.job not in ("selftest", "rl"):
         yield Issue("cluster.gpu", f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
                     "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.")

@@ -201,3 +201,83 @@ def separate_rollout_whole_nodes(run):
         yield Issue("rollout.num_gpus", f"a separate rollout of {gpus} GPUs is not a whole number of "
                                         f"{per_node}-GPU nodes.",
                     f"Use a multiple of {per_node} for rollout.num_gpus, or set rollout.colocate: true.")
+
+
+@rule("RLT010", Severity.ERROR, "The rl batch is whole prompt groups")
+def batch_of_groups(run):
+    """
+    What it checks: train.global_batch_size (the samples of one rl step) is a multiple of
+    rollout.n_samples_per_prompt.
+
+    Why: each step rolls out global_batch_size / n_samples_per_prompt prompts, n samples each; GRPO normalises
+    rewards within a prompt's group, so a group cannot be split across steps.
+
+    Fix: make train.global_batch_size a multiple of rollout.n_samples_per_prompt.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    batch, n = run.preset.train.global_batch_size, rollout.n_samples_per_prompt
+    if batch % n:
+        yield Issue("train.global_batch_size", f"global_batch_size {batch} is not a whole number of groups of "
+                                               f"n_samples_per_prompt {n}.",
+                    f"Use a multiple of {n}, e.g. {max(n, batch - batch % n)}.")
+
+
+@rule("RLT011", Severity.ERROR, "rl needs a prompt dataset and a tokenizer")
+def prompts_and_tokenizer(run):
+    """
+    What it checks: an rl job names its prompt dataset (train.data_path: a jsonl of {"prompt", "answer"}) and a
+    tokenizer (model.tokenizer, or model.path holding one).
+
+    Why: rollouts start from dataset prompts and rewards read decoded responses; there are no synthetic
+    prompts, and nothing is downloaded at run time.
+
+    Fix: set train.data_path and model.tokenizer (or model.path).
+    """
+    if _rollout(run) is None:
+        return
+    p = run.preset
+    if p.train.data_path is None:
+        yield Issue("train.data_path", "an rl job needs a prompt dataset.",
+                    'Set train.data_path to a local jsonl with one {"prompt": ..., "answer": ...} a line.')
+    if p.model.tokenizer is None and p.model.path is None:
+        yield Issue("model.tokenizer", "an rl job needs a tokenizer to encode prompts and decode responses.",
+                    "Set model.tokenizer to a local directory with tokenizer.json (or model.path to a checkpoint "
+                    "that has one).")
+
+
+@rule("RLT012", Severity.ERROR, "Responses fit the rollout's context")
+def response_fits_context(run):
+    """
+    What it checks: rollout.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len,
+    default train.seq_length).
+
+    Why: vLLM rejects a request whose prompt plus max_tokens cannot fit the model length; the prompt needs room
+    too.
+
+    Fix: lower rollout.max_response_tokens or raise rollout.max_model_len.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    context = rollout.max_model_len or run.preset.train.seq_length
+    if rollout.max_response_tokens >= context:
+        yield Issue("rollout.max_response_tokens", f"max_response_tokens {rollout.max_response_tokens} leaves no "
+                                                   f"room for the prompt in a {context}-token context.",
+                    "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
+
+
+@rule("RLT013", Severity.WARNING, "rl on GPUs is not in this version of the runtime")
+def rl_policy_on_gpus(run):
+    """
+    What it checks: an rl job on GPUs.
+
+    Why: this version's rl runtime trains the policy with torch on device cpu (transformers' Qwen3.5 class
+    beside vLLM's CPU build); the Megatron rl policy is not in it yet, so the job renders but stops at start-up.
+
+    Fix: render and inspect now; run rl on GPUs with a later gdnctl, or use cluster.gpu: cpu for a tiny model.
+    """
+    if _rollout(run) is not None and run.gpu.sm is not None:
+        yield Issue("job", "this gdnctl's rl runtime trains on device cpu only; on GPUs the job stops at start-up.",
+                    "Use cluster.gpu: cpu with a tiny model to run rl now, or render only.")

@@ -18,7 +18,6 @@ from pydantic import ValidationError
 from gdnctl.engine_config import ENGINE_CONFIG_VERSION, EngineConfig
 from gdnctl.errors import GdnctlError
 
-IMPLEMENTED_JOBS = ("selftest", "sft", "pretrain")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # The selftest's collectives take milliseconds; a rank still waiting after this is in a hang, and gloo's
 # default (30 minutes) would hide it.
@@ -52,10 +51,6 @@ def load_config(path: Path) -> EngineConfig:
 
 
 def check_job(config: EngineConfig) -> None:
-    if config.job not in IMPLEMENTED_JOBS:
-        raise RuntimeSetupError(
-            f"the '{config.job}' job is not available in this version of gdnctl; this version runs "
-            f"{', '.join(IMPLEMENTED_JOBS)} only, so render a preset with one of those jobs or upgrade gdnctl.")
     if config.job == "selftest" and config.selftest is None:
         raise RuntimeSetupError("the engine config has job 'selftest' but no selftest section; render the run "
                                 "dir again with `gdnctl render`.")
@@ -102,6 +97,10 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     try:
         if config.job == "selftest":
             return selftest.run(config, policy)
+        if config.job == "rl":
+            from gdnctl.runtime import rl
+
+            return rl.run(config, config_path)
         from gdnctl.runtime import trainer
 
         return trainer.run(config, config_path, policy)
@@ -122,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeSetupError(f"--role rollout belongs to rl jobs, but this engine config runs "
                                     f"'{config.job}'; start it without --role.")
         check_job(config)
+        if args.role == "rollout":
+            # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
+            from gdnctl.runtime import rollout_server
+
+            return rollout_server.serve(config, args.config.resolve().parent)
         check_launch(config)
         apply_env(config.env)
         return run_job(config, args.config.resolve())

@@ -278,11 +278,11 @@ def read_training_state(directory: Path, world_size: int) -> dict:
     return state
 
 
-def load_training_state(directory: Path, optimizer) -> None:
+def load_training_state(directory: Path, optimizer, device: str = "cuda") -> None:
     path = directory / "optimizer" / f"rank-{dist.get_rank():05d}.pt"
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the checkpoint was written by a different parallel layout.")
-    load_optimizer_state(optimizer, torch.load(path, map_location="cuda", weights_only=False))
+    load_optimizer_state(optimizer, torch.load(path, map_location=device, weights_only=False))
 
 
 def checkpoint_name(iteration: int) -> str:

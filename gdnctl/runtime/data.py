@@ -89,6 +89,9 @@ class LocalTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
 
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(ids, skip_special_tokens=True)
+
     def with_eos(self, ids: list[int]) -> list[int]:
         if self.eos_id is None or (ids and ids[-1] == self.eos_id):
             return ids

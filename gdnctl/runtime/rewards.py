@@ -152,7 +152,19 @@ def math_exact_reward(response: str, reference: str, *, format_reward: float = 0
     return format_reward if _last_boxed(response) is not None else 0.0
 
 
-REWARDS: dict[str, RewardFn] = {"math_exact": math_exact_reward}
+def digit_fraction_reward(response: str, reference: str) -> float:
+    """The share of the response's non-space characters that are ASCII digits (0.0 for an empty response).
+
+    A toy task for checking an rl setup end to end: a model with random weights gets a small, varied reward
+    from its first rollouts, so GRPO has a signal at once and the mean reward rises within tens of steps. The
+    reference is not used."""
+    characters = [c for c in response if not c.isspace()]
+    if not characters:
+        return 0.0
+    return sum(c in "0123456789" for c in characters) / len(characters)
+
+
+REWARDS: dict[str, RewardFn] = {"math_exact": math_exact_reward, "digit_fraction": digit_fraction_reward}
 
 
 def get_reward(name: str) -> RewardFn:

@@ -43,6 +43,7 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
         "comm": {"memory_guard": True, "free_gb_threshold": 3.0, "skip_ops": list(DEFAULT_SKIP_OPS),
                  "profile": True, "profile_dir": "comm_profile"},
         "rollout": None,
+        "grpo": None,
         "selftest": {"steps": 2},
         "runtime_versions": {},
         "env": {},

@@ -1,0 +1,267 @@
+"""The rl job: GRPO steps that alternate vLLM rollouts and policy updates, with a weight sync after each.
+
+One step, for the step's prompts (train.global_batch_size / n_samples_per_prompt of them, from the seeded
+PromptSchedule):
+
+    rank 0: rollout server generates n samples per prompt -> shipped rule-based reward per sample
+            -> group-normalised advantages
+    every rank: its share of the samples, in micro-batches -> clipped policy loss (+ KL) -> one optimizer step
+    rank 0: HF weights -> rollout server reloads them -> per-parameter checksums compared (weight_sync)
+
+Rank 0 owns the rollout server: it spawns it with rollout.python (or, when the Slurm script started it as its
+own step, GDNCTL_ROLLOUT=external, finds it through the run dir). A server that dies or stops answering within
+rollout.timeout_s fails the job with a sentence; checkpoints are only marked `latest` once complete, so the last
+good one stays what a restart resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.engine_config import EngineConfig
+from gdnctl.errors import GdnctlError
+from gdnctl.runtime import checkpoint, grpo, rl_batch, weight_sync
+from gdnctl.runtime.data import load_tokenizer
+from gdnctl.runtime.prompts import PromptSchedule, load_prompts
+from gdnctl.runtime.rewards import get_reward
+from gdnctl.runtime.rl_batch import Sample
+from gdnctl.runtime.rollout_protocol import ADDRESS_FILE, RolloutClient, rollout_dir
+
+# torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RlSetupError(GdnctlError):
+    """The rl job cannot start with this engine config or data."""
+
+
+@dataclass
+class RlStepStats:
+    step: int
+    reward_mean: float
+    reward_std: float
+    response_length: float
+    rollout_tokens_per_second: float
+    train_tokens_per_second: float
+    rollout_seconds: float
+    train_seconds: float
+    sync_seconds: float
+    loss: float
+    grad_norm: float
+    rollout_logprob_abs_diff: float
+    kl: float | None
+    synced_parameters: int
+
+    def line(self, total: int) -> str:
+        return (f"step {self.step}/{total} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
+                f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
+                f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
+                f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
+                f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f}"
+                + (f" | kl {self.kl:.4f}" if self.kl is not None else ""))
+
+
+class RlJob:
+    def __init__(self, config: EngineConfig, config_path: Path) -> None:
+        from gdnctl.runtime.torch_policy import TorchPolicy
+
+        self.config = config
+        self.run_dir = config_path.parent
+        self.config_path = config_path
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        train, rollout = config.train, config.rollout
+        self.tokenizer = load_tokenizer(train.tokenizer_path)
+        self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
+        self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+        self.schedule = PromptSchedule(load_prompts(train.data_path), rollout.prompts_per_step, seed=train.seed)
+        self.reward = get_reward(config.grpo.reward)
+        self.save_dir = Path(train.save_dir) if train.save_dir else None
+        resume = checkpoint.latest_checkpoint(self.save_dir) if self.save_dir else None
+        weights = resume or (Path(config.model.path) if config.model.path else None)
+        self.policy = TorchPolicy(config, weights)
+        self.step = 0
+        if resume is not None:
+            self.step = checkpoint.read_training_state(resume, self.world)["iteration"]
+            self.policy.load_optimizer(resume)
+            self._log(f"resumed from {resume} at step {self.step}")
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.client: RolloutClient | None = None
+
+    # --- rollout server ------------------------------------------------------------------------------------
+    def start_rollout(self) -> None:
+        """Rank 0: write the policy's weights, start (or find) the server, build its engine on those weights,
+        and check one reload before the first step (a naming mismatch fails here, not after a rollout)."""
+        if self.rank != 0:
+            return
+        timeout = self.config.rollout.timeout_s
+        weights_dir = rollout_dir(self.run_dir) / "weights"
+        written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir, config=self.policy.hf_config)
+        process, log_path = None, None
+        if os.environ.get("GDNCTL_ROLLOUT") != "external":
+            process, log_path = self._spawn_server()
+        self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
+        reply = self.client.request("start", model=str(weights_dir), timeout=timeout)
+        self._log(f"rollout engine up in {reply['seconds']:.1f} s")
+        checked = self._reload_and_check(weights_dir, written, step=self.step)
+        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match "
+                  "(the rest are packed by vLLM's kernels or sharded, so not readable)")
+
+    def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
+        (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)
+        log_path = self.run_dir / "logs" / "rollout.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        python = self.config.rollout.python or sys.executable
+        env = {name: value for name, value in os.environ.items()
+               if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
+        command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout"]
+        self._log(f"starting the rollout server: {' '.join(command)} (log: {log_path})")
+        with log_path.open("ab") as log:
+            try:
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           cwd=self.run_dir)
+            except OSError as error:
+                raise RlSetupError(f"rollout.python {python} cannot be started ({error.strerror}); set "
+                                   "rollout.python to the interpreter of the environment that has vLLM.") from None
+        return process, log_path
+
+    def _reload_and_check(self, weights_dir: Path, written: dict, step: int) -> weight_sync.SyncCheck:
+        reply = self.client.request("load_weights", path=str(weights_dir), timeout=self.config.rollout.timeout_s)
+        trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
+        result = weight_sync.compare(trainer, reply["checksums"])
+        weight_sync.check_synced(result, step)
+        return result
+
+    # --- one step --------------------------------------------------------------------------------------------
+    def rollout(self, step: int) -> tuple[list[Sample], float, int]:
+        """Rank 0: the step's samples with rewards and advantages; the generation seconds and tokens."""
+        config, rollout = self.config, self.config.rollout
+        records = self.schedule.batch(step).records
+        prompts = [self._encode(record.prompt, record.line) for record in records]
+        reply = self.client.request(
+            "generate", prompts=prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature, seed=config.train.seed + step * rollout.prompts_per_step,
+            stop_token_ids=self.stop_token_ids, timeout=rollout.timeout_s)
+        samples = []
+        for group, (record, prompt, outputs) in enumerate(zip(records, prompts, reply["samples"], strict=True)):
+            for output in outputs:
+                text = self.tokenizer.decode(output["tokens"])
+                samples.append(Sample(group, tuple(prompt), tuple(output["tokens"]), tuple(output["logprobs"]),
+                                      output["finish_reason"], float(self.reward(text, record.answer))))
+        rewards = torch.tensor([s.reward for s in samples])
+        advantages = grpo.group_advantages(rewards, rollout.n_samples_per_prompt,
+                                           normalize_std=config.grpo.normalize_std)
+        samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
+        generated = sum(len(s.response) for s in samples)
+        return samples, reply["seconds"], generated
+
+    def _encode(self, prompt, line: int) -> list[int]:
+        if not isinstance(prompt, str):
+            raise RlSetupError(f"{self.config.train.data_path}:{line} is a chat prompt, but this gdnctl does not "
+                               "apply chat templates; give prompts as strings with the template applied.")
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise RlSetupError(f"{self.config.train.data_path}:{line}: the prompt encodes to no tokens.")
+        return ids
+
+    def train(self) -> None:
+        config = self.config
+        total = config.train.train_iters
+        while self.step < total:
+            payload = [None]
+            rollout_seconds = 0.0
+            if self.rank == 0:
+                samples, rollout_seconds, generated = self.rollout(self.step)
+                payload = [samples]
+            dist.broadcast_object_list(payload, src=0)
+            samples = payload[0]
+            started = time.perf_counter()
+            stats, tokens = self._update(samples)
+            train_seconds = time.perf_counter() - started
+            self.step += 1
+            sync_seconds, checked = 0.0, 0
+            if self.rank == 0:
+                began = time.perf_counter()
+                weights_dir = rollout_dir(self.run_dir) / "weights"
+                written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir,
+                                                    config=self.policy.hf_config)
+                checked = self._reload_and_check(weights_dir, written, self.step).checked
+                sync_seconds = time.perf_counter() - began
+                rewards = torch.tensor([s.reward for s in samples])
+                self._report(RlStepStats(
+                    step=self.step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
+                    response_length=generated / len(samples),
+                    rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
+                    train_tokens_per_second=tokens / max(train_seconds, 1e-9), rollout_seconds=rollout_seconds,
+                    train_seconds=train_seconds, sync_seconds=sync_seconds, loss=stats["loss"],
+                    grad_norm=stats["grad_norm"], rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
+                    kl=stats.get("kl"), synced_parameters=checked))
+            interval = config.train.save_interval
+            if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
+                self.save()
+
+    def _update(self, samples: list[Sample]) -> tuple[dict[str, float], int]:
+        """This rank's share of one optimizer step; returns stats reduced over ranks and the tokens trained."""
+        grpo_settings, train = self.config.grpo, self.config.train
+        mine = rl_batch.rank_share(samples, self.rank, self.world)
+        parts = rl_batch.micro_batches(mine, train.micro_batch_size)
+        weights = rl_batch.loss_weights(parts, grpo_settings.aggregation, len(samples),
+                                        sum(len(s.response) for s in samples))
+        batches = [rl_batch.build_batch(part, self.pad_id) for part in parts]
+        stats = self.policy.train_step(batches, grpo_settings, weights)
+        names = sorted(stats)
+        values = torch.tensor([stats[name] for name in names] + [sum(b.num_tokens for b in batches)],
+                              dtype=torch.float64)
+        dist.all_reduce(values)
+        reduced = {name: float(value) / (1 if name == "loss" else self.world)
+                   for name, value in zip(names, values[:-1], strict=True)}
+        # grad_norm is already global (DDP reduced the gradients before clipping): the same on every rank.
+        return reduced, int(values[-1])
+
+    # --- checkpoints and logs ---------------------------------------------------------------------------
+    def save(self) -> None:
+        name = checkpoint.checkpoint_name(self.step)
+        directory = self.save_dir / name
+        self.policy.save(directory)
+        dist.barrier()
+        checkpoint.save_training_state(directory, self.policy.optimizer, {"iteration": self.step})
+        dist.barrier()
+        if self.rank == 0:
+            checkpoint.mark_latest(self.save_dir, name)
+            self._log(f"saved {directory}")
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def _report(self, stats: RlStepStats) -> None:
+        print(stats.line(self.config.train.train_iters), flush=True)
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(asdict(stats)) + "\n")
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[gdnctl rl] {message}", flush=True)
+
+
+def run(config: EngineConfig, config_path: Path) -> int:
+    if config.device != "cpu":
+        raise RlSetupError("this gdnctl trains rl policies on device cpu only (the Megatron rl policy is not in "
+                           "it yet); render with cluster.gpu: cpu for a tiny model, or run rl on GPUs with a "
+                           "later gdnctl.")
+    job = RlJob(config, config_path)
+    try:
+        job.start_rollout()
+        job.train()
+    finally:
+        job.close()
+    return 0

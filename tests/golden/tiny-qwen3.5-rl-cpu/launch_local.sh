@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# tiny-qwen3.5-rl-cpu: single-node launch on this host (torchrun --standalone).
+# Rendered by gdnctl 0.1.0 from tiny-qwen3.5-rl-cpu.yaml; re-render rather than edit.
+# Every value that came from the preset is shell-quoted.
+set -euo pipefail
+
+RUN_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+cd -- "$RUN_DIR"
+mkdir -p -- logs
+
+export FLA_FLASH_QLA=0
+export OMP_NUM_THREADS=2
+export TILELANG_CACHE_DIR=/shared/tilelang
+export GDNCTL_JOB_NAME=tiny-qwen3.5-rl-cpu
+
+exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 1 \
+  -m gdnctl.runtime --config "$RUN_DIR/engine.yaml"

