@@ -103,6 +103,7 @@ class RlJob:
         and check one reload before the first step (a naming mismatch fails here, not after a rollout)."""
         if self.rank != 0:
             return
+        self._log_sync_path()
         timeout = self.config.rollout.timeout_s
         weights_dir = rollout_dir(self.run_dir) / "weights"
         written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir, config=self.policy.hf_config)
@@ -113,8 +114,18 @@ class RlJob:
         reply = self.client.request("start", model=str(weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
         checked = self._reload_and_check(weights_dir, written, step=self.step)
-        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match "
-                  "(the rest are packed by vLLM's kernels or sharded, so not readable)")
+        unreadable = "" if checked.checked == checked.total else \
+            " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
+        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}")
+
+    def _log_sync_path(self) -> None:
+        """Once, at start: which export the weights take to the rollout, and why not the bridge's."""
+        train = self.config.train
+        reasons = list(train.weight_sync_fallback_reasons)
+        if train.update_weights_via_bridge and not reasons:
+            reasons = ["the device-cpu policy is transformers' model, which has no megatron-bridge export"]
+        because = f"; megatron-bridge export_hf_weights not used: {'; '.join(reasons)}" if reasons else ""
+        self._log(f"weight sync: the policy's HF-named tensors (registry path){because}")
 
     def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
         (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)

@@ -43,6 +43,18 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     assert all(s["rollout_tokens_per_second"] > 0 and s["train_tokens_per_second"] > 0 for s in steps)
     assert (save_dir / "latest").read_text().strip() == "iter_0000020"
 
+    assert "megatron-bridge export_hf_weights not used" in done.stdout
+
+    # Data parallel: two gloo ranks split each step's samples and must take the same steps as one rank.
+    # Step 1 samples the same seeded rollouts from the same weights; later steps start from updates that differ
+    # in the last bits (another reduction order), which sampling then amplifies.
+    two = launch(tmp_path / "dp2", "cluster.gpus_per_node=2", "train.train_iters=1")
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    (two_ranks,) = metrics(tmp_path / "dp2")
+    assert two_ranks["reward_mean"] == steps[0]["reward_mean"]
+    assert two_ranks["loss"] == pytest.approx(steps[0]["loss"], rel=1e-4)
+    assert two_ranks["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=1e-4)
+
     # Resume: two more steps start from the saved policy and optimizer at step 20.
     resumed = launch(tmp_path / "resumed", f"train.save_dir={save_dir}", "train.train_iters=22")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
