@@ -5,9 +5,10 @@ Order of start-up, each step for a reason:
 2. the comm memory-guard policy is installed before Megatron creates its process groups (they get wrapped);
 3. the model is built (TE-free spec), HF weights loaded (resume checkpoint, else model.path), then wrapped in
    Megatron's DDP and given Megatron's optimizer, whose fp32 main params copy the loaded weights;
-4. the GDN kernel is called once at this rank's shape, so that its per-process set-up (FlashQLA: TileLang
+4. the GDN kernel is called at this rank's shape, so that its per-process set-up (FlashQLA: TileLang
    elaborating its templates and loading the compiled kernels, seconds from a warm cache and minutes from a
-   cold one; FLA: Triton autotuning) is not billed to step 1.
+   cold one; FLA: Triton autotuning) is not billed to step 1; its first, next and warm calls are timed, logged
+   and written to `kernel_warm_up.json`.
 
 Every step logs loss, grad norm, tokens/s, model TFLOPS per GPU and peak memory, on the console and as one
 JSON line in `metrics.jsonl` beside the engine config.
@@ -16,6 +17,7 @@ JSON line in `metrics.jsonl` beside the engine config.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +33,9 @@ from gdnctl.runtime import checkpoint
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 
 METRICS_FILE = "metrics.jsonl"
+KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
+# Warm kernel calls whose median is logged beside the first two (one call can catch an allocator hiccup).
+WARM_CALLS = 3
 # Synthetic documents: lengths log-uniform between these fractions of seq_length.
 SYNTHETIC_LENGTH_FRACTIONS = (0.125, 1.0)
 CLIP_GRAD = 1.0
@@ -60,6 +65,21 @@ class StepStats:
                 f"{self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU | "
                 f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s"
                 + (" | update skipped" if self.skipped else ""))
+
+
+@dataclass(frozen=True)
+class KernelWarmUp:
+    kernel: str
+    heads: int
+    tokens: int
+    first_call_s: float
+    next_call_s: float
+    warm_call_s: float  # median of WARM_CALLS calls after the first two
+
+    def line(self) -> str:
+        return (f"GDN kernel warm-up ({self.kernel}, {self.heads} heads x {self.tokens} tokens, fwd+bwd): "
+                f"first call {self.first_call_s:.3f} s, next call {self.next_call_s * 1e3:.2f} ms, "
+                f"warm {self.warm_call_s * 1e3:.2f} ms (median of {WARM_CALLS})")
 
 
 def _documents(config: EngineConfig):
@@ -197,8 +217,13 @@ class Trainer:
         return sum(p.numel() for p in self.model.parameters())
 
     # --- kernel warm-up ----------------------------------------------------------------------------------
-    def warm_up_kernel(self) -> float:
-        """One forward+backward of the GDN kernel at this rank's shape; returns its seconds."""
+    def warm_up_kernel(self) -> KernelWarmUp:
+        """Forward+backward of the GDN kernel at this rank's shape, timed three ways and logged.
+
+        The first call is this process's first (FlashQLA: TileLang elaborating its templates and loading or
+        compiling the binaries; FLA: Triton compiling and autotuning); the next call is what step 1's first GDN
+        layer would meet, so it shows whether any set-up is left for the step; the warm median is the yardstick.
+        """
         from gdnctl.gdn_shapes import RankShape, kernel_heads
         from gdnctl.prewarm import fwd_bwd_seconds
 
@@ -207,9 +232,14 @@ class Trainer:
         length = train.seq_length
         shape = RankShape("trainer", heads, heads, arch.linear_key_head_dim, (length,),
                           packed=self.config.layout == "thd")
-        seconds = fwd_bwd_seconds(self.kernel, shape)
-        self._log(f"GDN kernel warm-up ({self.kernel.name}, {heads} heads x {length} tokens): {seconds:.2f} s")
-        return seconds
+        first = fwd_bwd_seconds(self.kernel, shape)
+        following = fwd_bwd_seconds(self.kernel, shape)
+        warm = statistics.median(fwd_bwd_seconds(self.kernel, shape) for _ in range(WARM_CALLS))
+        timing = KernelWarmUp(self.kernel.name, heads, length, first, following, warm)
+        self._log(timing.line())
+        if self.rank == 0:
+            (self.run_dir / KERNEL_WARM_UP_FILE).write_text(json.dumps(timing.__dict__) + "\n")
+        return timing
 
     # --- training ----------------------------------------------------------------------------------------
     def train(self) -> None:

@@ -1,11 +1,13 @@
-"""The Megatron trainer on one GPU: the tiny Qwen3.5 preset launched for real (`gdnctl launch`), TE-free.
+"""The Megatron trainer: the tiny Qwen3.5 presets launched for real (`gdnctl launch`), TE-free.
 
 - the HF checkpoint writer gives transformers' logits and reloads bit-identically (hf_roundtrip_check.py);
 - the loss falls on a learnable synthetic task with FLA and with FlashQLA, and the two curves agree;
-- a run resumed from its HF checkpoint continues the uninterrupted run's loss curve.
+- a run resumed from its HF checkpoint continues the uninterrupted run's loss curve;
+- on 2 GPUs (skipped with fewer), the TP2 preset's loss falls on the same task.
 
 Needs a CUDA GPU, megatron-core and FLA (FlashQLA for its case; its TileLang compile takes minutes cold, so
-set TILELANG_CACHE_DIR). GDNCTL_GPU_LOG_DIR, when set, receives the loss curves as JSON for BENCHMARKS.md.
+set TILELANG_CACHE_DIR). GDNCTL_GPU_LOG_DIR, when set, receives the loss curves as JSON for BENCHMARKS.md and
+each launch's console output.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ pytestmark = [
 ]
 
 HERE = Path(__file__).parent
+PRESET = "tiny-qwen3.5-sft"
+TWO_GPU_PRESET = "tiny-qwen3.5-sft-2gpu"
 STEPS = 20
 # Loss curves of two GDN kernels over 20 bf16 steps: the same seed and data, different summation orders.
 CURVE_TOLERANCE = 0.02  # max |a - b| / b per step
@@ -47,20 +51,29 @@ def _patterned_data(path: Path, documents: int = 512, vocab: int = 4096) -> Path
     return path
 
 
-def _launch(run_dir: Path, *sets: str) -> list[dict]:
-    command = [sys.executable, "-m", "gdnctl", "launch", "tiny-qwen3.5-sft", "-o", str(run_dir), "--force",
+def _launch(run_dir: Path, *sets: str, preset: str = PRESET) -> list[dict]:
+    command = [sys.executable, "-m", "gdnctl", "launch", preset, "-o", str(run_dir), "--force",
                *(arg for value in sets for arg in ("--set", value))]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
+    _record_log(f"{preset}-{run_dir.name}", proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _record(name: str, document: dict) -> None:
+    _write_log(f"{name}.json", json.dumps(document, indent=1))
+
+
+def _record_log(name: str, text: str) -> None:
+    _write_log(f"{name}.log", text)
+
+
+def _write_log(file_name: str, text: str) -> None:
     log_dir = os.environ.get("GDNCTL_GPU_LOG_DIR")
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        (Path(log_dir) / f"{name}.json").write_text(json.dumps(document, indent=1))
+        (Path(log_dir) / file_name).write_text(text)
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +142,13 @@ def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
     assert all(abs(a - b) / b < 0.01 for a, b in zip(got, expected)), (expected, got)
     config = json.loads((partial_dir / "iter_0000006" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5ForCausalLM"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_2gpu_tp2_loss_falls(tmp_path, data_file):
+    steps = _launch(tmp_path / "tp2", f"train.data_path={data_file}", f"train.train_iters={STEPS}",
+                    preset=TWO_GPU_PRESET)
+    losses = [step["loss"] for step in steps]
+    _record("loss_curve_tp2", {"fla_tp2": losses, "seconds": [step["seconds"] for step in steps]})
+    assert len(losses) == STEPS
+    assert losses[-1] < 0.5 * losses[0], losses

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# tiny-qwen3.5-sft-2gpu: single-node launch on this host (torchrun --standalone).
+# Rendered by gdnctl 0.1.0 from tiny-qwen3.5-sft-2gpu.yaml; re-render rather than edit.
+# Every value that came from the preset is shell-quoted.
+set -euo pipefail
+
+RUN_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+cd -- "$RUN_DIR"
+mkdir -p -- logs
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export FLA_FLASH_QLA=0
+export OMP_NUM_THREADS=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TILELANG_CACHE_DIR=/shared/tilelang
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export GDNCTL_JOB_NAME=tiny-qwen3.5-sft-2gpu
+
+exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 \
+  -m gdnctl.runtime --config "$RUN_DIR/engine.yaml"
