@@ -81,18 +81,18 @@ class RolloutClient:
         """Wait up to `timeout` s for the server's address file, then connect to it."""
         address_file = rollout_dir(run_dir) / ADDRESS_FILE
         deadline = time.monotonic() + timeout
-        while not address_file.is_file():
+        while True:
             _check_alive(process, "starting", log_path)
+            connection = _try_connect(address_file)
+            if connection is not None:
+                return cls(connection, process, log_path)
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
-                raise RolloutError(f"the rollout server did not come up within {timeout:g} s (no {address_file}); "
-                                   f"{_see_log(log_path)}or raise rollout.timeout_s if vLLM starts slowly here.")
+                raise RolloutError(f"the rollout server did not come up within {timeout:g} s (no server listening "
+                                   f"at {address_file}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
+                                   "starts slowly here.")
             time.sleep(POLL_SECONDS / 4)
-        address = json.loads(address_file.read_text())
-        connection = Client(_connect_address(address["host"], address["port"]),
-                            authkey=bytes.fromhex(address["authkey"]))
-        return cls(connection, process, log_path)
 
     def request(self, op: str, *, timeout: float, **fields: Any) -> dict[str, Any]:
         try:
@@ -136,6 +136,19 @@ class RolloutClient:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait()
+
+
+def _try_connect(address_file: Path) -> Connection | None:
+    """A connection to the server the address file names; None while there is no file or nobody listens
+    there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
+    try:
+        address = json.loads(address_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    try:
+        return Client(_connect_address(address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
+    except ConnectionRefusedError:
+        return None
 
 
 def _connect_address(host: str, port: int) -> tuple[str, int]:

@@ -77,3 +77,19 @@ def test_a_rollout_environment_without_vllm_fails_at_start_with_a_sentence(tmp_p
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "the rollout server failed 'start': ModuleNotFoundError: No module named 'vllm'" in done.stderr
     assert (tmp_path / "run" / "logs" / "rollout.log").is_file()
+
+
+@needs_vllm
+@pytest.mark.slurm
+def test_rl_runs_as_a_real_slurm_job(tmp_path, local_slurm):
+    from tests.slurm_cluster import slurm_env
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--wait", "-o", str(run_dir),
+               "--set", f"rollout.python={VLLM_PYTHON}", "--set", "train.train_iters=2",
+               "--set", "launch.slurm.time=00:15:00", "--set", "launch.slurm.exclusive=false"]
+    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm),
+                          check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [s["step"] for s in metrics(run_dir)] == [1, 2]
+    assert (run_dir / "logs" / "rollout.log").is_file()

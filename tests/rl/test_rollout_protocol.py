@@ -81,3 +81,13 @@ def test_a_server_that_never_comes_up_is_reported(tmp_path):
         RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=tmp_path / "x.log")
     with pytest.raises(RolloutError, match="did not come up within 1 s"):
         RolloutClient.connect(tmp_path, timeout=1)
+
+
+def test_an_address_left_by_a_gone_server_is_waited_past_until_the_new_one_listens(tmp_path):
+    stale, log = start(tmp_path, "answer")
+    RolloutClient.connect(tmp_path, timeout=30, process=stale, log_path=log).close()
+    assert stale.wait(10) == 0  # gone; its address file stays behind
+    fresh, log = start(tmp_path, "answer")
+    client = RolloutClient.connect(tmp_path, timeout=30, process=fresh, log_path=log)
+    assert client.request("echo", value=7, timeout=10) == {"echo": 7}
+    client.close()
