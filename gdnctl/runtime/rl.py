@@ -41,6 +41,10 @@ _LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "
                        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+# Tokens of the weight-sync probe: enough for a mean log-prob gap to be stable, cheap to score on both sides.
+PROBE_TOKENS = 64
+
+
 class RlSetupError(GdnctlError):
     """The rl job cannot start with this engine config or data."""
 
@@ -60,7 +64,8 @@ class RlStepStats:
     grad_norm: float
     rollout_logprob_abs_diff: float
     kl: float | None
-    synced_parameters: int
+    synced_parameters: int  # rollout parameters whose checksums matched the trainer's
+    probe_logprob_abs_diff: float  # rollout vs trainer on the probe sequence, after the sync
 
     def line(self, total: int) -> str:
         return (f"step {self.step}/{total} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
@@ -83,7 +88,13 @@ class RlJob:
         self.tokenizer = load_tokenizer(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
-        self.schedule = PromptSchedule(load_prompts(train.data_path), rollout.prompts_per_step, seed=train.seed)
+        records = load_prompts(train.data_path)
+        self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
+        # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
+        self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
+        if len(self.probe) < 2:
+            raise RlSetupError(f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
+                               "tokens; the weight-sync probe scores it, so make it a sentence.")
         self.reward = get_reward(config.grpo.reward)
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         resume = checkpoint.latest_checkpoint(self.save_dir) if self.save_dir else None
@@ -113,10 +124,11 @@ class RlJob:
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
         reply = self.client.request("start", model=str(weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
-        checked = self._reload_and_check(weights_dir, written, step=self.step)
+        checked, gap = self._reload_and_check(weights_dir, written, step=self.step)
         unreadable = "" if checked.checked == checked.total else \
             " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
-        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}")
+        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
+                  f"probe log-probs within {gap:.4f} nats/token")
 
     def _log_sync_path(self) -> None:
         """Once, at start: which export the weights take to the rollout, and why not the bridge's."""
@@ -145,12 +157,17 @@ class RlJob:
                                    "rollout.python to the interpreter of the environment that has vLLM.") from None
         return process, log_path
 
-    def _reload_and_check(self, weights_dir: Path, written: dict, step: int) -> weight_sync.SyncCheck:
-        reply = self.client.request("load_weights", path=str(weights_dir), timeout=self.config.rollout.timeout_s)
+    def _reload_and_check(self, weights_dir: Path, written: dict, step: int) -> tuple[weight_sync.SyncCheck, float]:
+        """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match.
+        Returns the checksum comparison and the probe gap (mean |log p| per token)."""
+        reply = self.client.request("load_weights", path=str(weights_dir), probe=self.probe,
+                                    timeout=self.config.rollout.timeout_s)
         trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
         result = weight_sync.compare(trainer, reply["checksums"])
         weight_sync.check_synced(result, step)
-        return result
+        gap = weight_sync.probe_gap(self.policy.probe_logprobs(self.probe), reply["probe_logprobs"])
+        weight_sync.check_probe(gap, step)
+        return result, gap
 
     # --- one step --------------------------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[list[Sample], float, int]:
@@ -199,13 +216,13 @@ class RlJob:
             stats, tokens = self._update(samples)
             train_seconds = time.perf_counter() - started
             self.step += 1
-            sync_seconds, checked = 0.0, 0
+            sync_seconds = 0.0
             if self.rank == 0:
                 began = time.perf_counter()
                 weights_dir = rollout_dir(self.run_dir) / "weights"
                 written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir,
                                                     config=self.policy.hf_config)
-                checked = self._reload_and_check(weights_dir, written, self.step).checked
+                result, probe_gap = self._reload_and_check(weights_dir, written, self.step)
                 sync_seconds = time.perf_counter() - began
                 rewards = torch.tensor([s.reward for s in samples])
                 self._report(RlStepStats(
@@ -215,7 +232,7 @@ class RlJob:
                     train_tokens_per_second=tokens / max(train_seconds, 1e-9), rollout_seconds=rollout_seconds,
                     train_seconds=train_seconds, sync_seconds=sync_seconds, loss=stats["loss"],
                     grad_norm=stats["grad_norm"], rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
-                    kl=stats.get("kl"), synced_parameters=checked))
+                    kl=stats.get("kl"), synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap))
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
                 self.save()

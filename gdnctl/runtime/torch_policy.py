@@ -68,6 +68,13 @@ class TorchPolicy:
         logits = model(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits
         return grpo.logprobs_from_logits(logits[:, :-1].float(), batch.tokens[:, 1:])
 
+    @torch.no_grad()
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them."""
+        ids = torch.tensor([tokens])
+        logits = self.module(input_ids=ids).logits
+        return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()
+
     def train_step(self, micro_batches: list[RlBatch], settings, weights: list[float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches -> this rank's stats.
 

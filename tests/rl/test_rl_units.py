@@ -140,3 +140,13 @@ def test_the_preset_schema_offers_exactly_the_shipped_rewards():
     from gdnctl.runtime.rewards import REWARDS
 
     assert set(get_args(GrpoSpec.model_fields["reward"].annotation)) == set(REWARDS)
+
+
+def test_the_probe_check_fails_a_rollout_scoring_with_other_weights():
+    trainer = [-5.5, -5.4, -5.6]
+    assert weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]) == pytest.approx(0.004 / 3)
+    weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]), step=1)
+    with pytest.raises(weight_sync.WeightSyncError, match=r"step 4 .* 0\.200 nats per token"):
+        weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.3, -5.6, -5.4]), step=4)
+    with pytest.raises(weight_sync.WeightSyncError, match="scored 2 probe tokens but the trainer 3"):
+        weight_sync.probe_gap(trainer, [-5.5, -5.4])
