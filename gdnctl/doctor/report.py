@@ -74,7 +74,8 @@ def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path 
         from gdnctl.doctor.probes import gather
 
         kernel_cache = run.preset.launch.kernel_cache_dir if run is not None else None
-        facts = gather(kernel_cache)
+        rollout = run.preset.rollout if run is not None and run.preset.job == "rl" else None
+        facts = gather(kernel_cache, rollout.python if rollout is not None else None)
     if save_facts is not None:
         save_facts.write_text(json.dumps(facts.to_json(), indent=2) + "\n")
     checks = machine_checks.run_checks(facts, run)

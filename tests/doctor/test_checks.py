@@ -9,7 +9,7 @@ import pytest
 
 from gdnctl.doctor import checks
 from gdnctl.doctor.checks import Status
-from gdnctl.doctor.facts import KernelCacheFact, MachineFacts
+from gdnctl.doctor.facts import KernelCacheFact, MachineFacts, RolloutEnvFact
 from gdnctl.doctor.probes import cudnn_version_text
 from tests.compiler.helpers import run_of
 
@@ -142,3 +142,51 @@ def test_broken_torch():
 
 def test_facts_round_trip(tmp_path):
     assert MachineFacts.from_json(H100.to_json()) == H100
+
+
+CPU_RL = "tiny-qwen3.5-rl-cpu"
+
+
+def test_an_rl_job_on_cpu_needs_no_megatron_but_transformers():
+    run = run_of(base=CPU_RL)
+    results = by_name(checks.run_checks(with_(CPU, python_version="3.11.7"), run))
+    assert results["python"].status is Status.OK
+    assert results["megatron_core"].status is Status.SKIP
+    assert results["megatron_bridge"].status is Status.SKIP
+    without = with_(CPU, packages={**CPU.packages, "transformers": None})
+    policy = checks.check_rl_policy(without, run)
+    assert policy.status is Status.FAIL and "transformers>=5.23" in policy.fix
+    old = with_(CPU, packages={**CPU.packages, "transformers": "4.57.0"})
+    assert checks.check_rl_policy(old, run).status is Status.FAIL
+    new = with_(CPU, packages={**CPU.packages, "transformers": "5.23.0"})
+    assert checks.check_rl_policy(new, run).status is Status.OK
+    assert checks.check_rl_policy(new, run_of()).status is Status.SKIP  # rl on GPUs trains with Megatron
+
+
+def test_vllm_is_judged_in_the_rollout_environment_when_the_preset_names_one():
+    run = run_of(base=CPU_RL)
+    ready = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", "0.32.0"))
+    check = checks.check_vllm(ready, run)
+    assert check.status is Status.OK and check.found.startswith("0.32.0 in rollout.python /venv/bin/python")
+    assert "triton" in check.found
+    broken = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", None, "ModuleNotFoundError: No module "
+                                                                             "named 'vllm'"))
+    check = checks.check_vllm(broken, run)
+    assert check.status is Status.FAIL and "No module named 'vllm'" in check.found
+    assert "tools/install-vllm-cpu.sh" in check.fix
+
+
+def test_rollout_env_facts_survive_a_json_round_trip(tmp_path):
+    facts = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", None, "no such interpreter"))
+    (tmp_path / "facts.json").write_text(__import__("json").dumps(facts.to_json()))
+    assert MachineFacts.load(tmp_path / "facts.json") == facts
+
+
+def test_the_rollout_probe_asks_the_other_interpreter(tmp_path):
+    import sys
+
+    from gdnctl.doctor.probes import rollout_env
+
+    assert rollout_env(str(tmp_path / "missing" / "python")).error == "no such interpreter"
+    here = rollout_env(sys.executable)  # the test environment has no vLLM
+    assert here.vllm is None and here.error == "ModuleNotFoundError: No module named 'vllm'"

@@ -58,3 +58,17 @@ def test_bad_facts_file(tmp_path):
     bad.write_text("{}")
     proc = doctor("--facts", str(bad))
     assert proc.returncode == 2 and "not a facts file" in proc.stderr
+
+
+def test_real_doctor_checks_the_rl_preset_and_its_rollout_environment():
+    import os
+
+    vllm_python = os.environ.get("GDNCTL_TEST_VLLM_PYTHON", sys.executable)
+    proc = doctor("tiny-qwen3.5-rl-cpu", "--set", f"rollout.python={vllm_python}", "--json")
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["megatron_core"]["status"] == "SKIP" and checks["rl_policy"]["status"] == "OK"
+    assert f"rollout.python {vllm_python}" in checks["vllm"]["found"]
+    if "GDNCTL_TEST_VLLM_PYTHON" in os.environ:
+        assert checks["vllm"]["status"] == "OK" and proc.returncode == 0, proc.stdout
+    else:  # this interpreter has no vLLM: the doctor says so and exits 1
+        assert checks["vllm"]["status"] == "FAIL" and proc.returncode == 1
