@@ -22,6 +22,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 # The selftest's collectives take milliseconds; a rank still waiting after this is in a hang, and gloo's
 # default (30 minutes) would hide it.
 SELFTEST_COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # torch's default for gloo and NCCL process groups
 
 
 class RuntimeSetupError(GdnctlError):
@@ -74,6 +75,17 @@ def apply_env(env: dict[str, str]) -> None:
         os.environ.setdefault(name, value)
 
 
+def collective_timeout(config: EngineConfig) -> timedelta | None:
+    """How long a rank may wait in a collective; None: torch's default (30 minutes)."""
+    if config.job == "selftest":
+        return SELFTEST_COLLECTIVE_TIMEOUT
+    if config.job == "rl":
+        # While rank 0 waits on the rollout server (start, generate, reload: each up to rollout.timeout_s),
+        # the other ranks wait in a broadcast; they must outlast it, so rank 0's clear timeout fires first.
+        return DEFAULT_COLLECTIVE_TIMEOUT + timedelta(seconds=3 * config.rollout.timeout_s)
+    return None
+
+
 def run_job(config: EngineConfig, config_path: Path) -> int:
     import torch
     import torch.distributed as dist
@@ -92,8 +104,7 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     # On GPUs the default group gets gloo for CPU tensors beside NCCL for CUDA ones: the selftest's comm checks
     # use CPU tensors so that they run the same on every node, and CUDA collectives still go to NCCL.
     backend = "gloo" if config.device == "cpu" else "cpu:gloo,cuda:nccl"
-    timeout = SELFTEST_COLLECTIVE_TIMEOUT if config.job == "selftest" else None
-    dist.init_process_group(backend=backend, timeout=timeout)
+    dist.init_process_group(backend=backend, timeout=collective_timeout(config))
     try:
         if config.job == "selftest":
             return selftest.run(config, policy)
