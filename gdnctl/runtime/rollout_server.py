@@ -63,7 +63,9 @@ def refresh_cpu_embedding_gemms(model) -> int:
     handles were rebuilt; a no-op off CPU.
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():

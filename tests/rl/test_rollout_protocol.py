@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gdnctl.runtime.rollout_protocol import ADDRESS_FILE, RolloutClient, RolloutError, rollout_dir
+from gdnctl.runtime.rollout_protocol import (
+    ADDRESS_FILE,
+    RolloutClient,
+    RolloutError,
+    rollout_dir,
+)
 
 SERVER = """
 import sys, time
