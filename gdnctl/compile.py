@@ -146,6 +146,7 @@ def compile_engine_config(run: "Run", kernel_cache_dir: str | None = None) -> En
             max_model_len=r.max_model_len or t.seq_length, n_samples_per_prompt=r.n_samples_per_prompt,
             prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
             max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,
+            probe_tolerance=r.probe_tolerance,
             python=r.python,
         )
     return EngineConfig(

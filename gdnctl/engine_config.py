@@ -145,6 +145,7 @@ class EngineRollout(_Frozen):
     max_response_tokens: int
     temperature: float
     timeout_s: float
+    probe_tolerance: float
     python: str | None
 
 

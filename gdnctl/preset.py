@@ -128,6 +128,8 @@ class RolloutSpec(_Section):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     timeout_s: float = Field(600.0, gt=0, description="seconds a rollout request may take before the rollout "
                                                       "server is declared hung and the job fails")
+    probe_tolerance: float = Field(0.1, gt=0, description="largest mean |log p| gap (nats/token) between trainer "
+                                                          "and rollout on the weight-sync probe")
 
 
 class GrpoSpec(_Section):

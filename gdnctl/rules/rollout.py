@@ -268,16 +268,22 @@ def response_fits_context(run):
                     "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
 
 
-@rule("RLT013", Severity.WARNING, "rl on GPUs is not in this version of the runtime")
+@rule("RLT013", Severity.WARNING, "rl on GPUs has not run end to end in gdnctl's tests")
 def rl_policy_on_gpus(run):
     """
     What it checks: an rl job on GPUs.
 
-    Why: this version's rl runtime trains the policy with torch on device cpu (transformers' Qwen3.5 class
-    beside vLLM's CPU build); the Megatron rl policy is not in it yet, so the job renders but stops at start-up.
+    Why: gdnctl's rl loop, rollout server, weight sync and GRPO run end to end in its tests on CPU (the torch
+    policy beside vLLM's CPU build), and the GPU policy (Megatron) was checked on an H100 against the CPU
+    policy's code (log-probs, HF export, one GRPO step); but no GPU vLLM has served the rollouts in those tests,
+    and colocated sleep/wake between phases is not implemented, so trainer and rollout hold their GPU memory
+    together.
 
-    Fix: render and inspect now; run rl on GPUs with a later gdnctl, or use cluster.gpu: cpu for a tiny model.
+    Fix: try the preset at small scale first; set rollout.colocate: false with separate rollout GPUs, or leave
+    rollout.gpu_memory_utilization low enough for the trainer beside it.
     """
     if _rollout(run) is not None and run.gpu.sm is not None:
-        yield Issue("job", "this gdnctl's rl runtime trains on device cpu only; on GPUs the job stops at start-up.",
-                    "Use cluster.gpu: cpu with a tiny model to run rl now, or render only.")
+        yield Issue("job", "rl on GPUs has not run end to end in gdnctl's own tests (no GPU vLLM there), and "
+                           "colocated trainer and vLLM hold their memory together (no sleep between phases).",
+                    "Try it at small scale first; prefer rollout.colocate: false, or a low "
+                    "rollout.gpu_memory_utilization.")

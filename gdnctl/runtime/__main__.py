@@ -111,7 +111,7 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
         if config.job == "rl":
             from gdnctl.runtime import rl
 
-            return rl.run(config, config_path)
+            return rl.run(config, config_path, policy)
         from gdnctl.runtime import trainer
 
         return trainer.run(config, config_path, policy)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from gdnctl.engine_config import EngineConfig
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime import checkpoint, grpo, rl_batch, weight_sync
-from gdnctl.runtime.data import load_tokenizer
+from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rewards import get_reward
 from gdnctl.runtime.rl_batch import Sample
@@ -77,13 +77,11 @@ class RlStepStats:
 
 
 class RlJob:
-    def __init__(self, config: EngineConfig, config_path: Path) -> None:
-        from gdnctl.runtime.torch_policy import TorchPolicy
-
+    def __init__(self, config: EngineConfig, config_path: Path, comm_policy) -> None:
         self.config = config
         self.run_dir = config_path.parent
         self.config_path = config_path
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank = dist.get_rank()
         train, rollout = config.train, config.rollout
         self.tokenizer = load_tokenizer(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
@@ -97,34 +95,31 @@ class RlJob:
                                "tokens; the weight-sync probe scores it, so make it a sentence.")
         self.reward = get_reward(config.grpo.reward)
         self.save_dir = Path(train.save_dir) if train.save_dir else None
-        resume = checkpoint.latest_checkpoint(self.save_dir) if self.save_dir else None
-        weights = resume or (Path(config.model.path) if config.model.path else None)
-        self.policy = TorchPolicy(config, weights)
-        self.step = 0
-        if resume is not None:
-            self.step = checkpoint.read_training_state(resume, self.world)["iteration"]
-            self.policy.load_optimizer(resume)
-            self._log(f"resumed from {resume} at step {self.step}")
+        self.policy = _make_policy(config, config_path, comm_policy)
+        self.step = self.policy.step
+        if self.step:
+            self._log(f"resumed from {self.save_dir / checkpoint.checkpoint_name(self.step)} at step {self.step}")
+        self.row_multiple = sequence_padding_multiple(config.parallel)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.client: RolloutClient | None = None
 
     # --- rollout server ------------------------------------------------------------------------------------
     def start_rollout(self) -> None:
-        """Rank 0: write the policy's weights, start (or find) the server, build its engine on those weights,
-        and check one reload before the first step (a naming mismatch fails here, not after a rollout)."""
+        """Every rank exports the policy's weights; rank 0 starts (or finds) the server, builds its engine on
+        them and checks one reload before the first step (a naming mismatch fails here, not after a rollout)."""
+        weights_dir = rollout_dir(self.run_dir) / "weights"
+        written, probe = self.policy.export(weights_dir), self.policy.probe_logprobs(self.probe)
         if self.rank != 0:
             return
         self._log_sync_path()
         timeout = self.config.rollout.timeout_s
-        weights_dir = rollout_dir(self.run_dir) / "weights"
-        written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir, config=self.policy.hf_config)
         process, log_path = None, None
         if os.environ.get("GDNCTL_ROLLOUT") != "external":
             process, log_path = self._spawn_server()
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
         reply = self.client.request("start", model=str(weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
-        checked, gap = self._reload_and_check(weights_dir, written, step=self.step)
+        checked, gap = self._reload_and_check(weights_dir, written, probe, step=self.step)
         unreadable = "" if checked.checked == checked.total else \
             " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
         self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
@@ -157,16 +152,25 @@ class RlJob:
                                    "rollout.python to the interpreter of the environment that has vLLM.") from None
         return process, log_path
 
-    def _reload_and_check(self, weights_dir: Path, written: dict, step: int) -> tuple[weight_sync.SyncCheck, float]:
-        """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match.
-        Returns the checksum comparison and the probe gap (mean |log p| per token)."""
+    def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
+        """Every rank: export the weights and score the probe; rank 0: have the rollout reload and check it.
+        Returns rank 0's checksum comparison and probe gap (None on the other ranks)."""
+        weights_dir = rollout_dir(self.run_dir) / "weights"
+        written, probe = self.policy.export(weights_dir), self.policy.probe_logprobs(self.probe)
+        if self.rank != 0:
+            return None
+        return self._reload_and_check(weights_dir, written, probe, step)
+
+    def _reload_and_check(self, weights_dir: Path, written: dict, probe: list[float],
+                          step: int) -> tuple[weight_sync.SyncCheck, float]:
+        """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match."""
         reply = self.client.request("load_weights", path=str(weights_dir), probe=self.probe,
                                     timeout=self.config.rollout.timeout_s)
         trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
         result = weight_sync.compare(trainer, reply["checksums"])
         weight_sync.check_synced(result, step)
-        gap = weight_sync.probe_gap(self.policy.probe_logprobs(self.probe), reply["probe_logprobs"])
-        weight_sync.check_probe(gap, step)
+        gap = weight_sync.probe_gap(probe, reply["probe_logprobs"])
+        weight_sync.check_probe(gap, step, self.config.rollout.probe_tolerance)
         return result, gap
 
     # --- one step --------------------------------------------------------------------------------------------
@@ -206,67 +210,42 @@ class RlJob:
         total = config.train.train_iters
         while self.step < total:
             payload = [None]
-            rollout_seconds = 0.0
             if self.rank == 0:
-                samples, rollout_seconds, generated = self.rollout(self.step)
-                payload = [samples]
+                payload = [self.rollout(self.step)]
             dist.broadcast_object_list(payload, src=0)
-            samples = payload[0]
+            samples, rollout_seconds, generated = payload[0]
             started = time.perf_counter()
-            stats, tokens = self._update(samples)
+            stats = self._update(samples)
             train_seconds = time.perf_counter() - started
             self.step += 1
-            sync_seconds = 0.0
-            if self.rank == 0:
-                began = time.perf_counter()
-                weights_dir = rollout_dir(self.run_dir) / "weights"
-                written = weight_sync.write_weights(self.policy.hf_tensors(), weights_dir,
-                                                    config=self.policy.hf_config)
-                result, probe_gap = self._reload_and_check(weights_dir, written, self.step)
-                sync_seconds = time.perf_counter() - began
+            began = time.perf_counter()
+            synced = self.sync(self.step)
+            sync_seconds = time.perf_counter() - began
+            if synced is not None:
+                result, probe_gap = synced
                 rewards = torch.tensor([s.reward for s in samples])
                 self._report(RlStepStats(
                     step=self.step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
                     response_length=generated / len(samples),
                     rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
-                    train_tokens_per_second=tokens / max(train_seconds, 1e-9), rollout_seconds=rollout_seconds,
-                    train_seconds=train_seconds, sync_seconds=sync_seconds, loss=stats["loss"],
-                    grad_norm=stats["grad_norm"], rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
-                    kl=stats.get("kl"), synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap))
+                    train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
+                    rollout_seconds=rollout_seconds, train_seconds=train_seconds, sync_seconds=sync_seconds,
+                    loss=stats["loss"], grad_norm=stats["grad_norm"],
+                    rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"], kl=stats.get("kl"),
+                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap))
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
-                self.save()
+                self.policy.save(self.save_dir, self.step)
+                self._log(f"saved {self.save_dir / checkpoint.checkpoint_name(self.step)}")
 
-    def _update(self, samples: list[Sample]) -> tuple[dict[str, float], int]:
-        """This rank's share of one optimizer step; returns stats reduced over ranks and the tokens trained."""
-        grpo_settings, train = self.config.grpo, self.config.train
-        mine = rl_batch.rank_share(samples, self.rank, self.world)
-        parts = rl_batch.micro_batches(mine, train.micro_batch_size)
-        weights = rl_batch.loss_weights(parts, grpo_settings.aggregation, len(samples),
-                                        sum(len(s.response) for s in samples))
-        batches = [rl_batch.build_batch(part, self.pad_id) for part in parts]
-        stats = self.policy.train_step(batches, grpo_settings, weights)
-        names = sorted(stats)
-        values = torch.tensor([stats[name] for name in names] + [sum(b.num_tokens for b in batches)],
-                              dtype=torch.float64)
-        dist.all_reduce(values)
-        reduced = {name: float(value) / (1 if name == "loss" else self.world)
-                   for name, value in zip(names, values[:-1], strict=True)}
-        # grad_norm is already global (DDP reduced the gradients before clipping): the same on every rank.
-        return reduced, int(values[-1])
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        """This data-parallel rank's share of one optimizer step; returns the policy's stats for the step."""
+        mine = rl_batch.rank_share(samples, self.policy.dp_rank, self.policy.dp_size)
+        parts = rl_batch.micro_batches(mine, self.config.train.micro_batch_size)
+        batches = [rl_batch.build_batch(part, self.pad_id, multiple=self.row_multiple) for part in parts]
+        return self.policy.train_step(batches, self.config.grpo)
 
-    # --- checkpoints and logs ---------------------------------------------------------------------------
-    def save(self) -> None:
-        name = checkpoint.checkpoint_name(self.step)
-        directory = self.save_dir / name
-        self.policy.save(directory)
-        dist.barrier()
-        checkpoint.save_training_state(directory, self.policy.optimizer, {"iteration": self.step})
-        dist.barrier()
-        if self.rank == 0:
-            checkpoint.mark_latest(self.save_dir, name)
-            self._log(f"saved {directory}")
-
+    # --- logs -------------------------------------------------------------------------------------------
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -281,12 +260,18 @@ class RlJob:
             print(f"[gdnctl rl] {message}", flush=True)
 
 
-def run(config: EngineConfig, config_path: Path) -> int:
-    if config.device != "cpu":
-        raise RlSetupError("this gdnctl trains rl policies on device cpu only (the Megatron rl policy is not in "
-                           "it yet); render with cluster.gpu: cpu for a tiny model, or run rl on GPUs with a "
-                           "later gdnctl.")
-    job = RlJob(config, config_path)
+def _make_policy(config: EngineConfig, config_path: Path, comm_policy):
+    if config.device == "cpu":
+        from gdnctl.runtime.torch_policy import TorchPolicy
+
+        return TorchPolicy(config)
+    from gdnctl.runtime.megatron_policy import MegatronPolicy
+
+    return MegatronPolicy(config, config_path, comm_policy)
+
+
+def run(config: EngineConfig, config_path: Path, comm_policy) -> int:
+    job = RlJob(config, config_path, comm_policy)
     try:
         job.start_rollout()
         job.train()

@@ -1,6 +1,5 @@
 """From rollout samples to training rows: padded prompt+response rows, masks aligned with next-token log-probs,
-the split over data-parallel ranks and micro-batches, and the loss weights that make those parts add up to the
-loss of the whole batch.
+and the split over data-parallel ranks and micro-batches.
 
 Row layout (padded, BSHD): row i is prompt_i + response_i, right-padded with `pad_id`. Log-probs are per next
 token, so the tensors that go with them have T - 1 columns: column t scores tokens[:, t + 1] from the logits at
@@ -46,10 +45,13 @@ class RlBatch:
         return int(self.attention_mask.sum())
 
 
-def build_batch(samples: Sequence[Sample], pad_id: int) -> RlBatch:
+def build_batch(samples: Sequence[Sample], pad_id: int, multiple: int = 1) -> RlBatch:
+    """Rows of `samples`, padded to the longest row rounded up to `multiple` (sequence parallelism splits the
+    row length over tensor-parallel ranks)."""
     if not samples:
         raise ValueError("build_batch needs at least one sample.")
     width = max(len(s.prompt) + len(s.response) for s in samples)
+    width = -(-width // multiple) * multiple
     if width < 2:
         raise ValueError("every row needs at least two tokens (a prompt token and a response token).")
     rows = len(samples)
@@ -83,12 +85,3 @@ def rank_share(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sa
 
 def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     return [list(samples[start:start + size]) for start in range(0, len(samples), size)]
-
-
-def loss_weights(parts: Sequence[Sequence[Sample]], aggregation: str, total_sequences: int,
-                 total_response_tokens: int) -> list[float]:
-    """Weight of each micro-batch's mean loss so that the weighted sum over every micro-batch of every rank is
-    the global batch's loss: a token-mean weights by response tokens, a sequence mean by sequences."""
-    if aggregation == "token-mean":
-        return [sum(len(s.response) for s in part) / max(total_response_tokens, 1) for part in parts]
-    return [len(part) / total_sequences for part in parts]

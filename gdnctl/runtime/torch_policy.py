@@ -6,7 +6,8 @@ torch instead. The parameters are fp32 (AdamW on bf16 weights loses most small u
 copies, as it would from Megatron's bf16 model.
 
 Optimizer settings are the Megatron trainer's (AdamW, betas 0.9/0.95, weight decay 0.01, grad clip 1.0, constant
-LR), so an rl preset means the same thing on both devices.
+LR), so an rl preset means the same thing on both devices. The interface is MegatronPolicy's: probe_logprobs,
+train_step, export, save, and `step` (steps already taken, after a resume from train.save_dir/latest).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.engine_config import EngineConfig
-from gdnctl.runtime import checkpoint, grpo
+from gdnctl.runtime import checkpoint, grpo, weight_sync
 from gdnctl.runtime.rl_batch import RlBatch
 from gdnctl.runtime.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
 
@@ -35,24 +36,32 @@ def _hf_classes(moe: bool):
 
 
 class TorchPolicy:
-    def __init__(self, config: EngineConfig, weights: Path | None) -> None:
-        """Build the model from the architecture (random init from train.seed), then load `weights` (an HF
-        checkpoint directory) when given."""
+    def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
+        """Build the model from the architecture (random init from train.seed); load the weights of the latest
+        checkpoint in train.save_dir (with its optimizer state and step), else of model.path, when there is one."""
         config_class, model_class = _hf_classes(config.model.is_moe)
+        self.device = torch.device(device)
         self.hf_config = checkpoint.hf_text_config(config.model)
         torch.manual_seed(config.train.seed)
         model = model_class(config_class(**self.hf_config)).float()
+        resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
+        weights = resume or (Path(config.model.path) if config.model.path else None)
         if weights is not None:
             _load(model, weights)
-        self.module = model
-        self.model = (torch.nn.parallel.DistributedDataParallel(model) if dist.get_world_size() > 1 else model)
+        self.module = model.to(self.device)
+        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
         self.tied = config.model.tie_word_embeddings
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, betas=ADAM_BETAS,
                                            weight_decay=WEIGHT_DECAY)
+        self.step = 0
+        if resume is not None:
+            self.step = checkpoint.read_training_state(resume, self.dp_size)["iteration"]
+            checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
         self.reference = None
         if config.grpo.kl_coef > 0:
             # The KL anchor is the policy as the job started (or resumed): a frozen copy.
-            self.reference = model_class(config_class(**self.hf_config)).float()
+            self.reference = model_class(config_class(**self.hf_config)).float().to(self.device)
             self.reference.load_state_dict(model.state_dict())
             self.reference.requires_grad_(False)
 
@@ -63,66 +72,84 @@ class TorchPolicy:
                 continue
             yield name, tensor
 
-    def logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
         """log p of each next token `[N, T - 1]` under `model`."""
-        logits = model(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits
-        return grpo.logprobs_from_logits(logits[:, :-1].float(), batch.tokens[:, 1:])
+        tokens = batch.tokens.to(self.device)
+        logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(self.device)).logits
+        return grpo.logprobs_from_logits(logits[:, :-1].float(), tokens[:, 1:])
 
     @torch.no_grad()
     def probe_logprobs(self, tokens: list[int]) -> list[float]:
         """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them."""
-        ids = torch.tensor([tokens])
+        ids = torch.tensor([tokens], device=self.device)
         logits = self.module(input_ids=ids).logits
         return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()
 
-    def train_step(self, micro_batches: list[RlBatch], settings, weights: list[float]) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches -> this rank's stats.
+    def train_step(self, micro_batches: list[RlBatch], settings) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches -> stats over the whole step (the same on every
+        rank): loss, grad_norm, rollout_logprob_abs_diff (trainer vs rollout log-probs of the sampled tokens),
+        tokens, and kl when it is on.
 
-        `weights[i]` scales micro-batch i's loss so that the weighted losses of every micro-batch on every rank
-        add up to the loss of the whole global batch; the backward multiplies by the world size because DDP
-        averages gradients over ranks. stats: loss (this rank's weighted sum), and micro-batch means of
-        rollout_logprob_abs_diff (trainer vs rollout log-probs of the sampled tokens) and kl when it is on."""
+        Each micro-batch's mean loss is weighted by its share of the step's response tokens ("token-mean") or
+        sequences, counted over every rank, so the weighted losses add up to the loss of the whole batch; the
+        backward multiplies by the world size because DDP averages gradients over ranks."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        world = dist.get_world_size()
-        loss_sum, means = 0.0, {}
+        local = torch.tensor([[b.num_response_tokens, b.tokens.shape[0]] for b in micro_batches], dtype=torch.float64)
+        totals = local.sum(dim=0)
+        dist.all_reduce(totals)
+        column = 0 if settings.aggregation == "token-mean" else 1
+        weights = (local[:, column] / totals[column].clamp(min=1)).tolist()
+        # [weighted loss, |logp diff| sum, response tokens, kl sum, micro-batches, tokens] on this rank
+        sums = torch.zeros(6, dtype=torch.float64)
         for index, (batch, weight) in enumerate(zip(micro_batches, weights, strict=True)):
             # Gradients are reduced once, on the last micro-batch.
             last = index == len(micro_batches) - 1
-            with nullcontext() if last or world == 1 else self.model.no_sync():
-                logprobs = self.logprobs(self.model, batch)
+            with nullcontext() if last or self.dp_size == 1 else self.model.no_sync():
+                logprobs = self._logprobs(self.model, batch)
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():
-                        ref = self.logprobs(self.reference, batch)
-                advantages = grpo.token_advantages(batch.advantages, batch.response_mask)
+                        ref = self._logprobs(self.reference, batch)
+                mask = batch.response_mask.to(self.device)
+                advantages = grpo.token_advantages(batch.advantages.to(self.device), mask)
                 # One update per rollout batch: the sampling policy is the current one, so old log-probs are
                 # these, detached (ratio 1; the clip matters only once a batch is reused).
                 loss, stats = grpo.grpo_loss(
-                    logprobs, logprobs.detach(), advantages, batch.response_mask, ref_logprobs=ref,
+                    logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref,
                     kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
                     clip_high=settings.clip_high, aggregation=settings.aggregation)
-                (loss * weight * world).backward()
-            loss_sum += float(loss.detach()) * weight
-            mismatch = grpo.masked_mean((logprobs.detach() - batch.rollout_logprobs).abs(), batch.response_mask)
-            values = {"rollout_logprob_abs_diff": float(mismatch)}
-            if "kl" in stats:
-                values["kl"] = float(stats["kl"])
-            for name, value in values.items():
-                means[name] = means.get(name, 0.0) + value / len(micro_batches)
+                (loss * weight * self.dp_size).backward()
+            gap = ((logprobs.detach() - batch.rollout_logprobs.to(self.device)).abs() * mask).sum()
+            sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
+                                  float(stats.get("kl", 0.0)), 1, batch.num_tokens], dtype=torch.float64)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
         self.optimizer.step()
-        return {"loss": loss_sum, "grad_norm": float(grad_norm), **means}
+        dist.all_reduce(sums)
+        stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm),
+                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[5])}
+        if self.reference is not None:
+            stats["kl"] = float(sums[3] / sums[4])
+        return stats
 
-    def save(self, directory: Path) -> None:
-        """HF weights + config.json (rank 0) and each rank's optimizer state, in the Megatron trainer's layout."""
+    def export(self, directory: Path) -> dict[str, torch.Tensor] | None:
+        """Rank 0 writes the bf16 HF weights the rollout reloads and returns them as written; None elsewhere
+        (every rank holds the same weights)."""
+        if dist.get_rank() != 0:
+            return None
+        return weight_sync.write_weights(self.hf_tensors(), directory, config=self.hf_config)
+
+    def save(self, save_dir: Path, step: int) -> None:
+        """A checkpoint in the Megatron trainer's layout (HF weights in fp32, each rank's optimizer state,
+        trainer_state.json); `latest` moves to it once every rank has written."""
+        directory = save_dir / checkpoint.checkpoint_name(step)
         if dist.get_rank() == 0:
-            from gdnctl.runtime.weight_sync import write_weights
-
-            write_weights(self.hf_tensors(), directory, dtype=torch.float32, config=self.hf_config)
-
-    def load_optimizer(self, directory: Path) -> None:
-        checkpoint.load_training_state(directory, self.optimizer, device="cpu")
+            weight_sync.write_weights(self.hf_tensors(), directory, dtype=torch.float32, config=self.hf_config)
+        dist.barrier()
+        checkpoint.save_training_state(directory, self.optimizer, {"iteration": step})
+        dist.barrier()
+        if dist.get_rank() == 0:
+            checkpoint.mark_latest(save_dir, directory.name)
 
 
 def _load(model: torch.nn.Module, directory: Path) -> None:

@@ -46,27 +46,6 @@ def test_rank_shares_and_micro_batches_cover_every_sample_once():
         rl_batch.rank_share(samples, 0, 3)
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_weighted_micro_batch_losses_add_up_to_the_whole_batch_loss(aggregation):
-    samples = [sample(i // 2, (1, 2), tuple(range(3, 3 + 1 + i % 3)), advantage=float(i % 3) - 1) for i in range(6)]
-    total_tokens = sum(len(s.response) for s in samples)
-
-    def loss_of(part):
-        batch = rl_batch.build_batch(part, pad_id=0)
-        # A sample's log-probs depend on the sample only, not on the batch it is in.
-        logprobs = torch.stack([-(torch.arange(batch.response_mask.shape[1]) + 1.0) / (7 + s.group)
-                                for s in part])
-        advantages = grpo.token_advantages(batch.advantages, batch.response_mask)
-        loss, _ = grpo.grpo_loss(logprobs, logprobs.detach(), advantages, batch.response_mask,
-                                 aggregation=aggregation)
-        return loss
-
-    whole = loss_of(samples)
-    parts = [samples[:1], samples[1:4], samples[4:]]
-    weights = rl_batch.loss_weights(parts, aggregation, len(samples), total_tokens)
-    assert sum(float(loss_of(p)) * w for p, w in zip(parts, weights)) == pytest.approx(float(whole), rel=1e-6)
-
-
 def test_rollout_names_follow_the_packed_modules_mapping():
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"],
               "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -145,8 +124,8 @@ def test_the_preset_schema_offers_exactly_the_shipped_rewards():
 def test_the_probe_check_fails_a_rollout_scoring_with_other_weights():
     trainer = [-5.5, -5.4, -5.6]
     assert weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]) == pytest.approx(0.004 / 3)
-    weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]), step=1)
-    with pytest.raises(weight_sync.WeightSyncError, match=r"step 4 .* 0\.200 nats per token"):
-        weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.3, -5.6, -5.4]), step=4)
+    weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]), step=1, tolerance=0.1)
+    with pytest.raises(weight_sync.WeightSyncError, match=r"step 4 .* 0\.200 nats per token .*tolerance 0\.1\)"):
+        weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.3, -5.6, -5.4]), step=4, tolerance=0.1)
     with pytest.raises(weight_sync.WeightSyncError, match="scored 2 probe tokens but the trainer 3"):
         weight_sync.probe_gap(trainer, [-5.5, -5.4])

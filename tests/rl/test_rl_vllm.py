@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gdnctl.runtime.weight_sync import PROBE_TOLERANCE
 
 PRESET = "tiny-qwen3.5-rl-cpu"
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
@@ -43,7 +42,7 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     # Every sync: the readable parameters' checksums matched (check_synced raises otherwise), the probe scored
     # within tolerance, and the samples' log-probs under the trainer match the rollout's (on-policy).
     assert all(s["synced_parameters"] > 0 for s in steps)
-    assert all(s["probe_logprob_abs_diff"] < PROBE_TOLERANCE for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps)  # measured 0.0009-0.0025
     assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
     assert all(s["rollout_tokens_per_second"] > 0 and s["train_tokens_per_second"] > 0 for s in steps)
     assert (save_dir / "latest").read_text().strip() == "iter_0000020"
@@ -152,5 +151,5 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
         client.close()
     served = reply["probe_logprobs"]
     # vLLM's CPU build kept the LM head of the first weights until gdnctl refreshed it after the reload.
-    assert probe_gap(_transformers_logprobs(second, probe), served) < PROBE_TOLERANCE
-    assert probe_gap(_transformers_logprobs(first, probe), served) > 5 * PROBE_TOLERANCE
+    assert probe_gap(_transformers_logprobs(second, probe), served) < 0.01
+    assert probe_gap(_transformers_logprobs(first, probe), served) > 0.1  # the default rollout.probe_tolerance
