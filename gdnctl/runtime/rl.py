@@ -30,6 +30,7 @@ import torch.distributed as dist
 from gdnctl.engine_config import EngineConfig
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime import checkpoint, grpo, rl_batch, weight_sync
+from gdnctl.runtime.chat_template import load_chat_template
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rewards import get_reward
@@ -84,6 +85,7 @@ class RlJob:
         self.rank = dist.get_rank()
         train, rollout = config.train, config.rollout
         self.tokenizer = load_tokenizer(train.tokenizer_path)
+        self.chat_template = load_chat_template(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
         records = load_prompts(train.data_path)
@@ -197,9 +199,15 @@ class RlJob:
         return samples, reply["seconds"], generated
 
     def _encode(self, prompt, line: int) -> list[int]:
+        """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
+        assistant's turn opened (add_generation_prompt)."""
         if not isinstance(prompt, str):
-            raise RlSetupError(f"{self.config.train.data_path}:{line} is a chat prompt, but this gdnctl does not "
-                               "apply chat templates; give prompts as strings with the template applied.")
+            if self.chat_template is None:
+                raise RlSetupError(f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
+                                   f"{self.config.train.tokenizer_path} has no chat template (chat_template in "
+                                   "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
+                                   "strings with the template applied.")
+            prompt = self.chat_template.render([dict(message) for message in prompt])
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise RlSetupError(f"{self.config.train.data_path}:{line}: the prompt encodes to no tokens.")
