@@ -103,36 +103,40 @@ class RlJob:
             self._log(f"resumed from {self.save_dir / checkpoint.checkpoint_name(self.step)} at step {self.step}")
         self.row_multiple = sequence_padding_multiple(config.parallel)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
         self.client: RolloutClient | None = None
 
     # --- rollout server ------------------------------------------------------------------------------------
     def start_rollout(self) -> None:
-        """Every rank exports the policy's weights; rank 0 starts (or finds) the server, builds its engine on
-        them and checks one reload before the first step (a naming mismatch fails here, not after a rollout)."""
-        weights_dir = rollout_dir(self.run_dir) / "weights"
-        written, probe = self.policy.export(weights_dir), self.policy.probe_logprobs(self.probe)
-        if self.rank != 0:
-            return
+        """The first sync: it starts (or finds) the rollout server, builds its engine on the policy's weights and
+        checks one reload before the first step, so a naming mismatch fails here, not after a rollout."""
+        synced = self.sync(self.step)
+        if synced is not None:
+            checked, gap = synced
+            unreadable = "" if checked.checked == checked.total else \
+                " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
+            self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
+                      f"probe log-probs within {gap:.4f} nats/token")
+
+    def _start_server(self) -> None:
+        """Rank 0: start the rollout server (unless the launch script did) and its engine on the weights dir."""
         self._log_sync_path()
         timeout = self.config.rollout.timeout_s
         process, log_path = None, None
         if os.environ.get("GDNCTL_ROLLOUT") != "external":
             process, log_path = self._spawn_server()
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
-        reply = self.client.request("start", model=str(weights_dir), timeout=timeout)
+        reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
-        checked, gap = self._reload_and_check(weights_dir, written, probe, step=self.step)
-        unreadable = "" if checked.checked == checked.total else \
-            " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
-        self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
-                  f"probe log-probs within {gap:.4f} nats/token")
 
     def _log_sync_path(self) -> None:
         """Once, at start: which export the weights take to the rollout, and why not the bridge's."""
         train = self.config.train
         reasons = list(train.weight_sync_fallback_reasons)
         if train.update_weights_via_bridge and not reasons:
-            reasons = ["the device-cpu policy is transformers' model, which has no megatron-bridge export"]
+            reasons = ["the device-cpu policy is transformers' model, which has no megatron-bridge export"
+                       if self.config.device == "cpu" else
+                       "the TE-free Megatron model is exported through gdnctl's own HF name rules (hf_weights)"]
         because = f"; megatron-bridge export_hf_weights not used: {'; '.join(reasons)}" if reasons else ""
         self._log(f"weight sync: the policy's HF-named tensors (registry path){because}")
 
@@ -155,18 +159,20 @@ class RlJob:
         return process, log_path
 
     def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
-        """Every rank: export the weights and score the probe; rank 0: have the rollout reload and check it.
-        Returns rank 0's checksum comparison and probe gap (None on the other ranks)."""
-        weights_dir = rollout_dir(self.run_dir) / "weights"
-        written, probe = self.policy.export(weights_dir), self.policy.probe_logprobs(self.probe)
+        """Every rank: export the weights and score the probe; rank 0: have the rollout reload and check it
+        (the first time, start the rollout on them). Returns rank 0's checksum comparison and probe gap (None on
+        the other ranks)."""
+        written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
         if self.rank != 0:
             return None
-        return self._reload_and_check(weights_dir, written, probe, step)
+        if self.client is None:
+            self._start_server()
+        return self._reload_and_check(written, probe, step)
 
-    def _reload_and_check(self, weights_dir: Path, written: dict, probe: list[float],
+    def _reload_and_check(self, written: dict, probe: list[float],
                           step: int) -> tuple[weight_sync.SyncCheck, float]:
         """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match."""
-        reply = self.client.request("load_weights", path=str(weights_dir), probe=self.probe,
+        reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
                                     timeout=self.config.rollout.timeout_s)
         trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
         result = weight_sync.compare(trainer, reply["checksums"])

@@ -9,7 +9,6 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
     load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
                                               per-parameter checksums (weight_sync) and the log-probs of the
                                               probe tokens, for the trainer to compare with its own
-    sleep / wake_up                           free / retake the GPU memory between phases (colocated runs)
     shutdown                                  exit
 
 Prompts and samples are token ids: the trainer owns the tokenizer, and vLLM runs with skip_tokenizer_init, so
@@ -42,11 +41,11 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
         "tensor_parallel_size": rollout.tp, "max_model_len": rollout.max_model_len,
     }
     if config.device == "cpu":
-        # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model), a fixed
-        # KV cache, and no sleep mode (the CPU worker ignores it).
+        # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model) and a
+        # fixed KV cache.
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
     else:
-        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enable_sleep_mode=rollout.colocate)
+        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization)
     if rollout.gdn_prefill_backend not in (None, "auto"):
         kwargs["gdn_prefill_backend"] = rollout.gdn_prefill_backend
     return kwargs
@@ -137,15 +136,6 @@ class VllmRollout:
         return {"checksums": checksums, "packed_modules": packed, "probe_logprobs": probe_logprobs,
                 "seconds": seconds}
 
-    def sleep(self) -> dict[str, Any]:
-        # Level 2 drops the weights too: they are replaced by the next sync right after wake_up anyway.
-        self.llm.sleep(level=2)
-        return {}
-
-    def wake_up(self) -> dict[str, Any]:
-        self.llm.wake_up()
-        return {}
-
 
 def serve(config: EngineConfig, run_dir: Path) -> int:
     # Our own module-level functions go to the workers through apply_model; vLLM refuses to pickle callables
@@ -158,8 +148,7 @@ def serve(config: EngineConfig, run_dir: Path) -> int:
 
 
 def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
-    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights,
-                "sleep": rollout.sleep, "wake_up": rollout.wake_up}
+    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights}
     while True:
         try:
             request = connection.recv()

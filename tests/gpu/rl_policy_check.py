@@ -16,19 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-
-def _random_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    from gdnctl.catalog import from_catalog
-    from gdnctl.runtime.checkpoint import hf_text_config
-    from gdnctl.runtime.weight_sync import write_weights
-
-    config = hf_text_config(from_catalog("gdnctl/tiny-qwen3.5-bytes"))
-    torch.manual_seed(7)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**config, "initializer_range": 0.2}))
-    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    return write_weights(state.items(), directory, config=config)
+# Run as a script: the repository root (for tests.rl) is not on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _samples():
@@ -55,9 +44,10 @@ def main(out_dir: str) -> None:
     from gdnctl.runtime.comm_guard import CommGuardPolicy
     from gdnctl.runtime.megatron_policy import MegatronPolicy
     from gdnctl.runtime.torch_policy import TorchPolicy
+    from tests.rl.tiny_model import random_checkpoint
 
     out = Path(out_dir)
-    loaded = _random_checkpoint(out / "weights")
+    loaded = random_checkpoint(out / "weights", seed=7, init_std=0.2)
     run_dir = out / "run"
     render("tiny-qwen3.5-rl-cpu", run_dir, ["cluster.gpu=h100", f"model.path={out / 'weights'}",
                                             "kernels.gdn_backend=fla", "comm.memory_guard=false"])

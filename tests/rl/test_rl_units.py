@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdnctl.runtime import grpo, rl_batch, weight_sync
+from gdnctl.runtime import rl_batch, weight_sync
 from gdnctl.runtime.rewards import digit_fraction_reward, get_reward
 from gdnctl.runtime.rl_batch import Sample
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rl.tiny_model import random_checkpoint
 
 PRESET = "tiny-qwen3.5-rl-cpu"
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
@@ -99,20 +100,6 @@ def test_rl_runs_as_a_real_slurm_job(tmp_path, local_slurm):
     assert (run_dir / "logs" / "rollout.log").is_file()
 
 
-def _random_model(directory: Path, seed: int) -> None:
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    from gdnctl.catalog import from_catalog
-    from gdnctl.runtime.checkpoint import hf_text_config
-    from gdnctl.runtime.weight_sync import write_weights
-
-    config = hf_text_config(from_catalog("gdnctl/tiny-qwen3.5-bytes"))
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config))
-    write_weights((kv for kv in model.state_dict().items() if kv[0] != "lm_head.weight"), directory, config=config)
-
-
 def _transformers_logprobs(directory: Path, tokens: list[int]) -> list[float]:
     import torch
     from transformers import Qwen3_5ForCausalLM
@@ -135,8 +122,8 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
                               text=True, capture_output=True, check=False)
     assert rendered.returncode == 0, rendered.stderr
     first, second = tmp_path / "a", tmp_path / "b"
-    _random_model(first, seed=1)
-    _random_model(second, seed=2)
+    random_checkpoint(first, seed=1)
+    random_checkpoint(second, seed=2)
     (run_dir / "logs").mkdir(exist_ok=True)
     log = run_dir / "logs" / "rollout.log"
     with log.open("w") as handle:
