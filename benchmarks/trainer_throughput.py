@@ -2,19 +2,22 @@
 
 The proxy (catalog id gdnctl/qwen3.5-35b-a3b-proxy, preset qwen3.5-35b-a3b-proxy-bench) keeps the real
 hidden size, every attention and GDN head shape, the vocabulary and the expert width, with 8 layers instead
-of 40 and 32 experts instead of 256. Each variant is a real `gdnctl launch` of that preset; the figure is the
-median tokens/s over the steps after the first WARMUP_STEPS (those include allocator growth).
+of 40 and 32 experts instead of 256.
 
     python benchmarks/trainer_throughput.py kernels [--steps 8] [--out results.json]
-    python benchmarks/trainer_throughput.py guard --gpus 2 [--variants guard-off,...] [--out results.json]
+    python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
 
-`kernels` compares gdn_backend fla and flashqla on one GPU; `guard` compares, on --gpus GPUs with data
-parallel: the guard checking every collective (skip_ops: []), the default skip policy (slime PR #1947's
-8 ops), and the guard off (--variants runs a subset, so the three can be spread over calls that each have a
-time limit). `profile` runs the proxy in this process on one GPU and puts its last step under torch.profiler:
-CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take, with the
-adapter's part (the inputs Megatron hands over that are not contiguous, which the adapter copies).
+`kernels` runs one real `gdnctl launch` per GDN backend on one GPU; the figure is the median over the steps
+after the first WARMUP_STEPS (those include allocator growth). Separate runs differ by 10-20% in step time
+from machine and start-up alone, so `interleaved` is the comparison to trust: one training run on --gpus GPUs
+(data parallel) switches the GDN kernel and the comm guard policy between steps and rotates through the
+variants (BACKEND/POLICY[/pressure]): the guard checking every collective (guard-always), slime PR #1947's
+skip set (default-skip), nothing checked (guard-off: the wrappers stay, ~1.5 us a call); "pressure" raises
+the threshold above the free memory, so every checked collective takes the clear path, as in a run whose GPU
+is nearly full. `profile` runs the proxy in this process on one GPU and puts its last step under
+torch.profiler: CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take,
+with the adapter's part (the inputs Megatron hands over that are not contiguous, which the adapter copies).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 PRESET = "qwen3.5-35b-a3b-proxy-bench"
@@ -74,25 +78,171 @@ def kernels(args, work: Path) -> dict:
     return results
 
 
-GUARD_POLICIES = {
-    "guard-always": ["comm.memory_guard=true", "comm.skip_ops=[]"],
-    "default-skip": ["comm.memory_guard=true"],
-    "guard-off": ["comm.memory_guard=false"],
-}
+GUARD_POLICIES = ("guard-always", "default-skip", "guard-off")
+BACKENDS = ("fla", "flashqla")
+# Above any GPU's free memory: every checked collective takes the guard's clear path (synchronize, gc.collect,
+# empty_cache), as it does in a real run whose free memory sits below comm.free_gb_threshold (slime: 3 GB).
+PRESSURE_THRESHOLD_GIB = 1.0e6
 
 
-def guard(args, work: Path) -> dict:
-    results = {}
-    for name in args.variants:
-        steps = launch(work / name, [f"cluster.gpus_per_node={args.gpus}", f"kernels.gdn_backend={args.backend}",
-                                     f"train.train_iters={args.steps}",
-                                     f"train.global_batch_size={4 * args.gpus}", *GUARD_POLICIES[name]])
-        results[name] = summarise(steps, work / name)
-    if "guard-always" in results:
-        base = results["guard-always"]["tokens_per_s"]
-        for name in args.variants:
-            results[name]["vs_guard_always"] = results[name]["tokens_per_s"] / base
-    return results
+@dataclass(frozen=True)
+class Variant:
+    """One arm of the interleaved comparison: GDN kernel, comm guard policy, and whether memory is short."""
+
+    backend: str
+    policy: str
+    pressure: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}/{self.policy}" + ("/pressure" if self.pressure else "")
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        parts = text.split("/")
+        if len(parts) not in (2, 3) or parts[0] not in BACKENDS or parts[1] not in GUARD_POLICIES or (
+                len(parts) == 3 and parts[2] != "pressure"):
+            raise argparse.ArgumentTypeError(
+                f"variant {text!r} is not BACKEND/POLICY[/pressure] with BACKEND one of {', '.join(BACKENDS)} "
+                f"and POLICY one of {', '.join(GUARD_POLICIES)}")
+        return cls(parts[0], parts[1], len(parts) == 3)
+
+    def comm_policy(self, default_skip: frozenset[str]):
+        from gdnctl import comm_ops
+        from gdnctl.runtime.comm_guard import CommGuardPolicy
+
+        skip = {"guard-always": frozenset(), "default-skip": default_skip, "guard-off": comm_ops.ALL_OPS}
+        threshold = PRESSURE_THRESHOLD_GIB if self.pressure else 3.0
+        return CommGuardPolicy(threshold, skip[self.policy], profile=False)
+
+
+def step_plan(variants: list[Variant], rounds: int) -> list[Variant]:
+    """The order steps run in: unpressured variants first, then pressured ones (the clear path empties the
+    allocator cache, which the next step pays to refill, so the two kinds are not mixed); each group starts
+    with one warm-up round that is not measured, then `rounds` rounds, each a rotation of the one before, so
+    no variant always follows the same neighbour."""
+    plan = []
+    for group in ([v for v in variants if not v.pressure], [v for v in variants if v.pressure]):
+        for index in range(rounds + 1 if group else 0):
+            shift = index % len(group)
+            plan.extend(group[shift:] + group[:shift])
+    return plan
+
+
+def interleaved(args, work: Path) -> dict:
+    """Every variant's steps in one training run, interleaved: the kernel and the guard policy are switched
+    between steps, so start-up, machine and drift are the same for all of them."""
+    plan = step_plan(args.variants, args.rounds)
+    run_dir = work / "interleaved"
+    render(run_dir, [f"cluster.gpus_per_node={args.gpus}", f"train.global_batch_size={4 * args.gpus}",
+                     f"train.train_iters={len(plan)}", "comm.memory_guard=true"])
+    (run_dir / "plan.json").write_text(json.dumps([v.name for v in plan]))
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.gpus}",
+               f"--master-port={_free_port()}", __file__, "rank", "--work-dir", str(run_dir)]
+    print("$ " + " ".join(command), flush=True)
+    log = work / "interleaved.log"
+    with log.open("w") as handle:
+        proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"interleaved run failed (exit {proc.returncode}); see {log}:\n"
+                         f"{log.read_text()[-3000:]}")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return summarise_interleaved(plan, steps, args.rounds, json.loads((run_dir / "warm_ups.json").read_text()))
+
+
+def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, warm_ups: dict) -> dict:
+    by_variant: dict[str, list[dict]] = {}
+    seen: dict[str, int] = {}
+    for variant, step in zip(plan, steps, strict=True):
+        seen[variant.name] = seen.get(variant.name, 0) + 1
+        if seen[variant.name] > 1:  # the first round of each group is the warm-up
+            by_variant.setdefault(variant.name, []).append(step)
+    variants = {}
+    for name, measured in by_variant.items():
+        assert len(measured) == rounds
+        variants[name] = {"step_s": statistics.median(s["seconds"] for s in measured),
+                          "tokens_per_s": statistics.median(s["tokens_per_second"] for s in measured),
+                          "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),
+                          "peak_memory_gib": max(s["peak_memory_gib"] for s in measured),
+                          "steps_s": [round(s["seconds"], 3) for s in measured]}
+
+    def ratio(numerator: str, denominator: str) -> float | None:
+        if numerator in variants and denominator in variants:
+            return variants[denominator]["step_s"] / variants[numerator]["step_s"]
+        return None
+
+    speedups = {}
+    for suffix in ("", "/pressure"):
+        for policy in GUARD_POLICIES:
+            speedups[f"flashqla vs fla, {policy}{suffix}"] = ratio(f"flashqla/{policy}{suffix}",
+                                                                   f"fla/{policy}{suffix}")
+        for backend in BACKENDS:
+            for policy in ("default-skip", "guard-off"):
+                speedups[f"{policy} vs guard-always, {backend}{suffix}"] = ratio(
+                    f"{backend}/{policy}{suffix}", f"{backend}/guard-always{suffix}")
+    # slime PR #1947's before/after: FLA with every collective checked -> FlashQLA with its skip set.
+    speedups["flashqla/default-skip vs fla/guard-always, pressure"] = ratio("flashqla/default-skip/pressure",
+                                                                           "fla/guard-always/pressure")
+    return {"variants": variants, "speedups": {k: v for k, v in speedups.items() if v is not None},
+            "kernel_warm_up": warm_ups, "order": [v.name for v in plan],
+            "all_steps_s": [round(s["seconds"], 3) for s in steps]}
+
+
+def rank(args) -> None:
+    """One torchrun rank of the interleaved run: the proxy's trainer, its `_report` hook switching the kernel
+    and the guard policy before each step as plan.json says."""
+    from gdnctl import comm_ops
+    from gdnctl.runtime import __main__ as runtime
+
+    run_dir = args.work_dir
+    config_path = run_dir / "engine.yaml"
+    config = runtime.load_config(config_path)
+    plan = [Variant.parse(name) for name in json.loads((run_dir / "plan.json").read_text())]
+    runtime.apply_env(config.env)
+    import torch
+    import torch.distributed as dist
+
+    from gdnctl.runtime import comm_guard
+    from gdnctl.runtime.comm_guard import CommGuardPolicy
+    from gdnctl.runtime.gdn_kernels import (
+        install_kernel_on_layers,
+        patch_megatron_gdn_kernel,
+        resolve_backend,
+    )
+    from gdnctl.runtime.trainer import Trainer
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.cuda.init()
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    trainer = Trainer(config, config_path, CommGuardPolicy.from_engine(config.comm, run_dir))
+    trainer.setup()
+    kernels = {name: resolve_backend(name) for name in BACKENDS}
+    warm_ups = {}
+    for name, kernel in kernels.items():
+        trainer.kernel = kernel
+        warm_ups[name] = trainer.warm_up_kernel().__dict__
+    if trainer.rank == 0:
+        (run_dir / "warm_ups.json").write_text(json.dumps(warm_ups))
+    default_skip = frozenset(comm_ops.DEFAULT_SKIP_OPS)
+
+    def use(variant: Variant) -> None:
+        patch_megatron_gdn_kernel(kernels[variant.backend])
+        install_kernel_on_layers(trainer.model, kernels[variant.backend])
+        comm_guard.set_policy(variant.comm_policy(default_skip))
+
+    report = Trainer._report
+
+    def report_and_switch(self, stats):
+        report(self, stats)
+        if stats.iteration < len(plan):
+            use(plan[stats.iteration])
+
+    Trainer._report = report_and_switch
+    use(plan[0])
+    try:
+        trainer.train()
+    finally:
+        dist.destroy_process_group()
 
 
 def profile(args, work: Path) -> dict:
@@ -183,29 +333,38 @@ def _gdn_share(events) -> dict:
             "gdn_share": sum(gdn.values()) / total if total else None}
 
 
-def _variants(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in GUARD_POLICIES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown guard variant(s) {unknown}; choose from {list(GUARD_POLICIES)}")
-    return names
+DEFAULT_VARIANTS = [Variant(backend, policy, pressure) for pressure in (False, True)
+                    for backend in BACKENDS for policy in GUARD_POLICIES]
+
+
+def _variant_list(text: str) -> list[Variant]:
+    variants = [Variant.parse(part.strip()) for part in text.split(",") if part.strip()]
+    if not variants:
+        raise argparse.ArgumentTypeError("name at least one BACKEND/POLICY[/pressure] variant")
+    return variants
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "guard", "profile"))
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--backend", default="flashqla", help="GDN kernel for the guard comparison and profile")
-    parser.add_argument("--variants", type=_variants, default=list(GUARD_POLICIES),
-                        help=f"comma-separated guard variants to run (default: all of {', '.join(GUARD_POLICIES)})")
+    parser.add_argument("what", choices=("kernels", "interleaved", "profile", "rank"),
+                        help="rank: one torchrun rank of `interleaved` (started by it)")
+    parser.add_argument("--steps", type=int, default=8, help="kernels, profile: steps per run")
+    parser.add_argument("--gpus", type=int, default=2, help="interleaved: GPUs, data parallel")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
+    parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
+    parser.add_argument("--variants", type=_variant_list, default=DEFAULT_VARIANTS,
+                        help="interleaved: comma-separated BACKEND/POLICY[/pressure] (default: every backend and "
+                             "policy, with and without memory pressure)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
+    if args.what == "rank":
+        rank(args)
+        return
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        results = {"kernels": kernels, "guard": guard, "profile": profile}[args.what](args, work)
+        results = {"kernels": kernels, "interleaved": interleaved, "profile": profile}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

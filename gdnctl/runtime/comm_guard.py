@@ -474,6 +474,20 @@ def uninstall() -> None:
         _installation = None
 
 
+def set_policy(policy: CommGuardPolicy) -> None:
+    """Change what the installed guard checks, keeping its wrappers, groups and memory probe.
+
+    For comparing policies step by step inside one process (benchmarks/trainer_throughput.py interleaved):
+    uninstalling mid-run is not an option, because groups created while the guard is installed are only valid
+    while it is. Refused while either policy profiles: a profile must describe one policy.
+    """
+    if _installation is None:
+        raise RuntimeError("The comm guard is not installed; install(policy) first.")
+    if policy.profile or _installation.guard.op_profiles is not None:
+        raise RuntimeError("set_policy cannot swap a profiling policy; profile one policy per run.")
+    _installation.guard = _Guard(policy, _installation.guard.probe)
+
+
 def is_installed() -> bool:
     return _installation is not None
 

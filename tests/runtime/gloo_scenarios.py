@@ -127,6 +127,38 @@ def exception_notes(ranks: list[int]) -> dict:
     return notes
 
 
+def policy_swap(ranks: list[int]) -> dict:
+    """set_policy changes what is checked for groups made before the swap, and keeps the probe."""
+    probe = CountingProbe(LowMemoryProbe())
+    comm_guard.install(no_profile(3.0, frozenset({"all_gather_into_tensor"})), probe)
+    observed = {}
+    try:
+        calls = _small_calls(dist.new_group(ranks))
+        for mode, policy in {"installed": None,
+                             "all_checked": no_profile(3.0, frozenset()),
+                             "all_skipped": no_profile(3.0, comm_ops.ALL_OPS),
+                             "zero_threshold": no_profile(0.0, frozenset())}.items():
+            if policy is not None:
+                comm_guard.set_policy(policy)
+            for label in ("all_reduce", "all_gather_into_tensor", "group.allreduce"):
+                reads, releases = probe.reads, probe.releases
+                calls[label]()
+                observed[f"{label}@{mode}"] = {"reads": probe.reads - reads, "releases": probe.releases - releases}
+        try:
+            comm_guard.set_policy(CommGuardPolicy(3.0, frozenset(), profile=True, profile_dir=Path("unused")))
+            observed["profiling_swap_error"] = None
+        except RuntimeError as error:
+            observed["profiling_swap_error"] = str(error)
+    finally:
+        comm_guard.uninstall()
+    try:
+        comm_guard.set_policy(no_profile(3.0, frozenset()))
+        observed["uninstalled_swap_error"] = None
+    except RuntimeError as error:
+        observed["uninstalled_swap_error"] = str(error)
+    return observed
+
+
 def identity_and_lifecycle() -> dict:
     before = snapshot_torch_distributed()
     original_all_reduce, original_get_rank, original_new_group = dist.all_reduce, dist.get_rank, dist.new_group
@@ -178,6 +210,7 @@ def main() -> None:
         "equivalence": equivalence(ranks),
         "skip_and_clear": skip_set_and_clear_path(ranks),
         "exceptions": exception_notes(ranks),
+        "policy_swap": policy_swap(ranks),
         "lifecycle": identity_and_lifecycle(),
         "profile": profile(ranks, out_dir),
     }

@@ -52,6 +52,22 @@ def test_low_memory_takes_the_clear_path_only_for_checked_ops(gloo_run):
                 assert observed[f"{skipped}@{threshold}"] == {"reads": 0, "releases": 0, "gc_collects": 0}
 
 
+def test_set_policy_changes_what_existing_groups_check(gloo_run):
+    _, results = gloo_run
+    for result in results:
+        observed = result["policy_swap"]
+        # As installed: all_gather_into_tensor skipped, the others checked and (low memory) cleared.
+        assert observed["all_reduce@installed"] == {"reads": 1, "releases": 1}
+        assert observed["all_gather_into_tensor@installed"] == {"reads": 0, "releases": 0}
+        # The group was made before each swap and follows the new policy.
+        for label in ("all_reduce", "all_gather_into_tensor", "group.allreduce"):
+            assert observed[f"{label}@all_checked"] == {"reads": 1, "releases": 1}
+            assert observed[f"{label}@all_skipped"] == {"reads": 0, "releases": 0}
+            assert observed[f"{label}@zero_threshold"] == {"reads": 1, "releases": 0}
+        assert "profil" in observed["profiling_swap_error"]
+        assert "not installed" in observed["uninstalled_swap_error"]
+
+
 def test_errors_keep_their_type_and_carry_the_memory_state(gloo_run):
     _, results = gloo_run
     for rank, result in enumerate(results):
