@@ -12,6 +12,7 @@ train_step, export, save, and `step` (steps already taken, after a resume from t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -44,10 +45,16 @@ class TorchPolicy:
         self.hf_config = checkpoint.hf_text_config(config.model)
         torch.manual_seed(config.train.seed)
         model = model_class(config_class(**self.hf_config)).float()
+        if config.model.path:
+            _load(model, Path(config.model.path))
+        self.reference = None
+        if config.grpo.kl_coef > 0:
+            # The KL anchor is the policy as the job first started (model.path, else the seeded init), also
+            # after a resume: a frozen copy taken before the checkpoint's weights are loaded.
+            self.reference = copy.deepcopy(model).to(self.device).requires_grad_(False)
         resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
-        weights = resume or (Path(config.model.path) if config.model.path else None)
-        if weights is not None:
-            _load(model, weights)
+        if resume is not None:
+            _load(model, resume)
         self.module = model.to(self.device)
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
@@ -58,12 +65,6 @@ class TorchPolicy:
         if resume is not None:
             self.step = checkpoint.read_training_state(resume, self.dp_size)["iteration"]
             checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
-        self.reference = None
-        if config.grpo.kl_coef > 0:
-            # The KL anchor is the policy as the job started (or resumed): a frozen copy.
-            self.reference = model_class(config_class(**self.hf_config)).float().to(self.device)
-            self.reference.load_state_dict(model.state_dict())
-            self.reference.requires_grad_(False)
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights under their HF names; a tied LM head is the embedding, so it is not sent twice."""
@@ -100,8 +101,8 @@ class TorchPolicy:
         dist.all_reduce(totals)
         column = 0 if settings.aggregation == "token-mean" else 1
         weights = (local[:, column] / totals[column].clamp(min=1)).tolist()
-        # [weighted loss, |logp diff| sum, response tokens, kl sum, micro-batches, tokens] on this rank
-        sums = torch.zeros(6, dtype=torch.float64)
+        # [weighted loss, |logp diff| sum, response tokens, weighted kl, tokens] on this rank
+        sums = torch.zeros(5, dtype=torch.float64)
         for index, (batch, weight) in enumerate(zip(micro_batches, weights, strict=True)):
             # Gradients are reduced once, on the last micro-batch.
             last = index == len(micro_batches) - 1
@@ -122,14 +123,15 @@ class TorchPolicy:
                 (loss * weight * self.dp_size).backward()
             gap = ((logprobs.detach() - batch.rollout_logprobs.to(self.device)).abs() * mask).sum()
             sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
-                                  float(stats.get("kl", 0.0)), 1, batch.num_tokens], dtype=torch.float64)
+                                  float(stats.get("kl", 0.0)) * weight, batch.num_tokens], dtype=torch.float64)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
         self.optimizer.step()
         dist.all_reduce(sums)
         stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm),
-                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[5])}
+                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4])}
         if self.reference is not None:
-            stats["kl"] = float(sums[3] / sums[4])
+            # Weighted like the loss: the KL of the whole step's batch, aggregated as grpo.aggregation says.
+            stats["kl"] = float(sums[3])
         return stats
 
     def export(self, directory: Path) -> dict[str, torch.Tensor] | None:

@@ -120,10 +120,14 @@ def _forward_step(data_iterator, model):
 
 
 class Trainer:
-    def __init__(self, config: EngineConfig, config_path: Path, policy) -> None:
+    def __init__(self, config: EngineConfig, config_path: Path, policy, *, keep_initial_weights: bool = False):
+        """keep_initial_weights: also keep, in pinned host memory, this rank's parameters as the job first
+        started (model.path, else the seeded random init), even when resuming: the rl policy's KL reference."""
         self.config = config
         self.run_dir = config_path.parent
         self.policy = policy
+        self.keep_initial_weights = keep_initial_weights
+        self.initial_weights: dict[str, torch.Tensor] | None = None
         self.rank = dist.get_rank()
         self.metrics_path = self.run_dir / METRICS_FILE
 
@@ -170,10 +174,14 @@ class Trainer:
         self.resume_dir = None
         if train.save_dir:
             self.resume_dir = checkpoint.latest_checkpoint(Path(train.save_dir))
-        weights = self.resume_dir or (Path(config.model.path) if config.model.path else None)
-        if weights is not None:
-            count = checkpoint.load_hf(model, config.model, self.place, weights)
-            self._log(f"loaded {count} tensors from {weights}")
+        initial = Path(config.model.path) if config.model.path else None
+        if self.keep_initial_weights:
+            self._load(model, initial)
+            self.initial_weights = {name: param.detach().to("cpu", copy=True).pin_memory()
+                                    for name, param in model.named_parameters()}
+            self._load(model, self.resume_dir)
+        else:
+            self._load(model, self.resume_dir or initial)
         self.model = DistributedDataParallel(
             config=self.transformer, module=model,
             ddp_config=DistributedDataParallelConfig(
@@ -192,6 +200,11 @@ class Trainer:
             checkpoint.load_training_state(self.resume_dir, self.optimizer)
             self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
             self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
+
+    def _load(self, model, weights: Path | None) -> None:
+        if weights is not None:
+            count = checkpoint.load_hf(model, self.config.model, self.place, weights)
+            self._log(f"loaded {count} tensors from {weights}")
 
     def _shard_place(self):
         from gdnctl.runtime.hf_weights import ShardPlace

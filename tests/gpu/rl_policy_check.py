@@ -2,8 +2,9 @@
 
 The rl job's GPU policy (MegatronPolicy: TE-free Megatron-Core model, bf16) against its CPU policy's code
 (TorchPolicy: transformers' Qwen3.5 class, fp32, here on the same GPU), both loaded from one random HF
-checkpoint of the byte-level tiny Qwen3.5: the probe log-probs, the exported HF tensors, and one GRPO step's
-loss and grad norm on the same rows. Prints one JSON line with the measured differences.
+checkpoint of the byte-level tiny Qwen3.5 with the KL term on: the probe log-probs, the exported HF tensors,
+two GRPO steps' loss, grad norm and KL on the same rows, then a MegatronPolicy resumed from the step-2
+checkpoint, whose KL reference must still be the starting weights. Prints one JSON line with what it measured.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+KL_COEF = 0.05
 
 # Run as a script: the repository root (for tests.rl) is not on sys.path by itself.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -50,7 +53,8 @@ def main(out_dir: str) -> None:
     loaded = random_checkpoint(out / "weights", seed=7, init_std=0.2)
     run_dir = out / "run"
     render("tiny-qwen3.5-rl-cpu", run_dir, ["cluster.gpu=h100", f"model.path={out / 'weights'}",
-                                            "kernels.gdn_backend=fla", "comm.memory_guard=false"])
+                                            "kernels.gdn_backend=fla", "comm.memory_guard=false",
+                                            f"grpo.kl_coef={KL_COEF}", f"train.save_dir={out / 'ckpt'}"])
     config = EngineConfig.from_file(run_dir / "engine.yaml")
     megatron = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
     reference = TorchPolicy(config, device="cuda")
@@ -63,8 +67,21 @@ def main(out_dir: str) -> None:
 
     samples = _samples()
     rows = [rl_batch.build_batch(part, pad_id=256) for part in rl_batch.micro_batches(samples, 4)]
-    megatron_stats = megatron.train_step(rows, config.grpo)
-    reference_stats = reference.train_step(rows, config.grpo)
+    megatron_steps = [megatron.train_step(rows, config.grpo) for _ in range(2)]
+    reference_steps = [reference.train_step(rows, config.grpo) for _ in range(2)]
+    megatron_stats, reference_stats = megatron_steps[0], reference_steps[0]
+
+    # Resume from step 2: the trained weights come back, the KL reference stays the starting checkpoint.
+    megatron.save(out / "ckpt", 2)
+    trained = {name: param.detach().float().cpu()
+               for name, param in megatron.trainer.model.module.named_parameters()}
+    initial = {name: tensor.float() for name, tensor in megatron.reference.items()}
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    resumed = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
+    resumed_params = {name: param.detach().float().cpu()
+                      for name, param in resumed.trainer.model.module.named_parameters()}
     print(json.dumps({
         "probe_mean_abs_diff": probe_gap.abs().mean().item(),
         "exported_names_match": sorted(exported) == sorted(loaded),
@@ -72,6 +89,14 @@ def main(out_dir: str) -> None:
         "loss": [megatron_stats["loss"], reference_stats["loss"]],
         "grad_norm": [megatron_stats["grad_norm"], reference_stats["grad_norm"]],
         "tokens": [megatron_stats["tokens"], reference_stats["tokens"]],
+        "kl_step1": [megatron_steps[0]["kl"], reference_steps[0]["kl"]],
+        "kl_step2": [megatron_steps[1]["kl"], reference_steps[1]["kl"]],
+        "loss_step2": [megatron_steps[1]["loss"], reference_steps[1]["loss"]],
+        "resumed_step": resumed.step,
+        "resumed_weights_max_abs_diff": max((resumed_params[n] - t).abs().max().item() for n, t in trained.items()),
+        "resumed_reference_max_abs_diff": max((resumed.reference[n].float() - t).abs().max().item()
+                                              for n, t in initial.items()),
+        "trained_moved_from_reference": max((trained[n] - t).abs().max().item() for n, t in initial.items()),
     }))
     dist.destroy_process_group()
 

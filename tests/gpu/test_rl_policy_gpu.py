@@ -1,7 +1,8 @@
 """The rl job's GPU policy (Megatron) agrees with its CPU policy's code (transformers) on one GPU.
 
 No vLLM runs here (none is installed on the GPU machine): this checks the trainer side of rl on GPUs - log-probs,
-the HF export the rollout reloads, and one GRPO step - against the policy the CPU end-to-end tests cover.
+the HF export the rollout reloads, GRPO steps with the KL term, and the KL reference across a resume - against
+the policy the CPU end-to-end tests cover.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ pytestmark = [
 ]
 
 
-def test_megatron_policy_matches_the_torch_policy(tmp_path):
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(tmp_path)],
+@pytest.fixture(scope="module")
+def check_result(tmp_path_factory):
+    """One run of rl_policy_check.py (Megatron's parallel state is process-global) for every test here."""
+    out = tmp_path_factory.mktemp("rl_policy")
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(out)],
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -33,6 +37,11 @@ def test_megatron_policy_matches_the_torch_policy(tmp_path):
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         (Path(log_dir) / "rl_policy.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def test_megatron_policy_matches_the_torch_policy(check_result):
+    result = check_result
     assert result["exported_names_match"] and result["export_max_abs_diff"] == 0.0
     # bf16 Megatron vs fp32 transformers on the same weights: 0.042 measured on an H100 (this model's init std
     # 0.2 gives large logits, and bf16 logits err by ~1.4% relative; see the HF round trip).
@@ -42,3 +51,17 @@ def test_megatron_policy_matches_the_torch_policy(tmp_path):
     assert megatron_loss == pytest.approx(torch_loss, rel=0.02, abs=1e-3)
     megatron_norm, torch_norm = result["grad_norm"]
     assert megatron_norm == pytest.approx(torch_norm, rel=0.05)
+
+
+def test_kl_reference_is_the_starting_policy_also_after_a_resume(check_result):
+    result = check_result
+    # Step 1: policy == reference, so every per-token KL estimate is 0 in both policies.
+    assert result["kl_step1"] == [0.0, 0.0]
+    megatron_kl, torch_kl = result["kl_step2"]
+    assert megatron_kl > 0 and torch_kl > 0
+    # One Adam step apart from the reference; bf16 log-probs vs fp32 ones: same size, not the same digits.
+    assert 0.5 < megatron_kl / torch_kl < 2.0
+    assert result["resumed_step"] == 2
+    assert result["resumed_weights_max_abs_diff"] == 0.0
+    assert result["resumed_reference_max_abs_diff"] == 0.0
+    assert result["trained_moved_from_reference"] > 0.0

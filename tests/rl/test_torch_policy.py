@@ -70,3 +70,45 @@ def test_export_writes_what_the_rollout_reads_and_probe_scores_the_sequence(engi
     assert all(t.dtype == torch.bfloat16 for t in written.values())
     probe = policy.probe_logprobs([81, 58, 32, 49])
     assert len(probe) == 3 and all(p < 0 for p in probe)
+
+
+def _with_kl(engine: EngineConfig, **train) -> EngineConfig:
+    return engine.model_copy(update={"grpo": engine.grpo.model_copy(update={"kl_coef": 0.1}),
+                                     "train": engine.train.model_copy(update=train)})
+
+
+def test_kl_is_zero_at_the_start_then_grows_and_is_aggregated_like_the_loss(engine, gloo):
+    from gdnctl.runtime.torch_policy import TorchPolicy
+
+    config = _with_kl(engine)
+    kls = {}
+    for size in (4, 1):
+        policy = TorchPolicy(config)
+        parts = [rl_batch.build_batch(part, pad_id=256) for part in rl_batch.micro_batches(samples(), size)]
+        first = policy.train_step(parts, config.grpo)
+        second = policy.train_step(parts, config.grpo)
+        kls[size] = (first["kl"], second["kl"])
+    # The reference is the starting policy itself: identical log-probs, so k3 is exactly 0 on step 1.
+    assert kls[4][0] == 0.0 and kls[1][0] == 0.0
+    assert kls[4][1] > 0.0
+    # Micro-batches are weighted by their share of the batch, so the split does not change the batch's KL.
+    assert kls[1][1] == pytest.approx(kls[4][1], rel=1e-3)
+
+
+def test_a_resumed_policy_keeps_the_first_start_as_its_kl_reference(engine, gloo, tmp_path: Path):
+    from gdnctl.runtime.torch_policy import TorchPolicy
+
+    config = _with_kl(engine, save_dir=str(tmp_path / "ckpt"))
+    first = TorchPolicy(config)
+    start = {name: tensor.clone() for name, tensor in first.module.state_dict().items()}
+    first.train_step([rl_batch.build_batch(samples(), pad_id=256)], config.grpo)
+    first.save(tmp_path / "ckpt", 1)
+
+    resumed = TorchPolicy(config)
+    assert resumed.step == 1
+    reference = resumed.reference.state_dict()
+    current = resumed.module.state_dict()
+    moved = [name for name in start if not torch.equal(current[name], start[name])]
+    assert moved, "the resumed policy should hold the trained weights"
+    for name, tensor in start.items():
+        torch.testing.assert_close(reference[name], tensor, rtol=0, atol=0)
