@@ -90,7 +90,7 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from gdnctl.runtime import selftest
+    from gdnctl.runtime import comm_guard, selftest
     from gdnctl.runtime.comm_guard import CommGuardPolicy
 
     policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
@@ -116,6 +116,8 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
 
         return trainer.run(config, config_path, policy)
     finally:
+        # Jobs install the guard themselves; taking it out writes this rank's comm profile when profiling.
+        comm_guard.uninstall()
         dist.destroy_process_group()
 
 

@@ -145,10 +145,19 @@ def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_2gpu_tp2_loss_falls(tmp_path, data_file):
+def test_2gpu_tp2_loss_falls_and_every_rank_writes_its_comm_profile(tmp_path, data_file):
     steps = _launch(tmp_path / "tp2", f"train.data_path={data_file}", f"train.train_iters={STEPS}",
-                    preset=TWO_GPU_PRESET)
+                    "comm.profile=true", preset=TWO_GPU_PRESET)
     losses = [step["loss"] for step in steps]
     _record("loss_curve_tp2", {"fla_tp2": losses, "seconds": [step["seconds"] for step in steps]})
     assert len(losses) == STEPS
     assert losses[-1] < 0.5 * losses[0], losses
+    # The job takes the guard out when it ends, which writes each rank's profile; TP2 reduces activations
+    # with all_reduce (no sequence parallel) or reduce_scatter/all_gather (sequence parallel) every layer.
+    for rank in (0, 1):
+        profile = json.loads((tmp_path / "tp2" / "comm_profile" / f"comm_profile_rank{rank}.json").read_text())
+        assert sum(op["calls"] for op in profile["ops"].values()) >= STEPS, profile["ops"].keys()
+    report = subprocess.run([sys.executable, "-m", "gdnctl", "comm-report", str(tmp_path / "tp2")],
+                            capture_output=True, text=True, check=False)
+    assert report.returncode == 0, report.stderr
+    assert "recommended comm.skip_ops" in report.stdout
