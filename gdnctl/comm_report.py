@@ -2,7 +2,9 @@
 
 The runtime (`gdnctl.runtime.comm_guard`, profiling on) writes one `comm_profile_rank{R}.json` per rank. This
 module reads them without torch, merges them per op into the table of slime PR #1947 (calls, checks,
-steady-state and first-call free-memory drop, verdict) and recommends a skip set for the workload profiled.
+steady-state and first-use free-memory drop, verdict) and recommends a skip set for the workload profiled.
+First use is per process group: each group's first collective sets up its communicator (version 2; version 1
+counted only an op's first call as first use, so a later group's set-up read as steady state).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import yaml
 from gdnctl.errors import GdnctlError
 
 PROFILE_FORMAT = "gdnctl-comm-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 PROFILE_FILE_PATTERN = "comm_profile_rank{rank}.json"
 DEFAULT_PROFILE_SUBDIR = "comm_profile"
 
@@ -48,7 +50,8 @@ class OpVerdict:
     guard_seconds: float
     steady_state_max_drop_mib: float | None  # None: no rank called the op more than once
     steady_state_max_allocator_mib: float | None  # larger of the allocated and reserved deltas
-    first_call_drop_mib: float
+    first_use_drop_mib: float  # largest drop over every group's first call
+    groups: int  # most process groups one rank ran the op on
     verdict: str
     reason: str
 
@@ -139,11 +142,11 @@ def _merge_op(op: str, per_rank: list[dict[str, Any]], threshold_mib: float) -> 
     steady_drop = max((s["driver_drop_bytes"] for s in steady), default=None)
     steady_allocator = max((max(s["allocated_delta_bytes"], s["reserved_delta_bytes"]) for s in steady),
                            default=None)
-    first_drop = max(stats["first_call"]["driver_drop_bytes"] for stats in per_rank)
+    first_drop = max(stats["first_use_max"]["driver_drop_bytes"] for stats in per_rank)
     steady_drop_mib = None if steady_drop is None else steady_drop / MIB
     steady_allocator_mib = None if steady_allocator is None else steady_allocator / MIB
     if steady_drop_mib is None:
-        verdict, reason = KEEP_CHECKED, "one call per rank: no steady-state sample"
+        verdict, reason = KEEP_CHECKED, "one call per rank and group: no steady-state sample"
     elif steady_drop_mib >= threshold_mib:
         verdict, reason = KEEP_CHECKED, f"steady-state free-memory drop {steady_drop_mib:.1f} MiB"
     elif steady_allocator_mib >= threshold_mib:
@@ -155,7 +158,8 @@ def _merge_op(op: str, per_rank: list[dict[str, Any]], threshold_mib: float) -> 
         clears=sum(stats["clears"] for stats in per_rank),
         guard_seconds=sum(stats["guard_seconds"] for stats in per_rank),
         steady_state_max_drop_mib=steady_drop_mib, steady_state_max_allocator_mib=steady_allocator_mib,
-        first_call_drop_mib=first_drop / MIB, verdict=verdict, reason=reason,
+        first_use_drop_mib=first_drop / MIB, groups=max(stats["groups"] for stats in per_rank),
+        verdict=verdict, reason=reason,
     )
 
 
@@ -167,16 +171,16 @@ def report_as_dict(report: CommReport) -> dict[str, Any]:
 
 
 def format_table(report: CommReport) -> str:
-    header = ("op", "calls", "checks", "steady max drop MiB", "first-call drop MiB", "guard us/check",
+    header = ("op", "calls", "checks", "groups", "steady max drop MiB", "first-use drop MiB", "guard us/check",
               "verdict", "why")
     rows = [header] + [(
-        verdict.op, str(verdict.calls), str(verdict.checks), _mib(verdict.steady_state_max_drop_mib),
-        _mib(verdict.first_call_drop_mib),
+        verdict.op, str(verdict.calls), str(verdict.checks), str(verdict.groups),
+        _mib(verdict.steady_state_max_drop_mib), _mib(verdict.first_use_drop_mib),
         f"{verdict.guard_seconds / verdict.checks * 1e6:.1f}" if verdict.checks else "-",
         verdict.verdict, verdict.reason,
     ) for verdict in report.ops]
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    numeric = range(1, 6)
+    numeric = range(1, 7)
 
     def line(row: tuple[str, ...]) -> str:
         cells = [cell.rjust(width) if column in numeric else cell.ljust(width)

@@ -197,22 +197,36 @@ class OpProfile:
     checks: int = 0
     clears: int = 0
     guard_seconds: float = 0.0
-    first_call: CallMemory | None = None
-    # First-use costs (NCCL communicator and buffer setup, ~3.7 GiB at a first all_to_all in slime PR #1947)
-    # are not what a per-call check protects against, so steady state is kept apart from the first call.
+    groups: int = 0  # distinct process groups the op ran on
+    # A group's first collective sets up its communicator and buffers (NCCL does it lazily: ~0.4 GiB per group
+    # on an H200, ~3.7 GiB at a first all_to_all in slime PR #1947). That is not what a per-call check protects
+    # against, so every group's first use is kept apart from steady state: per group, not per op, or the first
+    # call on the run's second group would read as a steady-state footprint.
+    first_use_max: CallMemory | None = None
     steady_state_max: CallMemory | None = None
 
-    def record(self, checked: bool, cleared: bool, guard_seconds: float, memory: CallMemory) -> None:
+    def record(self, checked: bool, cleared: bool, guard_seconds: float, memory: CallMemory,
+               first_on_group: bool) -> None:
         self.calls += 1
         self.checks += checked
         self.clears += cleared
         self.guard_seconds += guard_seconds
-        if self.first_call is None:
-            self.first_call = memory
+        if first_on_group:
+            self.groups += 1
+            self.first_use_max = memory if self.first_use_max is None else self.first_use_max.field_max(memory)
         elif self.steady_state_max is None:
             self.steady_state_max = memory
         else:
             self.steady_state_max = self.steady_state_max.field_max(memory)
+
+
+def _group_of(original: Callable, args: tuple, kwargs: dict) -> dist.ProcessGroup | None:
+    """The group a call runs on: a group argument, else the group whose method it is; None: the default group."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, dist.ProcessGroup):
+            return value
+    owner = getattr(original, "__self__", None)
+    return owner if isinstance(owner, dist.ProcessGroup) else None
 
 
 # --- the guard ----------------------------------------------------------------------------------------------
@@ -223,6 +237,7 @@ class _Guard:
         self.probe = probe
         self.threshold_bytes = policy.free_gb_threshold * GIB
         self.op_profiles: dict[str, OpProfile] | None = {} if policy.profile else None
+        self._used_groups: set[tuple[str, int]] = set()  # (op, id(group)) seen, while profiling
 
     def call(self, op: str, original: Callable, args: tuple, kwargs: dict) -> Any:
         if self.op_profiles is not None:
@@ -264,7 +279,10 @@ class _Guard:
         allocated_after, reserved_after = self.probe.allocator_bytes()
         memory = CallMemory(free_before - free_after, allocated_after - allocated_before,
                             reserved_after - reserved_before)
-        self.op_profiles.setdefault(op, OpProfile()).record(checked, cleared, guard_seconds, memory)
+        use = (op, id(_group_of(original, args, kwargs)))
+        first_on_group = use not in self._used_groups
+        self._used_groups.add(use)
+        self.op_profiles.setdefault(op, OpProfile()).record(checked, cleared, guard_seconds, memory, first_on_group)
         return result
 
     def memory_note(self, op: str) -> str:

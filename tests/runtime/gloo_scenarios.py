@@ -197,6 +197,8 @@ def profile(ranks: list[int], out_dir: Path) -> dict:
             group.allreduce([torch.ones(8)]).wait()
         explicit = comm_guard.write_profile(out_dir / "explicit")
         dist.group.WORLD.barrier().wait()
+        # A second group's first all_reduce: a first use, not steady state.
+        dist.all_reduce(torch.ones(1024), group=dist.new_group(ranks))
     finally:
         comm_guard.uninstall()
     return {"explicit_path": str(explicit)}

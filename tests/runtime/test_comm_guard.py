@@ -104,14 +104,17 @@ def test_profile_counts_calls_checks_and_memory_per_rank(gloo_run):
         ops = document["ops"]
         assert set(ops) == {"all_reduce", "all_gather_into_tensor", "allreduce", "barrier"}
         counts = {op: (stats["calls"], stats["checks"], stats["clears"]) for op, stats in ops.items()}
-        assert counts == {"all_reduce": (3, 3, 0), "all_gather_into_tensor": (3, 0, 0), "allreduce": (2, 2, 0),
+        assert counts == {"all_reduce": (4, 4, 0), "all_gather_into_tensor": (3, 0, 0), "allreduce": (2, 2, 0),
                           "barrier": (1, 1, 0)}
+        # all_reduce ran on two groups (three calls on one, one on another); the methods on their own group.
+        assert {op: stats["groups"] for op, stats in ops.items()} == {
+            "all_reduce": 2, "all_gather_into_tensor": 1, "allreduce": 1, "barrier": 1}
         memory_keys = {"driver_drop_bytes", "allocated_delta_bytes", "reserved_delta_bytes"}
         for op, stats in ops.items():
-            assert set(stats["first_call"]) == memory_keys
-            assert stats["first_call"]["allocated_delta_bytes"] == 0  # no caching allocator on CPU
+            assert set(stats["first_use_max"]) == memory_keys
+            assert stats["first_use_max"]["allocated_delta_bytes"] == 0  # no caching allocator on CPU
             assert stats["guard_seconds"] >= 0
-            assert (stats["steady_state_max"] is None) == (stats["calls"] == 1), op
+            assert (stats["steady_state_max"] is None) == (stats["calls"] == stats["groups"]), op
         assert ops["all_gather_into_tensor"]["guard_seconds"] == 0  # skipped: no time in the check
         # The explicit write happened before the WORLD barrier.
         explicit = json.loads(Path(results[rank]["profile"]["explicit_path"]).read_text())

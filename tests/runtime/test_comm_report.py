@@ -21,14 +21,14 @@ def _memory(drop_mib: float = 0.0, allocated_mib: float = 0.0) -> dict:
             "reserved_delta_bytes": 0}
 
 
-def _op(calls: int, checks: int, first_mib: float = 0.0, steady: dict | None = None) -> dict:
-    return {"calls": calls, "checks": checks, "clears": 0, "guard_seconds": 1e-5 * checks,
-            "first_call": _memory(first_mib), "steady_state_max": steady if calls > 1 else None}
+def _op(calls: int, checks: int, first_mib: float = 0.0, steady: dict | None = None, groups: int = 1) -> dict:
+    return {"calls": calls, "checks": checks, "clears": 0, "guard_seconds": 1e-5 * checks, "groups": groups,
+            "first_use_max": _memory(first_mib), "steady_state_max": steady if calls > groups else None}
 
 
 def _write_profile(directory: Path, rank: int, ops: dict, skip_ops: list[str], world_size: int = 2) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    document = {"format": "gdnctl-comm-profile", "version": 1, "rank": rank, "world_size": world_size,
+    document = {"format": "gdnctl-comm-profile", "version": 2, "rank": rank, "world_size": world_size,
                 "probe": "cuda", "free_gb_threshold": 3.0, "skip_ops": skip_ops, "ops": ops}
     (directory / f"comm_profile_rank{rank}.json").write_text(json.dumps(document))
 
@@ -40,7 +40,8 @@ def test_merges_the_files_of_a_real_run(gloo_run):
     assert (report.ranks, report.world_size, report.missing_ranks) == ((0, 1), WORLD_SIZE, ())
     by_op = {verdict.op: verdict for verdict in report.ops}
     assert {op: (v.calls, v.checks) for op, v in by_op.items()} == {
-        "all_reduce": (6, 6), "all_gather_into_tensor": (6, 0), "allreduce": (4, 4), "barrier": (2, 2)}
+        "all_reduce": (8, 8), "all_gather_into_tensor": (6, 0), "allreduce": (4, 4), "barrier": (2, 2)}
+    assert by_op["all_reduce"].groups == 2 and by_op["allreduce"].groups == 1
     assert by_op["barrier"].verdict == KEEP_CHECKED and by_op["barrier"].steady_state_max_drop_mib is None
     assert all(v.verdict in (SKIP_SAFE, KEEP_CHECKED) for v in report.ops)
     table = comm_report.format_table(report)
@@ -62,7 +63,7 @@ def test_verdicts_follow_the_steady_state_not_the_first_call(tmp_path):
     report = comm_report.build_report(tmp_path)
     by_op = {verdict.op: verdict for verdict in report.ops}
     assert by_op["all_to_all_single"].verdict == SKIP_SAFE
-    assert by_op["all_to_all_single"].first_call_drop_mib == pytest.approx(3700)
+    assert by_op["all_to_all_single"].first_use_drop_mib == pytest.approx(3700)
     assert by_op["all_reduce"].verdict == KEEP_CHECKED and "200.0 MiB" in by_op["all_reduce"].reason
     assert by_op["all_gather_object"].verdict == KEEP_CHECKED and "allocator" in by_op["all_gather_object"].reason
     assert by_op["broadcast"].verdict == KEEP_CHECKED and "no steady-state sample" in by_op["broadcast"].reason
@@ -94,7 +95,7 @@ def test_a_run_dir_without_profiles_says_how_to_get_them(tmp_path):
 
 def test_a_foreign_file_is_refused(tmp_path):
     (tmp_path / "comm_profile_rank0.json").write_text(json.dumps({"format": "other"}))
-    with pytest.raises(CommReportError, match="not a version 1 gdnctl comm profile"):
+    with pytest.raises(CommReportError, match="not a version 2 gdnctl comm profile"):
         comm_report.build_report(tmp_path)
 
 
