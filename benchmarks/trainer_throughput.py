@@ -13,7 +13,8 @@ after the first WARMUP_STEPS (those include allocator growth). Separate runs dif
 from machine and start-up alone, so `interleaved` is the comparison to trust: one training run on --gpus GPUs
 (data parallel) switches the GDN kernel and the comm guard policy between steps and rotates through the
 variants (BACKEND/POLICY[/pressure]): the guard checking every collective (guard-always), slime PR #1947's
-skip set (default-skip), nothing checked (guard-off: the wrappers stay, ~1.5 us a call); "pressure" raises
+skip set (default-skip), nothing checked (guard-off: the wrappers stay, ~1.5 us a call), and with
+--recommended-from RUN_DIR the set `gdnctl comm-report RUN_DIR` recommends (recommended); "pressure" raises
 the threshold above the free memory, so every checked collective takes the clear path, as in a run whose GPU
 is nearly full. `profile` runs the proxy in this process on one GPU and puts its last step under
 torch.profiler: CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take,
@@ -79,6 +80,8 @@ def kernels(args, work: Path) -> dict:
 
 
 GUARD_POLICIES = ("guard-always", "default-skip", "guard-off")
+# Only with --recommended-from RUN_DIR: the skip set `gdnctl comm-report RUN_DIR` recommends.
+RECOMMENDED = "recommended"
 BACKENDS = ("fla", "flashqla")
 # Above any GPU's free memory: every checked collective takes the guard's clear path (synchronize, gc.collect,
 # empty_cache), as it does in a real run whose free memory sits below comm.free_gb_threshold (slime: 3 GB).
@@ -100,18 +103,19 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         parts = text.split("/")
-        if len(parts) not in (2, 3) or parts[0] not in BACKENDS or parts[1] not in GUARD_POLICIES or (
+        if len(parts) not in (2, 3) or parts[0] not in BACKENDS or parts[1] not in (*GUARD_POLICIES, RECOMMENDED) or (
                 len(parts) == 3 and parts[2] != "pressure"):
             raise argparse.ArgumentTypeError(
                 f"variant {text!r} is not BACKEND/POLICY[/pressure] with BACKEND one of {', '.join(BACKENDS)} "
-                f"and POLICY one of {', '.join(GUARD_POLICIES)}")
+                f"and POLICY one of {', '.join((*GUARD_POLICIES, RECOMMENDED))}")
         return cls(parts[0], parts[1], len(parts) == 3)
 
-    def comm_policy(self, default_skip: frozenset[str]):
+    def comm_policy(self, default_skip: frozenset[str], recommended: frozenset[str] | None):
         from gdnctl import comm_ops
         from gdnctl.runtime.comm_guard import CommGuardPolicy
 
-        skip = {"guard-always": frozenset(), "default-skip": default_skip, "guard-off": comm_ops.ALL_OPS}
+        skip = {"guard-always": frozenset(), "default-skip": default_skip, "guard-off": comm_ops.ALL_OPS,
+                RECOMMENDED: recommended}
         threshold = PRESSURE_THRESHOLD_GIB if self.pressure else 3.0
         return CommGuardPolicy(threshold, skip[self.policy], profile=False)
 
@@ -133,10 +137,20 @@ def interleaved(args, work: Path) -> dict:
     """Every variant's steps in one training run, interleaved: the kernel and the guard policy are switched
     between steps, so start-up, machine and drift are the same for all of them."""
     plan = step_plan(args.variants, args.rounds)
+    recommended = None
+    if args.recommended_from is not None:
+        from gdnctl.comm_report import build_report
+
+        recommended = list(build_report(args.recommended_from).recommended_skip_ops)
+        print(f"recommended skip set from {args.recommended_from}: {recommended}", flush=True)
+    elif any(v.policy == RECOMMENDED for v in plan):
+        raise SystemExit("a 'recommended' variant needs --recommended-from RUN_DIR (a run profiled with "
+                         "comm.profile: true)")
     run_dir = work / "interleaved"
     render(run_dir, [f"cluster.gpus_per_node={args.gpus}", f"train.global_batch_size={4 * args.gpus}",
                      f"train.train_iters={len(plan)}", "comm.memory_guard=true"])
-    (run_dir / "plan.json").write_text(json.dumps([v.name for v in plan]))
+    (run_dir / "plan.json").write_text(json.dumps({"steps": [v.name for v in plan],
+                                                   "recommended_skip_ops": recommended}))
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.gpus}",
                f"--master-port={_free_port()}", __file__, "rank", "--work-dir", str(run_dir)]
     print("$ " + " ".join(command), flush=True)
@@ -173,11 +187,11 @@ def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, w
 
     speedups = {}
     for suffix in ("", "/pressure"):
-        for policy in GUARD_POLICIES:
+        for policy in (*GUARD_POLICIES, RECOMMENDED):
             speedups[f"flashqla vs fla, {policy}{suffix}"] = ratio(f"flashqla/{policy}{suffix}",
                                                                    f"fla/{policy}{suffix}")
         for backend in BACKENDS:
-            for policy in ("default-skip", "guard-off"):
+            for policy in ("default-skip", "guard-off", RECOMMENDED):
                 speedups[f"{policy} vs guard-always, {backend}{suffix}"] = ratio(
                     f"{backend}/{policy}{suffix}", f"{backend}/guard-always{suffix}")
     # slime PR #1947's before/after: FLA with every collective checked -> FlashQLA with its skip set.
@@ -197,7 +211,10 @@ def rank(args) -> None:
     run_dir = args.work_dir
     config_path = run_dir / "engine.yaml"
     config = runtime.load_config(config_path)
-    plan = [Variant.parse(name) for name in json.loads((run_dir / "plan.json").read_text())]
+    planned = json.loads((run_dir / "plan.json").read_text())
+    plan = [Variant.parse(name) for name in planned["steps"]]
+    recommended = planned["recommended_skip_ops"]
+    recommended = None if recommended is None else frozenset(recommended)
     runtime.apply_env(config.env)
     import torch
     import torch.distributed as dist
@@ -228,7 +245,7 @@ def rank(args) -> None:
     def use(variant: Variant) -> None:
         patch_megatron_gdn_kernel(kernels[variant.backend])
         install_kernel_on_layers(trainer.model, kernels[variant.backend])
-        comm_guard.set_policy(variant.comm_policy(default_skip))
+        comm_guard.set_policy(variant.comm_policy(default_skip, recommended))
 
     report = Trainer._report
 
@@ -354,7 +371,10 @@ def main() -> None:
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
     parser.add_argument("--variants", type=_variant_list, default=DEFAULT_VARIANTS,
                         help="interleaved: comma-separated BACKEND/POLICY[/pressure] (default: every backend and "
-                             "policy, with and without memory pressure)")
+                             "policy but 'recommended', with and without memory pressure)")
+    parser.add_argument("--recommended-from", type=Path, metavar="RUN_DIR",
+                        help="interleaved: a run profiled with comm.profile: true; the POLICY 'recommended' is "
+                             "the skip set `gdnctl comm-report RUN_DIR` recommends")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
