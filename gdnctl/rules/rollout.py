@@ -91,22 +91,26 @@ def prefill_hang_sm90(run):
                     "Set rollout.gdn_prefill_backend: triton.")
 
 
-@rule("RLT005", Severity.ERROR, "Text-only Qwen3.5 needs vLLM >= 0.27")
+@rule("RLT005", Severity.ERROR, "gdnctl's rollout serves Qwen3.5 as the text-only class: vLLM >= 0.27")
 def text_only_vllm(run):
     """
-    What it checks: a text-only Qwen3.5 checkpoint (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM` in its
-    config.json) served by vLLM < 0.27.
+    What it checks: an rl job on a Qwen3.5 model served by vLLM < 0.27, whether the checkpoint is the
+    vision-language release or text-only.
 
-    Why: earlier vLLM releases register only the vision-language Qwen3.5 classes.
+    Why: vLLM before 0.27 registers only the vision-language Qwen3.5 classes, and gdnctl's rollout never loads
+    model.path itself: it starts and reloads vLLM on the trainer's weight-sync export, which is the text-only
+    class (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`) whatever the checkpoint was.
 
-    Fix: upgrade vLLM to >= 0.27, or serve the vision-language checkpoint.
+    Fix: use vLLM >= 0.27 in the rollout's environment (rollout.python), and say so in runtime.vllm.
     """
     rollout = _rollout(run)
     vllm = run.stack.get("vllm")
-    if rollout and run.model.is_qwen35 and run.model.text_only and versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
-        yield Issue("runtime.vllm", f"vLLM {vllm} cannot load the text-only {run.model.architecture} "
-                                    f"(needs >= {stack.VLLM_QWEN35_TEXT_ONLY}).",
-                    f"Upgrade vLLM to >= {stack.VLLM_QWEN35_TEXT_ONLY}.")
+    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
+        text_class = "Qwen3_5MoeForCausalLM" if run.model.is_moe else "Qwen3_5ForCausalLM"
+        yield Issue("runtime.vllm", f"vLLM {vllm} has only the vision-language Qwen3.5 classes, but the rollout "
+                                    f"serves the trainer's text-only export ({text_class}).",
+                    f"Use vLLM >= {stack.VLLM_QWEN35_TEXT_ONLY} in the rollout's environment and set runtime.vllm "
+                    "to its version.")
 
 
 @rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")

@@ -80,8 +80,8 @@ CASES = {
     "RLT003": ({"runtime": {"vllm": "0.20.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}},
                {"runtime": {"vllm": "0.22.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}}),
     "RLT004": ({"rollout": {"gdn_prefill_backend": None}}, {"rollout": {"gdn_prefill_backend": "triton"}}),
-    "RLT005": (lambda tmp: {**_text_only(tmp), "runtime": {"vllm": "0.26.0"}},
-               lambda tmp: {**_text_only(tmp), "runtime": {"vllm": "0.27.0"}}),
+    # The vision-language release too: the rollout serves the text-only export either way.
+    "RLT005": ({"runtime": {"vllm": "0.26.0"}}, {"runtime": {"vllm": "0.27.0"}}),
     "RLT006": ({"rollout": {"tp": 3}}, {"rollout": {"tp": 4}}),
     "RLT007": ({"rollout": {"colocate": False, "num_gpus": 8}},
                {"parallel": {"ep": 4}, "rollout": {"colocate": False, "num_gpus": 4}}),
