@@ -163,11 +163,11 @@ def block_spec(arch: ModelArch, layer_indices: range) -> TransformerBlockSubmodu
 def transformer_config(config: EngineConfig) -> TransformerConfig:
     arch, parallel, train = config.model, config.parallel, config.train
     if parallel.cp > 1:
-        raise ModelBuildError("parallel.cp > 1 needs Transformer Engine's context-parallel attention, which the "
-                              "TE-free model cannot use; set parallel.cp: 1 or install transformer-engine.")
+        raise ModelBuildError("parallel.cp > 1 needs Transformer Engine's context-parallel attention, and gdnctl "
+                              "builds the model without TE (TRN002); set parallel.cp: 1.")
     if train.precision != "bf16":
-        raise ModelBuildError(f"train.precision {train.precision} needs Transformer Engine; the TE-free model "
-                              "trains in bf16, so set train.precision: bf16.")
+        raise ModelBuildError(f"train.precision {train.precision} needs Transformer Engine, and gdnctl builds the "
+                              "model without TE (TRN002); set train.precision: bf16.")
     moe = {}
     if arch.is_moe:
         moe = dict(

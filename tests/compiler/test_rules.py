@@ -101,6 +101,7 @@ CASES = {
     "MEM002": ({"rollout": {"tp": 1, "gpu_memory_utilization": 0.3}}, {"rollout": {"tp": 4}}),
     "TRN001": ({}, lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
                                 "parallel": {"ep": 8}}),
+    "TRN002": ({"parallel": {"cp": 2}}, {"parallel": {"cp": 1}}),
 }
 
 
@@ -149,6 +150,11 @@ def test_mtp_with_cp_needs_bridge_060():
     found = codes({"runtime": {"megatron_bridge": "0.5.0", "megatron_core": "0.18.0"}, "train": {"mtp": True},
                    "parallel": {"cp": 2}})
     assert any("context parallel" in f.message for f in found["BRG004"])
+
+
+def test_fp8_needs_the_te_build_gdnctl_does_not_have():
+    found = codes({"train": {"precision": "fp8"}})
+    assert "TRN002" in found
 
 
 def test_text_only_checkpoint_needs_bridge_050(tmp_path):
