@@ -26,6 +26,7 @@ import torch.distributed as dist
 from gdnctl.engine_config import ModelArch
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime.hf_weights import (
+    QWEN3_NEXT,
     Rule,
     ShardPlace,
     UnknownParameter,
@@ -169,7 +170,8 @@ def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
 
 
 def hf_text_config(arch: ModelArch) -> dict:
-    """config.json of the text-only HF class matching the architecture (what vLLM >= 0.27 serves)."""
+    """config.json of the text-only HF class matching the architecture (what vLLM >= 0.27 serves for Qwen3.5;
+    Qwen3-Next has only the one class, Qwen3NextForCausalLM, which shares Qwen3.5's config keys)."""
     from gdnctl.catalog import HF_CONFIG_KEYS, ROPE_KEYS
 
     moe = arch.is_moe
@@ -177,9 +179,14 @@ def hf_text_config(arch: ModelArch) -> dict:
     # expert fields, MoE models no dense intermediate size: those are None and left out).
     config = {key: getattr(arch, field) for key, field in HF_CONFIG_KEYS.items()
               if key not in ROPE_KEYS and getattr(arch, field) is not None}
+    if arch.model_type == QWEN3_NEXT:
+        architecture, model_type = "Qwen3NextForCausalLM", QWEN3_NEXT
+    else:
+        architecture = "Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"
+        model_type = "qwen3_5_moe_text" if moe else "qwen3_5_text"
     config.update({
-        "architectures": ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_act": "silu", "tie_word_embeddings": arch.tie_word_embeddings, "attention_bias": False,
         "layer_types": ["linear_attention" if arch.layer_is_gdn(i) else "full_attention"
                         for i in range(arch.num_layers)],

@@ -5,8 +5,10 @@ tensors, `to_hf` turns the shards of all tensor-parallel ranks (in rank order) b
 checkpoint module does the IO and the gathering around it.
 
 Layouts (Megatron-Core 0.19, `megatron/core/ssm/gated_delta_net` and `transformer/attention.py`):
-- GDN in_proj: each TP rank holds [q_r, k_r, v_r, z_r, beta_r, alpha_r], every section cut per rank; HF has
-  in_proj_qkv ([q; k; v]), in_proj_z, in_proj_b, in_proj_a. conv1d holds [q_r, k_r, v_r] channels.
+- GDN in_proj: each TP rank holds [q_r, k_r, v_r, z_r, beta_r, alpha_r], every section cut per rank; Qwen3.5
+  HF has in_proj_qkv ([q; k; v]), in_proj_z, in_proj_b, in_proj_a; Qwen3-Next HF packs the same rows per key
+  head into in_proj_qkvz and in_proj_ba (see `next_gdn_to_qwen35`). conv1d holds [q_r, k_r, v_r] channels
+  (the same order in both HF layouts). Everything else has the same names and layout in Qwen3.5 and Qwen3-Next.
 - Gated attention linear_qkv: per query group [q heads, gate heads, k, v] (each head_dim rows), groups in
   order, the whole cut evenly over TP; HF q_proj interleaves per head [q_h; gate_h].
 - Dense MLP linear_fc1: each rank holds [gate_r; up_r].
@@ -90,15 +92,67 @@ def _sections(hf_names: tuple[str, ...], sections: list[tuple[str, int]], group:
     return Rule(hf_names, to_local, to_hf, group)
 
 
+QWEN3_NEXT = "qwen3_next"
+
+
+def next_gdn_to_qwen35(qkvz: torch.Tensor, ba: torch.Tensor, arch: ModelArch) -> tuple[torch.Tensor, ...]:
+    """Qwen3-Next's GDN input projection -> Qwen3.5's (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
+
+    Qwen3-Next groups the rows by key head (transformers' Qwen3NextGatedDeltaNet.fix_query_key_value_ordering):
+    in_proj_qkvz is, for each key head, [q (dk rows), k (dk), v (G * dv), z (G * dv)] with G value heads per key
+    head, and in_proj_ba is, for each key head, [b (G rows), a (G)]. Qwen3.5 keeps each of q, k, v, z, b, a
+    whole; value head j belongs to key head j // G in both, so regrouping is all there is to it."""
+    key_heads, dk, dv = arch.linear_num_key_heads, arch.linear_key_head_dim, arch.linear_value_head_dim
+    group = arch.linear_num_value_heads // key_heads
+    hidden = qkvz.shape[-1]
+    per_head = qkvz.view(key_heads, 2 * dk + 2 * group * dv, hidden)
+    q, k, v, z = per_head.split([dk, dk, group * dv, group * dv], dim=1)
+    b, a = ba.view(key_heads, 2 * group, hidden).split([group, group], dim=1)
+    qkv = torch.cat([q.reshape(-1, hidden), k.reshape(-1, hidden), v.reshape(-1, hidden)], 0)
+    return qkv, z.reshape(-1, hidden), b.reshape(-1, hidden), a.reshape(-1, hidden)
+
+
+def qwen35_gdn_to_next(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                       arch: ModelArch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `next_gdn_to_qwen35`: Qwen3.5's four tensors -> Qwen3-Next's (in_proj_qkvz, in_proj_ba)."""
+    key_heads, dk, dv = arch.linear_num_key_heads, arch.linear_key_head_dim, arch.linear_value_head_dim
+    group = arch.linear_num_value_heads // key_heads
+    hidden = qkv.shape[-1]
+    q, k, v = qkv.split([key_heads * dk, key_heads * dk, key_heads * group * dv], 0)
+    qkvz = torch.cat([q.view(key_heads, dk, hidden), k.view(key_heads, dk, hidden),
+                      v.view(key_heads, group * dv, hidden), z.view(key_heads, group * dv, hidden)], 1)
+    ba = torch.cat([b.view(key_heads, group, hidden), a.view(key_heads, group, hidden)], 1)
+    return qkvz.reshape(-1, hidden), ba.reshape(-1, hidden)
+
+
+def _next_in_proj(arch: ModelArch, hf: str, qwen35: Rule) -> Rule:
+    """Qwen3.5's in_proj rule behind Qwen3-Next's packing: regroup on the way in and on the way out."""
+    qkvz, ba = f"{hf}.in_proj_qkvz.weight", f"{hf}.in_proj_ba.weight"
+
+    def to_local(tensors, rank, size):
+        parts = next_gdn_to_qwen35(tensors[qkvz], tensors[ba], arch)
+        return qwen35.to_local(dict(zip(qwen35.hf_names, parts, strict=True)), rank, size)
+
+    def to_hf(shards):
+        parts = qwen35.to_hf(shards)
+        packed = qwen35_gdn_to_next(*(parts[name] for name in qwen35.hf_names), arch)
+        return dict(zip((qkvz, ba), packed, strict=True))
+
+    return Rule((qkvz, ba), to_local, to_hf, qwen35.group)
+
+
 def _gdn_rules(arch: ModelArch, hf: str, mg: str) -> dict[str, Rule]:
     key_dim = arch.linear_num_key_heads * arch.linear_key_head_dim
     value_dim = arch.linear_num_value_heads * arch.linear_value_head_dim
     heads = arch.linear_num_value_heads
     qkv, z, b, a = (f"{hf}.in_proj_{part}.weight" for part in ("qkv", "z", "b", "a"))
     in_proj = [(qkv, key_dim), (qkv, key_dim), (qkv, value_dim), (z, value_dim), (b, heads), (a, heads)]
+    in_proj_rule = _sections((qkv, z, b, a), in_proj)
+    if arch.model_type == QWEN3_NEXT:
+        in_proj_rule = _next_in_proj(arch, hf, in_proj_rule)
     conv = f"{hf}.conv1d.weight"
     return {
-        f"{mg}.in_proj.weight": _sections((qkv, z, b, a), in_proj),
+        f"{mg}.in_proj.weight": in_proj_rule,
         f"{mg}.conv1d.weight": _sections((conv,), [(conv, key_dim), (conv, key_dim), (conv, value_dim)]),
         f"{mg}.dt_bias": _split(f"{hf}.dt_bias", 0),
         f"{mg}.A_log": _split(f"{hf}.A_log", 0),

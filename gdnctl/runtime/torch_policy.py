@@ -22,12 +22,17 @@ import torch.distributed as dist
 
 from gdnctl.engine_config import EngineConfig
 from gdnctl.runtime import checkpoint, grpo, weight_sync
+from gdnctl.runtime.hf_weights import QWEN3_NEXT
 from gdnctl.runtime.rl_batch import RlBatch
 from gdnctl.runtime.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
 
 
-def _hf_classes(moe: bool):
-    if moe:
+def _hf_classes(arch):
+    if arch.model_type == QWEN3_NEXT:
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        return Qwen3NextConfig, Qwen3NextForCausalLM
+    if arch.is_moe:
         from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
         return Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM
@@ -40,7 +45,7 @@ class TorchPolicy:
     def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
         """Build the model from the architecture (random init from train.seed); load the weights of the latest
         checkpoint in train.save_dir (with its optimizer state and step), else of model.path, when there is one."""
-        config_class, model_class = _hf_classes(config.model.is_moe)
+        config_class, model_class = _hf_classes(config.model)
         self.device = torch.device(device)
         self.hf_config = checkpoint.hf_text_config(config.model)
         torch.manual_seed(config.train.seed)

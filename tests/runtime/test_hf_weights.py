@@ -11,12 +11,24 @@ import pytest
 import torch
 
 from gdnctl.catalog import from_catalog
-from gdnctl.runtime.hf_weights import ShardPlace, canonical_hf_name, group_rank_and_size, rules_for
+from gdnctl.runtime.hf_weights import (
+    ShardPlace,
+    canonical_hf_name,
+    group_rank_and_size,
+    next_gdn_to_qwen35,
+    qwen35_gdn_to_next,
+    rules_for,
+)
 
 TINY = from_catalog("gdnctl/tiny-qwen3.5")
 # The MoE proxy, shrunk further so random HF tensors stay small on the CPU.
 PROXY = from_catalog("gdnctl/qwen3.5-35b-a3b-proxy").model_copy(
     update={"num_experts": 4, "num_layers": 4, "vocab_size": 1024, "hidden_size": 128})
+# Qwen3-Next-80B-A3B's head layout (16 key / 32 value GDN heads, so two value heads per key head), shrunk.
+NEXT = from_catalog("Qwen/Qwen3-Next-80B-A3B").model_copy(
+    update={"num_experts": 4, "num_experts_per_tok": 2, "num_layers": 4, "vocab_size": 512, "hidden_size": 64,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "head_dim": 32, "moe_ffn_hidden_size": 32,
+            "shared_expert_ffn_hidden_size": 32})
 
 
 def megatron_names(arch) -> list[str]:
@@ -56,11 +68,15 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
         if arch.layer_is_gdn(i):
             a = f"{p}.linear_attn"
-            shapes.update({f"{a}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
-                           f"{a}.in_proj_z.weight": (value_dim, h),
-                           f"{a}.in_proj_b.weight": (arch.linear_num_value_heads, h),
-                           f"{a}.in_proj_a.weight": (arch.linear_num_value_heads, h),
-                           f"{a}.conv1d.weight": (2 * key_dim + value_dim, 1, arch.linear_conv_kernel_dim),
+            if arch.model_type == "qwen3_next":
+                shapes.update({f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
+                               f"{a}.in_proj_ba.weight": (2 * arch.linear_num_value_heads, h)})
+            else:
+                shapes.update({f"{a}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
+                               f"{a}.in_proj_z.weight": (value_dim, h),
+                               f"{a}.in_proj_b.weight": (arch.linear_num_value_heads, h),
+                               f"{a}.in_proj_a.weight": (arch.linear_num_value_heads, h)})
+            shapes.update({f"{a}.conv1d.weight": (2 * key_dim + value_dim, 1, arch.linear_conv_kernel_dim),
                            f"{a}.dt_bias": (arch.linear_num_value_heads,), f"{a}.A_log": (arch.linear_num_value_heads,),
                            f"{a}.norm.weight": (arch.linear_value_head_dim,),
                            f"{a}.out_proj.weight": (h, value_dim)})
@@ -94,7 +110,7 @@ def places(arch, tp: int, ep: int = 1) -> list[ShardPlace]:
     return [ShardPlace(tp_rank=t, tp_size=tp, ep_rank=e, ep_size=ep) for e in range(ep) for t in range(tp)]
 
 
-@pytest.mark.parametrize("arch", [TINY, PROXY], ids=["dense", "moe"])
+@pytest.mark.parametrize("arch", [TINY, PROXY, NEXT], ids=["dense", "moe", "qwen3-next"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_every_tensor_survives_sharding_and_gathering(arch, tp):
     hf = random_hf(arch)
@@ -196,3 +212,82 @@ def test_vision_language_names_map_to_the_text_model():
     assert canonical_hf_name("model.visual.blocks.0.attn.qkv.weight") is None
     assert canonical_hf_name("mtp.layers.0.input_layernorm.weight") is None
     assert canonical_hf_name("lm_head.weight") == "lm_head.weight"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_qwen3_next_in_proj_gives_megatron_the_qwen35_shards(tp):
+    """Qwen3-Next's per-key-head packing, regrouped, is exactly the Qwen3.5 tensors Megatron's shards come from."""
+    hf = random_hf(NEXT)
+    name = "decoder.layers.0.self_attention.in_proj.weight"
+    next_rule = rules_for(NEXT, [name], ShardPlace())[name]
+    qwen35_rule = rules_for(NEXT.model_copy(update={"model_type": "qwen3_5_moe_text"}), [name], ShardPlace())[name]
+    prefix = "model.layers.0.linear_attn"
+    parts = next_gdn_to_qwen35(hf[f"{prefix}.in_proj_qkvz.weight"], hf[f"{prefix}.in_proj_ba.weight"], NEXT)
+    as_qwen35 = dict(zip(qwen35_rule.hf_names, parts, strict=True))
+    for rank in range(tp):
+        assert torch.equal(next_rule.to_local(hf, rank, tp), qwen35_rule.to_local(as_qwen35, rank, tp))
+    packed = qwen35_gdn_to_next(*parts, NEXT)
+    assert torch.equal(packed[0], hf[f"{prefix}.in_proj_qkvz.weight"])
+    assert torch.equal(packed[1], hf[f"{prefix}.in_proj_ba.weight"])
+
+
+def test_qwen3_next_regrouping_matches_transformers_split():
+    """next_gdn_to_qwen35 reads in_proj_qkvz/ba the way transformers' Qwen3-Next layer splits its projections."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    from gdnctl.runtime.checkpoint import hf_text_config
+
+    layer = Qwen3NextGatedDeltaNet(Qwen3NextConfig(**hf_text_config(NEXT)), layer_idx=0)
+    x = torch.randn(1, 3, NEXT.hidden_size)
+    query, key, value, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x), layer.in_proj_ba(x))
+    qkv, z_w, b_w, a_w = next_gdn_to_qwen35(layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, NEXT)
+    key_dim = NEXT.linear_num_key_heads * NEXT.linear_key_head_dim
+    q_w, k_w, v_w = qkv.split([key_dim, key_dim, qkv.shape[0] - 2 * key_dim])
+    for got, weight in ((query, q_w), (key, k_w), (value, v_w), (z, z_w), (b, b_w), (a, a_w)):
+        torch.testing.assert_close(got.reshape(1, 3, -1), x @ weight.T)
+
+
+def test_qwen3_next_is_qwen35_moe_up_to_the_gdn_projection_layout():
+    """transformers' Qwen3-Next and Qwen3.5-MoE text models give the same logits once Qwen3-Next's GDN input
+    projections are regrouped: so Qwen3-Next reuses the Qwen3.5 mapping to Megatron (checked against Megatron
+    on GPU) with only the regrouping in front of it."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from gdnctl.runtime.checkpoint import hf_text_config
+
+    torch.manual_seed(0)
+    next_model = Qwen3NextForCausalLM(Qwen3NextConfig(**hf_text_config(NEXT))).eval()
+    qwen35 = NEXT.model_copy(update={"model_type": "qwen3_5_moe_text", "architecture": "Qwen3_5MoeForCausalLM"})
+    qwen35_model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**hf_text_config(qwen35))).eval()
+    state = {}
+    for name, tensor in next_model.state_dict().items():
+        # Norm weights start at 0 or 1 and A_log/dt_bias at fixed values: perturb so a mix-up would show.
+        tensor = tensor + 0.1 * torch.randn_like(tensor) if tensor.dim() == 1 else tensor
+        if name.endswith("in_proj_ba.weight"):
+            continue
+        if name.endswith("in_proj_qkvz.weight"):
+            prefix = name.removesuffix("in_proj_qkvz.weight")
+            parts = next_gdn_to_qwen35(tensor, next_model.state_dict()[f"{prefix}in_proj_ba.weight"], NEXT)
+            state.update(zip((f"{prefix}in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")), parts, strict=True))
+        else:
+            state[name] = tensor
+    next_model.load_state_dict({**next_model.state_dict(),
+                                **{n: t for n, t in state.items() if n in next_model.state_dict()}})
+    qwen35_model.load_state_dict(state, strict=True)
+    tokens = torch.randint(0, NEXT.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(qwen35_model(tokens).logits, next_model(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_qwen3_next_config_reads_back_as_the_same_architecture(tmp_path):
+    import json
+
+    from gdnctl.catalog import from_checkpoint
+    from gdnctl.runtime.checkpoint import hf_text_config
+
+    (tmp_path / "config.json").write_text(json.dumps(hf_text_config(NEXT)))
+    back = from_checkpoint(str(tmp_path))
+    assert (back.model_type, back.architecture) == ("qwen3_next", "Qwen3NextForCausalLM")
+    fields = set(type(NEXT).model_fields) - {"id", "path", "released", "mtp_num_layers"}
+    assert {f: getattr(back, f) for f in fields} == {f: getattr(NEXT, f) for f in fields}
