@@ -84,9 +84,9 @@ def refresh_cpu_moe_prepack(model) -> int:
     MoE kernel is first set up (UnquantizedFusedMoEMethod._setup_kernel); an in-place reload copies the plain
     checkpoint weights into the same parameters and skips that step, so the experts read plain weights as
     packed ones. Measured on a tiny Qwen3.5-MoE: reloading the very weights the engine started with moved a fixed
-    sequence's log-probs 0.117 nats/token; with this refresh, 0.001 (as a fresh engine). Packing only permutes
-    elements, so the weight checksums cannot see it; the probe did. Returns how many layers were repacked; a
-    no-op off CPU.
+    sequence's log-probs 0.117 nats/token; with this refresh they are unchanged (0.0). Packing only permutes
+    elements, so the weight checksums cannot see it; the probe did. Only layers whose intermediate size needs no
+    padding were measured (the tiny models'). Returns how many layers were repacked; a no-op off CPU.
     """
     from vllm.platforms import current_platform
 
