@@ -28,7 +28,8 @@ from gdnctl.runtime.rl_batch import RlBatch
 from gdnctl.runtime.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
 
 
-def _hf_classes(arch):
+def hf_model_classes(arch):
+    """(config class, model class) of transformers' text-only class for this architecture."""
     if arch.model_type == QWEN3_NEXT:
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -46,7 +47,7 @@ class TorchPolicy:
     def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
         """Build the model from the architecture (random init from train.seed); load the weights of the latest
         checkpoint in train.save_dir (with its optimizer state and step), else of model.path, when there is one."""
-        config_class, model_class = _hf_classes(config.model)
+        config_class, model_class = hf_model_classes(config.model)
         self.device = torch.device(device)
         self.hf_config = checkpoint.hf_text_config(config.model)
         torch.manual_seed(config.train.seed)
@@ -73,12 +74,12 @@ class TorchPolicy:
             checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights under their checkpoint names (per-expert, see _per_expert); a tied LM head is the
+        """The weights under their checkpoint names (per-expert, see per_expert); a tied LM head is the
         embedding, so it is not sent twice."""
         for name, tensor in self.module.state_dict().items():
             if self.tied and name == "lm_head.weight":
                 continue
-            yield from _per_expert(name, tensor)
+            yield from per_expert(name, tensor)
 
     def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
         """log p of each next token `[N, T - 1]` under `model`."""
@@ -167,7 +168,8 @@ class TorchPolicy:
 _FUSED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
 
 
-def _per_expert(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+def per_expert(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """One in-memory tensor under its checkpoint name(s): a fused expert tensor as one tensor per expert."""
     match = _FUSED_EXPERTS.fullmatch(name)
     if match is None:
         yield name, tensor

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rl.tiny_model import random_checkpoint
+from tests.rl.tiny_model import DENSE, model_classes, random_checkpoint
 
 PRESET = "tiny-qwen3.5-rl-cpu"
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
@@ -116,30 +116,30 @@ def test_rl_runs_as_a_real_slurm_job(tmp_path, local_slurm):
     assert (run_dir / "logs" / "rollout.log").is_file()
 
 
-def _transformers_logprobs(directory: Path, tokens: list[int]) -> list[float]:
+def _transformers_logprobs(directory: Path, tokens: list[int], model_id: str) -> list[float]:
     import torch
-    from transformers import Qwen3_5ForCausalLM
 
     from gdnctl.runtime.grpo import logprobs_from_logits
 
-    model = Qwen3_5ForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model = model_classes(model_id)[2].from_pretrained(directory, dtype=torch.float32).eval()
     ids = torch.tensor([tokens])
     with torch.no_grad():
         return logprobs_from_logits(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
 
 
 @needs_vllm
-def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_new(tmp_path):
+@pytest.mark.parametrize("model", [DENSE, "gdnctl/tiny-qwen3.5-moe-bytes", "gdnctl/tiny-qwen3-next-bytes"])
+def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_new(tmp_path, model):
     from gdnctl.runtime.rollout_protocol import RolloutClient
     from gdnctl.runtime.weight_sync import probe_gap
 
     run_dir = tmp_path / "run"
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir)],
-                              text=True, capture_output=True, check=False)
+    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir),
+                               "--set", f"model.id={model}"], text=True, capture_output=True, check=False)
     assert rendered.returncode == 0, rendered.stderr
     first, second = tmp_path / "a", tmp_path / "b"
-    random_checkpoint(first, seed=1)
-    random_checkpoint(second, seed=2)
+    random_checkpoint(first, seed=1, model_id=model)
+    random_checkpoint(second, seed=2, model_id=model)
     (run_dir / "logs").mkdir(exist_ok=True)
     log = run_dir / "logs" / "rollout.log"
     with log.open("w") as handle:
@@ -153,6 +153,7 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
     finally:
         client.close()
     served = reply["probe_logprobs"]
-    # vLLM's CPU build kept the LM head of the first weights until gdnctl refreshed it after the reload.
-    assert probe_gap(_transformers_logprobs(second, probe), served) < 0.01
-    assert probe_gap(_transformers_logprobs(first, probe), served) > 0.1  # the default rollout.probe_tolerance
+    # vLLM's CPU build kept the LM head of the first weights, and left MoE experts unpacked, until gdnctl
+    # refreshed them after the reload.
+    assert probe_gap(_transformers_logprobs(second, probe, model), served) < 0.01
+    assert probe_gap(_transformers_logprobs(first, probe, model), served) > 0.1  # the default probe_tolerance

@@ -1,5 +1,6 @@
-"""A random HF checkpoint of the byte-level tiny Qwen3.5 (gdnctl/tiny-qwen3.5-bytes), written the way the rl
-trainer writes its weights for the rollout: bf16 safetensors and config.json, the tied LM head left out."""
+"""A random HF checkpoint of a byte-level tiny model (gdnctl/tiny-qwen3.5-bytes by default, or its MoE and
+Qwen3-Next siblings), written the way the rl trainer writes its weights for the rollout: bf16 safetensors under
+checkpoint names (experts one by one) and config.json, a tied LM head left out."""
 
 from __future__ import annotations
 
@@ -7,19 +8,32 @@ from pathlib import Path
 
 import torch
 
+DENSE = "gdnctl/tiny-qwen3.5-bytes"
 
-def random_checkpoint(directory: Path, seed: int, init_std: float | None = None) -> dict[str, torch.Tensor]:
+
+def model_classes(model_id: str = DENSE):
+    """(architecture, transformers config class, transformers model class) of a catalog model."""
+    from gdnctl.catalog import from_catalog
+    from gdnctl.runtime.torch_policy import hf_model_classes
+
+    arch = from_catalog(model_id)
+    return (arch, *hf_model_classes(arch))
+
+
+def random_checkpoint(directory: Path, seed: int, init_std: float | None = None,
+                      model_id: str = DENSE) -> dict[str, torch.Tensor]:
     """Write the checkpoint; returns its tensors as written. `init_std` overrides transformers' initializer
     range (larger values give the peaky logits of a trained model)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    from gdnctl.catalog import from_catalog
     from gdnctl.runtime.checkpoint import hf_text_config
+    from gdnctl.runtime.torch_policy import per_expert
     from gdnctl.runtime.weight_sync import write_weights
 
-    config = hf_text_config(from_catalog("gdnctl/tiny-qwen3.5-bytes"))
+    arch, config_class, model_class = model_classes(model_id)
+    config = hf_text_config(arch)
     torch.manual_seed(seed)
     init = {} if init_std is None else {"initializer_range": init_std}
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config, **init))
-    tensors = ((name, tensor) for name, tensor in model.state_dict().items() if name != "lm_head.weight")
+    model = model_class(config_class(**config, **init))
+    tied = arch.tie_word_embeddings
+    tensors = (pair for name, tensor in model.state_dict().items() if not (tied and name == "lm_head.weight")
+               for pair in per_expert(name, tensor))
     return write_weights(tensors, directory, config=config)
