@@ -61,6 +61,11 @@ class ModelArch(_Frozen):
         return self.model_type.startswith("qwen3_5")
 
     @property
+    def is_qwen3_next(self) -> bool:
+        """Qwen3-Next: Qwen3.5-MoE's layers, with the GDN input projections packed per key head in HF."""
+        return self.model_type == "qwen3_next"
+
+    @property
     def text_only(self) -> bool:
         """Text-only classes (`*ForCausalLM`); the released Qwen3.5 checkpoints are vision-language."""
         return self.architecture.endswith("ForCausalLM")

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from gdnctl.engine_config import ModelArch
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime.hf_weights import (
-    QWEN3_NEXT,
     Rule,
     ShardPlace,
     UnknownParameter,
@@ -179,8 +178,8 @@ def hf_text_config(arch: ModelArch) -> dict:
     # expert fields, MoE models no dense intermediate size: those are None and left out).
     config = {key: getattr(arch, field) for key, field in HF_CONFIG_KEYS.items()
               if key not in ROPE_KEYS and getattr(arch, field) is not None}
-    if arch.model_type == QWEN3_NEXT:
-        architecture, model_type = "Qwen3NextForCausalLM", QWEN3_NEXT
+    if arch.is_qwen3_next:
+        architecture, model_type = "Qwen3NextForCausalLM", arch.model_type
     else:
         architecture = "Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"
         model_type = "qwen3_5_moe_text" if moe else "qwen3_5_text"

@@ -92,9 +92,6 @@ def _sections(hf_names: tuple[str, ...], sections: list[tuple[str, int]], group:
     return Rule(hf_names, to_local, to_hf, group)
 
 
-QWEN3_NEXT = "qwen3_next"
-
-
 def next_gdn_to_qwen35(qkvz: torch.Tensor, ba: torch.Tensor, arch: ModelArch) -> tuple[torch.Tensor, ...]:
     """Qwen3-Next's GDN input projection -> Qwen3.5's (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
 
@@ -148,7 +145,7 @@ def _gdn_rules(arch: ModelArch, hf: str, mg: str) -> dict[str, Rule]:
     qkv, z, b, a = (f"{hf}.in_proj_{part}.weight" for part in ("qkv", "z", "b", "a"))
     in_proj = [(qkv, key_dim), (qkv, key_dim), (qkv, value_dim), (z, value_dim), (b, heads), (a, heads)]
     in_proj_rule = _sections((qkv, z, b, a), in_proj)
-    if arch.model_type == QWEN3_NEXT:
+    if arch.is_qwen3_next:
         in_proj_rule = _next_in_proj(arch, hf, in_proj_rule)
     conv = f"{hf}.conv1d.weight"
     return {

@@ -23,14 +23,13 @@ import torch.distributed as dist
 
 from gdnctl.engine_config import EngineConfig
 from gdnctl.runtime import checkpoint, grpo, weight_sync
-from gdnctl.runtime.hf_weights import QWEN3_NEXT
 from gdnctl.runtime.rl_batch import RlBatch
 from gdnctl.runtime.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
 
 
 def hf_model_classes(arch):
     """(config class, model class) of transformers' text-only class for this architecture."""
-    if arch.model_type == QWEN3_NEXT:
+    if arch.is_qwen3_next:
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
         return Qwen3NextConfig, Qwen3NextForCausalLM

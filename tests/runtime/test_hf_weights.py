@@ -68,7 +68,7 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
         if arch.layer_is_gdn(i):
             a = f"{p}.linear_attn"
-            if arch.model_type == "qwen3_next":
+            if arch.is_qwen3_next:
                 shapes.update({f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
                                f"{a}.in_proj_ba.weight": (2 * arch.linear_num_value_heads, h)})
             else:
