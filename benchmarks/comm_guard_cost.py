@@ -28,8 +28,8 @@ from datetime import date
 import torch
 import torch.distributed as dist
 
-from gdnctl import comm_ops
-from gdnctl.runtime import comm_guard
+from gdnctl.runtime.comm import guard as comm_guard
+from gdnctl.schema import comm_ops
 
 CALLS = 1000
 ROUNDS = 9

@@ -27,8 +27,8 @@ os.environ["FLA_FLASH_QLA"] = "0"  # before fla can be imported: "raw FLA" must 
 
 import torch  # noqa: E402
 
-from gdnctl.runtime.gdn_kernels import GdnBackendUnavailable, resolve_backend  # noqa: E402
-from gdnctl.runtime.gdn_reference import GdnShape, make_gdn_inputs, parity_errors  # noqa: E402
+from gdnctl.runtime.kernels.backends import GdnBackendUnavailable, resolve_backend  # noqa: E402
+from gdnctl.runtime.kernels.reference import GdnShape, make_gdn_inputs, parity_errors  # noqa: E402
 
 # Qwen3.5-35B-A3B GDN: 16 q/k heads and 32 v heads of dim 128, split over tensor-parallel ranks.
 SHAPES = {

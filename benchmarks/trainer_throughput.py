@@ -111,8 +111,8 @@ class Variant:
         return cls(parts[0], parts[1], len(parts) == 3)
 
     def comm_policy(self, default_skip: frozenset[str], recommended: frozenset[str] | None):
-        from gdnctl import comm_ops
-        from gdnctl.runtime.comm_guard import CommGuardPolicy
+        from gdnctl.runtime.comm.guard import CommGuardPolicy
+        from gdnctl.schema import comm_ops
 
         skip = {"guard-always": frozenset(), "default-skip": default_skip, "guard-off": comm_ops.ALL_OPS,
                 RECOMMENDED: recommended}
@@ -139,7 +139,7 @@ def interleaved(args, work: Path) -> dict:
     plan = step_plan(args.variants, args.rounds)
     recommended = None
     if args.recommended_from is not None:
-        from gdnctl.comm_report import build_report
+        from gdnctl.launch.comm_report import build_report
 
         recommended = list(build_report(args.recommended_from).recommended_skip_ops)
         print(f"recommended skip set from {args.recommended_from}: {recommended}", flush=True)
@@ -215,8 +215,8 @@ def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, w
 def rank(args) -> None:
     """One torchrun rank of the interleaved run: the proxy's trainer, its `_report` hook switching the kernel
     and the guard policy before each step as plan.json says."""
-    from gdnctl import comm_ops
     from gdnctl.runtime import __main__ as runtime
+    from gdnctl.schema import comm_ops
 
     run_dir = args.work_dir
     config_path = run_dir / "engine.yaml"
@@ -229,14 +229,10 @@ def rank(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from gdnctl.runtime import comm_guard
-    from gdnctl.runtime.comm_guard import CommGuardPolicy
-    from gdnctl.runtime.gdn_kernels import (
-        install_kernel_on_layers,
-        patch_megatron_gdn_kernel,
-        resolve_backend,
-    )
-    from gdnctl.runtime.trainer import Trainer
+    from gdnctl.runtime.comm import guard as comm_guard
+    from gdnctl.runtime.comm.guard import CommGuardPolicy
+    from gdnctl.runtime.kernels.backends import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend
+    from gdnctl.runtime.train.trainer import Trainer
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.cuda.init()
@@ -285,7 +281,7 @@ def profile(args, work: Path) -> dict:
     runtime.apply_env(config.env)
     import torch
 
-    from gdnctl.runtime.trainer import Trainer
+    from gdnctl.runtime.train.trainer import Trainer
 
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                   torch.profiler.ProfilerActivity.CUDA])
@@ -329,7 +325,7 @@ def _annotate_gdn_calls() -> set[str]:
     the inputs that arrive non-contiguous: the adapter copies exactly those before calling the kernel."""
     import torch
 
-    from gdnctl.runtime.gdn_kernels import GdnKernel
+    from gdnctl.runtime.kernels.backends import GdnKernel
 
     seen: set[str] = set()
     call = GdnKernel.__call__

@@ -95,8 +95,7 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
              strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False) -> None:
     """Check a preset before any GPU is spent. Exit 0: valid, 1: errors (or warnings with --strict),
     2: the file cannot be read or the arguments are wrong."""
-    from gdnctl.findings import Severity
-    from gdnctl.report import format_findings, summary_line
+    from gdnctl.validate import Severity, format_findings, summary_line
     from gdnctl.validate import validate as run_validation
 
     result = run_validation(preset, set_ or [])
@@ -117,8 +116,8 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
 @app.command()
 def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False) -> None:
     """Show the resolved config: every derived value with the reason for it, and the memory table."""
-    from gdnctl.explain import derived_values, memory_table
-    from gdnctl.report import format_derived, format_findings, format_memory
+    from gdnctl.plan import derived_values, memory_table
+    from gdnctl.validate import format_derived, format_findings, format_memory
     from gdnctl.validate import validate as run_validation
 
     result = run_validation(preset, set_ or [])
@@ -153,10 +152,7 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
 def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
           json_output: JsonOpt = False) -> None:
     """List every rule, or print one rule's documentation."""
-    import gdnctl.rules  # noqa: F401  (registers the rules)
-    import gdnctl.validate  # noqa: F401  (registers the loader's codes)
-    from gdnctl.findings import RULES
-    from gdnctl.report import format_rule_doc, format_rule_list
+    from gdnctl.validate import RULES, codes, format_rule_doc, format_rule_list  # importing registers every code
 
     ordered = sorted(RULES.values(), key=lambda r: r.code)
     if code is None:
@@ -167,6 +163,9 @@ def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. 
             typer.echo(format_rule_list(sorted(ordered, key=lambda r: (r.concern, r.code))))
         return
     info = RULES.get(code.upper())
+    if info is None and code.upper() in codes.RETIRED:
+        typer.echo(f"{code.upper()} is retired: {codes.RETIRED[code.upper()]}")
+        return
     if info is None:
         import difflib
 
@@ -182,7 +181,7 @@ def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of presets (for editor completion and validation)."""
-    from gdnctl.preset import Preset
+    from gdnctl.schema import Preset
 
     data = Preset.model_json_schema()
     data["properties"]["base"] = {"type": "string",
@@ -199,13 +198,12 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace a non-empty run
 
 def _render_or_report(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
                       templates: Optional[Path], dry_run: bool = False):
-    from gdnctl.launch import default_run_dir
-    from gdnctl.render import RenderRefused, render
-    from gdnctl.report import format_findings
+    from gdnctl.launch import RenderRefused, default_run_dir, render
+    from gdnctl.validate import format_findings
 
     try:
         if run_dir is None:
-            from gdnctl.loader import load_preset
+            from gdnctl.validate import load_preset
 
             loaded = load_preset(preset, overrides)
             run_dir = default_run_dir(loaded.preset.name if loaded.preset else "run")
@@ -254,8 +252,8 @@ def launch(preset: PresetArg, set_: SetOpt = None,
            wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and "
                                               "exit with its exit code.")] = False) -> None:
     """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch)."""
-    from gdnctl import launch as launcher
-    from gdnctl.render import slurm_job_name
+    from gdnctl.launch import slurm_job_name
+    from gdnctl.launch import submit as launcher
 
     overrides = list(set_ or [])
     if slurm is not None:
@@ -289,7 +287,7 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
            save_facts: Annotated[Optional[Path], typer.Option("--save-facts", help="Write the probed machine "
                                                               "facts as JSON (to share or replay).")] = None) -> None:
     """Can this machine run the preset? One line per check (OK/WARN/FAIL/SKIP); exit 1 on any FAIL."""
-    from gdnctl.doctor.report import doctor_report
+    from gdnctl.doctor import doctor_report
 
     # Kernel libraries (TileLang) log to stdout; with --json, stdout must carry the one JSON object only.
     with _stdout_to_stderr(json_output and (kernels or bench)):
@@ -310,13 +308,13 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
                                                  "process afterwards.")] = True,
             json_output: JsonOpt = False) -> None:
     """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache."""
-    from gdnctl import prewarm as warmer
-    from gdnctl.compile import DEFAULT_KERNEL_CACHE
+    from gdnctl.launch import prewarm as warmer
+    from gdnctl.plan import DEFAULT_KERNEL_CACHE
     from gdnctl.validate import validate as run_validation
 
     result = run_validation(preset, set_ or [])
     if result.run is None or not result.ok:
-        from gdnctl.report import format_findings
+        from gdnctl.validate import format_findings
 
         typer.echo(format_findings(result.findings, _colour()), err=True)
         _fail(f"{preset} has errors; fix them first (gdnctl validate {preset}).", code=1)
@@ -338,7 +336,7 @@ def comm_report(run_dir: Annotated[Path, typer.Argument(help="Run dir of a job t
                                                              "change (MiB) for an op to count as skip-safe.")] = 64,
                 json_output: JsonOpt = False) -> None:
     """Merge the per-rank communication profiles into slime PR #1947's table and recommend a skip set."""
-    from gdnctl import comm_report as reports
+    from gdnctl.launch import comm_report as reports
 
     report = reports.build_report(run_dir, threshold_mib)
     if json_output:
@@ -348,8 +346,8 @@ def comm_report(run_dir: Annotated[Path, typer.Argument(help="Run dir of a job t
 
 
 def _shipped(name: str) -> Path:
-    from gdnctl.loader import resolve_preset_path
     from gdnctl.resources import presets_dir
+    from gdnctl.validate import resolve_preset_path
 
     path = resolve_preset_path(name)
     if not path.is_file():
@@ -363,8 +361,8 @@ def presets_list(json_output: JsonOpt = False) -> None:
     """List the shipped presets with their job, model and cluster."""
     import yaml
 
-    from gdnctl.loader import load_preset
     from gdnctl.resources import presets_dir
+    from gdnctl.validate import load_preset
 
     rows = []
     for path in sorted(presets_dir().glob("*.yaml")):

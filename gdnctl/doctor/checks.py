@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from gdnctl import stack, versions
 from gdnctl.doctor.facts import MachineFacts
-from gdnctl.hardware import FLASHQLA_SMS, GPUS, sm_label
-from gdnctl.runtime.gdn_kernels import RuntimeFacts, find_backend_problem
+from gdnctl.knowledge import FLASHQLA_SMS, GPUS, sm_label, stack, versions
+from gdnctl.runtime.kernels import RuntimeFacts, find_backend_problem
 
 MIN_PYTHON = "3.11"
 MEGATRON_PYTHON = "3.12"  # megatron-core >= 0.17 and megatron-bridge >= 0.5 need Python 3.12
@@ -265,9 +264,9 @@ def check_env(facts: MachineFacts, run=None) -> Check:
     connections = facts.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     gpu = _gpu(facts)
     if run is not None and gpu is not None:
-        from gdnctl.compile import cuda_device_max_connections
+        from gdnctl.plan import cuda_device_max_connections
 
-        wanted = cuda_device_max_connections(run).value
+        wanted = cuda_device_max_connections(run.preset, run.gpu).value
         if wanted is not None and connections is not None and connections != wanted:
             problems.append(f"CUDA_DEVICE_MAX_CONNECTIONS={connections} (Megatron wants {wanted} for this "
                             "layout; the rendered scripts set it)")

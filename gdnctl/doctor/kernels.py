@@ -12,7 +12,7 @@ from typing import Callable
 from gdnctl.doctor.checks import Check, Status
 from gdnctl.doctor.facts import MachineFacts
 from gdnctl.errors import GdnctlError
-from gdnctl.gdn_shapes import RankShape, per_rank_shapes
+from gdnctl.knowledge import RankShape
 
 TOLERANCE = 1e-2  # relative error ||a - b|| / ||b|| against the fp32 reference, per tensor
 BACKENDS = ("fla", "flashqla")
@@ -24,14 +24,14 @@ def _say(progress: Callable[[str], None] | None, text: str) -> None:
 
 
 def _gdn_shape(shape: RankShape):
-    from gdnctl.runtime.gdn_reference import GdnShape
+    from gdnctl.runtime.kernels import GdnShape
 
     return GdnShape(shape.name, shape.qk_heads, shape.v_heads, shape.seq_lens, shape.packed, shape.head_dim)
 
 
 def _available(backend: str, run):
     """(kernel, None) or (None, reason)."""
-    from gdnctl.runtime.gdn_kernels import GdnBackendUnavailable, resolve_backend
+    from gdnctl.runtime.kernels import GdnBackendUnavailable, resolve_backend
 
     try:
         return resolve_backend(backend, training=run.is_training), None
@@ -42,7 +42,7 @@ def _available(backend: str, run):
 def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
     if not facts.gpus:
         return [Check("kernels", Status.SKIP, "no CUDA GPU: kernel parity needs one")]
-    from gdnctl.runtime.gdn_reference import make_gdn_inputs, parity_errors
+    from gdnctl.runtime.kernels import make_gdn_inputs, parity_errors
 
     results = []
     for backend in BACKENDS:
@@ -51,7 +51,7 @@ def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
             chosen = backend == run.preset.kernels.gdn_backend
             results.append(Check(f"kernels.{backend}", Status.FAIL if chosen else Status.SKIP, reason or ""))
             continue
-        for shape in per_rank_shapes(run):
+        for shape in run.gdn_rank_shapes():
             _say(progress, f"doctor: {backend} vs fp32 reference at {shape.name} "
                            "(FlashQLA compiles on first use: minutes)" if backend == "flashqla" else
                  f"doctor: {backend} vs fp32 reference at {shape.name}")
@@ -75,10 +75,10 @@ def _time_ms(fn) -> float:
 def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
     if not facts.gpus:
         raise GdnctlError("--bench needs a CUDA GPU; this machine has none.")
-    from gdnctl.runtime.gdn_reference import make_gdn_inputs
+    from gdnctl.runtime.kernels import make_gdn_inputs
 
     rows = []
-    for shape in per_rank_shapes(run):
+    for shape in run.gdn_rank_shapes():
         row: dict = {"shape": shape.name, "qk_heads": shape.qk_heads, "v_heads": shape.v_heads,
                      "tokens": shape.tokens}
         for backend in BACKENDS:

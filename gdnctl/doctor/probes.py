@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gdnctl.compile import DEFAULT_KERNEL_CACHE
 from gdnctl.doctor.facts import (
     ENV_NAMES,
     ENV_PREFIXES,
@@ -24,6 +23,7 @@ from gdnctl.doctor.facts import (
     MachineFacts,
     RolloutEnvFact,
 )
+from gdnctl.plan import DEFAULT_KERNEL_CACHE
 
 IMPORT_TIMEOUT_S = 120
 

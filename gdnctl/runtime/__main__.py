@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from gdnctl.engine_config import ENGINE_CONFIG_VERSION, EngineConfig
 from gdnctl.errors import GdnctlError
+from gdnctl.schema import ENGINE_CONFIG_VERSION, EngineConfig
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # The selftest's collectives take milliseconds; a rank still waiting after this is in a hang, and gloo's
@@ -90,8 +90,9 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from gdnctl.runtime import comm_guard, selftest
-    from gdnctl.runtime.comm_guard import CommGuardPolicy
+    from gdnctl.runtime import selftest
+    from gdnctl.runtime.comm import CommGuardPolicy
+    from gdnctl.runtime.comm import guard as comm_guard
 
     policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
     if config.device == "cuda":
@@ -109,10 +110,10 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
         if config.job == "selftest":
             return selftest.run(config, policy)
         if config.job == "rl":
-            from gdnctl.runtime import rl
+            from gdnctl.runtime.rl import job as rl
 
             return rl.run(config, config_path, policy)
-        from gdnctl.runtime import trainer
+        from gdnctl.runtime.train import trainer
 
         return trainer.run(config, config_path, policy)
     finally:
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         check_job(config)
         if args.role == "rollout":
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
-            from gdnctl.runtime import rollout_server
+            from gdnctl.runtime.rl import rollout_server
 
             return rollout_server.serve(config, args.config.resolve().parent)
         check_launch(config)

@@ -25,11 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gdnctl import comm_ops
-from gdnctl.comm_report import PROFILE_FILE_PATTERN
-from gdnctl.engine_config import EngineConfig
-from gdnctl.runtime import comm_guard, layout
-from gdnctl.runtime.comm_guard import CommGuardPolicy, CountingProbe
+from gdnctl.runtime.comm import CommGuardPolicy, CountingProbe
+from gdnctl.runtime.comm import guard as comm_guard
+from gdnctl.runtime.data import layout
+from gdnctl.schema import PROFILE_FILE_PATTERN, EngineConfig, comm_ops
 
 
 @dataclass(frozen=True)
@@ -503,11 +502,11 @@ def _check_kernel_backend(checks: _Checks, config: EngineConfig) -> None:
     name = "gdn kernel backend"
     backend = config.kernels.gdn_backend
     try:
-        kernels = importlib.import_module("gdnctl.runtime.gdn_kernels")
+        kernels = importlib.import_module("gdnctl.runtime.kernels.backends")
     except ModuleNotFoundError as error:
-        if error.name != "gdnctl.runtime.gdn_kernels":
+        if error.name != "gdnctl.runtime.kernels.backends":
             raise
-        checks.skip(name, "gdnctl.runtime.gdn_kernels is not in this build")
+        checks.skip(name, "gdnctl.runtime.kernels.backends is not in this build")
         return
     try:
         kernel = kernels.resolve_backend(backend)

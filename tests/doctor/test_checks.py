@@ -11,7 +11,7 @@ from gdnctl.doctor import checks
 from gdnctl.doctor.checks import Status
 from gdnctl.doctor.facts import KernelCacheFact, MachineFacts, RolloutEnvFact
 from gdnctl.doctor.probes import cudnn_version_text
-from tests.compiler.helpers import run_of
+from tests.validate.helpers import run_of
 
 FACTS = Path(__file__).parent / "facts"
 H100 = MachineFacts.load(FACTS / "h100-full-stack.json")

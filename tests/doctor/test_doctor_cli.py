@@ -38,7 +38,8 @@ def test_replayed_a100_facts_fail_a_flashqla_preset():
     proc = doctor("qwen3.5-35b-a3b-grpo", "--set", "kernels.gdn_backend=flashqla", "--facts",
                   str(FACTS / "a100.json"))
     assert proc.returncode == 1
-    assert "FAIL  preset.cluster.gpu  preset says h100 (SM90), this machine has NVIDIA A100-SXM4-80GB (SM80)" in proc.stdout
+    assert ("FAIL  preset.cluster.gpu  preset says h100 (SM90), this machine has NVIDIA A100-SXM4-80GB (SM80)"
+            in proc.stdout)
 
 
 def test_kernels_on_cpu_skip_cleanly():

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 
 def _engine_config(run_dir: Path):
-    from gdnctl.engine_config import EngineConfig
-    from gdnctl.render import render
+    from gdnctl.launch.render import render
+    from gdnctl.schema.engine import EngineConfig
 
     render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla"])
     return EngineConfig.from_file(run_dir / "engine.yaml")
@@ -32,10 +32,10 @@ def main(out_dir: str) -> None:
     dist.init_process_group("nccl", rank=0, world_size=1)
     from megatron.core import parallel_state, tensor_parallel
 
-    from gdnctl.runtime import checkpoint
-    from gdnctl.runtime.gdn_kernels import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend
-    from gdnctl.runtime.hf_weights import ShardPlace
-    from gdnctl.runtime.megatron_model import build_gpt_model, transformer_config
+    from gdnctl.runtime.kernels.backends import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend
+    from gdnctl.runtime.model import checkpoint
+    from gdnctl.runtime.model.hf_weights import ShardPlace
+    from gdnctl.runtime.model.megatron import build_gpt_model, transformer_config
 
     config = _engine_config(Path(out_dir) / "run")
     kernel = resolve_backend("fla")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _samples():
-    from gdnctl.runtime.rl_batch import Sample
+    from gdnctl.runtime.rl.batch import Sample
 
     generator = torch.Generator().manual_seed(0)
     samples = []
@@ -41,13 +41,13 @@ def main(out_dir: str) -> None:
     os.environ.setdefault("MASTER_PORT", "29534")
     torch.cuda.set_device(0)
     dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
-    from gdnctl.engine_config import EngineConfig
-    from gdnctl.render import render
-    from gdnctl.runtime import rl_batch
-    from gdnctl.runtime.comm_guard import CommGuardPolicy
-    from gdnctl.runtime.megatron_policy import MegatronPolicy
-    from gdnctl.runtime.torch_policy import TorchPolicy
-    from tests.rl.tiny_model import random_checkpoint
+    from gdnctl.launch.render import render
+    from gdnctl.runtime.comm.guard import CommGuardPolicy
+    from gdnctl.runtime.rl import batch as rl_batch
+    from gdnctl.runtime.rl.megatron_policy import MegatronPolicy
+    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.schema.engine import EngineConfig
+    from tests.runtime.rl.tiny_model import random_checkpoint
 
     out = Path(out_dir)
     loaded = random_checkpoint(out / "weights", seed=7, init_std=0.2)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdnctl.runtime.gdn_kernels import BACKENDS, GdnBackendUnavailable, resolve_backend
-from gdnctl.runtime.gdn_reference import GdnShape, make_gdn_inputs, parity_errors
+from gdnctl.runtime.kernels.backends import BACKENDS, GdnBackendUnavailable, resolve_backend
+from gdnctl.runtime.kernels.reference import GdnShape, make_gdn_inputs, parity_errors
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,8 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from gdnctl.cli import app
-from gdnctl.engine_config import EngineConfig
 from gdnctl.resources import presets_dir, templates_dir
+from gdnctl.schema.engine import EngineConfig
 from tests.launch.helpers import hostile_values, recorded_calls, recorder, write_preset
 
 runner = CliRunner()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gdnctl.comm_ops import DEFAULT_SKIP_OPS
-from gdnctl.engine_config import EngineConfig
+from gdnctl.schema.comm_ops import DEFAULT_SKIP_OPS
+from gdnctl.schema.engine import EngineConfig
 
 WORLD_SIZE = 2
 

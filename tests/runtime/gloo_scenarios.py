@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gdnctl import comm_ops
-from gdnctl.runtime import comm_guard
-from gdnctl.runtime.comm_guard import CommGuardPolicy, CountingProbe, HostMemoryProbe
+from gdnctl.runtime.comm import guard as comm_guard
+from gdnctl.runtime.comm.guard import CommGuardPolicy, CountingProbe, HostMemoryProbe
 from gdnctl.runtime.selftest import changed_entries, gloo_cases, same_result, snapshot_torch_distributed
+from gdnctl.schema import comm_ops
 
 PROFILE_SKIP = frozenset({"all_gather_into_tensor"})
 

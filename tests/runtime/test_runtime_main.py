@@ -7,9 +7,8 @@ import os
 import pytest
 import yaml
 
-from gdnctl.engine_config import ENGINE_CONFIG_VERSION
-
 from gdnctl.runtime.__main__ import TORCHRUN_VARIABLES, apply_env, main
+from gdnctl.schema.engine import ENGINE_CONFIG_VERSION
 
 from .conftest import torchrun
 from .engine_fixture import WORLD_SIZE, tiny_engine_config, write_engine_yaml
@@ -93,14 +92,15 @@ def test_config_env_fills_only_unset_variables(monkeypatch):
 def test_rl_ranks_wait_longer_than_the_rollout_server_may_take():
     from datetime import timedelta
 
-    from gdnctl.engine_config import EngineConfig
     from gdnctl.runtime.__main__ import collective_timeout
+    from gdnctl.schema.engine import EngineConfig
 
     base = tiny_engine_config()
     assert collective_timeout(base) == timedelta(minutes=5)  # the selftest fixture
     rollout = {"engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": True, "gdn_prefill_backend": None,
                "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2,
-               "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 1200.0, "probe_tolerance": 0.1,
+               "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 1200.0,
+               "probe_tolerance": 0.1,
                "python": None}
     rl = EngineConfig.model_validate({**base.model_dump(mode="json"), "job": "rl", "selftest": None,
                                       "rollout": rollout})

@@ -1,0 +1,127 @@
+"""What each version of the software stack can do for GDN models: one table per package.
+
+Every version threshold a rule uses lives here, with its source; rules read these tables and never
+hard-code a version. Sources are in ../shared/FACTS.md (sections 2, 3, 4, 7) and the upstream PRs named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gdnctl.knowledge import versions
+
+# The stack gdnctl is pinned to and tested against; `runtime:` in a preset overrides any of these.
+DEFAULT_STACK: dict[str, str | None] = {
+    "megatron_core": "0.19.2",
+    "megatron_bridge": "0.6.2",
+    "vllm": "0.33.0",
+    "flash_qla": "0.1.3",
+    "fla": "0.6.0",
+    "cudnn": None,  # unknown unless the preset says; `gdnctl doctor` reads the real one
+}
+
+# --- Megatron-Core (megatron/core/ssm/gated_delta_net*) ----------------------------------------------
+MCORE_GDN = "0.16.0"  # first release with GatedDeltaNet
+MCORE_GDN_PACKED_AND_CP = "0.18.0"  # THD packed sequences (PR #2645) and all-to-all CP (PR #2642)
+MCORE_GDN_FUSED_CP_A2A = "0.19.0"  # one fused all-to-all per forward (PR #4913: 7-10% iteration speedup)
+# cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
+CUDNN_HOPPER_THD_MIN = "9.19.0"
+
+# What each threshold gives, as `gdnctl doctor` reports it: (first version, feature).
+MCORE_GDN_FEATURES: tuple[tuple[str, str], ...] = (
+    (MCORE_GDN, "GDN"),
+    (MCORE_GDN_PACKED_AND_CP, "THD"),
+    (MCORE_GDN_PACKED_AND_CP, "CP"),
+    (MCORE_GDN_FUSED_CP_A2A, "fused CP all-to-all"),
+)
+
+# --- Megatron-Bridge ------------------------------------------------------------------------------------
+BRIDGE_QWEN35_VL = "0.4.0"  # Qwen35VLBridge / Qwen35VLMoEBridge
+BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classes)
+BRIDGE_MTP_SEQUENCE_PARALLEL_FIX = "0.5.0"  # MTP shadow-embedding bug with SP (PR #3143)
+BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
+BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
+    (BRIDGE_QWEN35_VL, "Qwen3.5 VL"),
+    (BRIDGE_QWEN35_TEXT, "Qwen3.5 text"),
+    (BRIDGE_MTP_SEQUENCE_PARALLEL_FIX, "MTP+SP fix"),
+    (BRIDGE_MTP_CONTEXT_PARALLEL_FIX, "MTP+CP fix"),
+)
+# Each bridge minor release is built against one megatron-core minor release.
+BRIDGE_CORE_PAIRING: dict[str, str] = {"0.4": "0.17", "0.5": "0.18", "0.6": "0.19"}
+
+# --- FlashQLA -------------------------------------------------------------------------------------------
+FLASHQLA_TRAINING_MIN = "0.1.3"  # <= 0.1.2 has a dg precision bug (QwenLM/FlashQLA PR #28)
+FLASHQLA_HEAD_DIM = 128  # K == V == 128 is asserted inside the kernels
+FLASHQLA_MIN_TORCH = "2.8"  # QwenLM/FlashQLA README and wheel metadata
+FLASHQLA_MIN_CUDA = "12.8"
+FLASHQLA_MIN_TILELANG = "0.1.12"  # flash-qla 0.1.3's requirement
+
+# --- vLLM ------------------------------------------------------------------------------------------------
+VLLM_QWEN35_TEXT_ONLY = "0.27.0"  # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM
+# `--gdn-prefill-backend` choices by the first vLLM release that offers them; no flag before 0.18.0.
+VLLM_GDN_PREFILL_BACKENDS_SINCE: dict[str, str] = {
+    "flashinfer": "0.18.0",
+    "triton": "0.18.0",
+    "cutedsl": "0.22.0",
+    "aiter_flydsl": "0.32.0",
+    "sycl": "0.33.0",
+}
+VLLM_GDN_PREFILL_FLAG = "0.18.0"
+# Backends reported to hang in GDN prefill on SM90: flashinfer #2623, #3329, #3986; vllm #41865.
+VLLM_SM90_HANGING_PREFILL = ("auto", "flashinfer")
+
+
+def features_of(version: str, table: tuple[tuple[str, str], ...]) -> list[str]:
+    """The features of `table` that `version` has."""
+    return [feature for since, feature in table if versions.at_least(version, since)]
+
+
+def vllm_gdn_prefill_backends(vllm_version: str) -> tuple[str, ...]:
+    return tuple(
+        name for name, since in VLLM_GDN_PREFILL_BACKENDS_SINCE.items() if versions.at_least(vllm_version, since)
+    )
+
+
+# --- Dependency pins that decide whether trainer and rollout can share one Python environment ----------
+@dataclass(frozen=True)
+class Pins:
+    package: str
+    version: str
+    requires: dict[str, str]  # dependency -> specifier
+
+
+KNOWN_PINS: dict[tuple[str, str], Pins] = {
+    ("megatron_bridge", "0.6.2"): Pins(
+        "megatron-bridge", "0.6.2", {"transformers": "<=5.12.1", "flashinfer-python": "==0.6.8.post1"}
+    ),
+    ("vllm", "0.33.0"): Pins(
+        "vllm", "0.33.0", {"transformers": ">=5.16.1", "flashinfer-python": "==0.7.2.post1", "torch": "==2.14.0"}
+    ),
+}
+
+# Versions probed to find whether two specifiers admit a common release.
+_PROBE_VERSIONS = {
+    "transformers": [f"5.{m}.{p}" for m in range(0, 25) for p in range(0, 4)],
+    "flashinfer-python": ["0.6.8.post1", "0.7.2.post1"],
+    "torch": ["2.11.0", "2.12.0", "2.13.0", "2.14.0"],
+}
+
+
+def pin_conflicts(trainer: Pins, rollout: Pins) -> list[str]:
+    """Dependencies whose requirements in the two packages admit no common version."""
+    from packaging.specifiers import SpecifierSet  # only rl presets with known pins get here
+
+    conflicts = []
+    for dep, trainer_spec in trainer.requires.items():
+        rollout_spec = rollout.requires.get(dep)
+        if rollout_spec is None:
+            continue
+        candidates = set(_PROBE_VERSIONS.get(dep, []))
+        for spec in (trainer_spec, rollout_spec):
+            if spec.startswith("=="):
+                candidates.add(spec[2:])
+        both = SpecifierSet(trainer_spec) & SpecifierSet(rollout_spec)
+        if not any(both.contains(v, prereleases=True) for v in candidates):
+            conflicts.append(f"{dep} ({trainer.package} {trainer.version} needs {trainer_spec}, "
+                             f"{rollout.package} {rollout.version} needs {rollout_spec})")
+    return conflicts

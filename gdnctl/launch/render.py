@@ -1,0 +1,224 @@
+"""Turn a validated preset into a run dir: engine.yaml, launch scripts, manifest.
+
+Every `{{ expression }}` in a template is shell-quoted by the environment's finalize hook, so a preset value
+can only reach a script as literal data; templates mark trusted values (integers the compiler computed,
+names it validated) with `| raw`, and `#SBATCH` values go through `| sbatch`, which refuses anything outside
+a safe alphabet (sbatch reads those lines itself, not bash). The run dir is written to a temporary sibling
+and renamed into place, so a failed render leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from gdnctl import __version__
+from gdnctl.errors import GdnctlError
+from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment
+from gdnctl.resources import templates_dir
+from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
+from gdnctl.validate import ValidationResult, validate
+
+TEMPLATES = {"launch_local.sh": "launch_local.sh.j2", "launch_slurm.sbatch": "launch_slurm.sbatch.j2"}
+
+
+class RenderRefused(GdnctlError):
+    """The preset has errors; nothing was written."""
+
+    exit_code = 1
+
+    def __init__(self, result: ValidationResult):
+        self.result = result
+        count = sum(1 for f in result.findings if f.severity.value == "error")
+        super().__init__(f"{result.loaded.source} has {count} error(s); nothing was rendered "
+                         f"(gdnctl validate {result.loaded.source} shows them).")
+
+
+class RunDirNotEmpty(GdnctlError):
+    pass
+
+
+class TemplateError(GdnctlError):
+    pass
+
+
+class _Raw(str):
+    """A value the template author vouches for: written as is."""
+
+
+def _finalize(value: object) -> str:
+    if isinstance(value, _Raw):
+        return str(value)
+    return shlex.quote(str(value))
+
+
+def _raw(value: object) -> _Raw:
+    return _Raw(value)
+
+
+def _sbatch(value: object) -> _Raw:
+    text = str(value)
+    if not SBATCH_SAFE.match(text):
+        raise TemplateError(f"'{text}' cannot be written into an #SBATCH line: {SBATCH_SAFE_TEXT}.")
+    return _Raw(text)
+
+
+def _comment(value: object) -> _Raw:
+    """Text for a `# ...` line: kept on one line (a newline would end the comment and start a command)."""
+    return _Raw(str(value).encode("unicode_escape").decode("ascii"))
+
+
+def template_environment(directory: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory)),
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+        # bash uses `{#` (`${#array[@]}`), so Jinja comments get a delimiter bash never writes.
+        comment_start_string="{##",
+        comment_end_string="##}",
+    )
+    env.filters["raw"] = _raw
+    env.filters["sbatch"] = _sbatch
+    env.filters["comment"] = _comment
+    return env
+
+
+def slurm_job_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "gdnctl"
+
+
+@dataclass
+class RenderedRun:
+    run_dir: Path
+    files: dict[str, str]  # name -> content
+    env_table: list[tuple[str, str, str]]  # name, value shown, source
+    result: ValidationResult
+    manifest: dict
+
+
+def _env_table(run, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
+    rows = [(name, value, reason) for name, value, reason in environment(run.preset, run.gpu)]
+    rows.append(("TILELANG_CACHE_DIR", kernel_cache_dir, "shared TileLang kernel cache (gdnctl prewarm fills it)"))
+    compiler_names = {row[0] for row in rows}
+    for name, value in run.preset.launch.env.items():
+        source = "launch.env (overrides the compiler)" if name in compiler_names else "launch.env"
+        rows = [row for row in rows if row[0] != name] + [(name, value, source)]
+    for name in run.preset.launch.pass_env:
+        rows.append((name, "(from the submitting shell)", "launch.pass_env: passed by name, never written"))
+    return rows
+
+
+def _rollout_step(run) -> dict | None:
+    rollout = run.preset.rollout
+    if run.preset.job != "rl" or rollout is None or rollout.colocate:
+        return None
+    return {"nodes": run.rollout_gpus.value // run.preset.cluster.gpus_per_node,
+            "python": rollout.python or run.preset.launch.python,
+            "container_image": rollout.container_image}
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build(result: ValidationResult, run_dir: Path, templates: Path | None = None) -> RenderedRun:
+    """Render every file in memory. Raises RenderRefused when the preset has errors."""
+    if not result.ok or result.run is None:
+        raise RenderRefused(result)
+    run = result.run
+    preset = run.preset
+    kernel_cache_dir = os.path.expanduser(preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
+    engine = compile_engine_config(run, kernel_cache_dir=kernel_cache_dir)
+    engine_yaml = engine.to_yaml()
+    env = sorted(engine.env.items())
+    rollout_step = _rollout_step(run)
+    trainer_nodes = preset.cluster.nodes - (rollout_step["nodes"] if rollout_step else 0)
+    context = {
+        "name": preset.name,
+        "job_name": slurm_job_name(preset.name),
+        "gdnctl_version": __version__,
+        "preset_path": Path(result.loaded.source).name,
+        "python": preset.launch.python,
+        "env": env,
+        "pass_env": preset.launch.pass_env,
+        "nodes": preset.cluster.nodes,
+        "gpus_per_node": preset.cluster.gpus_per_node if run.gpu.sm is not None else None,
+        # A separate single-node rollout keeps some of this node's GPUs: the trainer starts fewer ranks.
+        "procs_per_node": run.world_size.value // trainer_nodes,
+        "trainer_nodes": trainer_nodes,
+        "rollout_step": rollout_step,
+        "slurm": preset.launch.slurm.model_dump(),
+    }
+    jinja = template_environment(templates or templates_dir())
+    files = {"engine.yaml": engine_yaml}
+    for output, template in TEMPLATES.items():
+        try:
+            files[output] = jinja.get_template(template).render(**context)
+        except jinja2.TemplateNotFound:
+            raise TemplateError(f"template {template} is missing from {templates or templates_dir()}; copy it "
+                                "from gdnctl's templates/ folder.") from None
+        except jinja2.TemplateError as err:
+            raise TemplateError(f"template {template} failed to render: {err}.") from None
+    manifest = {
+        "gdnctl_version": __version__,
+        "preset": {"path": result.loaded.source,
+                   "files": [{"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+                             for path in result.loaded.chain],
+                   "overrides": [],
+                   "resolved_sha256": _sha256(json.dumps(preset.model_dump(mode="json"), sort_keys=True))},
+        "engine_config_sha256": _sha256(engine_yaml),
+        "resolved": result.resolved(),
+        "findings": [f.to_json() for f in result.findings],
+        "commands": {"local": "bash launch_local.sh", "slurm": "sbatch launch_slurm.sbatch"},
+    }
+    return RenderedRun(run_dir, files, _env_table(run, kernel_cache_dir), result, manifest)
+
+
+def write(rendered: RenderedRun, force: bool = False) -> None:
+    run_dir = rendered.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirNotEmpty(f"{run_dir} exists and is not a directory; choose another run dir.")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not force:
+        raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace it, or choose another run dir.")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.rendering-", dir=run_dir.parent))
+    try:
+        for name, content in rendered.files.items():
+            (staging / name).write_text(content)
+        (staging / "manifest.json").write_text(json.dumps(rendered.manifest, indent=2) + "\n")
+        for script in TEMPLATES:
+            (staging / script).chmod(0o755)
+        (staging / "logs").mkdir()
+        if run_dir.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.replaced-", dir=run_dir.parent))
+            run_dir.rename(retired / run_dir.name)
+            staging.rename(run_dir)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def render(preset: str, run_dir: Path, overrides: list[str] | None = None, force: bool = False,
+           templates: Path | None = None, dry_run: bool = False) -> RenderedRun:
+    result = validate(preset, overrides)
+    rendered = build(result, run_dir.resolve(), templates)
+    rendered.manifest["preset"]["overrides"] = list(overrides or [])
+    if not dry_run:
+        write(rendered, force=force)
+    return rendered

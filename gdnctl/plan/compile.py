@@ -1,0 +1,84 @@
+"""Run -> EngineConfig: the resolved run, with every decision of `gdnctl.plan.decisions`, as the engine config
+the runtime reads. Nothing is decided here; values are only assembled.
+"""
+
+from __future__ import annotations
+
+from gdnctl import __version__
+from gdnctl.plan.decisions import environment
+from gdnctl.plan.run import Run
+from gdnctl.schema import (
+    DEFAULT_PROFILE_SUBDIR,
+    EngineComm,
+    EngineConfig,
+    EngineGrpo,
+    EngineKernels,
+    EngineParallel,
+    EngineRollout,
+    EngineSelftest,
+    EngineTrain,
+)
+
+
+def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
+    values = {name: value for name, value, _ in environment(run.preset, run.gpu)}
+    if kernel_cache_dir:
+        values["TILELANG_CACHE_DIR"] = kernel_cache_dir
+    values.update(run.preset.launch.env)
+    return values
+
+
+def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> EngineConfig:
+    preset = run.preset
+    p = preset.parallel
+    t = preset.train
+    dp = run.dp
+    if dp is None:
+        raise ValueError("compile_engine_config needs a run without errors (world size not divisible)")
+    rollout = None
+    if preset.job == "rl" and preset.rollout is not None:
+        r = preset.rollout
+        rollout = EngineRollout(
+            engine=r.engine, tp=r.tp, num_gpus=run.rollout_gpus.value, colocate=r.colocate,
+            gdn_prefill_backend=r.gdn_prefill_backend, gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=r.max_model_len or t.seq_length, n_samples_per_prompt=r.n_samples_per_prompt,
+            prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
+            max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,
+            probe_tolerance=r.probe_tolerance,
+            python=r.python,
+        )
+    return EngineConfig(
+        gdnctl_version=__version__,
+        name=preset.name,
+        job=preset.job,
+        device="cpu" if run.gpu.sm is None else "cuda",
+        model=run.model,
+        parallel=EngineParallel(
+            nodes=preset.cluster.nodes, gpus_per_node=preset.cluster.gpus_per_node,
+            world_size=run.world_size.value, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, dp=dp,
+            sequence_parallel=run.sequence_parallel.value,
+        ),
+        layout=run.layout.value,
+        train=EngineTrain(
+            bridge=t.bridge, update_weights_via_bridge=t.update_weights_via_bridge,
+            weight_sync_fallback_reasons=run.weight_sync_fallback_reasons, precision=t.precision,
+            lora_rank=t.lora.rank if t.lora else None, lora_alpha=t.lora.alpha if t.lora else None,
+            micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
+            seq_length=t.seq_length, num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
+            lr=t.lr, train_iters=t.train_iters, seed=t.seed, recompute=t.recompute,
+            optimizer_cpu_offload=t.optimizer_cpu_offload, distributed_optimizer=t.distributed_optimizer,
+            data_path=t.data_path,
+            tokenizer_path=preset.model.tokenizer or preset.model.path, save_dir=t.save_dir,
+            save_interval=t.save_interval,
+        ),
+        kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend),
+        comm=EngineComm(
+            memory_guard=preset.comm.memory_guard, free_gb_threshold=preset.comm.free_gb_threshold,
+            skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir=DEFAULT_PROFILE_SUBDIR,
+        ),
+        rollout=rollout,
+        grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
+        selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
+        runtime_versions={k: v for k, v in run.stack.items() if v is not None},
+        env=engine_env(run, kernel_cache_dir),
+    )

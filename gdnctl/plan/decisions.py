@@ -1,0 +1,109 @@
+"""Preset-level defaults: the only place a value the user left out is decided.
+
+Each function takes the preset (and the GPU where the answer depends on it), never a resolved Run, so the Run
+(`gdnctl.plan.run`) can be built from these decisions without an import circle. Each returns the value with
+the reason for it, so `gdnctl explain` can show why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gdnctl.knowledge import GpuSpec, stack, versions
+from gdnctl.schema import Preset
+
+# Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
+# by every run and filled once by `gdnctl prewarm` (on clusters, put it on a shared filesystem).
+DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Any
+    reason: str
+
+
+def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
+    requested = preset.train.layout
+    mcore = software.get("megatron_core")
+    if requested != "auto":
+        return Decision(requested, f"set in the preset (train.layout: {requested})")
+    if versions.at_least(mcore, stack.MCORE_GDN_PACKED_AND_CP):
+        return Decision("thd", f"megatron-core {mcore} supports packed (THD) sequences in GDN "
+                               f"(since {stack.MCORE_GDN_PACKED_AND_CP}, PR #2645): no padding is computed")
+    return Decision("bshd", f"megatron-core {mcore} GDN raises NotImplementedError on packed sequences "
+                            f"(THD needs >= {stack.MCORE_GDN_PACKED_AND_CP}), so sequences are padded (BSHD)")
+
+
+def sequence_parallel(preset: Preset) -> Decision:
+    chosen = preset.parallel.sequence_parallel
+    if chosen is not None:
+        return Decision(chosen, "set in the preset (parallel.sequence_parallel)")
+    if preset.parallel.tp > 1:
+        return Decision(True, "tp > 1: sequence parallel shards norm/dropout activations over TP, and MoE "
+                              "with TP requires it")
+    return Decision(False, "tp == 1: sequence parallel has nothing to shard")
+
+
+def rollout_gpus(preset: Preset, total_gpus: int) -> Decision:
+    rollout = preset.rollout
+    if preset.job != "rl" or rollout is None:
+        return Decision(0, "no rollout: the job is not rl")
+    if rollout.num_gpus is not None:
+        return Decision(rollout.num_gpus, "set in the preset (rollout.num_gpus)")
+    if rollout.colocate:
+        return Decision(total_gpus, "colocated: vLLM uses every GPU and sleeps while the trainer steps")
+    return Decision(total_gpus // 2, "not colocated and rollout.num_gpus unset: half of the GPUs")
+
+
+def train_world_size(preset: Preset, total_gpus: int) -> Decision:
+    rollout = preset.rollout
+    if preset.job == "rl" and rollout is not None and not rollout.colocate:
+        used = rollout_gpus(preset, total_gpus).value
+        return Decision(total_gpus - used, f"{total_gpus} GPUs minus {used} for the separate rollout")
+    return Decision(total_gpus, f"nodes x gpus_per_node = {total_gpus}")
+
+
+def weight_sync_fallback_reasons(preset: Preset) -> tuple[str, ...]:
+    """Why megatron-bridge's export cannot be used for trainer -> rollout weight sync (AReaL PR #1384)."""
+    train = preset.train
+    if not train.update_weights_via_bridge:
+        return ()
+    reasons = []
+    if train.bridge != "megatron-bridge":
+        reasons.append(f"train.bridge is {train.bridge}, and only megatron-bridge exports HF weights")
+    if train.precision == "fp8":
+        reasons.append("train.precision is fp8: quantized weights go through the registry conversion")
+    if train.lora is not None:
+        reasons.append("train.lora is set: LoRA adapters go through the registry conversion")
+    return tuple(reasons)
+
+
+def cuda_device_max_connections(preset: Preset, gpu: GpuSpec) -> Decision:
+    p = preset.parallel
+    if gpu.sm is None:
+        return Decision(None, "no GPU")
+    if gpu.is_blackwell:
+        return Decision("32", "Blackwell: Megatron-Bridge's performance overrides use 32")
+    if p.tp > 1 or p.cp > 1:
+        return Decision("1", "TP or CP > 1 without comm overlap: Megatron needs kernels queued in issue order")
+    return Decision(None, "TP == CP == 1: no ordering constraint, leave the driver default")
+
+
+def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
+    """(name, value, reason) for every variable the runtime needs, before the user's own `launch.env`."""
+    env: list[tuple[str, str, str]] = []
+    connections = cuda_device_max_connections(preset, gpu)
+    if connections.value is not None:
+        env.append(("CUDA_DEVICE_MAX_CONNECTIONS", connections.value, connections.reason))
+    if gpu.sm is not None:
+        env.append(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
+                    "fewer fragmentation OOMs with variable-length (packed) batches"))
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
+    if preset.kernels.gdn_backend == "fla":
+        env.append(("FLA_FLASH_QLA", "0", "FLA 0.6 silently dispatches to FlashQLA when it is importable; "
+                                          "this keeps fla meaning FLA's own Triton kernels"))
+    env.append(("OMP_NUM_THREADS", "1" if gpu.sm is not None else "2",
+                "one CPU thread per rank unless told otherwise (torchrun would warn)"))
+    return env

@@ -1,0 +1,67 @@
+"""`gdnctl explain`: every derived value with the reason for it, and the memory table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gdnctl.plan import memory
+from gdnctl.plan.decisions import environment
+from gdnctl.plan.run import Run
+
+
+@dataclass(frozen=True)
+class Derived:
+    name: str
+    value: object
+    reason: str
+
+
+def derived_values(run: Run) -> list[Derived]:
+    p, t, preset = run.preset.parallel, run.preset.train, run.preset
+    m = run.model
+    out = [
+        Derived("model", m.label, f"{m.architecture}: {m.num_layers} layers ({m.num_gdn_layers} GDN + "
+                                  f"{m.num_full_attention_layers} full attention), hidden {m.hidden_size}, "
+                                  f"{m.num_attention_heads}/{m.num_key_value_heads} attention/KV heads, GDN "
+                                  f"{m.linear_num_key_heads}/{m.linear_num_value_heads} key/value heads"
+                                  + (f", {m.num_experts} experts top-{m.num_experts_per_tok}" if m.is_moe else "")),
+        Derived("gpu", run.gpu.name, f"{run.gpu.description}, {run.gpu.sm_label}, {run.gpu.memory_gib:g} GiB"),
+        Derived("world_size", run.world_size.value, run.world_size.reason),
+        Derived("dp", run.dp, f"world_size / (tp x pp x cp) = {run.world_size.value} / "
+                              f"({p.tp} x {p.pp} x {p.cp})"),
+        Derived("layout", run.layout.value, run.layout.reason),
+        Derived("sequence_parallel", run.sequence_parallel.value, run.sequence_parallel.reason),
+    ]
+    if run.dp:
+        out.append(Derived("num_microbatches", t.global_batch_size // (t.micro_batch_size * run.dp),
+                           f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "
+                           f"({t.micro_batch_size} x {run.dp})"))
+    if m.is_moe:
+        out.append(Derived("expert_data_parallel", run.world_size.value // (p.ep * p.etp * p.pp) or None,
+                           "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
+    out.append(Derived("gdn_backend", preset.kernels.gdn_backend,
+                       "FlashQLA TileLang kernels" if preset.kernels.gdn_backend == "flashqla" else
+                       "FLA Triton kernels, pinned with FLA_FLASH_QLA=0"))
+    comm = preset.comm
+    out.append(Derived("comm.skip_ops", list(comm.effective_skip_ops()),
+                       ("guard off: nothing is checked" if not comm.memory_guard else
+                        "slime PR #1947's skip set" if comm.skip_ops is None and not comm.add_skip_ops
+                        and not comm.remove_skip_ops else "the preset's skip set")))
+    if preset.job == "rl":
+        out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
+        reasons = run.weight_sync_fallback_reasons
+        if t.update_weights_via_bridge:
+            path = "registry conversion" if reasons else "megatron-bridge export_hf_weights"
+            why = "; ".join(reasons) if reasons else "train.update_weights_via_bridge with megatron-bridge"
+        else:
+            path, why = "registry conversion", "train.update_weights_via_bridge is false"
+        out.append(Derived("weight_sync", path, why))
+    for name, value, reason in environment(run.preset, run.gpu):
+        out.append(Derived(f"env.{name}", value, reason))
+    return out
+
+
+def memory_table(run: Run) -> memory.MemoryEstimate | None:
+    if not run.is_training or run.gpu.sm is None or run.dp is None:
+        return None
+    return memory.estimate_training(run)

@@ -1,0 +1,178 @@
+"""Per-GPU memory estimate for the trainer (and the rollout's weight share).
+
+A coarse, documented model, good to tell "fits / tight / cannot fit" apart, not to the last GiB:
+- parameters counted from the architecture (GDN and gated-attention layers, dense MLP or MoE, embeddings,
+  the MTP layer when trained); non-expert weights split over tp and pipeline stages, experts over ep x etp;
+- bf16 weights (2 B/param), fp32 main gradients (4 B/param), Adam in fp32 (master + 2 moments,
+  12 B/param) sharded over the data-parallel group by the distributed optimizer, or on the CPU when offloaded;
+- activations of the first pipeline stage: bf16 tensors kept for backward per token per layer (see
+  `_activation_bytes_per_token`), times the micro-batches in flight under 1F1B (min(pp, micro-batches)),
+  cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage;
+- a flat allowance for the CUDA context, NCCL buffers and allocator slack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gdnctl.knowledge import ModelArch
+
+GIB = 1024**3
+OVERHEAD_GIB = 3.0  # CUDA context (~0.5 GiB), NCCL communicators and buffers, allocator fragmentation
+RECOMPUTE_KEEP = {"none": 1.0, "selective": 0.85}  # share of activations kept; "full" keeps layer inputs only
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    embedding: int
+    output: int
+    gdn_layer: int
+    attention_layer: int
+    dense_mlp: int  # per layer (0 for MoE)
+    experts: int  # per layer, all routed experts
+    shared_and_router: int  # per layer (MoE)
+    mtp: int  # MTP layer without its experts
+    mtp_experts: int
+
+    def total(self, model: ModelArch, with_mtp: bool = True) -> int:
+        layers = (model.num_gdn_layers * self.gdn_layer + model.num_full_attention_layers * self.attention_layer
+                  + model.num_layers * (self.dense_mlp + self.experts + self.shared_and_router))
+        mtp = (self.mtp + self.mtp_experts) * model.mtp_num_layers if with_mtp else 0
+        return self.embedding + self.output + layers + mtp
+
+
+def _mlp_params(m: ModelArch) -> tuple[int, int, int]:
+    """(dense MLP, routed experts, shared expert + router) parameters of one layer."""
+    h = m.hidden_size
+    if m.is_moe:
+        experts = m.num_experts * 3 * h * m.moe_ffn_hidden_size
+        shared = 3 * h * (m.shared_expert_ffn_hidden_size or 0) + h  # + shared-expert gate
+        return 0, experts, shared + h * m.num_experts
+    return 3 * h * (m.ffn_hidden_size or 0), 0, 0
+
+
+def count_params(m: ModelArch) -> ParamCounts:
+    h = m.hidden_size
+    key_width = m.linear_num_key_heads * m.linear_key_head_dim
+    value_width = m.linear_num_value_heads * m.linear_value_head_dim
+    gdn = (h * (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)  # in_proj q,k,v,z + b,a
+           + (2 * key_width + value_width) * m.linear_conv_kernel_dim  # causal conv1d
+           + 2 * m.linear_num_value_heads + m.linear_value_head_dim  # A_log, dt_bias, gated norm
+           + value_width * h + 2 * h)  # out_proj, layer norms
+    q_width = m.num_attention_heads * m.head_dim
+    attention = (h * 2 * q_width  # q and its output gate
+                 + 2 * h * m.num_key_value_heads * m.head_dim + q_width * h + 2 * m.head_dim + 2 * h)
+    dense, experts, shared = _mlp_params(m)
+    embedding = m.vocab_size * h
+    return ParamCounts(
+        embedding=embedding,
+        output=0 if m.tie_word_embeddings else embedding,
+        gdn_layer=gdn,
+        attention_layer=attention,
+        dense_mlp=dense,
+        experts=experts,
+        shared_and_router=shared,
+        mtp=2 * h * h + 3 * h + attention + dense + shared,
+        mtp_experts=experts,
+    )
+
+
+def _activation_bytes_per_token(m: ModelArch) -> tuple[float, float]:
+    """bf16 bytes kept for backward per token: (average mixer layer, MLP/MoE block), before TP split."""
+    h = m.hidden_size
+    key_width = m.linear_num_key_heads * m.linear_key_head_dim
+    value_width = m.linear_num_value_heads * m.linear_value_head_dim
+    gdn = 2 * (4 * h + (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)
+               + (2 * key_width + value_width) + 2 * value_width)
+    q_width = m.num_attention_heads * m.head_dim
+    attention = 2 * (4 * h + 2 * q_width + 2 * m.num_key_value_heads * m.head_dim + 2 * q_width)
+    mixer = (gdn * m.num_gdn_layers + attention * m.num_full_attention_layers) / m.num_layers
+    if m.is_moe:
+        mlp = (m.num_experts_per_tok * 2 * (2 * h + 4 * m.moe_ffn_hidden_size)
+               + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0)) + 4 * m.num_experts)
+    else:
+        mlp = 2 * (2 * h + 4 * (m.ffn_hidden_size or 0))
+    return mixer, mlp
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    name: str
+    gib: float
+    note: str
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    rows: tuple[MemoryRow, ...]
+    capacity_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return sum(row.gib for row in self.rows)
+
+    @property
+    def usage(self) -> float:
+        return self.total_gib / self.capacity_gib if self.capacity_gib else 0.0
+
+
+def estimate_training(run) -> MemoryEstimate:
+    """Peak per-GPU memory of the most loaded pipeline stage. `run` must have a whole dp."""
+    m, p, t = run.model, run.preset.parallel, run.preset.train
+    counts = count_params(m)
+    layers_per_stage = m.num_layers / p.pp
+    mtp_layers = m.mtp_num_layers if t.mtp else 0
+    # Dense (non-expert) parameters of the heaviest stage: stage 0 holds the embedding, the last stage the
+    # output layer and MTP; with pp == 1 both are the same stage.
+    layer_dense = (counts.gdn_layer * m.num_gdn_layers + counts.attention_layer * m.num_full_attention_layers
+                   + (counts.dense_mlp + counts.shared_and_router) * m.num_layers) / m.num_layers
+    body = layer_dense * layers_per_stage
+    first = body + counts.embedding
+    last = body + counts.output + counts.mtp * mtp_layers + (counts.embedding if m.tie_word_embeddings else 0)
+    dense_per_gpu = (first + last - body if p.pp == 1 else max(first, last)) / p.tp
+    expert_per_gpu = (counts.experts * (layers_per_stage + mtp_layers)) / (p.ep * p.etp)
+    params = dense_per_gpu + expert_per_gpu
+
+    dp = run.dp or 1
+    trainable = 0.0 if t.lora else params
+    dense_shard = dp * p.cp if t.distributed_optimizer else 1
+    expert_shard = max(1, run.world_size.value // (p.ep * p.etp * p.pp)) if t.distributed_optimizer else 1
+    if t.lora:
+        optimizer = 0.0
+    elif t.optimizer_cpu_offload:
+        optimizer = 0.0
+    else:
+        optimizer = 12 * (dense_per_gpu / dense_shard + expert_per_gpu / expert_shard)
+
+    tokens = t.micro_batch_size * t.seq_length / p.cp
+    mixer, mlp = _activation_bytes_per_token(m)
+    per_layer = tokens * (mixer + mlp) / p.tp
+    num_microbatches = max(1, t.global_batch_size // (t.micro_batch_size * dp))
+    in_flight = min(p.pp, num_microbatches)
+    if t.recompute == "full":
+        kept = tokens * 2 * m.hidden_size / p.tp * layers_per_stage * in_flight + per_layer
+        act_note = f"full recompute: layer inputs x {in_flight} micro-batch(es) in flight + one layer"
+    else:
+        kept = per_layer * layers_per_stage * in_flight * RECOMPUTE_KEEP[t.recompute]
+        act_note = f"{t.recompute} recompute, {layers_per_stage:g} layers x {in_flight} micro-batch(es) in flight"
+    logits = tokens * (m.vocab_size / p.tp) * (2 + 4)
+
+    rows = (
+        MemoryRow("weights", 2 * params / GIB, f"bf16, {params / 1e9:.2f}B params on this GPU "
+                                               f"(experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"),
+        MemoryRow("gradients", 4 * trainable / GIB, "fp32 main grads" if not t.lora else "LoRA: adapters only"),
+        MemoryRow("optimizer", optimizer / GIB,
+                  "offloaded to CPU" if t.optimizer_cpu_offload else
+                  ("LoRA: adapters only" if t.lora else
+                   f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}")),
+        MemoryRow("activations", kept / GIB, act_note),
+        MemoryRow("logits", logits / GIB, f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"),
+        MemoryRow("overhead", OVERHEAD_GIB, "CUDA context, NCCL buffers, allocator slack"),
+    )
+    return MemoryEstimate(rows, run.gpu.memory_gib)
+
+
+def rollout_weights_gib(run) -> float:
+    """bf16 weights on one rollout GPU (vLLM shards everything over its tp)."""
+    counts = count_params(run.model)
+    return 2 * counts.total(run.model, with_mtp=False) / run.preset.rollout.tp / GIB

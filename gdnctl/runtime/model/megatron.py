@@ -1,0 +1,223 @@
+"""A Qwen3.5 / Qwen3-Next model built from Megatron-Core modules alone (no Transformer Engine).
+
+Megatron-Core's own GDN block spec (`get_transformer_block_with_experimental_attention_variant_spec`) asserts
+`transformer_impl == "transformer_engine"`, and its local provider has no fused layernorm-linear for the GDN
+input projection, no zero-centered RMSNorm and a core attention without packed sequences. This module fills
+exactly those three gaps and otherwise uses Megatron-Core's classes: GatedDeltaNet, SelfAttention with the output
+gate, MLP / MoELayer, TransformerLayer, GPTModel. The result has the layer names and tensor layouts of the
+TE model, so the HF conversion (hf_weights.py) is the same for both.
+
+Norm semantics follow the HF modules one to one, so HF weights load without arithmetic:
+- decoder norms and q/k norms are zero-centered, y = x_hat * (1 + w), w initialised to 0 (Qwen3_5RMSNorm);
+- the GDN output norm is plain, y = x_hat * w, w initialised to 1 (Qwen3_5RMSNormGated; the gate is applied by
+  GatedDeltaNet itself).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
+
+from gdnctl.errors import GdnctlError
+from gdnctl.knowledge import ModelArch
+from gdnctl.runtime.model.hf_weights import padded_vocab_size
+from gdnctl.schema import EngineConfig
+
+# Megatron's initialisation std for the linear layers (Qwen3.5's config.json: initializer_range 0.02).
+INIT_METHOD_STD = 0.02
+
+
+class ModelBuildError(GdnctlError, ValueError):
+    """The engine config asks for a model this builder cannot make."""
+
+
+class _RMSNorm(torch.nn.Module):
+    """RMSNorm with the signature Megatron's build_module passes (config, hidden_size, eps).
+
+    Computed in fp32 and cast back, as the HF modules do. With sequence parallel the weight is marked so
+    Megatron's DDP all-reduces its gradient over the tensor-parallel group (each TP rank sees a sequence shard).
+    """
+
+    offset = 0.0
+    initial = 1.0
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.full((hidden_size,), self.initial, dtype=config.params_dtype,
+                                                    device=torch.cuda.current_device()))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (self.offset + self.weight.float())).type_as(x)
+
+
+class ZeroCenteredRMSNorm(_RMSNorm):
+    """Qwen3_5RMSNorm: y = x_hat * (1 + w)."""
+
+    offset = 1.0
+    initial = 0.0
+
+
+class GatedOutputRMSNorm(_RMSNorm):
+    """The norm inside Qwen3_5RMSNormGated: y = x_hat * w (GatedDeltaNet multiplies by silu(z) after it)."""
+
+
+class SDPACoreAttention(MegatronModule):
+    """Causal attention with torch's scaled_dot_product_attention, for padded (sbhd) and packed (thd) input.
+
+    Megatron-Core's local DotProductAttention rejects packed sequences and materialises the full score matrix;
+    SDPA picks a flash/memory-efficient kernel. Packed rows are attended sequence by sequence (each from its
+    padded start), so no token sees another document.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection: ProcessGroupCollection | None = None) -> None:
+        super().__init__(config=config)
+        if pg_collection is not None and pg_collection.cp.size() > 1:
+            raise ModelBuildError("context parallel full attention needs Transformer Engine; without it set "
+                                  "parallel.cp: 1")
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **unused):
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            return self._packed(query, key, value, packed_seq_params)
+        # [s, b, heads, d] -> [b, heads, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
+        seq, batch = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)
+
+    def _packed(self, query, key, value, params):
+        cu_seqlens = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
+        bounds = cu_seqlens.tolist()
+        outputs = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            # [t, heads, d] -> [1, heads, t, d]
+            q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                 enable_gqa=True)
+            outputs.append(out.squeeze(0).transpose(0, 1))
+        return torch.cat(outputs, dim=0)
+
+
+class _Provider(LocalSpecProvider):
+    """Megatron-Core's local modules, with the zero-centered RMSNorm everywhere a norm is asked for."""
+
+    def layer_norm(self, rms_norm: bool = False, for_qk: bool = False, has_residual: bool = False):
+        return ZeroCenteredRMSNorm
+
+
+def gated_delta_net_spec() -> ModuleSpec:
+    return ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
+        in_proj=ColumnParallelLinear, out_norm=GatedOutputRMSNorm, out_proj=RowParallelLinear))
+
+
+def gated_attention_spec() -> ModuleSpec:
+    return ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
+                      submodules=SelfAttentionSubmodules(
+                          linear_qkv=ColumnParallelLinear, core_attention=SDPACoreAttention,
+                          linear_proj=RowParallelLinear, q_layernorm=ZeroCenteredRMSNorm,
+                          k_layernorm=ZeroCenteredRMSNorm))
+
+
+def block_spec(arch: ModelArch, layer_indices: range) -> TransformerBlockSubmodules:
+    provider = _Provider()
+    if arch.is_moe:
+        mlp = get_moe_module_spec_for_backend(backend=provider, num_experts=arch.num_experts,
+                                              moe_grouped_gemm=False, use_te_activation_func=False)
+    else:
+        mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
+                                                                linear_fc2=RowParallelLinear))
+    layers = []
+    for index in layer_indices:
+        attention = gated_delta_net_spec() if arch.layer_is_gdn(index) else gated_attention_spec()
+        layers.append(ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+            input_layernorm=ZeroCenteredRMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=ZeroCenteredRMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add)))
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=ZeroCenteredRMSNorm)
+
+
+def transformer_config(config: EngineConfig) -> TransformerConfig:
+    arch, parallel, train = config.model, config.parallel, config.train
+    if parallel.cp > 1:
+        raise ModelBuildError("parallel.cp > 1 needs Transformer Engine's context-parallel attention, and gdnctl "
+                              "builds the model without TE (TRN002); set parallel.cp: 1.")
+    if train.precision != "bf16":
+        raise ModelBuildError(f"train.precision {train.precision} needs Transformer Engine, and gdnctl builds the "
+                              "model without TE (TRN002); set train.precision: bf16.")
+    moe = {}
+    if arch.is_moe:
+        moe = dict(
+            num_moe_experts=arch.num_experts, moe_router_topk=arch.num_experts_per_tok,
+            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size,
+            moe_shared_expert_gate=bool(arch.shared_expert_ffn_hidden_size),
+            # Qwen3.5 MoE: softmax over all experts, then top-k renormalised (norm_topk_prob), aux loss 1e-3.
+            moe_router_pre_softmax=False, moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3,
+            moe_token_dispatcher_type="alltoall", moe_router_dtype="fp32", moe_grouped_gemm=False,
+            expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
+        )
+    recompute = {}
+    if train.recompute == "full":
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif train.recompute == "selective":
+        recompute = dict(recompute_granularity="selective")
+    return TransformerConfig(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_key_value_heads,
+        kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn_hidden_size or arch.moe_ffn_hidden_size,
+        normalization="RMSNorm", layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        qk_layernorm=True, attention_output_gate=True, hidden_dropout=0.0, attention_dropout=0.0,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.full_attention_interval,
+        linear_conv_kernel_dim=arch.linear_conv_kernel_dim, linear_key_head_dim=arch.linear_key_head_dim,
+        linear_value_head_dim=arch.linear_value_head_dim, linear_num_key_heads=arch.linear_num_key_heads,
+        linear_num_value_heads=arch.linear_num_value_heads,
+        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp, sequence_parallel=parallel.sequence_parallel,
+        # The fusions below need apex or Transformer Engine.
+        apply_rope_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+        init_method_std=INIT_METHOD_STD, transformer_impl="local", calculate_per_token_loss=True,
+        **moe, **recompute,
+    )
+
+
+def build_gpt_model(config: EngineConfig, transformer: TransformerConfig, *, pre_process: bool = True,
+                    post_process: bool = True) -> GPTModel:
+    arch = config.model
+    # With pipeline parallel each stage builds its own slice of the layers (the pattern is global).
+    first = get_transformer_layer_offset(transformer)
+    local_layers = range(first, first + get_num_layers_to_build(transformer))
+    return GPTModel(
+        config=transformer, transformer_layer_spec=block_spec(arch, local_layers),
+        vocab_size=padded_vocab_size(arch.vocab_size, config.parallel.tp), max_sequence_length=config.train.seq_length,
+        pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings, position_embedding_type="rope",
+        rotary_percent=arch.partial_rotary_factor, rotary_base=int(arch.rope_theta),
+    )

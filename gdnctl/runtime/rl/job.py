@@ -1,0 +1,287 @@
+"""The rl job: GRPO steps that alternate vLLM rollouts and policy updates, with a weight sync after each.
+
+One step, for the step's prompts (train.global_batch_size / n_samples_per_prompt of them, from the seeded
+PromptSchedule):
+
+    rank 0: rollout server generates n samples per prompt -> shipped rule-based reward per sample
+            -> group-normalised advantages
+    every rank: its share of the samples, in micro-batches -> clipped policy loss (+ KL) -> one optimizer step
+    rank 0: HF weights -> rollout server reloads them -> per-parameter checksums compared (weight_sync)
+
+Rank 0 owns the rollout server: it spawns it with rollout.python (or, when the Slurm script started it as its
+own step, GDNCTL_ROLLOUT=external, finds it through the run dir). A server that dies or stops answering within
+rollout.timeout_s fails the job with a sentence; checkpoints are only marked `latest` once complete, so the last
+good one stays what a restart resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.errors import GdnctlError
+from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
+from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.rl import batch as rl_batch
+from gdnctl.runtime.rl import grpo, weight_sync
+from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.chat_template import load_chat_template
+from gdnctl.runtime.rl.policy import Policy, make_policy
+from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
+from gdnctl.runtime.rl.rewards import get_reward
+from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, RolloutClient, rollout_dir
+from gdnctl.schema import EngineConfig
+
+# torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# Tokens of the weight-sync probe: enough for a mean log-prob gap to be stable, cheap to score on both sides.
+PROBE_TOKENS = 64
+
+
+class RlSetupError(GdnctlError):
+    """The rl job cannot start with this engine config or data."""
+
+
+@dataclass
+class RlStepStats:
+    step: int
+    reward_mean: float
+    reward_std: float
+    response_length: float
+    rollout_tokens_per_second: float
+    train_tokens_per_second: float
+    rollout_seconds: float
+    train_seconds: float
+    sync_seconds: float
+    loss: float
+    grad_norm: float
+    rollout_logprob_abs_diff: float
+    kl: float | None
+    synced_parameters: int  # rollout parameters whose checksums matched the trainer's
+    probe_logprob_abs_diff: float  # rollout vs trainer on the probe sequence, after the sync
+
+    def line(self, total: int) -> str:
+        return (f"step {self.step}/{total} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
+                f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
+                f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
+                f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
+                f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f}"
+                + (f" | kl {self.kl:.4f}" if self.kl is not None else ""))
+
+
+class RlJob:
+    def __init__(self, config: EngineConfig, config_path: Path, comm_policy) -> None:
+        self.config = config
+        self.run_dir = config_path.parent
+        self.config_path = config_path
+        self.rank = dist.get_rank()
+        train, rollout = config.train, config.rollout
+        self.tokenizer = load_tokenizer(train.tokenizer_path)
+        self.chat_template = load_chat_template(train.tokenizer_path)
+        self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
+        self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+        records = load_prompts(train.data_path)
+        self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
+        # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
+        self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
+        if len(self.probe) < 2:
+            raise RlSetupError(f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
+                               "tokens; the weight-sync probe scores it, so make it a sentence.")
+        self.reward = get_reward(config.grpo.reward)
+        self.save_dir = Path(train.save_dir) if train.save_dir else None
+        self.policy: Policy = make_policy(config, config_path, comm_policy)
+        self.step = self.policy.step
+        if self.step:
+            self._log(f"resumed from {self.save_dir / checkpoint.checkpoint_name(self.step)} at step {self.step}")
+        self.row_multiple = sequence_padding_multiple(config.parallel)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
+        self.client: RolloutClient | None = None
+
+    # --- rollout server ------------------------------------------------------------------------------------
+    def start_rollout(self) -> None:
+        """The first sync: it starts (or finds) the rollout server, builds its engine on the policy's weights and
+        checks one reload before the first step, so a naming mismatch fails here, not after a rollout."""
+        synced = self.sync(self.step)
+        if synced is not None:
+            checked, gap = synced
+            unreadable = "" if checked.checked == checked.total else \
+                " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
+            self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
+                      f"probe log-probs within {gap:.4f} nats/token")
+
+    def _start_server(self) -> None:
+        """Rank 0: start the rollout server (unless the launch script did) and its engine on the weights dir."""
+        self._log_sync_path()
+        timeout = self.config.rollout.timeout_s
+        process, log_path = None, None
+        if os.environ.get("GDNCTL_ROLLOUT") != "external":
+            process, log_path = self._spawn_server()
+        self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
+        reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
+        self._log(f"rollout engine up in {reply['seconds']:.1f} s")
+
+    def _log_sync_path(self) -> None:
+        """Once, at start: which export the weights take to the rollout, and why not the bridge's."""
+        train = self.config.train
+        reasons = list(train.weight_sync_fallback_reasons)
+        if train.update_weights_via_bridge and not reasons:
+            reasons = ["the device-cpu policy is transformers' model, which has no megatron-bridge export"
+                       if self.config.device == "cpu" else
+                       "the TE-free Megatron model is exported through gdnctl's own HF name rules (hf_weights)"]
+        because = f"; megatron-bridge export_hf_weights not used: {'; '.join(reasons)}" if reasons else ""
+        self._log(f"weight sync: the policy's HF-named tensors (registry path){because}")
+
+    def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
+        (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)
+        log_path = self.run_dir / "logs" / "rollout.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        python = self.config.rollout.python or sys.executable
+        env = {name: value for name, value in os.environ.items()
+               if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
+        command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout"]
+        self._log(f"starting the rollout server: {' '.join(command)} (log: {log_path})")
+        with log_path.open("ab") as log:
+            try:
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           cwd=self.run_dir)
+            except OSError as error:
+                raise RlSetupError(f"rollout.python {python} cannot be started ({error.strerror}); set "
+                                   "rollout.python to the interpreter of the environment that has vLLM.") from None
+        return process, log_path
+
+    def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
+        """Every rank: export the weights and score the probe; rank 0: have the rollout reload and check it
+        (the first time, start the rollout on them). Returns rank 0's checksum comparison and probe gap (None on
+        the other ranks)."""
+        written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
+        if self.rank != 0:
+            return None
+        if self.client is None:
+            self._start_server()
+        return self._reload_and_check(written, probe, step)
+
+    def _reload_and_check(self, written: dict, probe: list[float],
+                          step: int) -> tuple[weight_sync.SyncCheck, float]:
+        """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match."""
+        reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
+                                    timeout=self.config.rollout.timeout_s)
+        trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
+        result = weight_sync.compare(trainer, reply["checksums"])
+        weight_sync.check_synced(result, step)
+        gap = weight_sync.probe_gap(probe, reply["probe_logprobs"])
+        weight_sync.check_probe(gap, step, self.config.rollout.probe_tolerance)
+        return result, gap
+
+    # --- one step --------------------------------------------------------------------------------------------
+    def rollout(self, step: int) -> tuple[list[Sample], float, int]:
+        """Rank 0: the step's samples with rewards and advantages; the generation seconds and tokens."""
+        config, rollout = self.config, self.config.rollout
+        records = self.schedule.batch(step).records
+        prompts = [self._encode(record.prompt, record.line) for record in records]
+        reply = self.client.request(
+            "generate", prompts=prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature, seed=config.train.seed + step * rollout.prompts_per_step,
+            stop_token_ids=self.stop_token_ids, timeout=rollout.timeout_s)
+        samples = []
+        for group, (record, prompt, outputs) in enumerate(zip(records, prompts, reply["samples"], strict=True)):
+            for output in outputs:
+                text = self.tokenizer.decode(output["tokens"])
+                samples.append(Sample(group, tuple(prompt), tuple(output["tokens"]), tuple(output["logprobs"]),
+                                      output["finish_reason"], float(self.reward(text, record.answer))))
+        rewards = torch.tensor([s.reward for s in samples])
+        advantages = grpo.group_advantages(rewards, rollout.n_samples_per_prompt,
+                                           normalize_std=config.grpo.normalize_std)
+        samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
+        generated = sum(len(s.response) for s in samples)
+        return samples, reply["seconds"], generated
+
+    def _encode(self, prompt, line: int) -> list[int]:
+        """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
+        assistant's turn opened (add_generation_prompt)."""
+        if not isinstance(prompt, str):
+            if self.chat_template is None:
+                raise RlSetupError(f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
+                                   f"{self.config.train.tokenizer_path} has no chat template (chat_template in "
+                                   "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
+                                   "strings with the template applied.")
+            prompt = self.chat_template.render([dict(message) for message in prompt])
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise RlSetupError(f"{self.config.train.data_path}:{line}: the prompt encodes to no tokens.")
+        return ids
+
+    def train(self) -> None:
+        config = self.config
+        total = config.train.train_iters
+        while self.step < total:
+            payload = [None]
+            if self.rank == 0:
+                payload = [self.rollout(self.step)]
+            dist.broadcast_object_list(payload, src=0)
+            samples, rollout_seconds, generated = payload[0]
+            started = time.perf_counter()
+            stats = self._update(samples)
+            train_seconds = time.perf_counter() - started
+            self.step += 1
+            began = time.perf_counter()
+            synced = self.sync(self.step)
+            sync_seconds = time.perf_counter() - began
+            if synced is not None:
+                result, probe_gap = synced
+                rewards = torch.tensor([s.reward for s in samples])
+                self._report(RlStepStats(
+                    step=self.step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
+                    response_length=generated / len(samples),
+                    rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
+                    train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
+                    rollout_seconds=rollout_seconds, train_seconds=train_seconds, sync_seconds=sync_seconds,
+                    loss=stats["loss"], grad_norm=stats["grad_norm"],
+                    rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"], kl=stats.get("kl"),
+                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap))
+            interval = config.train.save_interval
+            if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
+                self.policy.save(self.save_dir, self.step)
+                self._log(f"saved {self.save_dir / checkpoint.checkpoint_name(self.step)}")
+
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        """This data-parallel rank's share of one optimizer step; returns the policy's stats for the step."""
+        mine = rl_batch.rank_share(samples, self.policy.dp_rank, self.policy.dp_size)
+        parts = rl_batch.micro_batches(mine, self.config.train.micro_batch_size)
+        batches = [rl_batch.build_batch(part, self.pad_id, multiple=self.row_multiple) for part in parts]
+        return self.policy.train_step(batches, self.config.grpo)
+
+    # --- logs -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def _report(self, stats: RlStepStats) -> None:
+        print(stats.line(self.config.train.train_iters), flush=True)
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(asdict(stats)) + "\n")
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[gdnctl rl] {message}", flush=True)
+
+
+def run(config: EngineConfig, config_path: Path, comm_policy) -> int:
+    job = RlJob(config, config_path, comm_policy)
+    try:
+        job.start_rollout()
+        job.train()
+    finally:
+        job.close()
+    return 0

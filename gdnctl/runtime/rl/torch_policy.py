@@ -1,0 +1,203 @@
+"""The rl job's policy on device cpu: transformers' Qwen3.5 text class trained with plain torch (DDP on gloo).
+
+Megatron-Core cannot run here (its GDN layer needs the CUDA kernels of FLA or FlashQLA); transformers'
+Qwen3_5ForCausalLM has a pure-torch GDN path, so on CPU the same HF architecture, weights and names train with
+torch instead. The parameters are fp32 (AdamW on bf16 weights loses most small updates); the rollout gets bf16
+copies, as it would from Megatron's bf16 model.
+
+Optimizer settings are the Megatron trainer's (AdamW, betas 0.9/0.95, weight decay 0.01, grad clip 1.0, constant
+LR), so an rl preset means the same thing on both devices. The interface is MegatronPolicy's: probe_logprobs,
+train_step, export, save, and `step` (steps already taken, after a resume from train.save_dir/latest).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.rl import grpo, weight_sync
+from gdnctl.runtime.rl.batch import RlBatch
+from gdnctl.runtime.train import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
+from gdnctl.schema import EngineConfig
+
+
+def hf_model_classes(arch):
+    """(config class, model class) of transformers' text-only class for this architecture."""
+    if arch.is_qwen3_next:
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        return Qwen3NextConfig, Qwen3NextForCausalLM
+    if arch.is_moe:
+        from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+        return Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig, Qwen3_5ForCausalLM
+
+
+class TorchPolicy:
+    def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
+        """Build the model from the architecture (random init from train.seed); load the weights of the latest
+        checkpoint in train.save_dir (with its optimizer state and step), else of model.path, when there is one."""
+        config_class, model_class = hf_model_classes(config.model)
+        self.device = torch.device(device)
+        self.hf_config = checkpoint.hf_text_config(config.model)
+        torch.manual_seed(config.train.seed)
+        model = model_class(config_class(**self.hf_config)).float()
+        if config.model.path:
+            _load(model, Path(config.model.path))
+        self.reference = None
+        if config.grpo.kl_coef > 0:
+            # The KL anchor is the policy as the job first started (model.path, else the seeded init), also
+            # after a resume: a frozen copy taken before the checkpoint's weights are loaded.
+            self.reference = copy.deepcopy(model).to(self.device).requires_grad_(False)
+        resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
+        if resume is not None:
+            _load(model, resume)
+        self.module = model.to(self.device)
+        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
+        self.tied = config.model.tie_word_embeddings
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, betas=ADAM_BETAS,
+                                           weight_decay=WEIGHT_DECAY)
+        self.step = 0
+        if resume is not None:
+            self.step = checkpoint.read_training_state(resume, self.dp_size)["iteration"]
+            checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
+
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights under their checkpoint names (per-expert, see per_expert); a tied LM head is the
+        embedding, so it is not sent twice."""
+        for name, tensor in self.module.state_dict().items():
+            if self.tied and name == "lm_head.weight":
+                continue
+            yield from per_expert(name, tensor)
+
+    def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
+        """log p of each next token `[N, T - 1]` under `model`."""
+        tokens = batch.tokens.to(self.device)
+        logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(self.device)).logits
+        return grpo.logprobs_from_logits(logits[:, :-1].float(), tokens[:, 1:])
+
+    @torch.no_grad()
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them."""
+        ids = torch.tensor([tokens], device=self.device)
+        logits = self.module(input_ids=ids).logits
+        return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()
+
+    def train_step(self, micro_batches: list[RlBatch], settings) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches -> stats over the whole step (the same on every
+        rank): loss, grad_norm, rollout_logprob_abs_diff (trainer vs rollout log-probs of the sampled tokens),
+        tokens, and kl when it is on.
+
+        Each micro-batch's mean loss is weighted by its share of the step's response tokens ("token-mean") or
+        sequences, counted over every rank, so the weighted losses add up to the loss of the whole batch; the
+        backward multiplies by the world size because DDP averages gradients over ranks."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        local = torch.tensor([[b.num_response_tokens, b.tokens.shape[0]] for b in micro_batches], dtype=torch.float64)
+        totals = local.sum(dim=0)
+        dist.all_reduce(totals)
+        column = 0 if settings.aggregation == "token-mean" else 1
+        weights = (local[:, column] / totals[column].clamp(min=1)).tolist()
+        # [weighted loss, |logp diff| sum, response tokens, weighted kl, tokens] on this rank
+        sums = torch.zeros(5, dtype=torch.float64)
+        for index, (batch, weight) in enumerate(zip(micro_batches, weights, strict=True)):
+            # Gradients are reduced once, on the last micro-batch.
+            last = index == len(micro_batches) - 1
+            with nullcontext() if last or self.dp_size == 1 else self.model.no_sync():
+                logprobs = self._logprobs(self.model, batch)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = self._logprobs(self.reference, batch)
+                mask = batch.response_mask.to(self.device)
+                advantages = grpo.token_advantages(batch.advantages.to(self.device), mask)
+                # One update per rollout batch: the sampling policy is the current one, so old log-probs are
+                # these, detached (ratio 1; the clip matters only once a batch is reused).
+                loss, stats = grpo.grpo_loss(
+                    logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref,
+                    kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
+                    clip_high=settings.clip_high, aggregation=settings.aggregation)
+                (loss * weight * self.dp_size).backward()
+            gap = ((logprobs.detach() - batch.rollout_logprobs.to(self.device)).abs() * mask).sum()
+            sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
+                                  float(stats.get("kl", 0.0)) * weight, batch.num_tokens], dtype=torch.float64)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
+        self.optimizer.step()
+        dist.all_reduce(sums)
+        stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm),
+                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4])}
+        if self.reference is not None:
+            # Weighted like the loss: the KL of the whole step's batch, aggregated as grpo.aggregation says.
+            stats["kl"] = float(sums[3])
+        return stats
+
+    def export(self, directory: Path) -> dict[str, torch.Tensor] | None:
+        """Rank 0 writes the bf16 HF weights the rollout reloads and returns them as written; None elsewhere
+        (every rank holds the same weights)."""
+        if dist.get_rank() != 0:
+            return None
+        return weight_sync.write_weights(self.hf_tensors(), directory, config=self.hf_config)
+
+    def save(self, save_dir: Path, step: int) -> None:
+        """A checkpoint in the Megatron trainer's layout (HF weights in fp32, each rank's optimizer state,
+        trainer_state.json); `latest` moves to it once every rank has written."""
+        directory = save_dir / checkpoint.checkpoint_name(step)
+        if dist.get_rank() == 0:
+            weight_sync.write_weights(self.hf_tensors(), directory, dtype=torch.float32, config=self.hf_config)
+        dist.barrier()
+        checkpoint.save_training_state(directory, self.optimizer, {"iteration": step})
+        dist.barrier()
+        if dist.get_rank() == 0:
+            checkpoint.mark_latest(save_dir, directory.name)
+
+
+# transformers 5 keeps a MoE layer's experts fused in memory (experts.gate_up_proj [E, 2I, H] with each expert's
+# gate rows before its up rows, experts.down_proj [E, H, I]); checkpoints, Megatron's HF writer and vLLM's
+# loader name them per expert (experts.{e}.gate_proj / up_proj / down_proj.weight).
+_FUSED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
+
+
+def per_expert(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """One in-memory tensor under its checkpoint name(s): a fused expert tensor as one tensor per expert."""
+    match = _FUSED_EXPERTS.fullmatch(name)
+    if match is None:
+        yield name, tensor
+        return
+    prefix, kind = match.groups()
+    for expert, weights in enumerate(tensor):
+        if kind == "down_proj":
+            yield f"{prefix}.{expert}.down_proj.weight", weights
+        else:
+            gate, up = weights.chunk(2, 0)
+            yield f"{prefix}.{expert}.gate_proj.weight", gate
+            yield f"{prefix}.{expert}.up_proj.weight", up
+
+
+def _read(reader: checkpoint.HFReader, name: str, param: torch.Tensor) -> torch.Tensor:
+    """The checkpoint's tensor for one in-memory parameter, fused from per-expert tensors where needed."""
+    match = _FUSED_EXPERTS.fullmatch(name)
+    if match is None:
+        return reader.get(name)
+    prefix, kind = match.groups()
+    if kind == "down_proj":
+        return torch.stack([reader.get(f"{prefix}.{e}.down_proj.weight") for e in range(param.shape[0])])
+    return torch.stack([torch.cat([reader.get(f"{prefix}.{e}.gate_proj.weight"),
+                                   reader.get(f"{prefix}.{e}.up_proj.weight")], 0) for e in range(param.shape[0])])
+
+
+def _load(model: torch.nn.Module, directory: Path) -> None:
+    reader = checkpoint.HFReader(directory)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(_read(reader, name, param).to(param.dtype))

@@ -1,0 +1,354 @@
+"""The `sft` and `pretrain` jobs: a Qwen3.5 GDN model trained with Megatron-Core, one process per GPU.
+
+Order of start-up, each step for a reason:
+1. the GDN kernel is resolved and patched into Megatron-Core before the model is built (its layers bind it);
+2. the comm memory-guard policy is installed before Megatron creates its process groups (they get wrapped);
+3. the model is built (TE-free spec), HF weights loaded (resume checkpoint, else model.path), then wrapped in
+   Megatron's DDP and given Megatron's optimizer, whose fp32 main params copy the loaded weights;
+4. the GDN kernel is called at this rank's shape, so that its per-process set-up (FlashQLA: TileLang
+   elaborating its templates and loading the compiled kernels, seconds from a warm cache and minutes from a
+   cold one; FLA: Triton autotuning) is not billed to step 1; its first, next and warm calls are timed, logged
+   and written to `kernel_warm_up.json`.
+
+Every step logs loss, grad norm, tokens/s, model TFLOPS per GPU and peak memory, on the console and as one
+JSON line in `metrics.jsonl` beside the engine config.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.errors import GdnctlError
+from gdnctl.knowledge import flops
+from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
+from gdnctl.runtime.model import checkpoint
+from gdnctl.schema import EngineConfig
+
+METRICS_FILE = "metrics.jsonl"
+KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
+# Warm kernel calls whose median is logged beside the first two (one call can catch an allocator hiccup).
+WARM_CALLS = 3
+# Synthetic documents: lengths log-uniform between these fractions of seq_length.
+SYNTHETIC_LENGTH_FRACTIONS = (0.125, 1.0)
+CLIP_GRAD = 1.0
+WEIGHT_DECAY = 0.01
+ADAM_BETAS = (0.9, 0.95)
+
+
+class TrainerError(GdnctlError):
+    """The trainer cannot run this engine config here."""
+
+
+@dataclass
+class StepStats:
+    iteration: int
+    loss: float
+    grad_norm: float
+    tokens: int
+    sequences: int
+    seconds: float
+    peak_memory_gib: float
+    tokens_per_second: float
+    tflops_per_gpu: float
+    skipped: bool
+
+    def line(self, total: int) -> str:
+        return (f"step {self.iteration}/{total} | loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
+                f"{self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU | "
+                f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s"
+                + (" | update skipped" if self.skipped else ""))
+
+
+@dataclass(frozen=True)
+class KernelWarmUp:
+    kernel: str
+    heads: int
+    tokens: int
+    first_call_s: float
+    next_call_s: float
+    warm_call_s: float  # median of WARM_CALLS calls after the first two
+
+    def line(self) -> str:
+        return (f"GDN kernel warm-up ({self.kernel}, {self.heads} heads x {self.tokens} tokens, fwd+bwd): "
+                f"first call {self.first_call_s:.3f} s, next call {self.next_call_s * 1e3:.2f} ms, "
+                f"warm {self.warm_call_s * 1e3:.2f} ms (median of {WARM_CALLS})")
+
+
+def _documents(config: EngineConfig):
+    train, arch = config.train, config.model
+    if train.data_path:
+        return read_documents(train.data_path, vocab_size=arch.vocab_size, tokenizer_path=train.tokenizer_path)
+    low, high = (max(2, int(train.seq_length * f)) for f in SYNTHETIC_LENGTH_FRACTIONS)
+    count = max(64, 4 * train.global_batch_size)
+    return synthetic_documents(count, vocab_size=arch.vocab_size, min_length=low, max_length=high + 1,
+                               seed=train.seed)
+
+
+def _packed_seq_params(batch: MicroBatch):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    if not batch.is_packed:
+        return None
+    real, padded = batch.cu_seqlens.cuda(), batch.cu_seqlens_padded.cuda()
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=real, cu_seqlens_kv=real, cu_seqlens_q_padded=padded,
+                           cu_seqlens_kv_padded=padded, max_seqlen_q=batch.max_seqlen,
+                           max_seqlen_kv=batch.max_seqlen)
+
+
+def _loss(loss_mask: torch.Tensor, output: torch.Tensor):
+    """Sum of per-token losses and token count: Megatron divides the gradients by the global token count
+    (calculate_per_token_loss), so every token weighs the same whatever micro-batch it is in."""
+    mask = loss_mask.reshape(-1).float()
+    total = (output.float().reshape(-1) * mask).sum()
+    count = mask.sum().to(torch.int)
+    return total, count, {"lm loss": torch.stack([total.detach(), mask.sum().detach()])}
+
+
+def _forward_step(data_iterator, model):
+    batch: MicroBatch = next(data_iterator)
+    output = model(batch.tokens.cuda(), batch.position_ids.cuda(), None, labels=batch.labels.cuda(),
+                   packed_seq_params=_packed_seq_params(batch))
+    return output, partial(_loss, batch.loss_mask.cuda())
+
+
+class Trainer:
+    def __init__(self, config: EngineConfig, config_path: Path, policy, *, keep_initial_weights: bool = False):
+        """keep_initial_weights: also keep, in pinned host memory, this rank's parameters as the job first
+        started (model.path, else the seeded random init), even when resuming: the rl policy's KL reference."""
+        self.config = config
+        self.run_dir = config_path.parent
+        self.policy = policy
+        self.keep_initial_weights = keep_initial_weights
+        self.initial_weights: dict[str, torch.Tensor] | None = None
+        self.rank = dist.get_rank()
+        self.metrics_path = self.run_dir / METRICS_FILE
+
+    # --- set-up ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from megatron.core import parallel_state, tensor_parallel
+
+        from gdnctl.runtime.comm import guard as comm_guard
+        from gdnctl.runtime.kernels import patch_megatron_gdn_kernel, resolve_backend
+
+        config = self.config
+        self.kernel = resolve_backend(config.kernels.gdn_backend, training=True)
+        patch_megatron_gdn_kernel(self.kernel)
+        if config.comm.memory_guard:
+            comm_guard.install(self.policy)
+        p = config.parallel
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, context_parallel_size=p.cp,
+            expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
+        tensor_parallel.model_parallel_cuda_manual_seed(config.train.seed)
+        self.ps = parallel_state
+        self._build()
+        self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
+                  f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}; "
+                  f"comm guard {'on' if config.comm.memory_guard else 'off'}")
+
+    def _build(self) -> None:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from gdnctl.runtime.kernels import install_kernel_on_layers
+        from gdnctl.runtime.model import build_gpt_model, transformer_config
+
+        config, train = self.config, self.config.train
+        self.transformer = transformer_config(config)
+        self.transformer.variable_seq_lengths = config.layout == "thd"
+        model = build_gpt_model(config, self.transformer,
+                                pre_process=self.ps.is_pipeline_first_stage(),
+                                post_process=self.ps.is_pipeline_last_stage()).cuda()
+        self.gdn_layers = install_kernel_on_layers(model, self.kernel)
+        self.place = self._shard_place()
+        self.groups = self._groups()
+        self.resume_dir = None
+        if train.save_dir:
+            self.resume_dir = checkpoint.latest_checkpoint(Path(train.save_dir))
+        initial = Path(config.model.path) if config.model.path else None
+        if self.keep_initial_weights:
+            self._load(model, initial)
+            self.initial_weights = {name: param.detach().to("cpu", copy=True).pin_memory()
+                                    for name, param in model.named_parameters()}
+            self._load(model, self.resume_dir)
+        else:
+            self._load(model, self.resume_dir or initial)
+        self.model = DistributedDataParallel(
+            config=self.transformer, module=model,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, use_distributed_optimizer=train.distributed_optimizer))
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=train.lr, min_lr=train.lr, weight_decay=WEIGHT_DECAY,
+            adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], clip_grad=CLIP_GRAD, bf16=True,
+            params_dtype=torch.bfloat16, use_distributed_optimizer=train.distributed_optimizer,
+            optimizer_cpu_offload=train.optimizer_cpu_offload), [self.model])
+        self.transformer.grad_scale_func = self.optimizer.scale_loss
+        self.transformer.no_sync_func = self.model.no_sync
+        self.transformer.finalize_model_grads_func = finalize_model_grads
+        self.iteration, self.consumed_samples = 0, 0
+        if self.resume_dir is not None:
+            state = checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
+            checkpoint.load_training_state(self.resume_dir, self.optimizer)
+            self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
+            self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
+
+    def _load(self, model, weights: Path | None) -> None:
+        if weights is not None:
+            count = checkpoint.load_hf(model, self.config.model, self.place, weights)
+            self._log(f"loaded {count} tensors from {weights}")
+
+    def _shard_place(self):
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        from gdnctl.runtime.model import ShardPlace
+
+        ps = self.ps
+        return ShardPlace(
+            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
+            layer_offset=get_transformer_layer_offset(self.transformer))
+
+    def _groups(self) -> checkpoint.Groups:
+        ps = self.ps
+        dense_writer = (ps.get_tensor_model_parallel_rank() == 0
+                        and ps.get_data_parallel_rank(with_context_parallel=True) == 0)
+        expert_writer = (ps.get_expert_tensor_parallel_rank() == 0
+                         and ps.get_expert_data_parallel_rank() == 0)
+        return checkpoint.Groups(tp=ps.get_tensor_model_parallel_group(), etp=ps.get_expert_tensor_parallel_group(),
+                                 writes_dense=dense_writer, writes_experts=expert_writer)
+
+    def _parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # --- kernel warm-up ----------------------------------------------------------------------------------
+    def warm_up_kernel(self) -> KernelWarmUp:
+        """Forward+backward of the GDN kernel at this rank's shape, timed three ways and logged.
+
+        The first call is this process's first (FlashQLA: TileLang elaborating its templates and loading or
+        compiling the binaries; FLA: Triton compiling and autotuning); the next call is what step 1's first GDN
+        layer would meet, so it shows whether any set-up is left for the step; the warm median is the yardstick.
+        """
+        from gdnctl.knowledge import RankShape, kernel_heads
+        from gdnctl.runtime.kernels import fwd_bwd_seconds
+
+        arch, p, train = self.config.model, self.config.parallel, self.config.train
+        heads = kernel_heads(arch, p.tp, p.cp)
+        length = train.seq_length
+        shape = RankShape("trainer", heads, heads, arch.linear_key_head_dim, (length,),
+                          packed=self.config.layout == "thd")
+        first = fwd_bwd_seconds(self.kernel, shape)
+        following = fwd_bwd_seconds(self.kernel, shape)
+        warm = statistics.median(fwd_bwd_seconds(self.kernel, shape) for _ in range(WARM_CALLS))
+        timing = KernelWarmUp(self.kernel.name, heads, length, first, following, warm)
+        self._log(timing.line())
+        if self.rank == 0:
+            (self.run_dir / KERNEL_WARM_UP_FILE).write_text(json.dumps(timing.__dict__) + "\n")
+        return timing
+
+    # --- training ----------------------------------------------------------------------------------------
+    def train(self) -> None:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        config, train = self.config, self.config.train
+        pipeline = DataPipeline.from_engine_config(config, _documents(config))
+        dp_rank = self.ps.get_data_parallel_rank()
+        stream = pipeline.micro_batches(dp_rank, self.consumed_samples)
+        forward_backward = get_forward_backward_func()
+        save_dir = Path(train.save_dir) if train.save_dir else None
+        while self.iteration < train.train_iters:
+            batches = [next(stream) for _ in range(pipeline.num_microbatches)]
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            losses = forward_backward(
+                forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
+                num_microbatches=len(batches), seq_length=self._row_length(batches[0]),
+                micro_batch_size=train.micro_batch_size if config.layout == "bshd" else 1, forward_only=False)
+            updated, grad_norm, _ = self.optimizer.step()
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            self.iteration += 1
+            self.consumed_samples += train.global_batch_size
+            stats = self._stats(losses, batches, grad_norm, seconds, not updated)
+            self._report(stats)
+            if save_dir and (self.iteration == train.train_iters
+                             or (train.save_interval and self.iteration % train.save_interval == 0)):
+                self.save(save_dir)
+
+    @staticmethod
+    def _row_length(batch: MicroBatch) -> int:
+        return int(batch.tokens.shape[1])
+
+    def _stats(self, losses, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool) -> StepStats:
+        device = torch.device("cuda")
+        loss_sum = torch.zeros(2, device=device)
+        if self.ps.is_pipeline_last_stage():
+            for item in losses:
+                loss_sum += item["lm loss"].float()
+        counts = torch.tensor([sum(b.num_real_tokens for b in batches), sum(self._sequences(b) for b in batches)],
+                              device=device, dtype=torch.float64)
+        dp_group = self.ps.get_data_parallel_group(with_context_parallel=True)
+        dist.all_reduce(loss_sum, group=dp_group)
+        # Only the last pipeline stage has losses; the others add zeros.
+        dist.all_reduce(loss_sum, group=self.ps.get_pipeline_model_parallel_group())
+        dist.all_reduce(counts, group=self.ps.get_data_parallel_group())
+        tokens, sequences = int(counts[0]), int(counts[1])
+        mean_length = tokens / max(sequences, 1)
+        model_flops = flops.train_flops_per_token(self.config.model, mean_length) * tokens
+        return StepStats(
+            iteration=self.iteration, loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
+            grad_norm=float(grad_norm or 0.0), tokens=tokens, sequences=sequences, seconds=seconds,
+            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, tokens_per_second=tokens / seconds,
+            tflops_per_gpu=model_flops / seconds / dist.get_world_size() / 1e12, skipped=skipped)
+
+    @staticmethod
+    def _sequences(batch: MicroBatch) -> int:
+        return int(batch.batch.seq_lens.numel())
+
+    def _report(self, stats: StepStats) -> None:
+        if self.rank != 0:
+            return
+        print(stats.line(self.config.train.train_iters), flush=True)
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(stats.__dict__) + "\n")
+
+    def save(self, save_dir: Path) -> None:
+        name = checkpoint.checkpoint_name(self.iteration)
+        directory = save_dir / name
+        start = time.perf_counter()
+        checkpoint.save_hf(self.model, self.config.model, self.place, self.groups, directory,
+                           checkpoint.hf_text_config(self.config.model))
+        checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.iteration,
+                                                                   "consumed_samples": self.consumed_samples})
+        dist.barrier()
+        if self.rank == 0:
+            checkpoint.mark_latest(save_dir, name)
+        dist.barrier()
+        self._log(f"saved {directory} in {time.perf_counter() - start:.1f} s")
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[gdnctl trainer] {message}", flush=True)
+
+
+def run(config: EngineConfig, config_path: Path, policy) -> int:
+    trainer = Trainer(config, config_path, policy)
+    trainer.setup()
+    trainer.warm_up_kernel()
+    trainer.train()
+    return 0

@@ -1,0 +1,21 @@
+"""Every file format gdnctl reads or writes: the preset (what users write), the engine config (what the
+runtime reads), the communication ops the guard knows, and the comm guard's profile files."""
+
+from gdnctl.schema import comm_ops
+from gdnctl.schema.comm_profile import DEFAULT_PROFILE_SUBDIR, PROFILE_FILE_PATTERN, PROFILE_FORMAT, PROFILE_VERSION
+from gdnctl.schema.engine import (
+    ENGINE_CONFIG_VERSION,
+    EngineComm,
+    EngineConfig,
+    EngineGrpo,
+    EngineKernels,
+    EngineParallel,
+    EngineRollout,
+    EngineSelftest,
+    EngineTrain,
+)
+from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
+
+__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT",
+           "PROFILE_VERSION", "SBATCH_SAFE", "SBATCH_SAFE_TEXT", "EngineComm", "EngineConfig", "EngineGrpo",
+           "EngineKernels", "EngineParallel", "EngineRollout", "EngineSelftest", "EngineTrain", "Preset", "comm_ops"]

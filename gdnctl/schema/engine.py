@@ -1,0 +1,130 @@
+"""The engine config: what `gdnctl render` writes to `engine.yaml` and `python -m gdnctl.runtime` reads.
+
+Every value here has been decided by the compiler (`gdnctl.compile`); the runtime never applies a default
+of its own. Kept free of heavy imports: the runtime loads it before torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from gdnctl.knowledge import ModelArch
+
+ENGINE_CONFIG_VERSION = 2
+
+
+class _Frozen(BaseModel):
+    # defer_build: `gdnctl validate` never builds these; render and the runtime do, when they use them.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+class EngineParallel(_Frozen):
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int | None
+    dp: int
+    sequence_parallel: bool
+
+
+class EngineTrain(_Frozen):
+    bridge: str
+    update_weights_via_bridge: bool
+    # Why the bridge export is not used even though it was asked for (empty when it is used).
+    weight_sync_fallback_reasons: tuple[str, ...]
+    precision: str
+    lora_rank: int | None
+    lora_alpha: float | None
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int
+    num_microbatches: int
+    lr: float
+    train_iters: int
+    seed: int
+    recompute: str
+    optimizer_cpu_offload: bool
+    distributed_optimizer: bool
+    data_path: str | None
+    tokenizer_path: str | None
+    save_dir: str | None
+    save_interval: int | None
+
+
+class EngineComm(_Frozen):
+    memory_guard: bool
+    free_gb_threshold: float
+    skip_ops: tuple[str, ...]
+    profile: bool
+    profile_dir: str
+
+
+class EngineKernels(_Frozen):
+    gdn_backend: Literal["fla", "flashqla"]
+
+
+class EngineRollout(_Frozen):
+    engine: str
+    tp: int
+    num_gpus: int
+    colocate: bool
+    gdn_prefill_backend: str | None
+    gpu_memory_utilization: float
+    max_model_len: int
+    n_samples_per_prompt: int
+    prompts_per_step: int
+    max_response_tokens: int
+    temperature: float
+    timeout_s: float
+    probe_tolerance: float
+    python: str | None
+
+
+class EngineGrpo(_Frozen):
+    reward: str
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_kind: Literal["k1", "k2", "k3"]
+    aggregation: Literal["token-mean", "seq-mean-token-mean"]
+    normalize_std: bool
+
+
+class EngineSelftest(_Frozen):
+    steps: int
+
+
+class EngineConfig(_Frozen):
+    version: int = ENGINE_CONFIG_VERSION
+    gdnctl_version: str
+    name: str
+    job: Literal["rl", "sft", "pretrain", "selftest"]
+    device: Literal["cuda", "cpu"]
+    model: ModelArch
+    parallel: EngineParallel
+    layout: Literal["thd", "bshd"]
+    train: EngineTrain
+    kernels: EngineKernels
+    comm: EngineComm
+    rollout: EngineRollout | None
+    grpo: EngineGrpo | None
+    selftest: EngineSelftest | None
+    runtime_versions: dict[str, str]
+    env: dict[str, str]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "EngineConfig":
+        data = yaml.safe_load(Path(path).read_text())
+        return cls.model_validate(data)

@@ -1,0 +1,256 @@
+"""The preset schema: what a user writes. Field names here are the contract.
+
+Presets are frozen and reject unknown keys. Values left out mean "let the compiler decide"
+(`gdnctl.compile` is the only place a default is derived); the plain defaults below are the ones that need
+no reasoning.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gdnctl.knowledge import GPUS, versions
+from gdnctl.schema import comm_ops
+
+JobKind = Literal["rl", "sft", "pretrain", "selftest"]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What may stand in an #SBATCH directive: sbatch reads those lines itself (no shell quoting applies), so
+# spaces, quotes, `$` and newlines are refused rather than escaped.
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:@%+=/&|!*\[\]\-]+$")
+SBATCH_SAFE_TEXT = "use letters, digits and _ . , : @ % + = / & | ! * [ ] - only (no spaces, quotes, $ or newlines)"
+
+
+class _Section(BaseModel):
+    # defer_build: the schema is built once, for Preset, at the first validation instead of per section.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+class ModelSpec(_Section):
+    id: str | None = Field(None, description="Catalog id, e.g. Qwen/Qwen3.5-35B-A3B (`gdnctl presets` lists them)")
+    path: str | None = Field(None, description="Local checkpoint dir; its config.json wins over the catalog")
+    tokenizer: str | None = Field(None, description="Tokenizer dir (default: model.path)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if self.id is None and self.path is None:
+            raise ValueError("set model.id (a catalog id) or model.path (a checkpoint dir with config.json)")
+        return self
+
+
+class ClusterSpec(_Section):
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (processes per node when gpu is cpu)")
+    gpu: str = Field("h100", description="GPU kind: " + ", ".join(GPUS))
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        value = value.lower()
+        if value not in GPUS:
+            import difflib
+
+            close = difflib.get_close_matches(value, list(GPUS), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise ValueError(f"unknown GPU '{value}': {hint}known: {', '.join(GPUS)}")
+        return value
+
+
+class ParallelSpec(_Section):
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    pp: int = Field(1, ge=1, description="pipeline parallel size")
+    cp: int = Field(1, ge=1, description="context parallel size")
+    ep: int = Field(1, ge=1, description="expert parallel size")
+    etp: int = Field(1, ge=1, description="expert tensor parallel size")
+    vpp: int | None = Field(None, ge=1, description="virtual pipeline stages per pipeline rank")
+    sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
+
+
+class LoraSpec(_Section):
+    rank: int = Field(ge=1)
+    alpha: float = Field(gt=0)
+
+
+class TrainSpec(_Section):
+    bridge: Literal["megatron-bridge", "mbridge"] = "megatron-bridge"
+    update_weights_via_bridge: bool = True
+    precision: Literal["bf16", "fp8"] = "bf16"
+    lora: LoraSpec | None = None
+    layout: Literal["auto", "thd", "bshd"] = "auto"
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int = Field(128, ge=1)
+    seq_length: int = Field(4096, ge=1)
+    mtp: bool = Field(False, description="train the multi-token-prediction layer")
+    recompute: Literal["none", "selective", "full"] = "none"
+    distributed_optimizer: bool = True
+    optimizer_cpu_offload: bool = False
+    lr: float = Field(1e-6, gt=0)
+    train_iters: int = Field(100, ge=1)
+    seed: int = 1234
+    data_path: str | None = Field(None, description="local jsonl/parquet; synthetic tokens when unset")
+    save_dir: str | None = None
+    save_interval: int | None = Field(None, ge=1)
+
+
+class KernelsSpec(_Section):
+    gdn_backend: Literal["fla", "flashqla"] = "fla"
+
+
+class CommSpec(_Section):
+    memory_guard: bool = Field(True, description="check free GPU memory before collectives (slime's guard)")
+    free_gb_threshold: float = Field(3.0, ge=0, description="below this many free GiB the guard empties the cache")
+    skip_ops: list[str] | None = Field(None, description="ops never checked; default: the 8 ops of slime PR #1947")
+    add_skip_ops: list[str] = Field(default_factory=list, description="added to skip_ops (or the default set)")
+    remove_skip_ops: list[str] = Field(default_factory=list, description="removed from skip_ops")
+    profile: bool = Field(False, description="record per-op memory signals per rank (gdnctl comm-report)")
+
+    def effective_skip_ops(self) -> tuple[str, ...]:
+        base = comm_ops.DEFAULT_SKIP_OPS if self.skip_ops is None else tuple(self.skip_ops)
+        ops = [op for op in base if op not in self.remove_skip_ops]
+        ops += [op for op in self.add_skip_ops if op not in ops]
+        return tuple(ops)
+
+
+class RolloutSpec(_Section):
+    engine: Literal["vllm"] = "vllm"
+    tp: int = Field(1, ge=1, description="vLLM tensor parallel size per engine")
+    num_gpus: int | None = Field(None, ge=1, description="rollout GPUs; default: all when colocated")
+    colocate: bool = Field(True, description="trainer and rollout share GPUs, offloading between phases")
+    gdn_prefill_backend: str | None = Field(None, description="vLLM --gdn-prefill-backend; null emits no flag")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=1, description="default: train.seq_length")
+    n_samples_per_prompt: int = Field(8, ge=1)
+    python: str | None = Field(None, description="interpreter of the rollout's own environment")
+    container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
+    max_response_tokens: int = Field(1024, ge=1, description="longest response sampled per prompt")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    timeout_s: float = Field(600.0, gt=0, description="seconds a rollout request may take before the rollout "
+                                                      "server is declared hung and the job fails")
+    probe_tolerance: float = Field(0.1, gt=0, description="largest mean |log p| gap (nats/token) between trainer "
+                                                          "and rollout on the weight-sync probe")
+
+
+class GrpoSpec(_Section):
+    """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
+
+    reward: Literal["math_exact", "digit_fraction"] = Field(
+        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rewards)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
+    clip_high: float = Field(0.2, ge=0, description="upper ratio clip (1 + clip_high); > clip_low is DAPO's "
+                                                    "clip-higher")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the starting policy (0: no reference)")
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    normalize_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
+
+
+class RuntimeSpec(_Section):
+    """The software stack the job will run on. Unset fields take the stack gdnctl is pinned to."""
+
+    megatron_core: str | None = None
+    megatron_bridge: str | None = None
+    vllm: str | None = None
+    flash_qla: str | None = Field(None, description="installed flash-qla; 'none' when it is not installed")
+    fla: str | None = None
+    cudnn: str | None = None
+
+    @field_validator("*")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is None or value == "none":
+            return value
+        value = str(value)
+        if not versions.is_valid(value):
+            raise ValueError(f"'{value}' is not a version number (like 0.19.2)")
+        return value
+
+
+class SlurmSpec(_Section):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = Field("04:00:00", description="wall-clock limit, HH:MM:SS or D-HH:MM:SS")
+    cpus_per_task: int | None = Field(None, ge=1, description="CPUs per node task (default: all of the node)")
+    mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
+    constraint: str | None = None
+    exclusive: bool = True
+    requeue: bool = Field(True, description="requeue on preemption (--signal=USR1@90)")
+    container_image: str | None = Field(None, description="trainer container image (pyxis --container-image)")
+    extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --reservation=x")
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("partition", "account", "qos", "constraint", "mem")
+    @classmethod
+    def _directive_value(cls, value: str | None) -> str | None:
+        if value is not None and not SBATCH_SAFE.match(value):
+            raise ValueError(f"'{value}' cannot go into an #SBATCH line: {SBATCH_SAFE_TEXT}")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+", value):
+            raise ValueError(f"'{value}' is not a Slurm time (HH:MM:SS or D-HH:MM:SS)")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _options(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not option.startswith("--") or not SBATCH_SAFE.match(option):
+                raise ValueError(f"'{option}' is not a single long sbatch option like --reservation=name "
+                                 f"({SBATCH_SAFE_TEXT})")
+        return value
+
+
+class LaunchSpec(_Section):
+    executor: Literal["local", "slurm"] = "local"
+    python: str = Field("python3", description="interpreter that runs the trainer (gdnctl.runtime)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment values written into the scripts")
+    pass_env: list[str] = Field(default_factory=list, description="names passed through from the submitting "
+                                                                  "shell, never written (secrets)")
+    kernel_cache_dir: str | None = Field(None, description="shared TileLang kernel cache (default: under the run dir)")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"'{name}' is not a valid environment variable name")
+        return {name: str(v) for name, v in value.items()}
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"'{name}' is not a valid environment variable name")
+        return value
+
+
+class SelftestSpec(_Section):
+    steps: int = Field(3, ge=1, le=1000)
+
+
+class Preset(_Section):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    job: JobKind
+    model: ModelSpec
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    kernels: KernelsSpec = Field(default_factory=KernelsSpec)
+    comm: CommSpec = Field(default_factory=CommSpec)
+    rollout: RolloutSpec | None = None
+    grpo: GrpoSpec = Field(default_factory=GrpoSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    launch: LaunchSpec = Field(default_factory=LaunchSpec)
+    selftest: SelftestSpec = Field(default_factory=SelftestSpec)

@@ -1,0 +1,109 @@
+"""The ledger of finding codes: every code gdnctl has ever given out, and where it lives.
+
+A code is a promise to users (they grep logs for it, write `--strict` exceptions and wiki pages about it), so it
+is never renamed or reused. Each prefix belongs to one concern, and so to one module: a rule registered under a
+code the ledger does not hold, in a module its prefix does not name, or under a retired code is a bug that
+import time refuses (`gdnctl.validate.findings.rule`). The same habit as ruff's `codes.rs`.
+
+Adding a rule: take the next free number of its prefix, add the line here, and register the function under it
+in the prefix's module. Retiring one: move its line to RETIRED with what replaced it.
+"""
+
+from __future__ import annotations
+
+# Prefix -> the concern (module of gdnctl/validate/rules/, or "preset" for codes the loader reports).
+PREFIXES: dict[str, str] = {
+    "BRG": "bridge",
+    "COM": "comm",
+    "HEAD": "heads",
+    "KRN": "kernels",
+    "LAY": "layout",
+    "LCH": "launch",
+    "MEM": "memory",
+    "PAR": "parallel",
+    "PRE": "preset",
+    "RLT": "rollout",
+    "TRN": "train",
+}
+
+# Code -> the rule's name (the check function's name, or the load code's name).
+CODES: dict[str, str] = {
+    "BRG001": "qwen35_needs_megatron_bridge",
+    "BRG002": "weight_sync_fallback",
+    "BRG003": "bridge_supports_model",
+    "BRG004": "bridge_mtp_parallel",
+    "BRG005": "vpp_tied_embeddings",
+    "BRG006": "bridge_core_pairing",
+    "COM001": "skip_op_names",
+    "COM002": "threshold_fits_gpu",
+    "COM003": "skip_set_edits",
+    "HEAD001": "tp_divides_attention_heads",
+    "HEAD002": "tp_divides_kv_heads",
+    "HEAD003": "tp_cp_divide_gdn_key_heads",
+    "HEAD004": "tp_cp_divide_gdn_value_heads",
+    "HEAD005": "value_heads_multiple_of_key_heads",
+    "KRN001": "flashqla_gpu",
+    "KRN002": "flashqla_forward_only",
+    "KRN003": "flashqla_head_dim",
+    "KRN004": "flashqla_training_version",
+    "KRN005": "flashqla_installed",
+    "KRN006": "fla_pins_own_kernels",
+    "LAY001": "mcore_has_gdn",
+    "LAY002": "thd_needs_018",
+    "LAY003": "cp_needs_018",
+    "LAY004": "bshd_no_cp",
+    "LAY005": "bshd_micro_batch",
+    "LAY006": "cp_without_fused_a2a",
+    "LAY007": "thd_micro_batch",
+    "LAY008": "thd_hopper_cudnn",
+    "LAY009": "seq_length_cp",
+    "LCH001": "local_single_node",
+    "MEM001": "trainer_fits",
+    "MEM002": "rollout_weights_fit",
+    "PAR001": "world_size_divisible",
+    "PAR002": "ep_divides_experts",
+    "PAR003": "ep_fits_world",
+    "PAR004": "ep_on_dense",
+    "PAR005": "moe_tp_needs_sp",
+    "PAR006": "vpp_needs_pp",
+    "PAR007": "layers_divisible",
+    "PAR008": "global_batch_divisible",
+    "PAR009": "sp_without_tp",
+    "PAR010": "cpu_only_selftest",
+    "PRE001": "unknown-key",
+    "PRE002": "invalid-value",
+    "PRE003": "model-unavailable",
+    "RLT001": "rl_needs_rollout",
+    "RLT002": "rollout_ignored",
+    "RLT003": "prefill_backend_supported",
+    "RLT004": "prefill_hang_sm90",
+    "RLT005": "text_only_vllm",
+    "RLT006": "rollout_tp_heads",
+    "RLT007": "rollout_gpus_fit",
+    "RLT008": "separate_environments",
+    "RLT009": "separate_rollout_whole_nodes",
+    "RLT010": "batch_of_groups",
+    "RLT011": "prompts_and_tokenizer",
+    "RLT012": "response_fits_context",
+    "RLT013": "rl_policy_on_gpus",
+    "TRN001": "released_model_without_weights",
+    "TRN002": "te_free_trainer",
+}
+
+# Code -> why it is no longer given out and what replaced it. Never reuse one of these.
+RETIRED: dict[str, str] = {}
+
+
+def prefix_of(code: str) -> str:
+    return code.rstrip("0123456789")
+
+
+def check_registration(code: str, name: str, concern: str) -> None:
+    """Raise (a programming error, found at import) unless `code` is a live ledger code for `name` in `concern`."""
+    if code in RETIRED:
+        raise RuntimeError(f"{code} is retired ({RETIRED[code]}); give the rule a new code")
+    if CODES.get(code) != name:
+        raise RuntimeError(f"{code} is not in gdnctl/validate/codes.py as {name!r}; add it to CODES")
+    owner = PREFIXES.get(prefix_of(code))
+    if owner != concern:
+        raise RuntimeError(f"{code} belongs in the {owner!r} concern, not {concern!r} (codes.PREFIXES)")

@@ -1,0 +1,128 @@
+"""HF <-> Megatron bridges: which bridge can carry Qwen3.5, its versions, and weight-sync fallbacks."""
+
+from __future__ import annotations
+
+from gdnctl.knowledge import stack, versions
+from gdnctl.validate.findings import Issue, Severity, rule
+
+
+def _bridge_version(run) -> str | None:
+    return run.stack.get("megatron_bridge")
+
+
+@rule("BRG001", Severity.ERROR, "Qwen3.5 needs megatron-bridge, not mbridge")
+def qwen35_needs_megatron_bridge(run):
+    """
+    What it checks: Qwen3.5 models use train.bridge: megatron-bridge.
+
+    Why: mbridge substring-matches `qwen3` and emits wrong shapes for the GDN layers of Qwen3.5;
+    megatron-bridge has dedicated Qwen3.5 bridges.
+
+    Fix: set train.bridge: megatron-bridge.
+    """
+    if run.is_training and run.model.is_qwen35 and run.preset.train.bridge == "mbridge":
+        yield Issue("train.bridge", f"mbridge maps {run.model.label} as plain Qwen3 and gets the GDN weight "
+                                    "shapes wrong.", "Set train.bridge: megatron-bridge.")
+
+
+@rule("BRG002", Severity.WARNING, "Weight sync falls back from the bridge export")
+def weight_sync_fallback(run):
+    """
+    What it checks: train.update_weights_via_bridge: true in an rl job whose setup forces the registry
+    conversion instead: a bridge other than megatron-bridge, fp8 training, or LoRA. Every reason is listed.
+
+    Why: AReaL PR #1384 falls back silently except for a startup warning; the registry path is slower and
+    has its own name mapping, so you should know before the job starts.
+
+    Fix: use megatron-bridge with bf16 full-parameter training, or set update_weights_via_bridge: false.
+    """
+    reasons = run.weight_sync_fallback_reasons
+    if run.preset.job == "rl" and reasons:
+        yield Issue("train.update_weights_via_bridge",
+                    "weight sync will not use megatron-bridge's export: " + "; ".join(reasons) + ".",
+                    "Use megatron-bridge with bf16 and no LoRA, or set train.update_weights_via_bridge: false.")
+
+
+@rule("BRG003", Severity.ERROR, "megatron-bridge too old for the model")
+def bridge_supports_model(run):
+    """
+    What it checks: runtime.megatron_bridge has a bridge for the model class: Qwen3.5 vision-language
+    checkpoints (the released ones) need >= 0.4.0, text-only Qwen3.5 classes (`Qwen3_5ForCausalLM`,
+    `Qwen3_5MoeForCausalLM`) need >= 0.5.0.
+
+    Why: older releases have no Qwen35VLBridge / Qwen35Bridge and AutoBridge fails at start-up.
+
+    Fix: upgrade megatron-bridge (0.6.2 is the pinned stack).
+    """
+    if not (run.is_training and run.model.is_qwen35 and run.preset.train.bridge == "megatron-bridge"):
+        return
+    bridge = _bridge_version(run)
+    needed = stack.BRIDGE_QWEN35_TEXT if run.model.text_only else stack.BRIDGE_QWEN35_VL
+    if versions.below(bridge, needed):
+        kind = "text-only" if run.model.text_only else "vision-language"
+        yield Issue("runtime.megatron_bridge", f"megatron-bridge {bridge} has no bridge for the {kind} "
+                                               f"{run.model.architecture} (needs >= {needed}).",
+                    f"Upgrade megatron-bridge to >= {needed}.")
+
+
+@rule("BRG004", Severity.ERROR, "MTP with sequence or context parallel on an old megatron-bridge")
+def bridge_mtp_parallel(run):
+    """
+    What it checks: train.mtp with sequence parallel needs megatron-bridge >= 0.5.0 (shadow-embedding
+    bug, PR #3143), and with cp > 1 needs >= 0.6.0 (MTP + CP shape fix).
+
+    Why: the MTP layer's embedding and shapes are wrong under SP/CP on older bridges.
+
+    Fix: upgrade megatron-bridge, or set train.mtp: false.
+    """
+    if not (run.is_training and run.preset.train.mtp and run.preset.train.bridge == "megatron-bridge"):
+        return
+    bridge = _bridge_version(run)
+    if run.sequence_parallel.value and versions.below(bridge, stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX):
+        yield Issue("train.mtp", f"MTP with sequence parallel hits the shadow-embedding bug of megatron-bridge "
+                                 f"{bridge} (fixed in {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}).",
+                    f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}, or set train.mtp: false.")
+    if run.preset.parallel.cp > 1 and versions.below(bridge, stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX):
+        yield Issue("train.mtp", f"MTP with context parallel has wrong shapes on megatron-bridge {bridge} "
+                                 f"(fixed in {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}).",
+                    f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}, or set train.mtp: false.")
+
+
+@rule("BRG005", Severity.ERROR, "Virtual pipeline with tied embeddings under megatron-bridge")
+def vpp_tied_embeddings(run):
+    """
+    What it checks: parallel.vpp on a model with tied input/output embeddings (Qwen3.5-0.8B, 2B, 4B)
+    under megatron-bridge.
+
+    Why: megatron-bridge's `_broadcast_shared_embeddings` does not support VPP with tied embeddings.
+
+    Fix: remove parallel.vpp (use plain pp), or pick an untied model size.
+    """
+    p = run.preset.parallel
+    if (run.is_training and p.vpp is not None and run.model.tie_word_embeddings
+            and run.preset.train.bridge == "megatron-bridge"):
+        yield Issue("parallel.vpp", f"{run.model.label} ties its embeddings, which megatron-bridge cannot "
+                                    "broadcast across virtual pipeline stages.", "Remove parallel.vpp.")
+
+
+@rule("BRG006", Severity.WARNING, "megatron-bridge and megatron-core releases do not match")
+def bridge_core_pairing(run):
+    """
+    What it checks: the megatron-bridge minor release is paired with the megatron-core it was built for
+    (bridge 0.4 -> core 0.17, 0.5 -> 0.18, 0.6 -> 0.19).
+
+    Why: each bridge release pins one megatron-core; a mismatch imports but fails on renamed internals
+    (0.19 moved GDN into a package).
+
+    Fix: install the megatron-core release that matches the bridge.
+    """
+    if not (run.is_training and run.preset.train.bridge == "megatron-bridge"):
+        return
+    bridge, mcore = _bridge_version(run), run.stack.get("megatron_core")
+    if bridge is None or mcore is None:
+        return
+    expected = stack.BRIDGE_CORE_PAIRING.get(versions.minor(bridge))
+    if expected is not None and versions.minor(mcore) != expected:
+        yield Issue("runtime.megatron_core", f"megatron-bridge {bridge} is built for megatron-core {expected}.x, "
+                                             f"but the runtime has {mcore}.",
+                    f"Use megatron-core {expected}.x with megatron-bridge {versions.minor(bridge)}.x.")

@@ -1,0 +1,166 @@
+"""Sequence layout (packed THD vs padded BSHD) and GDN context parallel, by Megatron-Core version."""
+
+from __future__ import annotations
+
+from gdnctl.knowledge import stack, versions
+from gdnctl.validate.findings import Issue, Severity, rule
+
+
+def _mcore(run) -> str | None:
+    return run.stack.get("megatron_core")
+
+
+@rule("LAY001", Severity.ERROR, "Megatron-Core has GatedDeltaNet")
+def mcore_has_gdn(run):
+    """
+    What it checks: runtime.megatron_core is at least 0.16, the first release with GatedDeltaNet.
+
+    Why: older Megatron-Core cannot build Qwen3.5 / Qwen3-Next GDN layers (megatron/core/ssm/gated_delta_net).
+
+    Fix: set runtime.megatron_core to 0.19.2 (the stack gdnctl is pinned to) and install it.
+    """
+    mcore = _mcore(run)
+    if run.is_training and versions.below(mcore, stack.MCORE_GDN):
+        yield Issue("runtime.megatron_core", f"megatron-core {mcore} has no GatedDeltaNet "
+                                             f"(added in {stack.MCORE_GDN}).",
+                    "Use megatron-core >= 0.16; 0.19.2 is the pinned stack.")
+
+
+@rule("LAY002", Severity.ERROR, "Packed (THD) sequences need Megatron-Core >= 0.18")
+def thd_needs_018(run):
+    """
+    What it checks: train.layout: thd is only used with megatron-core >= 0.18.
+
+    Why: 0.16 and 0.17 raise `NotImplementedError("GDN does not support packed sequence for now.")`;
+    packed sequences arrived in 0.18 (Megatron-LM PR #2645). `layout: auto` picks bshd there instead.
+
+    Fix: set train.layout: auto (or bshd), or upgrade megatron-core to >= 0.18.
+    """
+    mcore = _mcore(run)
+    if run.is_training and run.layout.value == "thd" and versions.below(mcore, stack.MCORE_GDN_PACKED_AND_CP):
+        yield Issue("train.layout", f"layout thd needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP}, but the "
+                                    f"runtime is {mcore}, whose GDN rejects packed sequences.",
+                    "Set train.layout: auto (bshd on this version), or upgrade megatron-core.")
+
+
+@rule("LAY003", Severity.ERROR, "GDN context parallel needs Megatron-Core >= 0.18")
+def cp_needs_018(run):
+    """
+    What it checks: parallel.cp > 1 only with megatron-core >= 0.18.
+
+    Why: 0.16/0.17 assert context parallel off for GDN; 0.18 added the CP <-> head-parallel all-to-all
+    (Megatron-LM PR #2642).
+
+    Fix: set parallel.cp: 1, or upgrade megatron-core.
+    """
+    mcore = _mcore(run)
+    cp = run.preset.parallel.cp
+    if run.is_training and cp > 1 and versions.below(mcore, stack.MCORE_GDN_PACKED_AND_CP):
+        yield Issue("parallel.cp", f"cp={cp} needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP} for GDN; "
+                                   f"the runtime is {mcore}.",
+                    "Set parallel.cp: 1, or upgrade megatron-core to >= 0.18.")
+
+
+@rule("LAY004", Severity.ERROR, "Padded (BSHD) layout cannot use context parallel")
+def bshd_no_cp(run):
+    """
+    What it checks: a bshd layout with parallel.cp > 1.
+
+    Why: GDN context parallel works on packed sequences; AReaL's padded path raises NotImplementedError
+    for CP > 1 (AReaL PR #1384).
+
+    Fix: use layout thd (auto on megatron-core >= 0.18) or parallel.cp: 1.
+    """
+    cp = run.preset.parallel.cp
+    if run.is_training and run.layout.value == "bshd" and cp > 1:
+        yield Issue("train.layout", f"layout bshd ({run.layout.reason}) cannot be combined with cp={cp}.",
+                    "Use train.layout: thd (megatron-core >= 0.18), or parallel.cp: 1.")
+
+
+@rule("LAY005", Severity.WARNING, "Padded (BSHD) layout with micro batch > 1")
+def bshd_micro_batch(run):
+    """
+    What it checks: a bshd layout with train.micro_batch_size > 1.
+
+    Why: padded GDN batches are not micro-batch invariant: padding tokens enter the recurrent state and
+    the grad norm drifts with the micro-batch size (AReaL PR #1384; verl uses micro-batch 1).
+
+    Fix: set train.micro_batch_size: 1 (and raise the global batch or dp instead).
+    """
+    mbs = run.preset.train.micro_batch_size
+    # The CPU rl policy (transformers' class) pads on the right, after every real token, so its causal layers
+    # never read padding into a real token's state.
+    cpu_rl = run.preset.job == "rl" and run.gpu.sm is None
+    if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl:
+        yield Issue("train.micro_batch_size", f"micro_batch_size {mbs} with the padded (bshd) layout makes the "
+                                              "grad norm drift with padding.",
+                    "Set train.micro_batch_size: 1.")
+
+
+@rule("LAY006", Severity.INFO, "Context parallel without the fused GDN all-to-all")
+def cp_without_fused_a2a(run):
+    """
+    What it checks: parallel.cp > 1 on megatron-core 0.18.x.
+
+    Why: 0.18 runs one all-to-all per sequence and per section (qkv, alpha, beta, gate); 0.19 fuses them
+    into one (Megatron-LM PR #4913: 7-10% iteration speedup on a Qwen3-Next proxy, 16K, CP=4).
+
+    Fix: upgrade megatron-core to >= 0.19 for the fused all-to-all.
+    """
+    mcore = _mcore(run)
+    cp = run.preset.parallel.cp
+    if (run.is_training and cp > 1 and versions.at_least(mcore, stack.MCORE_GDN_PACKED_AND_CP)
+            and versions.below(mcore, stack.MCORE_GDN_FUSED_CP_A2A)):
+        yield Issue("runtime.megatron_core", f"megatron-core {mcore} runs one GDN all-to-all per sequence and "
+                                             "section under context parallel.",
+                    "Upgrade to megatron-core >= 0.19 for the fused all-to-all (7-10% faster iterations).")
+
+
+@rule("LAY007", Severity.ERROR, "Packed (THD) layout packs a micro-batch into one row")
+def thd_micro_batch(run):
+    """
+    What it checks: a thd layout with train.micro_batch_size > 1.
+
+    Why: Megatron-Core's GDN THD path needs batch size 1: a micro-batch is one packed row of
+    concatenated sequences (Megatron-LM PR #2645). seq_length sets the tokens per micro-batch.
+
+    Fix: set train.micro_batch_size: 1 and size train.seq_length to the tokens per micro-batch.
+    """
+    mbs = run.preset.train.micro_batch_size
+    if run.is_training and run.layout.value == "thd" and mbs > 1:
+        yield Issue("train.micro_batch_size", f"the packed (thd) layout needs micro_batch_size 1, not {mbs}.",
+                    "Set train.micro_batch_size: 1 and put the tokens per micro-batch in train.seq_length.")
+
+
+@rule("LAY008", Severity.ERROR, "THD GDN training on Hopper needs cuDNN >= 9.19")
+def thd_hopper_cudnn(run):
+    """
+    What it checks: when runtime.cudnn is given, a thd layout on an SM90 GPU uses cuDNN >= 9.19.0.
+
+    Why: cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
+    `gdnctl doctor` reads the real cuDNN on the machine.
+
+    Fix: upgrade cuDNN (nvidia-cudnn-cu12/cu13 >= 9.19), or use layout bshd.
+    """
+    cudnn = run.stack.get("cudnn")
+    if run.is_training and run.layout.value == "thd" and run.gpu.is_hopper \
+            and versions.below(cudnn, stack.CUDNN_HOPPER_THD_MIN):
+        yield Issue("runtime.cudnn", f"cuDNN {cudnn} gives NaN gradients for packed GDN training on Hopper.",
+                    f"Upgrade cuDNN to >= {stack.CUDNN_HOPPER_THD_MIN}, or set train.layout: bshd.")
+
+
+@rule("LAY009", Severity.ERROR, "Sequence length splits into 2 x cp chunks")
+def seq_length_cp(run):
+    """
+    What it checks: with cp > 1, train.seq_length is a multiple of 2 x cp.
+
+    Why: Megatron-Core's context parallel cuts each sequence into 2 x CP chunks for causal load balancing,
+    and GDN's CP all-to-all needs each sequence length divisible by CP (THD sequences are padded to it).
+
+    Fix: round train.seq_length to a multiple of 2 x cp.
+    """
+    cp = run.preset.parallel.cp
+    seq = run.preset.train.seq_length
+    if run.is_training and cp > 1 and seq % (2 * cp):
+        yield Issue("train.seq_length", f"seq_length {seq} is not a multiple of 2 x cp = {2 * cp}.",
+                    f"Use a multiple of {2 * cp}, e.g. {(seq // (2 * cp) + 1) * 2 * cp}.")

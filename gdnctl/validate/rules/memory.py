@@ -1,0 +1,59 @@
+"""Memory fit of the trainer and the rollout weights on one GPU (estimate in gdnctl.memory)."""
+
+from __future__ import annotations
+
+from gdnctl.plan import memory
+from gdnctl.validate.findings import Issue, Severity, rule
+
+WARN_USAGE = 0.9
+
+
+@rule("MEM001", Severity.ERROR, "Trainer does not fit the GPU")
+def trainer_fits(run):
+    """
+    What it checks: the per-GPU training estimate (`gdnctl explain` prints the table: weights, gradients,
+    optimizer, activations, logits, overhead) against the GPU's memory: error above 100%, warning above 90%.
+
+    Why: an OOM surfaces only after the model loaded on every rank, minutes into the job.
+
+    Fix: raise ep/tp/pp/cp, turn on train.recompute: full, train.optimizer_cpu_offload: true, or lower
+    train.seq_length.
+    """
+    if not run.is_training or run.gpu.sm is None or run.dp is None:
+        return
+    estimate = memory.estimate_training(run)
+    biggest = max(estimate.rows, key=lambda row: row.gib)
+    summary = (f"estimated {estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB on a "
+               f"{run.gpu.description} ({estimate.usage:.0%}; largest: {biggest.name} {biggest.gib:.1f} GiB)")
+    fix = ("Raise ep/pp/cp, set train.recompute: full or train.optimizer_cpu_offload: true, or lower "
+           "train.seq_length (gdnctl explain shows the table).")
+    if estimate.usage > 1.0:
+        yield Issue("parallel", f"the trainer does not fit: {summary}.", fix)
+    elif estimate.usage > WARN_USAGE:
+        yield Issue("parallel", f"the trainer barely fits: {summary}.", fix, Severity.WARNING)
+
+
+@rule("MEM002", Severity.ERROR, "Rollout weights do not fit vLLM's memory share")
+def rollout_weights_fit(run):
+    """
+    What it checks: the bf16 weights on one rollout GPU (all parameters / rollout.tp) against
+    rollout.gpu_memory_utilization x GPU memory: error when they exceed it, warning above 80% of it
+    (little room left for the KV cache).
+
+    Why: vLLM fails at start-up ("No available memory for the cache blocks") after the trainer has loaded.
+
+    Fix: raise rollout.tp or rollout.gpu_memory_utilization.
+    """
+    rollout = run.preset.rollout
+    if run.preset.job != "rl" or rollout is None or run.gpu.sm is None:
+        return
+    weights = memory.rollout_weights_gib(run)
+    budget = rollout.gpu_memory_utilization * run.gpu.memory_gib
+    text = (f"{weights:.1f} GiB of weights per rollout GPU (tp={rollout.tp}) vs {budget:.1f} GiB "
+            f"(gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB)")
+    if weights > budget:
+        yield Issue("rollout.gpu_memory_utilization", f"vLLM cannot load the model: {text}.",
+                    "Raise rollout.tp or rollout.gpu_memory_utilization.")
+    elif weights > 0.8 * budget:
+        yield Issue("rollout.gpu_memory_utilization", f"little room is left for vLLM's KV cache: {text}.",
+                    "Raise rollout.tp or rollout.gpu_memory_utilization.", Severity.WARNING)

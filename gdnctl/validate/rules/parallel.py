@@ -1,0 +1,177 @@
+"""Parallel arithmetic: world size, data parallel, expert parallel, pipeline and batch divisibility."""
+
+from __future__ import annotations
+
+from gdnctl.validate.findings import Issue, Severity, rule
+
+
+@rule("PAR001", Severity.ERROR, "World size divisible by tp x pp x cp")
+def world_size_divisible(run):
+    """
+    What it checks: the trainer's world size (nodes x gpus_per_node, less the rollout GPUs when the rollout
+    is not colocated) is a multiple of tp x pp x cp. The quotient is the data-parallel size (dp).
+
+    Why: Megatron-Core builds its process groups from this factorisation and asserts it at start-up.
+
+    Fix: change tp, pp or cp, or the number of nodes / GPUs per node.
+    """
+    p = run.preset.parallel
+    world = run.world_size.value
+    if world < 1:
+        yield Issue("rollout.num_gpus", f"the rollout takes all {run.total_gpus} GPUs and leaves the trainer none.",
+                    "Lower rollout.num_gpus or set rollout.colocate: true.")
+    elif run.dp is None:
+        yield Issue("parallel", f"the trainer's world size {world} ({run.world_size.reason}) is not divisible by "
+                                f"tp x pp x cp = {p.tp} x {p.pp} x {p.cp} = {run.model_parallel_size}.",
+                    f"Pick tp, pp, cp whose product divides {world}.")
+
+
+@rule("PAR002", Severity.ERROR, "Expert parallel size divides the expert count")
+def ep_divides_experts(run):
+    """
+    What it checks: for MoE models, `parallel.ep` divides the number of routed experts.
+
+    Why: each EP rank holds num_experts / ep experts; Megatron asserts an even split.
+
+    Fix: choose an ep that divides the expert count (Qwen3.5-35B-A3B: 256 experts).
+    """
+    experts = run.model.num_experts
+    ep = run.preset.parallel.ep
+    if experts and experts % ep:
+        yield Issue("parallel.ep", f"ep={ep} does not divide the {experts} experts of {run.model.label}.",
+                    f"Use an ep that divides {experts} (e.g. 8).")
+
+
+@rule("PAR003", Severity.ERROR, "Expert parallel group fits the world")
+def ep_fits_world(run):
+    """
+    What it checks: etp x ep x pp divides the trainer's world size.
+
+    Why: Megatron-Core's expert-data-parallel size is world / (etp x ep x pp); it must be a whole number.
+
+    Fix: lower ep or etp, or add GPUs.
+    """
+    p = run.preset.parallel
+    group = p.etp * p.ep * p.pp
+    world = run.world_size.value
+    if world >= 1 and world % group:
+        yield Issue("parallel.ep", f"etp x ep x pp = {p.etp} x {p.ep} x {p.pp} = {group} does not divide the "
+                                   f"trainer's world size {world}.",
+                    f"Choose ep and etp so that etp x ep x pp divides {world}.")
+
+
+@rule("PAR004", Severity.ERROR, "Expert parallelism on a dense model")
+def ep_on_dense(run):
+    """
+    What it checks: ep and etp stay 1 on dense models (no `num_experts`).
+
+    Why: a dense model has no experts to distribute; Megatron would still carve out expert groups.
+
+    Fix: set parallel.ep: 1 and parallel.etp: 1.
+    """
+    p = run.preset.parallel
+    if not run.model.is_moe and (p.ep > 1 or p.etp > 1):
+        field = "parallel.ep" if p.ep > 1 else "parallel.etp"
+        yield Issue(field, f"{run.model.label} is a dense model, but ep={p.ep} and etp={p.etp}.",
+                    "Set parallel.ep: 1 and parallel.etp: 1.")
+
+
+@rule("PAR005", Severity.ERROR, "MoE with tensor parallelism needs sequence parallel")
+def moe_tp_needs_sp(run):
+    """
+    What it checks: a MoE model with tp > 1 runs with sequence parallel on.
+
+    Why: Megatron-Core asserts `sequence_parallel` when `tensor_model_parallel_size > 1` and experts are used
+    (the token dispatcher expects sequence-sharded inputs).
+
+    Fix: set parallel.sequence_parallel: true (or leave it unset: it defaults to on when tp > 1).
+    """
+    if run.model.is_moe and run.preset.parallel.tp > 1 and not run.sequence_parallel.value:
+        yield Issue("parallel.sequence_parallel", f"{run.model.label} is MoE with tp={run.preset.parallel.tp}, "
+                                                  "which needs sequence parallel, but it is off.",
+                    "Set parallel.sequence_parallel: true.")
+
+
+@rule("PAR006", Severity.ERROR, "Virtual pipeline needs pipeline parallelism")
+def vpp_needs_pp(run):
+    """
+    What it checks: `parallel.vpp` is only set when pp > 1.
+
+    Why: virtual pipeline stages interleave chunks across pipeline ranks; with one stage there is nothing
+    to interleave and Megatron rejects it.
+
+    Fix: remove parallel.vpp or raise parallel.pp.
+    """
+    p = run.preset.parallel
+    if p.vpp is not None and p.pp == 1:
+        yield Issue("parallel.vpp", f"vpp={p.vpp} is set but pp=1.", "Remove parallel.vpp, or set parallel.pp > 1.")
+
+
+@rule("PAR007", Severity.ERROR, "Layers divisible by pp (x vpp)")
+def layers_divisible(run):
+    """
+    What it checks: the number of layers divides evenly into pp stages, and into pp x vpp model chunks when
+    vpp is set.
+
+    Why: gdnctl builds even pipeline stages; an uneven split would need per-stage layer counts.
+
+    Fix: choose pp (and vpp) dividing the layer count (Qwen3.5-35B-A3B: 40 layers).
+    """
+    p = run.preset.parallel
+    layers = run.model.num_layers
+    chunks = p.pp * (p.vpp or 1)
+    if layers % chunks:
+        what = f"pp x vpp = {p.pp} x {p.vpp}" if p.vpp else f"pp={p.pp}"
+        yield Issue("parallel.vpp" if p.vpp else "parallel.pp",
+                    f"{run.model.label} has {layers} layers, which {what} does not divide evenly.",
+                    f"Choose pp{' and vpp' if p.vpp else ''} so that {layers} splits evenly.")
+
+
+@rule("PAR008", Severity.ERROR, "Global batch divisible by micro batch x dp")
+def global_batch_divisible(run):
+    """
+    What it checks: train.global_batch_size is a multiple of micro_batch_size x dp.
+
+    Why: each step runs global / (micro x dp) micro-batches per data-parallel rank; Megatron asserts it.
+
+    Fix: change the global batch, the micro batch, or the parallel layout.
+    """
+    t = run.preset.train
+    if run.dp is None:
+        return
+    unit = t.micro_batch_size * run.dp
+    if t.global_batch_size % unit:
+        yield Issue("train.global_batch_size",
+                    f"global_batch_size {t.global_batch_size} is not a multiple of micro_batch_size x dp = "
+                    f"{t.micro_batch_size} x {run.dp} = {unit}.",
+                    f"Use a multiple of {unit}, e.g. {max(unit, t.global_batch_size // unit * unit)}.")
+
+
+@rule("PAR009", Severity.INFO, "Sequence parallel without tensor parallelism")
+def sp_without_tp(run):
+    """
+    What it checks: sequence_parallel: true with tp == 1.
+
+    Why: sequence parallelism splits over the TP group; with tp == 1 Megatron turns it off with a warning.
+
+    Fix: remove parallel.sequence_parallel or raise tp.
+    """
+    if run.preset.parallel.sequence_parallel and run.preset.parallel.tp == 1:
+        yield Issue("parallel.sequence_parallel", "sequence_parallel has no effect with tp=1.",
+                    "Remove parallel.sequence_parallel, or raise parallel.tp.")
+
+
+@rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
+def cpu_only_selftest(run):
+    """
+    What it checks: `cluster.gpu: cpu` is used only with `job: selftest` or `job: rl`.
+
+    Why: Megatron-Core does not run on a CPU-only torch (it calls torch.cuda.current_device()), and the
+    GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, and the rl job trains
+    a tiny policy with torch beside vLLM's CPU build.
+
+    Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
+    """
+    if run.gpu.sm is None and run.preset.job not in ("selftest", "rl"):
+        yield Issue("cluster.gpu", f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
+                    "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.")

@@ -1,0 +1,294 @@
+"""vLLM rollout for rl jobs: prefill backend flag, model class support, head split, GPUs, environments."""
+
+from __future__ import annotations
+
+from gdnctl.knowledge import stack, versions
+from gdnctl.validate.findings import Issue, Severity, rule
+
+
+def _rollout(run):
+    return run.preset.rollout if run.preset.job == "rl" else None
+
+
+@rule("RLT001", Severity.ERROR, "rl job without a rollout section")
+def rl_needs_rollout(run):
+    """
+    What it checks: job: rl has a `rollout:` section.
+
+    Why: the rl job alternates vLLM rollouts and training steps; it needs the rollout engine's settings.
+
+    Fix: add `rollout: {engine: vllm, tp: ..., gdn_prefill_backend: triton}`.
+    """
+    if run.preset.job == "rl" and run.preset.rollout is None:
+        yield Issue("rollout", "job rl needs a rollout: section.",
+                    "Add rollout: {engine: vllm, tp: 1, gdn_prefill_backend: triton}.")
+
+
+@rule("RLT002", Severity.WARNING, "rollout section on a job that does not roll out")
+def rollout_ignored(run):
+    """
+    What it checks: a `rollout:` section on sft, pretrain or selftest jobs.
+
+    Why: only rl jobs start vLLM; the section would be ignored silently.
+
+    Fix: remove the rollout section, or set job: rl.
+    """
+    if run.preset.job != "rl" and run.preset.rollout is not None:
+        yield Issue("rollout", f"job {run.preset.job} does not roll out, so rollout: is ignored.",
+                    "Remove the rollout: section, or set job: rl.")
+
+
+@rule("RLT003", Severity.ERROR, "gdn_prefill_backend not available in this vLLM")
+def prefill_backend_supported(run):
+    """
+    What it checks: rollout.gdn_prefill_backend is accepted by runtime.vllm: vLLM < 0.18 has no
+    `--gdn-prefill-backend` flag; 0.18-0.21 accept flashinfer and triton; 0.22 adds cutedsl; 0.32 adds
+    aiter_flydsl; 0.33 adds sycl. `auto` (or null) emits no flag (vLLM's engine args by release).
+
+    Why: vLLM rejects an unknown flag or choice at start-up, after the trainer has loaded.
+
+    Fix: pick a backend the version offers (triton everywhere since 0.18), or null.
+    """
+    rollout = _rollout(run)
+    if rollout is None or rollout.gdn_prefill_backend in (None, "auto"):
+        return
+    vllm = run.stack.get("vllm")
+    if vllm is None:
+        return
+    if versions.below(vllm, stack.VLLM_GDN_PREFILL_FLAG):
+        yield Issue("rollout.gdn_prefill_backend", f"vLLM {vllm} has no --gdn-prefill-backend flag "
+                                                   f"(added in {stack.VLLM_GDN_PREFILL_FLAG}).",
+                    "Set rollout.gdn_prefill_backend: null, or upgrade vLLM.")
+        return
+    offered = stack.vllm_gdn_prefill_backends(vllm)
+    if rollout.gdn_prefill_backend not in offered:
+        yield Issue("rollout.gdn_prefill_backend", f"vLLM {vllm} offers --gdn-prefill-backend "
+                                                   f"{{{', '.join(offered)}}}, not '{rollout.gdn_prefill_backend}'.",
+                    "Use triton (available since 0.18), or null for vLLM's default.")
+
+
+@rule("RLT004", Severity.WARNING, "FlashInfer GDN prefill on Hopper can hang")
+def prefill_hang_sm90(run):
+    """
+    What it checks: on SM90 GPUs, rollout.gdn_prefill_backend left to vLLM's default (null/auto, which
+    picks FlashInfer on SM90) or set to flashinfer.
+
+    Why: FlashInfer's GDN prefill has hang reports on Hopper (flashinfer #2623, #3329, #3986; vllm #41865
+    JIT multi-worker deadlock); the workaround is `--gdn-prefill-backend triton`. AReaL PR #1384 exposes
+    the flag for this reason.
+
+    Fix: set rollout.gdn_prefill_backend: triton.
+    """
+    rollout = _rollout(run)
+    if rollout is None or not run.gpu.is_hopper:
+        return
+    backend = rollout.gdn_prefill_backend or "auto"
+    if backend in stack.VLLM_SM90_HANGING_PREFILL and versions.at_least(run.stack.get("vllm"),
+                                                                        stack.VLLM_GDN_PREFILL_FLAG):
+        yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer on "
+                                                   f"{run.gpu.sm_label}, which has hang reports (flashinfer #2623, "
+                                                   "#3329, #3986; vllm #41865).",
+                    "Set rollout.gdn_prefill_backend: triton.")
+
+
+@rule("RLT005", Severity.ERROR, "gdnctl's rollout serves Qwen3.5 as the text-only class: vLLM >= 0.27")
+def text_only_vllm(run):
+    """
+    What it checks: an rl job on a Qwen3.5 model served by vLLM < 0.27, whether the checkpoint is the
+    vision-language release or text-only.
+
+    Why: vLLM before 0.27 registers only the vision-language Qwen3.5 classes, and gdnctl's rollout never loads
+    model.path itself: it starts and reloads vLLM on the trainer's weight-sync export, which is the text-only
+    class (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`) whatever the checkpoint was.
+
+    Fix: use vLLM >= 0.27 in the rollout's environment (rollout.python), and say so in runtime.vllm.
+    """
+    rollout = _rollout(run)
+    vllm = run.stack.get("vllm")
+    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
+        text_class = "Qwen3_5MoeForCausalLM" if run.model.is_moe else "Qwen3_5ForCausalLM"
+        yield Issue("runtime.vllm", f"vLLM {vllm} has only the vision-language Qwen3.5 classes, but the rollout "
+                                    f"serves the trainer's text-only export ({text_class}).",
+                    f"Use vLLM >= {stack.VLLM_QWEN35_TEXT_ONLY} in the rollout's environment and set runtime.vllm "
+                    "to its version.")
+
+
+@rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")
+def rollout_tp_heads(run):
+    """
+    What it checks: rollout.tp divides the attention heads and the GDN key and value heads.
+
+    Why: vLLM shards heads over its tensor-parallel ranks (it can replicate KV heads, not GDN heads).
+
+    Fix: choose a rollout.tp that divides all three head counts.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    m = run.model
+    counts = {"attention heads": m.num_attention_heads, "GDN key heads": m.linear_num_key_heads,
+              "GDN value heads": m.linear_num_value_heads}
+    bad = [f"{n} {name}" for name, n in counts.items() if n % rollout.tp]
+    if bad:
+        yield Issue("rollout.tp", f"rollout tp={rollout.tp} does not divide the {', '.join(bad)} of {m.label}.",
+                    "Use a rollout.tp that divides every head count (1, 2, 4 or 8 for Qwen3.5).")
+
+
+@rule("RLT007", Severity.ERROR, "Trainer and rollout GPUs fit the cluster")
+def rollout_gpus_fit(run):
+    """
+    What it checks: rollout GPUs are a whole number of rollout.tp engines and fit the cluster: all GPUs
+    at most when colocated; fewer than all when separate, so the trainer keeps some.
+
+    Why: engines are tp GPUs each; a separate rollout takes its GPUs away from the trainer.
+
+    Fix: adjust rollout.num_gpus, rollout.tp or rollout.colocate.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    gpus = run.rollout_gpus.value
+    if gpus % rollout.tp:
+        yield Issue("rollout.num_gpus", f"{gpus} rollout GPUs is not a whole number of tp={rollout.tp} engines.",
+                    f"Use a multiple of {rollout.tp} rollout GPUs.")
+    if gpus > run.total_gpus or (not rollout.colocate and gpus >= run.total_gpus):
+        mode = "colocated" if rollout.colocate else "separate"
+        beside = "" if rollout.colocate else " with a trainer beside it"
+        yield Issue("rollout.num_gpus", f"a {mode} rollout of {gpus} GPUs does not fit the cluster's "
+                                        f"{run.total_gpus} GPUs{beside}.",
+                    "Lower rollout.num_gpus, or add nodes.")
+
+
+@rule("RLT008", Severity.ERROR, "Trainer and rollout cannot share one Python environment")
+def separate_environments(run):
+    """
+    What it checks: when the trainer stack (megatron-bridge) and the rollout stack (vLLM) pin incompatible
+    dependencies, the rollout names its own environment (rollout.python or rollout.container_image).
+
+    Why: megatron-bridge 0.6.2 pins transformers <= 5.12.1 and flashinfer-python == 0.6.8.post1, while
+    vLLM 0.33.0 pins transformers >= 5.16.1, flashinfer-python == 0.7.2.post1 and torch == 2.14.0
+    (their release metadata): one environment cannot satisfy both.
+
+    Fix: set rollout.python to the interpreter of a separate vLLM environment (or rollout.container_image).
+    """
+    rollout = _rollout(run)
+    if rollout is None or rollout.python or rollout.container_image:
+        return
+    trainer = stack.KNOWN_PINS.get(("megatron_bridge", run.stack.get("megatron_bridge") or ""))
+    server = stack.KNOWN_PINS.get(("vllm", run.stack.get("vllm") or ""))
+    if trainer is None or server is None or run.preset.train.bridge != "megatron-bridge":
+        return
+    conflicts = stack.pin_conflicts(trainer, server)
+    if conflicts:
+        yield Issue("rollout.python", "the trainer and vLLM need different packages: " + "; ".join(conflicts) + ".",
+                    "Install vLLM in its own environment and set rollout.python to its interpreter "
+                    "(or rollout.container_image).")
+
+
+@rule("RLT009", Severity.ERROR, "A separate rollout on several nodes takes whole nodes")
+def separate_rollout_whole_nodes(run):
+    """
+    What it checks: with rollout.colocate: false on more than one node (or under Slurm), the rollout GPUs
+    are a whole number of nodes.
+
+    Why: the Slurm script runs the trainer and the rollout as separate job steps on disjoint nodes
+    (`srun --relative`), each with its own environment; a node split between them would need two
+    environments on one node.
+
+    Fix: make rollout.num_gpus a multiple of cluster.gpus_per_node, or colocate.
+    """
+    rollout = _rollout(run)
+    p = run.preset
+    if rollout is None or rollout.colocate or (p.cluster.nodes == 1 and p.launch.executor == "local"):
+        return
+    gpus, per_node = run.rollout_gpus.value, p.cluster.gpus_per_node
+    if gpus % per_node:
+        yield Issue("rollout.num_gpus", f"a separate rollout of {gpus} GPUs is not a whole number of "
+                                        f"{per_node}-GPU nodes.",
+                    f"Use a multiple of {per_node} for rollout.num_gpus, or set rollout.colocate: true.")
+
+
+@rule("RLT010", Severity.ERROR, "The rl batch is whole prompt groups")
+def batch_of_groups(run):
+    """
+    What it checks: train.global_batch_size (the samples of one rl step) is a multiple of
+    rollout.n_samples_per_prompt.
+
+    Why: each step rolls out global_batch_size / n_samples_per_prompt prompts, n samples each; GRPO normalises
+    rewards within a prompt's group, so a group cannot be split across steps.
+
+    Fix: make train.global_batch_size a multiple of rollout.n_samples_per_prompt.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    batch, n = run.preset.train.global_batch_size, rollout.n_samples_per_prompt
+    if batch % n:
+        yield Issue("train.global_batch_size", f"global_batch_size {batch} is not a whole number of groups of "
+                                               f"n_samples_per_prompt {n}.",
+                    f"Use a multiple of {n}, e.g. {max(n, batch - batch % n)}.")
+
+
+@rule("RLT011", Severity.ERROR, "rl needs a prompt dataset and a tokenizer")
+def prompts_and_tokenizer(run):
+    """
+    What it checks: an rl job names its prompt dataset (train.data_path: a jsonl of {"prompt", "answer"}) and a
+    tokenizer (model.tokenizer, or model.path holding one).
+
+    Why: rollouts start from dataset prompts and rewards read decoded responses; there are no synthetic
+    prompts, and nothing is downloaded at run time.
+
+    Fix: set train.data_path and model.tokenizer (or model.path).
+    """
+    if _rollout(run) is None:
+        return
+    p = run.preset
+    if p.train.data_path is None:
+        yield Issue("train.data_path", "an rl job needs a prompt dataset.",
+                    'Set train.data_path to a local jsonl with one {"prompt": ..., "answer": ...} a line.')
+    if p.model.tokenizer is None and p.model.path is None:
+        yield Issue("model.tokenizer", "an rl job needs a tokenizer to encode prompts and decode responses.",
+                    "Set model.tokenizer to a local directory with tokenizer.json (or model.path to a checkpoint "
+                    "that has one).")
+
+
+@rule("RLT012", Severity.ERROR, "Responses fit the rollout's context")
+def response_fits_context(run):
+    """
+    What it checks: rollout.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len,
+    default train.seq_length).
+
+    Why: vLLM rejects a request whose prompt plus max_tokens cannot fit the model length; the prompt needs room
+    too.
+
+    Fix: lower rollout.max_response_tokens or raise rollout.max_model_len.
+    """
+    rollout = _rollout(run)
+    if rollout is None:
+        return
+    context = rollout.max_model_len or run.preset.train.seq_length
+    if rollout.max_response_tokens >= context:
+        yield Issue("rollout.max_response_tokens", f"max_response_tokens {rollout.max_response_tokens} leaves no "
+                                                   f"room for the prompt in a {context}-token context.",
+                    "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
+
+
+@rule("RLT013", Severity.WARNING, "rl on GPUs has not run end to end in gdnctl's tests")
+def rl_policy_on_gpus(run):
+    """
+    What it checks: an rl job on GPUs.
+
+    Why: gdnctl's rl loop, rollout server, weight sync and GRPO run end to end in its tests on CPU (the torch
+    policy beside vLLM's CPU build), and the GPU policy (Megatron) was checked on an H100 against the CPU
+    policy's code (log-probs, HF export, one GRPO step); but no GPU vLLM has served the rollouts in those tests,
+    and colocated sleep/wake between phases is not implemented, so trainer and rollout hold their GPU memory
+    together.
+
+    Fix: try the preset at small scale first; set rollout.colocate: false with separate rollout GPUs, or leave
+    rollout.gpu_memory_utilization low enough for the trainer beside it.
+    """
+    if _rollout(run) is not None and run.gpu.sm is not None:
+        yield Issue("job", "rl on GPUs has not run end to end in gdnctl's own tests (no GPU vLLM there), and "
+                           "colocated trainer and vLLM hold their memory together (no sleep between phases).",
+                    "Try it at small scale first; prefer rollout.colocate: false, or a low "
+                    "rollout.gpu_memory_utilization.")

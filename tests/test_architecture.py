@@ -1,0 +1,233 @@
+"""The package's layers (ARCHITECTURE.md), checked on the source: no import circle, no import up a layer,
+cross-package imports through the package's public API (`__all__`), and the sizes the layout promises.
+
+Imports are read with `ast` from every module, function-level imports included (a lazy import still ties
+two modules together), so nothing here imports the runtime's heavy dependencies.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "gdnctl"
+
+# Bottom up. Modules directly in gdnctl/ other than cli and __main__ (errors, resources, the version) are the
+# base everything may use. launch and doctor sit side by side and do not import each other.
+LAYER_RANK = {"base": 0, "knowledge": 1, "schema": 2, "plan": 3, "validate": 4, "launch": 5, "doctor": 5,
+              "cli": 6, "__main__": 7}
+# What the runtime (the code the rendered scripts execute on the cluster) may import besides itself.
+RUNTIME_MAY_IMPORT = {"base", "knowledge", "schema"}
+# Above the runtime: launch (prewarm) and doctor (kernel checks) run the runtime's kernels.
+MAY_IMPORT_RUNTIME = {"launch", "doctor", "cli", "__main__"}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name
+    target: str  # dotted module (or package) name imported from
+    names: tuple[str, ...]  # names taken with `from target import ...`; () for `import target`
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def is_package(name: str, modules: dict[str, Path]) -> bool:
+    return name in modules and modules[name].name == "__init__.py"
+
+
+def imports_of(name: str, path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "gdnctl":
+                    found.append(Import(name, alias.name, (), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "gdnctl":
+                found.append(Import(name, target, tuple(a.name for a in node.names), node.lineno))
+    return found
+
+
+def area(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "base"
+    top = parts[1]
+    if top in ("cli", "__main__"):
+        return top
+    if (PACKAGE_DIR / top).is_dir():
+        return top
+    return "base"
+
+
+def edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> modules it imports (a `from package import submodule` counts as the submodule)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for imp in imports_of(name, path):
+            submodules = [f"{imp.target}.{n}" for n in imp.names if f"{imp.target}.{n}" in modules]
+            graph[name].update(submodules)
+            # `from package import submodule` needs the submodule, not the package's other exports
+            if len(submodules) < len(imp.names) or not imp.names:
+                graph[name].add(imp.target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_exports(package: str, modules: dict[str, Path]) -> set[str] | None:
+    """The names in a package's `__all__`, or None when it has none. (Importing a package is light: the
+    runtime's subpackages resolve their names lazily.)"""
+    exported = getattr(importlib.import_module(package), "__all__", None)
+    return None if exported is None else set(exported)
+
+
+def layer_violations(modules: dict[str, Path]) -> list[str]:
+    problems = []
+    for name, path in modules.items():
+        here = area(name)
+        for imp in imports_of(name, path):
+            there = area(imp.target)
+            if here == there:
+                continue
+            where = f"{path.relative_to(PACKAGE_DIR.parent)}:{imp.line}"
+            if here == "runtime":
+                if there not in RUNTIME_MAY_IMPORT:
+                    problems.append(f"{where}: the runtime imports {imp.target} ({there})")
+            elif there == "runtime":
+                if here not in MAY_IMPORT_RUNTIME:
+                    problems.append(f"{where}: {here} imports the runtime ({imp.target})")
+            elif LAYER_RANK[there] >= LAYER_RANK[here]:
+                problems.append(f"{where}: {here} imports {imp.target}, which is not below it ({there})")
+    return problems
+
+
+def deep_import_violations(modules: dict[str, Path]) -> list[str]:
+    """Imports from another package that bypass its `__init__` or take names it does not export."""
+    problems = []
+    for name, path in modules.items():
+        for imp in imports_of(name, path):
+            where = f"{path.relative_to(PACKAGE_DIR.parent)}:{imp.line}"
+            target = imp.target
+            if is_package(target, modules):
+                owner = target
+                if owner == "gdnctl":
+                    continue  # the base modules and the version: for everyone
+                if name == owner or name.startswith(owner + "."):
+                    if name != owner and imp.names and modules[name].name != "__init__.py":
+                        # a module importing its own package's __init__ goes round in a circle
+                        if not all(f"{owner}.{n}" in modules for n in imp.names):
+                            problems.append(f"{where}: import siblings directly, not through {owner}")
+                    continue
+                exported = package_exports(owner, modules)
+                if exported is None:
+                    problems.append(f"{where}: {owner} has no __all__")
+                    continue
+                missing = [n for n in imp.names if n not in exported]
+                if missing:
+                    problems.append(f"{where}: {owner} does not export {', '.join(missing)}")
+            else:
+                owner = target.rsplit(".", 1)[0]
+                if owner == "gdnctl" or name.startswith(owner + ".") or name == owner:
+                    continue
+                problems.append(f"{where}: import {target} through its package {owner}")
+    return problems
+
+
+MODULES = all_modules()
+
+
+def test_no_import_circle():
+    assert cycles(edges(MODULES)) == []
+
+
+def test_no_import_points_up_a_layer():
+    assert layer_violations(MODULES) == []
+
+
+def test_other_packages_are_used_through_their_public_api():
+    assert deep_import_violations(MODULES) == []
+
+
+@pytest.mark.parametrize("package", sorted(m for m in MODULES if is_package(m, MODULES) and m != "gdnctl"))
+def test_every_package_names_its_public_api(package):
+    exported = package_exports(package, MODULES)
+    assert exported is not None, f"{package}/__init__.py has no __all__"
+
+
+def test_top_level_and_runtime_stay_small():
+    top = [p.name for p in PACKAGE_DIR.glob("*.py")]
+    runtime = [p.name for p in (PACKAGE_DIR / "runtime").glob("*.py")]
+    assert len(top) <= 8, top
+    assert len(runtime) <= 4, runtime
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import():
+    """The checks above would catch what they claim to (a known-bad graph and import)."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert area("gdnctl.runtime.rl.job") == "runtime" and area("gdnctl.errors") == "base"
+    assert LAYER_RANK[area("gdnctl.validate.pipeline")] > LAYER_RANK[area("gdnctl.plan.run")]
+
+
+if __name__ == "__main__":
+    for problem in [*map(str, cycles(edges(MODULES))), *layer_violations(MODULES), *deep_import_violations(MODULES)]:
+        print(problem)

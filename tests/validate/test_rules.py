@@ -1,0 +1,193 @@
+"""Every rule: one preset that trips it and one that does not (the shipped 35B-A3B GRPO preset, changed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdnctl.validate.findings import RULES, Severity
+from tests.validate.helpers import codes, write_checkpoint
+
+OLD_STACK = {"megatron_core": "0.17.0", "megatron_bridge": "0.4.0"}
+
+
+def _text_only(tmp_path, **extra):
+    path = write_checkpoint(tmp_path / "ckpt", architectures=["Qwen3_5MoeForCausalLM"], **extra)
+    return {"model": {"id": None, "path": str(path)}, "parallel": {"ep": 8, "tp": 2}}
+
+
+# code -> (changes that trip it, changes that do not). A callable gets tmp_path.
+CASES = {
+    "PAR001": ({"cluster": {"gpus_per_node": 7}}, {}),
+    "PAR002": ({"parallel": {"ep": 3}}, {"parallel": {"ep": 8}}),
+    "PAR003": ({"parallel": {"ep": 16}}, {"parallel": {"ep": 8}}),
+    "PAR004": ({"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 2}},
+               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 1}}),
+    "PAR005": ({"parallel": {"sequence_parallel": False}}, {"parallel": {"sequence_parallel": True}}),
+    "PAR006": ({"parallel": {"vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}),
+    "PAR007": ({"cluster": {"nodes": 3}, "parallel": {"pp": 3}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
+    "PAR008": ({"train": {"global_batch_size": 130}}, {"train": {"global_batch_size": 132}}),
+    "PAR009": ({"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},
+               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1}}),
+    "PAR010": ({"job": "sft", "cluster": {"gpu": "cpu"}, "rollout": None},
+               {"job": "selftest", "cluster": {"gpu": "cpu"}, "rollout": None}),
+    "HEAD001": ({"model": {"id": "Qwen/Qwen3.5-27B"}, "cluster": {"nodes": 2}, "parallel": {"tp": 16, "ep": 1}},
+                {"model": {"id": "Qwen/Qwen3.5-27B"}, "parallel": {"tp": 4, "ep": 1}}),
+    "HEAD002": ({"parallel": {"tp": 4, "ep": 2}}, {"parallel": {"tp": 2}}),
+    "HEAD003": ({"cluster": {"nodes": 4}, "parallel": {"tp": 1, "cp": 32}}, {"parallel": {"tp": 2, "cp": 4}}),
+    "HEAD004": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
+                    tmp / "c", linear_num_key_heads=16, linear_num_value_heads=24))},
+                 "cluster": {"nodes": 2}, "parallel": {"tp": 2, "cp": 8, "ep": 8}},
+                {"parallel": {"tp": 2, "cp": 4}}),
+    "HEAD005": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
+                    tmp / "c", linear_num_key_heads=4, linear_num_value_heads=6))}, "parallel": {"ep": 8}},
+                lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
+    "LAY001": ({"runtime": {"megatron_core": "0.15.0"}}, {"runtime": {"megatron_core": "0.16.0"}}),
+    "LAY002": ({"runtime": OLD_STACK, "train": {"layout": "thd"}}, {"runtime": OLD_STACK, "train": {"layout": "auto"}}),
+    "LAY003": ({"runtime": OLD_STACK, "parallel": {"cp": 2}}, {"runtime": {"megatron_core": "0.18.0"},
+                                                              "parallel": {"cp": 2}}),
+    "LAY004": ({"train": {"layout": "bshd"}, "parallel": {"cp": 2}}, {"train": {"layout": "thd"}, "parallel": {"cp": 2}}),
+    "LAY005": ({"train": {"layout": "bshd", "micro_batch_size": 2}}, {"train": {"layout": "bshd"}}),
+    "LAY006": ({"runtime": {"megatron_core": "0.18.0", "megatron_bridge": "0.5.0"}, "parallel": {"cp": 2}},
+               {"parallel": {"cp": 2}}),
+    "LAY007": ({"train": {"layout": "thd", "micro_batch_size": 2}}, {"train": {"layout": "thd"}}),
+    "LAY008": ({"runtime": {"cudnn": "9.18.0"}}, {"runtime": {"cudnn": "9.19.0"}}),
+    "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
+    "BRG001": ({"train": {"bridge": "mbridge"}}, {"train": {"bridge": "megatron-bridge"}}),
+    "BRG002": ({"train": {"precision": "fp8"}}, {"train": {"precision": "bf16"}}),
+    "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
+    "BRG004": ({"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
+               {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}}),
+    "BRG005": ({"model": {"id": "Qwen/Qwen3.5-0.8B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2},
+                "rollout": {"tp": 1}},
+               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2}}),
+    "BRG006": ({"runtime": {"megatron_core": "0.18.0"}}, {"runtime": {"megatron_core": "0.19.0"}}),
+    "KRN001": ({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"}},
+               {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "h100"}}),
+    "KRN002": ({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"}},
+               {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "b200"}}),
+    "KRN003": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
+                    tmp / "c", linear_key_head_dim=64, linear_value_head_dim=64))},
+                "parallel": {"ep": 8}, "kernels": {"gdn_backend": "flashqla"}},
+               lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
+                            "parallel": {"ep": 8}, "kernels": {"gdn_backend": "flashqla"}}),
+    "KRN004": ({"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.2"}},
+               {"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.3"}}),
+    "KRN005": ({"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "none"}},
+               {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}}),
+    "KRN006": ({"kernels": {"gdn_backend": "fla"}}, {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}}),
+    "RLT001": ({"rollout": None}, {}),
+    "RLT002": ({"job": "sft"}, {"job": "sft", "rollout": None}),
+    "RLT003": ({"runtime": {"vllm": "0.20.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}},
+               {"runtime": {"vllm": "0.22.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}}),
+    "RLT004": ({"rollout": {"gdn_prefill_backend": None}}, {"rollout": {"gdn_prefill_backend": "triton"}}),
+    # The vision-language release too: the rollout serves the text-only export either way.
+    "RLT005": ({"runtime": {"vllm": "0.26.0"}}, {"runtime": {"vllm": "0.27.0"}}),
+    "RLT006": ({"rollout": {"tp": 3}}, {"rollout": {"tp": 4}}),
+    "RLT007": ({"rollout": {"colocate": False, "num_gpus": 8}},
+               {"parallel": {"ep": 4}, "rollout": {"colocate": False, "num_gpus": 4}}),
+    "RLT008": ({"rollout": {"python": None}}, {"rollout": {"python": "/opt/vllm/bin/python"}}),
+    "RLT009": ({"cluster": {"nodes": 2}, "parallel": {"ep": 4}, "launch": {"executor": "slurm"},
+                "rollout": {"colocate": False, "num_gpus": 4}},
+               {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}, "rollout": {"colocate": False, "num_gpus": 8}}),
+    "RLT010": ({"train": {"global_batch_size": 132}}, {"train": {"global_batch_size": 136}}),
+    "RLT011": ({"train": {"data_path": None}}, {}),
+    "RLT012": ({"rollout": {"max_response_tokens": 8192}}, {"rollout": {"max_response_tokens": 1024}}),
+    "RLT013": ({}, {"cluster": {"gpu": "cpu"}}),
+    "LCH001": ({"cluster": {"nodes": 2}}, {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}}),
+    "COM001": ({"comm": {"skip_ops": ["all_gather_into_tnesor"]}}, {"comm": {"skip_ops": ["all_gather_into_tensor"]}}),
+    "COM002": ({"comm": {"free_gb_threshold": 100}}, {"comm": {"free_gb_threshold": 3}}),
+    "COM003": ({"comm": {"add_skip_ops": ["barrier"]}}, {"comm": {"add_skip_ops": ["all_reduce"]}}),
+    "MEM001": ({"train": {"optimizer_cpu_offload": False, "recompute": "none"}}, {}),
+    "MEM002": ({"rollout": {"tp": 1, "gpu_memory_utilization": 0.3}}, {"rollout": {"tp": 4}}),
+    "TRN001": ({}, lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
+                                "parallel": {"ep": 8}}),
+    "TRN002": ({"parallel": {"cp": 2}}, {"parallel": {"cp": 1}}),
+}
+
+
+def _changes(spec, tmp_path):
+    return spec(tmp_path) if callable(spec) else spec
+
+
+def test_every_rule_has_a_case():
+    checked = {code for code, info in RULES.items() if info.check is not None}
+    assert checked == set(CASES)
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_rule_trips(code, tmp_path):
+    found = codes(_changes(CASES[code][0], tmp_path))
+    assert code in found, f"{code} did not fire; got {sorted(found)}"
+    for finding in found[code]:
+        assert finding.message.endswith(".") and finding.hint and finding.path
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_rule_stays_quiet(code, tmp_path):
+    found = codes(_changes(CASES[code][1], tmp_path))
+    assert code not in found, found.get(code)
+
+
+def test_two_kv_heads_say_tp_at_most_two():
+    message = codes({"parallel": {"tp": 4, "ep": 2}})["HEAD002"][0].message
+    assert "2 KV heads, so TP <= 2" in message
+
+
+def test_weight_sync_fallback_lists_every_reason():
+    finding = codes({"train": {"bridge": "mbridge", "precision": "fp8", "lora": {"rank": 8, "alpha": 16}}},
+                    base="qwen3-next-80b-a3b-grpo")["BRG002"][0]
+    assert finding.severity is Severity.WARNING
+    for reason in ("mbridge", "fp8", "LoRA"):
+        assert reason in finding.message
+
+
+def test_prefill_flag_missing_before_018():
+    found = codes({"runtime": {"vllm": "0.17.0"}, "rollout": {"gdn_prefill_backend": "triton"}})
+    assert "no --gdn-prefill-backend flag" in found["RLT003"][0].message
+
+
+def test_mtp_with_cp_needs_bridge_060():
+    found = codes({"runtime": {"megatron_bridge": "0.5.0", "megatron_core": "0.18.0"}, "train": {"mtp": True},
+                   "parallel": {"cp": 2}})
+    assert any("context parallel" in f.message for f in found["BRG004"])
+
+
+def test_fp8_needs_the_te_build_gdnctl_does_not_have():
+    found = codes({"train": {"precision": "fp8"}})
+    assert "TRN002" in found
+
+
+def test_text_only_checkpoint_needs_bridge_050(tmp_path):
+    found = codes({**_text_only(tmp_path), "runtime": {"megatron_bridge": "0.4.0", "megatron_core": "0.17.0"},
+                   "train": {"layout": "bshd"}})
+    assert "text-only" in found["BRG003"][0].message
+
+
+def test_separate_rollout_gpus_not_whole_engines():
+    found = codes({"parallel": {"ep": 2}, "rollout": {"colocate": False, "num_gpus": 6}})
+    assert any("whole number" in f.message for f in found["RLT007"])
+
+
+def test_skip_op_query_function_is_named_as_such():
+    finding = codes({"comm": {"skip_ops": ["get_rank"]}})["COM001"][0]
+    assert "query function" in finding.message and finding.path == "comm.skip_ops[0]"
+
+
+def test_threshold_over_quarter_warns():
+    finding = codes({"comm": {"free_gb_threshold": 30}})["COM002"][0]
+    assert finding.severity is Severity.WARNING
+
+
+def test_memory_warning_band():
+    """Between 90% and 100% of the GPU the estimate warns instead of failing."""
+    seen = set()
+    for seq in range(8192, 65536, 1024):
+        for finding in codes({"train": {"seq_length": seq}}).get("MEM001", []):
+            seen.add(finding.severity)
+    assert seen == {Severity.WARNING, Severity.ERROR}
+
+
+def test_every_rule_is_documented():
+    for info in RULES.values():
+        for section in ("What it checks", "Why", "Fix"):
+            assert section in info.doc, f"{info.code} lacks '{section}'"
