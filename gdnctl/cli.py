@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,16 +17,61 @@ from typer.core import TyperGroup
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
 
+# sysexits' EX_SOFTWARE: a bug in gdnctl. Never 1 (the preset has errors) or 2 (unreadable input, bad arguments),
+# so a script can tell a crash from an invalid preset.
+INTERNAL_ERROR_EXIT = 70
+
+
+def _wants_json(ctx) -> bool:
+    """Whether the command line asked for --json (also when the subcommand's own parsing failed)."""
+    return "--json" in ctx.meta.get("gdnctl.argv", ())
+
 
 class _Group(TyperGroup):
-    """Turns a GdnctlError (bad input, not a bug) into one line on stderr and its exit code."""
+    """Turns a GdnctlError (bad input, not a bug) into one line on stderr and its exit code, and any other
+    exception (a bug) into a traceback, a request for a bug report and INTERNAL_ERROR_EXIT. With --json, stdout
+    carries one JSON object for every outcome."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta.setdefault("gdnctl.argv", tuple(args))  # the outermost group sees the whole command line
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except GdnctlError as err:
-            typer.echo(f"gdnctl: {err}", err=True)
+            _report_error(err, _wants_json(ctx))
             raise typer.Exit(err.exit_code) from None
+        except typer.TyperException as err:  # a usage error: click's usage text goes to stderr as always
+            if _wants_json(ctx):
+                _emit_json({"ok": False, "error": err.format_message(), "exit_code": err.exit_code})
+            raise
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as err:  # whatever it is, it is a bug: report it as one
+            _report_crash(err, _wants_json(ctx))
+            raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+
+
+def _report_error(err: GdnctlError, as_json: bool) -> None:
+    result = getattr(err, "result", None)  # PresetHasErrors: the findings are the answer
+    if result is not None and not as_json:
+        from gdnctl.validate import format_findings
+
+        typer.echo(format_findings(result.findings, False), err=True)
+    typer.echo(f"gdnctl: {err}", err=True)
+    if as_json:
+        data = result.to_json() if result is not None else {"ok": False}
+        _emit_json({**data, "ok": False, "error": str(err), "exit_code": err.exit_code})
+
+
+def _report_crash(err: Exception, as_json: bool) -> None:
+    traceback.print_exception(err, file=sys.stderr)
+    message = (f"internal error ({type(err).__name__}): this is a bug in gdnctl {__version__}, not a problem with "
+               "your preset. Please report it with the command you ran and the traceback above.")
+    typer.echo(f"gdnctl: {message}", err=True)
+    if as_json:
+        _emit_json({"ok": False, "error": message, "internal_error": True, "exit_code": INTERNAL_ERROR_EXIT})
 
 
 app = typer.Typer(
@@ -74,8 +120,10 @@ def _emit_json(data: object) -> None:
 
 
 def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"gdnctl: {message}", err=True)
-    raise typer.Exit(code)
+    """Stop with a sentence (and, under --json, the JSON error object) and `code`."""
+    error = GdnctlError(message)
+    error.exit_code = code
+    raise error
 
 
 def _version_callback(value: bool) -> None:
@@ -196,21 +244,16 @@ TemplatesOpt = Annotated[Optional[Path], typer.Option("--templates", help="Direc
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace a non-empty run dir.")]
 
 
-def _render_or_report(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
-                      templates: Optional[Path], dry_run: bool = False):
-    from gdnctl.launch import RenderRefused, default_run_dir, render
-    from gdnctl.validate import format_findings
+def _render(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
+            templates: Optional[Path], dry_run: bool = False):
+    from gdnctl.launch import default_run_dir, render
 
-    try:
-        if run_dir is None:
-            from gdnctl.validate import load_preset
+    if run_dir is None:
+        from gdnctl.validate import load_preset
 
-            loaded = load_preset(preset, overrides)
-            run_dir = default_run_dir(loaded.preset.name if loaded.preset else "run")
-        return render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
-    except RenderRefused as refused:
-        typer.echo(format_findings(refused.result.findings, _colour()), err=True)
-        raise
+        loaded = load_preset(preset, overrides)
+        run_dir = default_run_dir(loaded.preset.name if loaded.preset else "run")
+    return render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
 
 
 def _print_dry_run(rendered) -> None:
@@ -230,7 +273,7 @@ def render(preset: PresetArg,
            json_output: JsonOpt = False) -> None:
     """Write the run dir: engine.yaml, launch_local.sh, launch_slurm.sbatch, manifest.json.
     Refuses a preset with errors (exit 1)."""
-    rendered = _render_or_report(preset, output, set_ or [], force, templates)
+    rendered = _render(preset, output, set_ or [], force, templates)
     if json_output:
         _emit_json({"run_dir": str(rendered.run_dir), "files": sorted([*rendered.files, "manifest.json"]),
                     "manifest": rendered.manifest})
@@ -258,7 +301,7 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     overrides = list(set_ or [])
     if slurm is not None:
         overrides.append(f"launch.executor={'slurm' if slurm else 'local'}")
-    rendered = _render_or_report(preset, run_dir, overrides, force, templates, dry_run=dry_run)
+    rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run)
     if dry_run:
         _print_dry_run(rendered)
         return
@@ -314,10 +357,9 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
 
     result = run_validation(preset, set_ or [])
     if result.run is None or not result.ok:
-        from gdnctl.validate import format_findings
+        from gdnctl.validate import PresetHasErrors
 
-        typer.echo(format_findings(result.findings, _colour()), err=True)
-        _fail(f"{preset} has errors; fix them first (gdnctl validate {preset}).", code=1)
+        raise PresetHasErrors(result, "nothing was compiled")
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
     report = warmer.prewarm(result.run, directory, progress=None if json_output else typer.echo, verify=verify)
     if json_output:

@@ -2,8 +2,8 @@
 kernel cache (`prewarm`) and reading a finished run's comm profiles (`comm_report`)."""
 
 from gdnctl.launch import comm_report, prewarm, submit
-from gdnctl.launch.render import RenderedRun, RenderRefused, render, slurm_job_name
+from gdnctl.launch.render import RenderedRun, render, slurm_job_name
 from gdnctl.launch.submit import default_run_dir
 
-__all__ = ["RenderRefused", "RenderedRun", "comm_report", "default_run_dir", "prewarm", "render",
+__all__ = ["RenderedRun", "comm_report", "default_run_dir", "prewarm", "render",
            "slurm_job_name", "submit"]

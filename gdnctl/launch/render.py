@@ -26,21 +26,9 @@ from gdnctl.errors import GdnctlError
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
-from gdnctl.validate import ValidationResult, validate
+from gdnctl.validate import PresetHasErrors, ValidationResult, validate
 
 TEMPLATES = {"launch_local.sh": "launch_local.sh.j2", "launch_slurm.sbatch": "launch_slurm.sbatch.j2"}
-
-
-class RenderRefused(GdnctlError):
-    """The preset has errors; nothing was written."""
-
-    exit_code = 1
-
-    def __init__(self, result: ValidationResult):
-        self.result = result
-        count = sum(1 for f in result.findings if f.severity.value == "error")
-        super().__init__(f"{result.loaded.source} has {count} error(s); nothing was rendered "
-                         f"(gdnctl validate {result.loaded.source} shows them).")
 
 
 class RunDirNotEmpty(GdnctlError):
@@ -135,9 +123,9 @@ def _sha256(text: str) -> str:
 
 
 def build(result: ValidationResult, run_dir: Path, templates: Path | None = None) -> RenderedRun:
-    """Render every file in memory. Raises RenderRefused when the preset has errors."""
+    """Render every file in memory. Raises PresetHasErrors when the preset has errors."""
     if not result.ok or result.run is None:
-        raise RenderRefused(result)
+        raise PresetHasErrors(result, "nothing was rendered")
     run = result.run
     preset = run.preset
     kernel_cache_dir = os.path.expanduser(preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
@@ -187,12 +175,27 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
     return RenderedRun(run_dir, files, _env_table(run, kernel_cache_dir), result, manifest)
 
 
+def is_gdnctl_run_dir(directory: Path) -> bool:
+    """Whether `directory` holds the manifest.json that `write` puts into every run dir it renders."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"gdnctl_version", "engine_config_sha256"} <= manifest.keys()
+
+
 def write(rendered: RenderedRun, force: bool = False) -> None:
     run_dir = rendered.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirNotEmpty(f"{run_dir} exists and is not a directory; choose another run dir.")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not force:
-        raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace it, or choose another run dir.")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not force:
+            raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace it, or choose another run dir.")
+        # --force replaces the whole directory, so only one that gdnctl rendered: `-o .` in a source tree
+        # must never take the tree with it.
+        if not is_gdnctl_run_dir(run_dir):
+            raise RunDirNotEmpty(f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
+                                 "--force will not replace it; choose another run dir, or empty it yourself.")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.rendering-", dir=run_dir.parent))
     try:

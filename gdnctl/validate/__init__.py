@@ -5,7 +5,7 @@ Importing the package registers every rule and load code (`RULES`)."""
 from gdnctl.validate import codes
 from gdnctl.validate.findings import RULES, Finding, RuleInfo, Severity
 from gdnctl.validate.loader import LoadedPreset, load_preset, resolve_preset_path
-from gdnctl.validate.pipeline import ValidationResult, validate
+from gdnctl.validate.pipeline import PresetHasErrors, ValidationResult, validate
 from gdnctl.validate.report import (
     format_derived,
     format_findings,
@@ -15,6 +15,6 @@ from gdnctl.validate.report import (
     summary_line,
 )
 
-__all__ = ["RULES", "codes", "Finding", "LoadedPreset", "RuleInfo", "Severity", "ValidationResult", "format_derived",
+__all__ = ["RULES", "codes", "Finding", "LoadedPreset", "PresetHasErrors", "RuleInfo", "Severity", "ValidationResult", "format_derived",
            "format_findings", "format_memory", "format_rule_doc", "format_rule_list", "load_preset",
            "resolve_preset_path", "summary_line", "validate"]

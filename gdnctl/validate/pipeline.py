@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import ModelNotFound
 from gdnctl.plan import Run, resolve
 from gdnctl.validate import rules
@@ -60,6 +61,18 @@ class ValidationResult:
     def to_json(self) -> dict:
         return {"preset": self.loaded.source, "ok": self.ok,
                 "findings": [f.to_json() for f in self.findings], "resolved": self.resolved()}
+
+
+class PresetHasErrors(GdnctlError):
+    """The preset was read but has errors, so the command did nothing (exit 1). The CLI prints the findings."""
+
+    exit_code = 1
+
+    def __init__(self, result: ValidationResult, not_done: str) -> None:
+        self.result = result
+        source = result.loaded.source
+        errors = result.count(Severity.ERROR)
+        super().__init__(f"{source} has {errors} error(s); {not_done} (gdnctl validate {source} shows them).")
 
 
 def _path_tuple(path: str) -> tuple:

@@ -74,8 +74,10 @@ def test_never_overwrites_without_force(tmp_path):
     result = render("selftest-cpu", out)
     assert result.exit_code == 2 and "--force" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    assert render("selftest-cpu", out, force=True).exit_code == 0
-    assert not (out / "keep.txt").exists() and (out / "engine.yaml").exists()
+    # not a run dir gdnctl wrote: --force refuses it too (tests/test_cli_outcomes.py has the replace case)
+    forced = render("selftest-cpu", out, force=True)
+    assert forced.exit_code == 2 and "not a gdnctl run dir" in forced.stderr
+    assert (out / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
