@@ -1,7 +1,11 @@
-"""GPU facts the rules need: compute capability (SM) and memory.
+"""GPU facts the rules and the trainer's MFU need: compute capability (SM), memory and dense bf16 peak.
 
 Memory is the capacity a job can use on one GPU in GiB (nvidia-smi's total where we have read one,
 e.g. H100 80GB shows 81559 MiB = 79.6 GiB; otherwise the vendor's nominal figure).
+
+The bf16 peak is the dense Tensor Core figure of NVIDIA's datasheets, in TFLOP/s: half of the "with sparsity"
+figure the datasheets lead with (H100 SXM: 1,979 with sparsity, so 989). MFU against the sparse figure would
+read half as good as it is. None where no datasheet figure was read (MFU is then not reported).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ class GpuSpec:
     description: str
     sm: tuple[int, int] | None  # None for the CPU pseudo-device
     memory_gib: float
+    bf16_dense_tflops: float | None = None
 
     @property
     def sm_label(self) -> str:
@@ -32,18 +37,18 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec("h100", "NVIDIA H100 80GB", (9, 0), 79.6),
-        GpuSpec("h200", "NVIDIA H200 141GB", (9, 0), 140.4),
-        GpuSpec("h800", "NVIDIA H800 80GB", (9, 0), 79.6),
-        GpuSpec("h20", "NVIDIA H20 96GB", (9, 0), 95.0),
-        GpuSpec("gh200", "NVIDIA GH200 96GB", (9, 0), 95.0),
-        GpuSpec("a100", "NVIDIA A100 80GB", (8, 0), 79.2),
-        GpuSpec("a100-40g", "NVIDIA A100 40GB", (8, 0), 39.4),
-        GpuSpec("a800", "NVIDIA A800 80GB", (8, 0), 79.2),
+        GpuSpec("h100", "NVIDIA H100 80GB", (9, 0), 79.6, 989.0),
+        GpuSpec("h200", "NVIDIA H200 141GB", (9, 0), 140.4, 989.0),
+        GpuSpec("h800", "NVIDIA H800 80GB", (9, 0), 79.6, 989.0),
+        GpuSpec("h20", "NVIDIA H20 96GB", (9, 0), 95.0, 148.0),
+        GpuSpec("gh200", "NVIDIA GH200 96GB", (9, 0), 95.0, 989.0),
+        GpuSpec("a100", "NVIDIA A100 80GB", (8, 0), 79.2, 312.0),
+        GpuSpec("a100-40g", "NVIDIA A100 40GB", (8, 0), 39.4, 312.0),
+        GpuSpec("a800", "NVIDIA A800 80GB", (8, 0), 79.2, 312.0),
         GpuSpec("l20", "NVIDIA L20 48GB", (8, 9), 44.5),
-        GpuSpec("l40s", "NVIDIA L40S 48GB", (8, 9), 44.5),
-        GpuSpec("b200", "NVIDIA B200 180GB", (10, 0), 178.0),
-        GpuSpec("gb200", "NVIDIA GB200 186GB", (10, 0), 184.0),
+        GpuSpec("l40s", "NVIDIA L40S 48GB", (8, 9), 44.5, 362.0),
+        GpuSpec("b200", "NVIDIA B200 180GB", (10, 0), 178.0, 2250.0),
+        GpuSpec("gb200", "NVIDIA GB200 186GB", (10, 0), 184.0, 2500.0),
         GpuSpec("b300", "NVIDIA B300 288GB", (10, 3), 268.0),
         GpuSpec("gb300", "NVIDIA GB300 288GB", (10, 3), 268.0),
         GpuSpec("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell 96GB", (12, 0), 95.0),

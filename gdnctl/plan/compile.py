@@ -13,6 +13,7 @@ from gdnctl.schema import (
     EngineConfig,
     EngineGrpo,
     EngineKernels,
+    EngineMetrics,
     EngineParallel,
     EngineRollout,
     EngineSelftest,
@@ -79,6 +80,12 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         rollout=rollout,
         grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
+        metrics=EngineMetrics(
+            peak_bf16_tflops=run.gpu.bf16_dense_tflops,
+            wandb_project=preset.metrics.wandb.project if preset.metrics.wandb else None,
+            wandb_entity=preset.metrics.wandb.entity if preset.metrics.wandb else None,
+            wandb_mode=preset.metrics.wandb.mode if preset.metrics.wandb else None,
+        ),
         runtime_versions={k: v for k, v in run.stack.items() if v is not None},
         env=engine_env(run, kernel_cache_dir),
     )

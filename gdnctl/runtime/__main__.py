@@ -108,7 +108,7 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     dist.init_process_group(backend=backend, timeout=collective_timeout(config))
     try:
         if config.job == "selftest":
-            return selftest.run(config, policy)
+            return selftest.run(config, policy, config_path.parent)
         if config.job == "rl":
             from gdnctl.runtime.rl import job as rl
 

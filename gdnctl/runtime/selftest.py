@@ -17,17 +17,21 @@ import importlib
 import json
 import math
 import random
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from gdnctl.errors import GdnctlError
 from gdnctl.runtime.comm import CommGuardPolicy, CountingProbe
 from gdnctl.runtime.comm import guard as comm_guard
 from gdnctl.runtime.data import layout
+from gdnctl.runtime.train import TENSORBOARD_DIR, MetricsLog, wandb_run_id
 from gdnctl.schema import PROFILE_FILE_PATTERN, EngineConfig, comm_ops
 
 
@@ -342,7 +346,7 @@ class _Checks:
         self.results.append(CheckResult(name, "skipped", detail))
 
 
-def run(config: EngineConfig, policy: CommGuardPolicy) -> int:
+def run(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> int:
     """Run every check on every rank; return 0 when all ranks passed them all, else 1."""
     # torch 2.13 flags all_gather_into_tensor and reduce_scatter_tensor as deprecated; Megatron still calls
     # them, which is why they are tested, and the warning would bury the check lines.
@@ -366,7 +370,48 @@ def run(config: EngineConfig, policy: CommGuardPolicy) -> int:
     _check_profile(checks, config, policy, cases, baseline, ranks)
     _check_layouts(checks, config)
     _check_kernel_backend(checks, config)
+    _check_metrics(checks, config, policy, cases, run_dir)
     return _report(checks)
+
+
+def _check_metrics(checks: _Checks, config: EngineConfig, policy: CommGuardPolicy, cases: list[CollectiveCase],
+                   run_dir: Path) -> None:
+    """The sinks every job logs its steps to work here: one step per selftest step (the wall time of one
+    guarded round of the collectives), to metrics.jsonl, TensorBoard and, when configured, W&B."""
+    name = "metrics"
+    rank = dist.get_rank()
+    try:
+        metrics = MetricsLog(config, run_dir, enabled=rank == 0, group="selftest")
+    except (ImportError, GdnctlError) as error:
+        checks.record(name, False, f"{type(error).__name__}: {error}")
+        return
+    try:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        comm_guard.install(replace(policy, profile=False))
+        try:
+            for step in range(1, config.selftest.steps + 1):
+                started = time.perf_counter()
+                for case in cases:
+                    case.run(group)
+                metrics.log(step, {"round_seconds": time.perf_counter() - started, "collectives": len(cases)})
+        finally:
+            comm_guard.uninstall()
+    finally:
+        metrics.close()
+    if rank != 0:
+        checks.record(name, True, "rank 0 writes the metrics")
+        return
+    written = [json.loads(line) for line in metrics.path.read_text().splitlines()] if metrics.path.is_file() else []
+    events = sorted((run_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))
+    problems = []
+    if len(written) < config.selftest.steps:
+        problems.append(f"{metrics.path} holds {len(written)} steps, expected {config.selftest.steps}")
+    if not events:
+        problems.append(f"no TensorBoard event file in {run_dir / TENSORBOARD_DIR}")
+    sinks = f"{len(written)} steps in {metrics.path.name}, TensorBoard events in {TENSORBOARD_DIR}/"
+    if config.metrics.wandb_project is not None:
+        sinks += f", W&B run {wandb_run_id(run_dir)}"
+    checks.record(name, not problems, "; ".join(problems) or sinks)
 
 
 def _supported_cases(cases: list[CollectiveCase], group: Any) -> tuple[list[CollectiveCase], list[Any], list[str]]:

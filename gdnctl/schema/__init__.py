@@ -9,6 +9,7 @@ from gdnctl.schema.engine import (
     EngineConfig,
     EngineGrpo,
     EngineKernels,
+    EngineMetrics,
     EngineParallel,
     EngineRollout,
     EngineSelftest,
@@ -16,6 +17,7 @@ from gdnctl.schema.engine import (
 )
 from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
 
-__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT",
-           "PROFILE_VERSION", "SBATCH_SAFE", "SBATCH_SAFE_TEXT", "EngineComm", "EngineConfig", "EngineGrpo",
-           "EngineKernels", "EngineParallel", "EngineRollout", "EngineSelftest", "EngineTrain", "Preset", "comm_ops"]
+__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig", "EngineGrpo",
+           "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout", "EngineSelftest", "EngineTrain",
+           "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset", "SBATCH_SAFE", "SBATCH_SAFE_TEXT",
+           "comm_ops"]

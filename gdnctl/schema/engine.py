@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 2
+ENGINE_CONFIG_VERSION = 3  # 3: metrics (MFU peak, W&B)
 
 
 class _Frozen(BaseModel):
@@ -103,6 +103,14 @@ class EngineSelftest(_Frozen):
     steps: int
 
 
+class EngineMetrics(_Frozen):
+    # The GPU's dense bf16 peak (TFLOP/s) that MFU is reported against; None where gdnctl does not know it (CPU).
+    peak_bf16_tflops: float | None
+    wandb_project: str | None
+    wandb_entity: str | None
+    wandb_mode: Literal["online", "offline"] | None
+
+
 class EngineConfig(_Frozen):
     version: int = ENGINE_CONFIG_VERSION
     gdnctl_version: str
@@ -118,6 +126,7 @@ class EngineConfig(_Frozen):
     rollout: EngineRollout | None
     grpo: EngineGrpo | None
     selftest: EngineSelftest | None
+    metrics: EngineMetrics
     runtime_versions: dict[str, str]
     env: dict[str, str]
 

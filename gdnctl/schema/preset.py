@@ -239,6 +239,20 @@ class SelftestSpec(_Section):
     steps: int = Field(3, ge=1, le=1000)
 
 
+class WandbSpec(_Section):
+    project: str = Field(min_length=1, max_length=128, description="Weights & Biases project")
+    entity: str | None = Field(None, max_length=128, description="team or user (default: your W&B default)")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="offline writes the run into RUN_DIR/wandb for `wandb sync` later (no network needed); "
+                          "unset: the WANDB_MODE of the job's environment, else online")
+
+
+class MetricsSpec(_Section):
+    """metrics.jsonl and TensorBoard event files are always written into the run dir; W&B when asked for."""
+
+    wandb: WandbSpec | None = Field(None, description="also log every step to Weights & Biases")
+
+
 class Preset(_Section):
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
@@ -254,3 +268,4 @@ class Preset(_Section):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     selftest: SelftestSpec = Field(default_factory=SelftestSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)

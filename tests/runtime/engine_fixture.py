@@ -45,6 +45,7 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
         "rollout": None,
         "grpo": None,
         "selftest": {"steps": 2},
+        "metrics": {"peak_bf16_tflops": None, "wandb_project": None, "wandb_entity": None, "wandb_mode": None},
         "runtime_versions": {},
         "env": {},
     }

@@ -16,7 +16,6 @@ good one stays what a restart resumes from.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
+from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.rl import batch as rl_batch
@@ -37,7 +37,8 @@ from gdnctl.runtime.rl.chat_template import load_chat_template
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
-from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, RolloutClient, rollout_dir
+from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
+from gdnctl.runtime.train import MetricsLog, eta_text, mfu
 from gdnctl.schema import EngineConfig
 
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
@@ -70,9 +71,14 @@ class RlStepStats:
     kl: float | None
     synced_parameters: int  # rollout parameters whose checksums matched the trainer's
     probe_logprob_abs_diff: float  # rollout vs trainer on the probe sequence, after the sync
+    lr: float
+    tflops_per_gpu: float  # the policy update's model FLOPs
+    mfu: float | None  # against the GPU's dense bf16 peak; None on CPU
+    peak_memory_gib: float | None  # the trainer's GPU memory; None on CPU
+    gdn_backend: str
 
-    def line(self, total: int) -> str:
-        return (f"step {self.step}/{total} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
+    def line(self, total: int, eta: str) -> str:
+        return (f"step {self.step}/{total} | {eta} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
                 f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
                 f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
                 f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
@@ -105,7 +111,9 @@ class RlJob:
         if self.step:
             self._log(f"resumed from {self.save_dir / checkpoint.checkpoint_name(self.step)} at step {self.step}")
         self.row_multiple = sequence_padding_multiple(config.parallel)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics = MetricsLog(config, self.run_dir, enabled=self.rank == 0, group="rl")
+        self.started = time.perf_counter()
+        self.first_step = self.step  # steps before this one were taken by an earlier start (resume)
         self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
         self.client: RolloutClient | None = None
 
@@ -126,7 +134,7 @@ class RlJob:
         self._log_sync_path()
         timeout = self.config.rollout.timeout_s
         process, log_path = None, None
-        if os.environ.get("GDNCTL_ROLLOUT") != "external":
+        if os.environ.get(ROLLOUT_ENV) != EXTERNAL:
             process, log_path = self._spawn_server()
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
         reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
@@ -150,6 +158,8 @@ class RlJob:
         python = self.config.rollout.python or sys.executable
         env = {name: value for name, value in os.environ.items()
                if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
+        # The server is on this host: it listens on loopback only (rollout_server.trainer_shares_host).
+        env[ROLLOUT_ENV] = LOCAL
         command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout"]
         self._log(f"starting the rollout server: {' '.join(command)} (log: {log_path})")
         with log_path.open("ab") as log:
@@ -241,6 +251,7 @@ class RlJob:
             if synced is not None:
                 result, probe_gap = synced
                 rewards = torch.tensor([s.reward for s in samples])
+                tflops = self._train_tflops(stats["tokens"], len(samples), train_seconds)
                 self._report(RlStepStats(
                     step=self.step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
                     response_length=generated / len(samples),
@@ -249,7 +260,11 @@ class RlJob:
                     rollout_seconds=rollout_seconds, train_seconds=train_seconds, sync_seconds=sync_seconds,
                     loss=stats["loss"], grad_norm=stats["grad_norm"],
                     rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"], kl=stats.get("kl"),
-                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap))
+                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap, lr=config.train.lr,
+                    tflops_per_gpu=tflops, mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
+                    peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda"
+                                     else None),
+                    gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)"))
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
                 self.policy.save(self.save_dir, self.step)
@@ -262,15 +277,22 @@ class RlJob:
         batches = [rl_batch.build_batch(part, self.pad_id, multiple=self.row_multiple) for part in parts]
         return self.policy.train_step(batches, self.config.grpo)
 
+    def _train_tflops(self, tokens: int, sequences: int, seconds: float) -> float:
+        """Model TFLOP/s per GPU of the policy update (all ranks' tokens; `tokens` is the global count)."""
+        per_token = flops.train_flops_per_token(self.config.model, tokens / max(sequences, 1))
+        return per_token * tokens / max(seconds, 1e-9) / dist.get_world_size() / 1e12
+
     # --- logs -------------------------------------------------------------------------------------------
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
+        self.metrics.close()
 
     def _report(self, stats: RlStepStats) -> None:
-        print(stats.line(self.config.train.train_iters), flush=True)
-        with self.metrics_path.open("a") as handle:
-            handle.write(json.dumps(asdict(stats)) + "\n")
+        total = self.config.train.train_iters
+        pace = (time.perf_counter() - self.started) / max(stats.step - self.first_step, 1)
+        print(stats.line(total, eta_text(stats.step, total, pace)), flush=True)
+        self.metrics.log(stats.step, asdict(stats))
 
     def _log(self, message: str) -> None:
         if self.rank == 0:

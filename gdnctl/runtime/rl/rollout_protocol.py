@@ -1,25 +1,36 @@
 """How the rl trainer talks to its rollout server: an authenticated socket, one request and one answer at a time.
 
 The rollout server (`python -m gdnctl.runtime --role rollout`) runs in vLLM's own environment, so the two
-sides share nothing but this module (stdlib only) and the run dir. The server listens on a free port and
-publishes `{host, port, authkey}` in RUN_DIR/rollout/address.json (mode 0600, written atomically); the trainer
-either spawns the server itself (colocated, or a local run) or finds the file the Slurm script's rollout step
-wrote. Requests and answers are plain dicts of lists and numbers (multiprocessing.connection pickles them and
-checks the authkey first); tensors travel as safetensors files in the run dir.
+sides share nothing but this module (stdlib only) and the run dir. The server listens on a free port (loopback
+when the trainer's rank 0 is on its host, its node's address otherwise) and publishes `{host, port, authkey}` in
+RUN_DIR/rollout/address.json (mode 0600, written atomically); the trainer either spawns the server itself
+(colocated, or a local run) or finds the file the Slurm script's rollout step wrote. Requests and answers are
+plain dicts of lists and numbers (multiprocessing.connection pickles them, after the authkey handshake);
+tensors travel as safetensors files in the run dir.
 
 A dead or hung server must fail the job with a sentence, never hang it: every request has a deadline, and
-while waiting the client checks that a server it spawned is still alive.
+while waiting the client checks that a server it spawned is still alive. Whoever else reaches the port must not
+end the job either: a peer that fails the handshake, or stalls in it, is logged and dropped, and the server
+goes on waiting for the trainer.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
 import socket
+import struct
 import subprocess
 import time
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import (
+    AuthenticationError,
+    Client,
+    Connection,
+    answer_challenge,
+    deliver_challenge,
+)
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +39,14 @@ from gdnctl.errors import GdnctlError
 ADDRESS_FILE = "address.json"
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
 POLL_SECONDS = 1.0
+# The trainer passes the handshake in milliseconds; the server serves one peer at a time, so a peer that takes
+# longer is dropped rather than allowed to keep the trainer waiting behind it.
+HANDSHAKE_SECONDS = 10.0
+# Who started the rollout server, in the environment of both sides: `external` is the Slurm script's separate
+# step (the trainer finds it through the run dir), `local` a server the trainer's rank 0 spawned beside itself.
+ROLLOUT_ENV = "GDNCTL_ROLLOUT"
+EXTERNAL, LOCAL = "external", "local"
+LOOPBACK = "127.0.0.1"
 
 
 class RolloutError(GdnctlError):
@@ -40,11 +59,18 @@ def rollout_dir(run_dir: Path) -> Path:
     return run_dir / "rollout"
 
 
-def listen(run_dir: Path) -> Listener:
-    """Bind a free port on this host and publish the address for the trainer; returns the listener."""
+def listen(run_dir: Path, *, local: bool, handshake_seconds: float = HANDSHAKE_SECONDS) -> RolloutListener:
+    """Bind a free port and publish the address for the trainer; returns the listener.
+
+    `local`: the trainer's rank 0 runs on this host, so the server listens on loopback only; otherwise on the
+    address the trainer reaches this node by (remote_bind_address)."""
     authkey = secrets.token_bytes(32)
-    host = socket.gethostname()
-    listener = Listener((_bind_address(host), 0), authkey=authkey)
+    if local:
+        host = bind = LOOPBACK
+    else:
+        host = socket.gethostname()
+        bind = remote_bind_address(host)
+    listener = RolloutListener(bind, authkey, handshake_seconds)
     directory = rollout_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"host": host, "port": listener.address[1], "authkey": authkey.hex(), "pid": os.getpid()})
@@ -57,14 +83,115 @@ def listen(run_dir: Path) -> Listener:
     return listener
 
 
-def _bind_address(host: str) -> str:
-    # Listen on every interface when the trainer may be on another node (Slurm rollout step); the authkey guards
-    # it. Loopback alone would do for a local run, but the address file cannot tell which case this is.
+def remote_bind_address(host: str) -> str:
+    """The address to listen on for a trainer on another node, which connects to this node's name `host` (what
+    the address file carries): the interface that name resolves to."""
     try:
-        socket.getaddrinfo(host, None)
-        return "0.0.0.0"
+        address = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror:
-        return "127.0.0.1"
+        raise RolloutError(f"this node's name {host} does not resolve, so the trainer cannot reach the rollout "
+                           "server by it; add the name to DNS or /etc/hosts, or set rollout.colocate: true.") from None
+    # A name that resolves to loopback here (Debian's `127.0.1.1 <name>` line in /etc/hosts) resolves to the
+    # node's real address on the trainer's node, which this node cannot tell: every interface is the one that
+    # surely includes it (the authkey still guards the port).
+    return "0.0.0.0" if ipaddress.ip_address(address).is_loopback else address
+
+
+class RolloutListener:
+    """The server's end of the socket: `accept()` returns the next connection that passes the authkey handshake."""
+
+    def __init__(self, bind: str, authkey: bytes, handshake_seconds: float) -> None:
+        # A queue of several, so that connections arriving behind a stalled one wait instead of being dropped.
+        self._socket = socket.create_server((bind, 0), backlog=8)
+        self._authkey = authkey
+        self._handshake_seconds = handshake_seconds
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._socket.getsockname()[:2]
+
+    def accept(self) -> Connection:
+        """Wait for a peer that knows the authkey; every other peer is logged with why, closed, and waited past."""
+        while True:
+            peer_socket, (peer_host, peer_port) = self._socket.accept()
+            try:
+                return _handshake(peer_socket, self._authkey, self._handshake_seconds)
+            except (AuthenticationError, EOFError, OSError) as error:
+                peer_socket.close()
+                print(f"gdnctl rollout: dropped a connection from {peer_host}:{peer_port}: "
+                      f"{_refusal(error, self._handshake_seconds)}", flush=True)
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> RolloutListener:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _NotTheProtocol(OSError):
+    """A peer sent a message header that no rollout client sends."""
+
+
+def _handshake(peer_socket: socket.socket, authkey: bytes, seconds: float) -> Connection:
+    """multiprocessing.connection's mutual authkey handshake (what its Listener.accept runs, so the trainer's
+    stdlib Client needs nothing new), all of it within `seconds`; the authenticated Connection."""
+    channel = _DeadlineChannel(peer_socket, time.monotonic() + seconds)
+    deliver_challenge(channel, authkey)
+    answer_challenge(channel, authkey)
+    # Blocking again: the Connection reads the file descriptor itself, and requests may take minutes.
+    peer_socket.settimeout(None)
+    return Connection(peer_socket.detach())
+
+
+class _DeadlineChannel:
+    """The two calls the stdlib handshake makes of a Connection, over a socket with one deadline for every read
+    and write: a Connection would block for as long as a peer stalls or trickles its bytes."""
+
+    def __init__(self, peer_socket: socket.socket, deadline: float) -> None:
+        self._socket = peer_socket
+        self._deadline = deadline
+
+    def send_bytes(self, data: bytes) -> None:
+        self._arm()
+        self._socket.sendall(struct.pack("!i", len(data)) + data)  # multiprocessing.connection's framing
+
+    def recv_bytes(self, maxlength: int) -> bytes:
+        (size,) = struct.unpack("!i", self._read(4))
+        if not 0 <= size <= maxlength:
+            raise _NotTheProtocol(f"a message header announcing {size} bytes")
+        return self._read(size)
+
+    def _read(self, count: int) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            self._arm()
+            chunk = self._socket.recv(count - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return bytes(data)
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self._socket.settimeout(left)
+
+
+def _refusal(error: BaseException, handshake_seconds: float) -> str:
+    """Why a peer was dropped, for the log."""
+    if isinstance(error, TimeoutError):
+        return f"it did not finish the handshake within {handshake_seconds:g} s"
+    if isinstance(error, EOFError):
+        return "it disconnected during the handshake"
+    if isinstance(error, AuthenticationError):
+        return "it answered the authkey challenge wrongly (not the trainer, or a stale address file)"
+    if isinstance(error, _NotTheProtocol):
+        return f"it sent bytes that are not the rollout protocol ({error})"
+    return f"the connection broke during the handshake ({error})"
 
 
 class RolloutClient:
@@ -146,13 +273,9 @@ def _try_connect(address_file: Path) -> Connection | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     try:
-        return Client(_connect_address(address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
+        return Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
     except ConnectionRefusedError:
         return None
-
-
-def _connect_address(host: str, port: int) -> tuple[str, int]:
-    return ("127.0.0.1" if host == socket.gethostname() else host), port
 
 
 def _see_log(log_path: Path | None) -> str:

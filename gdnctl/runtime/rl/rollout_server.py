@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.runtime.rl import rollout_protocol, weight_sync
-from gdnctl.schema import EngineConfig
+from gdnctl.schema import EngineConfig, EngineRollout
 
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
 # tiny test models with a few hundred tokens per sequence.
@@ -118,6 +118,12 @@ class VllmRollout:
     def start(self, model: str) -> dict[str, Any]:
         from vllm import LLM
 
+        # load_weights sends gdnctl's own functions (refresh_cpu_*, weight_sync's checksums) to the workers
+        # through LLM.apply_model, whose callable vLLM's msgpack transport to the engine core pickles only when
+        # this is set; generate and collective_rpc("reload_weights", path) need no pickle. Set here, in the
+        # rollout server's own process, it reaches this engine (its engine-core and worker processes inherit it)
+        # and nothing of the trainer's.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         began = time.perf_counter()
         self.llm = LLM(**engine_kwargs(self.config, model))
         return {"seconds": time.perf_counter() - began}
@@ -170,13 +176,22 @@ class VllmRollout:
 
 
 def serve(config: EngineConfig, run_dir: Path) -> int:
-    # Our own module-level functions go to the workers through apply_model; vLLM refuses to pickle callables
-    # for its worker processes unless this is set.
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    listener = rollout_protocol.listen(run_dir)
-    print(f"gdnctl rollout: listening on port {listener.address[1]}", flush=True)
+    listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout))
+    host, port = listener.address
+    print(f"gdnctl rollout: listening on {host}:{port}", flush=True)
     with listener, listener.accept() as connection:
         return _serve_connection(VllmRollout(config), connection)
+
+
+def trainer_shares_host(rollout: EngineRollout) -> bool:
+    """Whether the trainer's rank 0, the server's only client, runs on this host, so loopback is all it needs.
+
+    A colocated rollout always is beside it (rank 0 spawns it, whatever the executor), and so is any server rank
+    0 spawned (a local run with rollout.colocate: false; _spawn_server in job.py marks it). The one server on
+    another node is the Slurm script's separate rollout step (GDNCTL_ROLLOUT=external): it listens on the
+    interface the trainer's node reaches it by.
+    """
+    return rollout.colocate or os.environ.get(rollout_protocol.ROLLOUT_ENV) == rollout_protocol.LOCAL
 
 
 def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:

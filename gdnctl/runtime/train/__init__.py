@@ -1,8 +1,13 @@
-"""The sft / pretrain trainer on Megatron-Core: start-up order, GDN warm-up, steps, metrics, checkpoints."""
+"""The sft / pretrain trainer on Megatron-Core (start-up order, GDN warm-up, steps, checkpoints) and where every
+job's per-step metrics go (metrics.jsonl, TensorBoard, W&B)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
-_HOMES = {"Trainer": "trainer", "ADAM_BETAS": "trainer", "CLIP_GRAD": "trainer", "WEIGHT_DECAY": "trainer",
-    "run_training": "trainer"}
-__all__ = ["ADAM_BETAS", "CLIP_GRAD", "Trainer", "WEIGHT_DECAY", "run_training", "trainer"]
+_HOMES = {
+    "ADAM_BETAS": "trainer", "CLIP_GRAD": "trainer", "Trainer": "trainer", "WEIGHT_DECAY": "trainer",
+    "METRICS_FILE": "metrics", "MetricsLog": "metrics", "TENSORBOARD_DIR": "metrics", "eta_text": "metrics",
+    "mfu": "metrics", "wandb_run_id": "metrics",
+}
+__all__ = ["ADAM_BETAS", "CLIP_GRAD", "METRICS_FILE", "MetricsLog", "TENSORBOARD_DIR", "Trainer", "WEIGHT_DECAY",
+           "eta_text", "metrics", "mfu", "trainer", "wandb_run_id"]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -1,24 +1,41 @@
-"""The trainer <-> rollout server socket against real server processes: answers, errors, a crash, a hang."""
+"""The trainer <-> rollout server socket against real server processes: answers, errors, a crash, a hang, and
+peers on the port that are not the trainer."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
+from multiprocessing.connection import AuthenticationError, Client
 from pathlib import Path
 
 import pytest
 
-from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, RolloutClient, RolloutError, rollout_dir
+from gdnctl.runtime.rl.rollout_protocol import (
+    ADDRESS_FILE,
+    LOCAL,
+    ROLLOUT_ENV,
+    RolloutClient,
+    RolloutError,
+    listen,
+    remote_bind_address,
+    rollout_dir,
+)
 
+HANDSHAKE_SECONDS = 2
 SERVER = """
 import sys, time
 from pathlib import Path
 from gdnctl.runtime.rl.rollout_protocol import listen
 behaviour = sys.argv[2]
-with listen(Path(sys.argv[1])) as listener, listener.accept() as connection:
+with listen(Path(sys.argv[1]), local=True, handshake_seconds=float(sys.argv[3])) as listener, \\
+        listener.accept() as connection:
     while True:
         request = connection.recv()
         if request["op"] == "shutdown":
@@ -35,8 +52,8 @@ with listen(Path(sys.argv[1])) as listener, listener.accept() as connection:
 def start(tmp_path: Path, behaviour: str) -> tuple[subprocess.Popen, Path]:
     log = tmp_path / "rollout.log"
     with log.open("w") as handle:
-        process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour], stdout=handle,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS)],
+                                   stdout=handle, stderr=subprocess.STDOUT)
     return process, log
 
 
@@ -91,3 +108,110 @@ def test_an_address_left_by_a_gone_server_is_waited_past_until_the_new_one_liste
     client = RolloutClient.connect(tmp_path, timeout=30, process=fresh, log_path=log)
     assert client.request("echo", value=7, timeout=10) == {"echo": 7}
     client.close()
+
+
+# --- peers that are not the trainer --------------------------------------------------------------------------
+
+def server_address(run_dir: Path) -> tuple[str, int]:
+    """The address the server published, once it listens."""
+    path = rollout_dir(run_dir) / ADDRESS_FILE
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "the server published no address"
+        time.sleep(0.05)
+    address = json.loads(path.read_text())
+    return address["host"], address["port"]
+
+
+def recv_exactly(peer: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = peer.recv(count - len(data))
+        assert chunk, "the server closed the connection early"
+        data += chunk
+    return data
+
+
+def send_junk(address: tuple[str, int]) -> None:
+    with socket.create_connection(address) as peer:
+        peer.sendall(b"GET / HTTP/1.1\r\nHost: rollout\r\n\r\n")
+        peer.shutdown(socket.SHUT_WR)
+        # Close only once the server has dropped us, so that it reads the junk rather than a reset.
+        try:
+            while peer.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+
+
+def send_a_wrong_authkey(address: tuple[str, int]) -> None:
+    with pytest.raises(AuthenticationError):
+        Client(address, authkey=b"not the authkey")
+
+
+def stall(address: tuple[str, int]) -> socket.socket:
+    return socket.create_connection(address)  # says nothing; closed once the trainer got through
+
+
+def hang_up_mid_handshake(address: tuple[str, int]) -> None:
+    with socket.create_connection(address) as peer:
+        (size,) = struct.unpack("!i", recv_exactly(peer, 4))
+        recv_exactly(peer, size)  # the server's challenge, left unanswered
+
+
+@pytest.mark.parametrize(("fault", "logged"), [
+    (send_junk, "it sent bytes that are not the rollout protocol (a message header announcing"),
+    (send_a_wrong_authkey, "it answered the authkey challenge wrongly"),
+    (stall, f"it did not finish the handshake within {HANDSHAKE_SECONDS} s"),
+    (hang_up_mid_handshake, "it disconnected during the handshake"),
+], ids=["junk", "wrong-authkey", "stall", "hang-up"])
+def test_a_peer_that_fails_the_handshake_is_logged_and_the_trainer_still_gets_through(tmp_path, fault, logged):
+    process, log = start(tmp_path, "answer")
+    peer = fault(server_address(tmp_path))
+    began = time.monotonic()
+    client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
+    assert client.request("echo", value=[1, 2], timeout=10) == {"echo": [1, 2]}
+    assert time.monotonic() - began < HANDSHAKE_SECONDS + 5  # at most one handshake's time behind the peer
+    client.close()
+    if peer is not None:
+        peer.close()
+    assert process.returncode == 0
+    dropped = [line for line in log.read_text().splitlines() if "dropped" in line]
+    assert len(dropped) == 1, log.read_text()
+    assert re.fullmatch(r"gdnctl rollout: dropped a connection from 127\.0\.0\.1:\d+: " + re.escape(logged) + ".*",
+                        dropped[0]), dropped[0]
+
+
+def test_a_server_beside_the_trainer_listens_on_loopback_only(tmp_path):
+    with listen(tmp_path, local=True) as listener:
+        published = json.loads((rollout_dir(tmp_path) / ADDRESS_FILE).read_text())
+        assert listener.address == ("127.0.0.1", published["port"])
+        assert published["host"] == "127.0.0.1"
+
+
+def test_a_server_on_another_node_listens_where_its_name_resolves():
+    assert remote_bind_address("10.1.2.3") == "10.1.2.3"
+    # A name that resolves to loopback here (Debian's 127.0.1.1 line) is reached elsewhere at an address this
+    # node cannot name.
+    assert remote_bind_address("localhost") == "0.0.0.0"
+    with pytest.raises(RolloutError, match="no-such-host.invalid does not resolve"):
+        remote_bind_address("no-such-host.invalid")
+
+
+@pytest.mark.parametrize(("colocate", "marked", "beside"), [
+    (True, None, True), (False, LOCAL, True), (False, "external", False), (False, None, False),
+])
+def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(monkeypatch, colocate, marked,
+                                                                                  beside):
+    from gdnctl.runtime.rl.rollout_server import trainer_shares_host
+    from gdnctl.schema import EngineRollout
+
+    rollout = EngineRollout.model_validate({
+        "engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": colocate, "gdn_prefill_backend": None,
+        "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2, "prompts_per_step": 1,
+        "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 60.0, "probe_tolerance": 0.1, "python": None})
+    if marked is None:
+        monkeypatch.delenv(ROLLOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ROLLOUT_ENV, marked)
+    assert trainer_shares_host(rollout) is beside

@@ -1,0 +1,115 @@
+"""Where a job's per-step metrics go: `metrics.jsonl` and TensorBoard event files in the run dir, always, and
+Weights & Biases when the engine config asks for it. Only rank 0 writes (the values are already reduced).
+
+W&B's run id is kept in the run dir (`wandb/run_id`), so a requeued or resumed job continues the same W&B run
+instead of starting a new one per restart. `WANDB_MODE=offline` (or `metrics.wandb.mode: offline`) works
+without a network; `wandb sync RUN_DIR/wandb/offline-run-*` uploads it later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gdnctl.errors import GdnctlError
+from gdnctl.schema import EngineConfig
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+WANDB_RUN_ID_FILE = "run_id"
+
+
+class MetricsSetupError(GdnctlError):
+    """A metrics sink the engine config asks for cannot be used here."""
+
+
+def mfu(tflops_per_gpu: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation against the GPU's dense bf16 peak (never the 2:4-sparse figure); None on CPU."""
+    if not peak_tflops:
+        return None
+    return tflops_per_gpu / peak_tflops
+
+
+def eta_text(done: int, total: int, seconds_per_step: float) -> str:
+    """'ETA 1h02m' for the steps left at the recent pace."""
+    left = max(total - done, 0) * seconds_per_step
+    if not math.isfinite(left):
+        return "ETA ?"
+    hours, rest = divmod(int(left), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"ETA {hours}h{minutes:02d}m" if hours else f"ETA {minutes}m{seconds:02d}s"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of this run dir: read back on a restart, made (and kept) on the first start."""
+    path = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
+    if path.is_file():
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(run_id + "\n")
+    temporary.replace(path)
+    return run_id
+
+
+class MetricsLog:
+    """One call per step: `log(step, values)` with scalar values (numbers, bools) and labels (strings)."""
+
+    def __init__(self, config: EngineConfig, run_dir: Path, *, enabled: bool, group: str) -> None:
+        self.enabled = enabled
+        self.group = group  # the scalar tag prefix: "train", "rl", "selftest"
+        self.path = run_dir / METRICS_FILE
+        self._tensorboard = None
+        self._wandb = None
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (runtime extra)
+
+        self._tensorboard = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR))
+        settings = config.metrics
+        if settings.wandb_project is not None:
+            self._wandb = _start_wandb(config, run_dir)
+
+    def log(self, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"time": round(time.time(), 3), **values}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        scalars = {name: float(value) for name, value in values.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None}
+        for name, value in scalars.items():
+            self._tensorboard.add_scalar(f"{self.group}/{name}", value, step)
+        self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log({f"{self.group}/{name}": value for name, value in scalars.items()}, step=step)
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _start_wandb(config: EngineConfig, run_dir: Path):
+    try:
+        import wandb
+    except ImportError:
+        raise MetricsSetupError("metrics.wandb is set but the wandb package is not installed in the trainer's "
+                                "environment; pip install wandb there, or remove metrics.wandb.") from None
+    settings = config.metrics
+    directory = run_dir / WANDB_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    return wandb.init(project=settings.wandb_project, entity=settings.wandb_entity, name=config.name,
+                      id=wandb_run_id(run_dir), resume="allow", mode=settings.wandb_mode, dir=str(directory),
+                      config={"engine": config.model_dump(mode="json")})
