@@ -149,7 +149,7 @@ class MegatronPolicy:
         read back from the files (for the sync checksums)."""
         trainer = self.trainer
         checkpoint.save_hf(trainer.model, self.config.model, trainer.place, trainer.groups, directory,
-                           self.hf_config)
+                           self.hf_config, durable=False)
         dist.barrier()
         if dist.get_rank() != 0:
             return None

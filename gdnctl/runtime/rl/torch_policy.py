@@ -153,10 +153,8 @@ class TorchPolicy:
         """A checkpoint in the Megatron trainer's layout (HF weights in fp32, each rank's optimizer state,
         trainer_state.json); `latest` moves to it once every rank has written."""
         directory = save_dir / checkpoint.checkpoint_name(step)
-        if dist.get_rank() == 0:
-            weight_sync.write_weights(self.hf_tensors(), directory, dtype=torch.float32, config=self.hf_config)
-        dist.barrier()
-        checkpoint.save_training_state(directory, self.optimizer, {"iteration": step})
+        written = checkpoint.save_tensors(self.hf_tensors(), directory, self.hf_config) if dist.get_rank() == 0 else {}
+        checkpoint.save_training_state(directory, self.optimizer, {"iteration": step}, written)
         dist.barrier()
         if dist.get_rank() == 0:
             checkpoint.mark_latest(save_dir, directory.name)
