@@ -320,7 +320,11 @@ def launch(preset: PresetArg, set_: SetOpt = None,
 
 @app.command()
 def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this preset against the machine.")] = None,
-           set_: SetOpt = None, json_output: JsonOpt = False,
+           set_: SetOpt = None,
+           json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text: the "
+                                                     "checks, and the machine facts as --save-facts writes them "
+                                                     "(credential-like values redacted); progress goes to "
+                                                     "stderr.")] = False,
            kernels: Annotated[bool, typer.Option("--kernels", help="Run fla, flashqla and an fp32 reference at "
                                                  "the preset's per-rank GDN shapes and compare (GPU).")] = False,
            bench: Annotated[bool, typer.Option("--bench", help="Time fla vs flashqla at those shapes (GPU).")] = False,
@@ -328,14 +332,31 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
            facts_file: Annotated[Optional[Path], typer.Option("--facts", help="Judge facts saved with "
                                                               "--save-facts instead of probing this machine.")] = None,
            save_facts: Annotated[Optional[Path], typer.Option("--save-facts", help="Write the probed machine "
-                                                              "facts as JSON (to share or replay).")] = None) -> None:
-    """Can this machine run the preset? One line per check (OK/WARN/FAIL/SKIP); exit 1 on any FAIL."""
+                                                              "facts as JSON (to share or replay): the versions, "
+                                                              "GPUs and kernel cache, and only the environment "
+                                                              "variables listed above, a credential-like name's "
+                                                              "value replaced by <redacted>.")] = None) -> None:
+    """Can this machine run the preset? One line per check (OK/WARN/FAIL/SKIP); exit 1 on any FAIL.
+
+    The machine facts (--json, --save-facts) are: the Python, torch and CUDA versions, the GPUs, the driver,
+    NCCL and cuDNN versions, the installed versions of the kernel, training and rollout packages, why torch
+    or flash_qla fails to import, the kernel cache directory, rollout.python's vLLM, and these environment
+    variables only: NCCL_*, TORCH_NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS, PYTORCH_CUDA_ALLOC_CONF, FLA_FLASH_QLA,
+    FLA_DISABLE_BACKEND_DISPATCH, TILELANG_CACHE_DIR, CUDA_VISIBLE_DEVICES. A variable whose name contains
+    TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL or AUTH (any case) is recorded by name with the value
+    <redacted>, in the text report too.
+
+    --kernels and --bench run FlashQLA, which TileLang compiles on first use (minutes per shape from a cold
+    cache; gdnctl prewarm PRESET does it once ahead of the job); the compiler's own output goes to
+    gdnctl-compile.log in the kernel cache directory.
+    """
     from gdnctl.doctor import doctor_report
 
     # Kernel libraries (TileLang) log to stdout; with --json, stdout must carry the one JSON object only.
     with _stdout_to_stderr(json_output and (kernels or bench)):
         result = doctor_report(preset, set_ or [], facts_file=facts_file, save_facts=save_facts, kernels=kernels,
-                               bench=bench, chart=chart, progress=None if json_output else typer.echo)
+                               bench=bench, chart=chart,
+                               progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
     if json_output:
         _emit_json(result.to_json())
     else:
@@ -350,7 +371,11 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
             verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh "
                                                  "process afterwards.")] = True,
             json_output: JsonOpt = False) -> None:
-    """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache."""
+    """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache.
+
+    Says up front what the compile will cost (minutes per shape from a cold cache), prints a line per kernel
+    while TileLang compiles, and appends the compiler's own output to gdnctl-compile.log in the cache. With
+    --json the progress goes to stderr."""
     from gdnctl.launch import prewarm as warmer
     from gdnctl.plan import DEFAULT_KERNEL_CACHE
     from gdnctl.validate import validate as run_validation
@@ -361,7 +386,8 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
 
         raise PresetHasErrors(result, "nothing was compiled")
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
-    report = warmer.prewarm(result.run, directory, progress=None if json_output else typer.echo, verify=verify)
+    report = warmer.prewarm(result.run, directory, verify=verify,
+                            progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
     if json_output:
         _emit_json(report)
         return

@@ -10,10 +10,24 @@ from pathlib import Path
 PACKAGES = ("torch", "triton", "flash-qla", "tilelang", "fla-core", "flash-linear-attention", "megatron-core",
             "megatron-bridge", "transformer-engine", "transformer_engine", "vllm", "nvidia-cudnn-cu12",
             "nvidia-cudnn-cu13", "transformers")
-# Environment variables the env lint reads.
+# Environment variables the env lint reads; the only ones facts record (cli.py's doctor help lists them too).
 ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH",
              "TILELANG_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+# Facts are shared and pasted into issues, so a variable whose name looks like a credential keeps its name (the
+# env lint still sees that it is set) and loses its value: a prefix such as NCCL_ matches whatever a site or a
+# plugin chose to call its variables.
+CREDENTIAL_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+REDACTED = "<redacted>"
+
+
+def looks_like_credential(name: str) -> bool:
+    upper = name.upper()
+    return any(marker in upper for marker in CREDENTIAL_MARKERS)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {name: REDACTED if looks_like_credential(name) else value for name, value in env.items()}
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,7 @@ class KernelCacheFact:
     path: str
     exists: bool
     writable: bool
-    entries: int  # compiled kernels found (files under the cache dir)
+    entries: int  # compiled kernels found (files under the cache dir, gdnctl's compile log aside)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,11 @@ class MachineFacts:
     env: dict[str, str] = field(default_factory=dict)
     kernel_cache: KernelCacheFact | None = None
     rollout_env: RolloutEnvFact | None = None  # probed only for a preset that names rollout.python
+
+    def __post_init__(self):
+        # Here rather than in the probe: facts loaded with --facts (written by an older gdnctl, or by hand) and
+        # facts built in code pass through the same gate before any report, --json or --save-facts sees them.
+        object.__setattr__(self, "env", redact_env(self.env))
 
     def version(self, distribution: str) -> str | None:
         return self.packages.get(distribution)

@@ -1,11 +1,15 @@
 """`gdnctl doctor --kernels / --bench`: the GDN kernels at the preset's per-rank shapes on this GPU.
 
 Parity runs each backend through the runtime's adapter against the fp32 reference, forward and backward,
-and reports the largest relative error per tensor; timing uses triton's do_bench (median).
+and reports the largest relative error per tensor; timing uses triton's do_bench (median). Both run inside
+`flashqla_compiled`, which has TileLang compile (or load) FlashQLA's kernels at every shape first, saying what
+that costs and which kernel it is on, with the compiler's own output in the kernel cache's log.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +43,25 @@ def _available(backend: str, run):
         return None, str(err)
 
 
+@contextlib.contextmanager
+def flashqla_compiled(run, facts: MachineFacts, preset_args: str,
+                      progress: Callable[[str], None] | None) -> Iterator[Callable[[str], None] | None]:
+    """Compile (or load) FlashQLA's kernels at the preset's shapes, then run the block with the compiler's output
+    still going to the kernel cache's log; yields the progress callback for the block. Where FlashQLA cannot run,
+    nothing is compiled and the checks say why. `preset_args`: the preset and its --set overrides, as typed."""
+    kernel, _ = _available("flashqla", run) if facts.gpus else (None, None)
+    if kernel is None:
+        yield progress
+        return
+    from gdnctl.runtime.kernels import compile_quietly, time_shapes
+
+    shapes = run.gdn_rank_shapes()
+    with compile_quietly(shapes, progress, header=f"gdnctl doctor {preset_args}",
+                         prewarm=f"gdnctl prewarm {preset_args}") as say:
+        time_shapes(shapes, say, kernel=kernel)
+        yield say
+
+
 def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
     if not facts.gpus:
         return [Check("kernels", Status.SKIP, "no CUDA GPU: kernel parity needs one")]
@@ -52,9 +75,7 @@ def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
             results.append(Check(f"kernels.{backend}", Status.FAIL if chosen else Status.SKIP, reason or ""))
             continue
         for shape in run.gdn_rank_shapes():
-            _say(progress, f"doctor: {backend} vs fp32 reference at {shape.name} "
-                           "(FlashQLA compiles on first use: minutes)" if backend == "flashqla" else
-                 f"doctor: {backend} vs fp32 reference at {shape.name}")
+            _say(progress, f"doctor: {backend} vs fp32 reference at {shape.name}")
             inputs = make_gdn_inputs(_gdn_shape(shape), device="cuda")
             errors = parity_errors(kernel, inputs)
             worst = max(errors, key=errors.get)

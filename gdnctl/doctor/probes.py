@@ -24,6 +24,7 @@ from gdnctl.doctor.facts import (
     RolloutEnvFact,
 )
 from gdnctl.plan import DEFAULT_KERNEL_CACHE
+from gdnctl.runtime.kernels import cached_kernel_files
 
 IMPORT_TIMEOUT_S = 120
 
@@ -96,8 +97,7 @@ def _kernel_cache(path: str) -> KernelCacheFact:
     if not directory.exists():
         parent = next((p for p in directory.parents if p.exists()), Path("/"))
         return KernelCacheFact(str(directory), False, os.access(parent, os.W_OK), 0)
-    entries = sum(1 for p in directory.rglob("*") if p.is_file())
-    return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), entries)
+    return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), cached_kernel_files(directory))
 
 
 def rollout_env(python: str) -> RolloutEnvFact:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -81,17 +82,25 @@ def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path 
     checks = machine_checks.run_checks(facts, run)
     doctor = DoctorResult(facts, checks, preset)
     if kernels or bench:
-        from gdnctl.doctor import kernels as kernel_checks
-
         if run is None:
             raise GdnctlError("--kernels and --bench need a PRESET: they run at its per-rank GDN shapes.")
-        # Use the kernel cache the job's scripts use (and prewarm fills), or FlashQLA compiles from scratch.
-        if facts.kernel_cache is not None:
-            os.environ.setdefault("TILELANG_CACHE_DIR", facts.kernel_cache.path)
-        if kernels:
-            doctor.checks += kernel_checks.parity_checks(run, facts, progress)
-        if bench:
-            doctor.bench = kernel_checks.bench(run, facts, progress)
-            if chart is not None and doctor.bench:
-                kernel_checks.save_chart(doctor.bench, chart)
+        preset_args = shlex.join([preset, *(word for override in overrides for word in ("--set", override))])
+        _run_kernels(doctor, run, preset_args, kernels=kernels, bench=bench, chart=chart, progress=progress)
     return doctor
+
+
+def _run_kernels(doctor: DoctorResult, run, preset_args: str, *, kernels: bool, bench: bool, chart: Path | None,
+                 progress: Callable[[str], None] | None) -> None:
+    from gdnctl.doctor import kernels as kernel_checks
+
+    facts = doctor.facts
+    # Use the kernel cache the job's scripts use (and prewarm fills), or FlashQLA compiles from scratch.
+    if facts.kernel_cache is not None:
+        os.environ.setdefault("TILELANG_CACHE_DIR", facts.kernel_cache.path)
+    with kernel_checks.flashqla_compiled(run, facts, preset_args, progress) as say:
+        if kernels:
+            doctor.checks += kernel_checks.parity_checks(run, facts, say)
+        if bench:
+            doctor.bench = kernel_checks.bench(run, facts, say)
+    if chart is not None and doctor.bench:
+        kernel_checks.save_chart(doctor.bench, chart)

@@ -3,7 +3,8 @@
 TileLang compiles each kernel on first use (minutes for one head configuration on an H100); without a warm
 cache every rank of every job pays that at start-up. Prewarm runs forward and backward once per per-rank
 shape with TILELANG_CACHE_DIR pointing at the cache the rendered scripts use, then checks in a fresh process
-that a first call is now about as fast as a warm one.
+that a first call is now about as fast as a warm one. It says up front what the compile will cost, prints a line
+per kernel while TileLang compiles, and sends the compiler's own output to gdnctl-compile.log in the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Callable
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import RankShape
-from gdnctl.runtime.kernels import ShapeTiming, time_shapes
+from gdnctl.runtime.kernels import ShapeTiming, compile_quietly, time_shapes
 
 CACHE_ENV = "TILELANG_CACHE_DIR"
 
@@ -47,12 +48,15 @@ def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
         raise GdnctlError(f"tilelang was imported before {CACHE_ENV} was set; run prewarm in a fresh process.")
     os.environ[CACHE_ENV] = str(cache_dir)
     shapes = run.gdn_rank_shapes()
-    from gdnctl.runtime.kernels import GdnBackendUnavailable
+    from gdnctl.runtime.kernels import GdnBackendUnavailable, resolve_backend
 
     try:
-        compiled = time_shapes(shapes, progress)
+        kernel = resolve_backend("flashqla", training=True)
     except GdnBackendUnavailable as err:
         raise GdnctlError(f"cannot prewarm FlashQLA here: {err}") from None
+    # Resolved first, so that a machine that cannot run FlashQLA gets the reason and no compile estimate.
+    with compile_quietly(shapes, progress, header=f"gdnctl prewarm {run.preset.name}") as say:
+        compiled = time_shapes(shapes, say, kernel=kernel)
     report = {"cache_dir": str(cache_dir), "compile": [asdict(t) for t in compiled]}
     if verify:
         if progress:

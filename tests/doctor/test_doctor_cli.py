@@ -67,7 +67,9 @@ def test_real_doctor_checks_the_rl_preset_and_its_rollout_environment():
     vllm_python = os.environ.get("GDNCTL_TEST_VLLM_PYTHON", sys.executable)
     proc = doctor("tiny-qwen3.5-rl-cpu", "--set", f"rollout.python={vllm_python}", "--json")
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
-    assert checks["megatron_core"]["status"] == "SKIP" and checks["rl_policy"]["status"] == "OK"
+    # A CPU rl job needs no Megatron: never FAIL (SKIP without megatron-core, OK where the test extra installed
+    # it for the config-agreement property test).
+    assert checks["megatron_core"]["status"] in ("SKIP", "OK") and checks["rl_policy"]["status"] == "OK"
     assert f"rollout.python {vllm_python}" in checks["vllm"]["found"]
     if "GDNCTL_TEST_VLLM_PYTHON" in os.environ:
         assert checks["vllm"]["status"] == "OK" and proc.returncode == 0, proc.stdout

@@ -36,17 +36,21 @@ def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
     return time.perf_counter() - start
 
 
-def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None) -> list[ShapeTiming]:
-    """First and second forward+backward call per shape, in this process."""
+def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None,
+                kernel=None) -> list[ShapeTiming]:
+    """First and second forward+backward call per shape, in this process, with a progress line per kernel the
+    first call compiles. `kernel`: the FlashQLA GdnKernel when the caller has resolved it already."""
     from gdnctl.runtime.kernels.backends import resolve_backend
+    from gdnctl.runtime.kernels.compile_progress import expected_kernels, watch_compiles
 
-    kernel = resolve_backend("flashqla", training=True)
+    kernel = kernel or resolve_backend("flashqla", training=True)
     timings = []
     for index, shape in enumerate(shapes, 1):
         if progress:
             progress(f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
                      f"{shape.tokens} tokens{' packed' if shape.packed else ''}")
-        first = fwd_bwd_seconds(kernel, shape)
+        with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress):
+            first = fwd_bwd_seconds(kernel, shape)
         warm = min(fwd_bwd_seconds(kernel, shape) for _ in range(3))
         timings.append(ShapeTiming(shape.name, round(first, 4), round(warm, 4)))
         if progress:

@@ -10,8 +10,9 @@ Order of start-up, each step for a reason:
    cold one; FLA: Triton autotuning) is not billed to step 1; its first, next and warm calls are timed, logged
    and written to `kernel_warm_up.json`.
 
-Every step logs loss, grad norm, tokens/s, model TFLOPS per GPU and peak memory, on the console and as one
-JSON line in `metrics.jsonl` beside the engine config.
+Every step logs loss, grad norm, lr, tokens/s, model TFLOPS per GPU and MFU, peak memory and the GDN backend
+on the console (with an ETA), and into the run dir's `metrics.jsonl`, TensorBoard event files and W&B when the
+preset asks (`runtime/train/metrics.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import flops
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.schema import EngineConfig
 
-METRICS_FILE = "metrics.jsonl"
 KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
 # Warm kernel calls whose median is logged beside the first two (one call can catch an allocator hiccup).
 WARM_CALLS = 3
@@ -58,12 +59,16 @@ class StepStats:
     peak_memory_gib: float
     tokens_per_second: float
     tflops_per_gpu: float
+    mfu: float | None  # against the GPU's dense bf16 peak (engine config metrics.peak_bf16_tflops)
+    lr: float
+    gdn_backend: str
     skipped: bool
 
-    def line(self, total: int) -> str:
+    def line(self, total: int, eta: str) -> str:
+        mfu = f" ({self.mfu:.1%} MFU)" if self.mfu is not None else ""
         return (f"step {self.iteration}/{total} | loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
-                f"{self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU | "
-                f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s"
+                f"lr {self.lr:.2e} | {self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU{mfu} | "
+                f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s | {eta}"
                 + (" | update skipped" if self.skipped else ""))
 
 
@@ -129,7 +134,8 @@ class Trainer:
         self.keep_initial_weights = keep_initial_weights
         self.initial_weights: dict[str, torch.Tensor] | None = None
         self.rank = dist.get_rank()
-        self.metrics_path = self.run_dir / METRICS_FILE
+        self.metrics = MetricsLog(config, self.run_dir, enabled=self.rank == 0, group="train")
+        self.recent_step_seconds: list[float] = []  # the pace behind each step line's ETA
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -247,9 +253,12 @@ class Trainer:
         arch, p, train = self.config.model, self.config.parallel, self.config.train
         heads = kernel_heads(arch, p.tp, p.cp)
         length = train.seq_length
-        shape = RankShape("trainer", heads, heads, arch.linear_key_head_dim, (length,),
+        shape = RankShape(f"{heads} heads x {length} tokens", heads, heads, arch.linear_key_head_dim, (length,),
                           packed=self.config.layout == "thd")
-        first = fwd_bwd_seconds(self.kernel, shape)
+        if self.kernel.name == "flashqla":
+            first = self._first_flashqla_call(shape)
+        else:
+            first = fwd_bwd_seconds(self.kernel, shape)
         following = fwd_bwd_seconds(self.kernel, shape)
         warm = statistics.median(fwd_bwd_seconds(self.kernel, shape) for _ in range(WARM_CALLS))
         timing = KernelWarmUp(self.kernel.name, heads, length, first, following, warm)
@@ -258,9 +267,23 @@ class Trainer:
             (self.run_dir / KERNEL_WARM_UP_FILE).write_text(json.dumps(timing.__dict__) + "\n")
         return timing
 
+    def _first_flashqla_call(self, shape) -> float:
+        """The call in which TileLang compiles FlashQLA's kernels (minutes from a cold cache): rank 0 says what it
+        will cost and logs a line per kernel; every rank's compiler output goes to the kernel cache's log rather
+        than filling the job's log with each rank's copy of the same hundreds of lines."""
+        from gdnctl.runtime.kernels import compile_quietly, expected_kernels, fwd_bwd_seconds, watch_compiles
+
+        report = self._log if self.rank == 0 else None
+        with compile_quietly([shape], report, header=f"gdnctl trainer {self.config.name} rank {self.rank}",
+                             prewarm="gdnctl prewarm PRESET") as say:
+            with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say):
+                return fwd_bwd_seconds(self.kernel, shape)
+
     # --- training ----------------------------------------------------------------------------------------
     def train(self) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from gdnctl.runtime.kernels import compiles_logged
 
         config, train = self.config, self.config.train
         pipeline = DataPipeline.from_engine_config(config, _documents(config))
@@ -268,6 +291,13 @@ class Trainer:
         stream = pipeline.micro_batches(dp_rank, self.consumed_samples)
         forward_backward = get_forward_backward_func()
         save_dir = Path(train.save_dir) if train.save_dir else None
+        # A packed micro-batch of a shape the warm-up did not cover can make TileLang compile mid-run: a line on
+        # rank 0, the compiler's own records in the kernel cache's log.
+        with compiles_logged("training", self._log if self.rank == 0 else None):
+            self._train_steps(pipeline, stream, forward_backward, save_dir)
+
+    def _train_steps(self, pipeline, stream, forward_backward, save_dir: Path | None) -> None:
+        train = self.config.train
         while self.iteration < train.train_iters:
             batches = [next(stream) for _ in range(pipeline.num_microbatches)]
             torch.cuda.reset_peak_memory_stats()
@@ -278,7 +308,7 @@ class Trainer:
             losses = forward_backward(
                 forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
                 num_microbatches=len(batches), seq_length=self._row_length(batches[0]),
-                micro_batch_size=train.micro_batch_size if config.layout == "bshd" else 1, forward_only=False)
+                micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1, forward_only=False)
             updated, grad_norm, _ = self.optimizer.step()
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
@@ -310,11 +340,13 @@ class Trainer:
         tokens, sequences = int(counts[0]), int(counts[1])
         mean_length = tokens / max(sequences, 1)
         model_flops = flops.train_flops_per_token(self.config.model, mean_length) * tokens
+        tflops_per_gpu = model_flops / seconds / dist.get_world_size() / 1e12
         return StepStats(
             iteration=self.iteration, loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
             grad_norm=float(grad_norm or 0.0), tokens=tokens, sequences=sequences, seconds=seconds,
             peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, tokens_per_second=tokens / seconds,
-            tflops_per_gpu=model_flops / seconds / dist.get_world_size() / 1e12, skipped=skipped)
+            tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
+            lr=self.config.train.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped)
 
     @staticmethod
     def _sequences(batch: MicroBatch) -> int:
@@ -323,18 +355,22 @@ class Trainer:
     def _report(self, stats: StepStats) -> None:
         if self.rank != 0:
             return
-        print(stats.line(self.config.train.train_iters), flush=True)
-        with self.metrics_path.open("a") as handle:
-            handle.write(json.dumps(stats.__dict__) + "\n")
+        # the pace of the last few steps: step 1 (compiles, warm-ups) would make every early ETA far too long
+        self.recent_step_seconds = (self.recent_step_seconds + [stats.seconds])[-10:]
+        pace = statistics.median(self.recent_step_seconds[1:] or self.recent_step_seconds)
+        print(stats.line(self.config.train.train_iters, eta_text(stats.iteration, self.config.train.train_iters,
+                                                                  pace)), flush=True)
+        self.metrics.log(stats.iteration, asdict(stats))
 
     def save(self, save_dir: Path) -> None:
         name = checkpoint.checkpoint_name(self.iteration)
         directory = save_dir / name
         start = time.perf_counter()
-        checkpoint.save_hf(self.model, self.config.model, self.place, self.groups, directory,
-                           checkpoint.hf_text_config(self.config.model))
+        written = checkpoint.save_hf(self.model, self.config.model, self.place, self.groups, directory,
+                                     checkpoint.hf_text_config(self.config.model))
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.iteration,
-                                                                   "consumed_samples": self.consumed_samples})
+                                                                   "consumed_samples": self.consumed_samples},
+                                       written)
         dist.barrier()
         if self.rank == 0:
             checkpoint.mark_latest(save_dir, name)
@@ -348,7 +384,10 @@ class Trainer:
 
 def run(config: EngineConfig, config_path: Path, policy) -> int:
     trainer = Trainer(config, config_path, policy)
-    trainer.setup()
-    trainer.warm_up_kernel()
-    trainer.train()
+    try:
+        trainer.setup()
+        trainer.warm_up_kernel()
+        trainer.train()
+    finally:
+        trainer.metrics.close()
     return 0

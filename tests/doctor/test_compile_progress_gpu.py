@@ -1,0 +1,69 @@
+"""`gdnctl prewarm` and `gdnctl doctor --kernels --bench` against the real TileLang and FlashQLA: an estimate
+first, a line per kernel while TileLang compiles, and none of TileLang's own output on the console.
+
+This is where the per-kernel hook (TileLang's "begins to compile kernel" log record, read by
+gdnctl/runtime/kernels/compile_progress.py) is checked against the installed TileLang: a cold cache must
+produce per-kernel lines. The first test compiles from an empty cache (minutes per shape), the second reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gdnctl.runtime.kernels import COMPILE_LOG_NAME
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+PRESET = "tiny-qwen3.5-sft"
+SHAPE = "tp1-1x1024"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tilelang-cache")
+
+
+def assert_no_compile_chatter(text: str) -> None:
+    """TileLang's per-kernel INFO lines (hundreds in a cold compile) belong in the log, not on the console."""
+    assert "TileLang begins to compile" not in text and "TileLang completes to compile" not in text
+
+
+def gdnctl(*args: str) -> subprocess.CompletedProcess:
+    env = {name: value for name, value in os.environ.items() if name != "TILELANG_CACHE_DIR"}
+    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, timeout=3600,
+                          env=env)
+
+
+def test_prewarm_from_a_cold_cache_says_each_kernel_and_keeps_tilelang_in_the_log(cache_dir):
+    proc = gdnctl("prewarm", PRESET, "--cache-dir", str(cache_dir), "--no-verify")
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    estimate = next(i for i, line in enumerate(lines) if line.startswith("FlashQLA kernels for 2 kernel shapes"))
+    assert f"to compile into the empty kernel cache {cache_dir}:" in lines[estimate]
+    assert lines[estimate + 1] == f"compiler output goes to {cache_dir / COMPILE_LOG_NAME}"
+    assert re.search(rf"^compiling FlashQLA kernels for {SHAPE}: 1/\d+ \w+, \d+ s$", proc.stdout, re.MULTILINE)
+    assert re.search(rf"^FlashQLA kernels for {SHAPE} ready in \d+ s \(\d+ compiled\)$", proc.stdout, re.MULTILINE)
+    assert_no_compile_chatter(proc.stdout + proc.stderr)
+    assert "TileLang begins to compile kernel" in (cache_dir / COMPILE_LOG_NAME).read_text()
+
+
+def test_doctor_from_the_warm_cache_compiles_nothing_and_keeps_stdout_json(cache_dir):
+    proc = gdnctl("doctor", PRESET, "--kernels", "--bench", "--json", "--set", f"launch.kernel_cache_dir={cache_dir}")
+    print(proc.stderr)
+    data = json.loads(proc.stdout)
+    assert {c["name"]: c["status"] for c in data["checks"]}[f"kernels.flashqla.{SHAPE}"] == "OK"
+    assert re.search(rf"the kernel cache {re.escape(str(cache_dir))} holds \d+ files", proc.stderr)
+    assert f"FlashQLA kernels for {SHAPE} ready in" in proc.stderr
+    assert "compiling FlashQLA kernels" not in proc.stderr
+    assert_no_compile_chatter(proc.stdout + proc.stderr)
