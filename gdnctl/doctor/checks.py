@@ -324,7 +324,8 @@ def check_preset_gpu(facts: MachineFacts, run) -> Check:
 
 
 _RUNTIME_DISTRIBUTIONS = {"megatron_core": ("megatron-core",), "megatron_bridge": ("megatron-bridge",),
-                          "vllm": ("vllm",), "flash_qla": ("flash-qla",), "fla": ("fla-core", "flash-linear-attention")}
+                          "vllm": ("vllm",), "flash_qla": ("flash-qla",), "fla": ("fla-core", "flash-linear-attention"),
+                          "triton": ("triton",), "transformers": ("transformers",)}
 
 
 def check_preset_versions(facts: MachineFacts, run) -> Check:

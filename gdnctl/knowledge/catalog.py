@@ -99,16 +99,32 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     except FileNotFoundError:
         raise ModelNotFound(f"{config_file} does not exist: model.path must be a checkpoint directory "
                             "with a config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, bad UTF-8, an integer of thousands of digits
         raise ModelNotFound(f"{config_file} cannot be read as JSON ({err}).") from None
     if not isinstance(raw, dict):
         raise ModelNotFound(f"{config_file} is not a JSON object.")
+    base = from_catalog(fallback_id).model_dump() if fallback_id is not None else dict(_catalog()[0])
+    try:
+        fields = _fields_of(raw, base)
+    except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError) as err:
+        # a hand-edited or hostile config.json (a count of 0, a list where a number belongs): a sentence, no trace
+        raise ModelNotFound(f"{config_file} has values gdnctl cannot use ({type(err).__name__}: {err}).") from None
+    missing = [name for name in _REQUIRED if fields.get(name) is None]
+    if missing:
+        raise ModelNotFound(f"{config_file} lacks {', '.join(missing)}: is this a Qwen3.5 or Qwen3-Next "
+                            "(Gated DeltaNet) checkpoint?")
+    fields["path"] = str(path)
+    fields["id"] = fallback_id and _canonical_id(fallback_id)
+    try:
+        return ModelArch(**fields)
+    except ValueError as err:
+        raise ModelNotFound(f"{config_file} has values gdnctl cannot use: {err}") from None
+
+
+def _fields_of(raw: dict, base: dict) -> dict:
+    """ModelArch's fields from a config.json (its text_config when nested) over `base` (catalog values)."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    fields: dict = {}
-    if fallback_id is not None:
-        fields.update(from_catalog(fallback_id).model_dump())
-    else:
-        fields.update(_catalog()[0])
+    fields = dict(base)
     for hf_key, field in HF_CONFIG_KEYS.items():
         if text.get(hf_key) is not None:
             fields[field] = text[hf_key]
@@ -129,13 +145,4 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     architectures = raw.get("architectures") or []
     fields["architecture"] = architectures[0] if architectures else fields.get("architecture", "unknown")
     fields["model_type"] = text.get("model_type", raw.get("model_type", fields.get("model_type", "unknown")))
-    missing = [name for name in _REQUIRED if fields.get(name) is None]
-    if missing:
-        raise ModelNotFound(f"{config_file} lacks {', '.join(missing)}: is this a Qwen3.5 or Qwen3-Next "
-                            "(Gated DeltaNet) checkpoint?")
-    fields["path"] = str(path)
-    fields["id"] = fallback_id and _canonical_id(fallback_id)
-    try:
-        return ModelArch(**fields)
-    except ValueError as err:
-        raise ModelNotFound(f"{config_file} has values gdnctl cannot use: {err}") from None
+    return fields

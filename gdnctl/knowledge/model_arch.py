@@ -6,40 +6,46 @@ and the runtime builds the model from it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A size or count of the architecture: at least 1 (the rules and the memory estimate divide by them) and within
+# int32, as Megatron-Core and the kernels index them. A checkpoint's config.json outside this is refused (PRE003).
+Size = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 class ModelArch(BaseModel):
     """Architecture of the model being run (catalog or checkpoint config.json, already merged)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: str | None
     path: str | None
     model_type: str
     architecture: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel_dim: int
-    full_attention_interval: int
-    vocab_size: int
+    num_layers: Size
+    hidden_size: Size
+    num_attention_heads: Size
+    num_key_value_heads: Size
+    head_dim: Size
+    linear_num_key_heads: Size
+    linear_num_value_heads: Size
+    linear_key_head_dim: Size
+    linear_value_head_dim: Size
+    linear_conv_kernel_dim: Size
+    full_attention_interval: Size
+    vocab_size: Size
     tie_word_embeddings: bool
-    ffn_hidden_size: int | None
-    num_experts: int | None
-    num_experts_per_tok: int | None
-    moe_ffn_hidden_size: int | None
-    shared_expert_ffn_hidden_size: int | None
-    mtp_num_layers: int
-    rms_norm_eps: float
-    rope_theta: float
-    partial_rotary_factor: float
+    ffn_hidden_size: Size | None
+    num_experts: Size | None
+    num_experts_per_tok: Size | None
+    moe_ffn_hidden_size: Size | None
+    shared_expert_ffn_hidden_size: Annotated[int, Field(ge=0, le=2**31 - 1)] | None  # 0: TRN006 says why
+    mtp_num_layers: Annotated[int, Field(ge=0, le=1024)]
+    rms_norm_eps: Annotated[float, Field(gt=0)]
+    rope_theta: Annotated[float, Field(gt=0)]
+    partial_rotary_factor: Annotated[float, Field(gt=0, le=1)]
     # False for gdnctl's own test/benchmark architectures: no weights exist, so training starts from random ones.
     released: bool
 

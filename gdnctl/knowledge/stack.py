@@ -18,6 +18,10 @@ DEFAULT_STACK: dict[str, str | None] = {
     "flash_qla": "0.1.3",
     "fla": "0.6.0",
     "cudnn": None,  # unknown unless the preset says; `gdnctl doctor` reads the real one
+    "triton": None,  # the trainer's Triton (FLA's kernels); unknown unless the preset says
+    # The trainer's transformers: only the rl policy on device cpu imports it. Unknown unless the preset says
+    # (pyproject's runtime extra asks for >= 5.23, while megatron-bridge 0.6.2 pins <= 5.12.1).
+    "transformers": None,
 }
 
 # --- Megatron-Core (megatron/core/ssm/gated_delta_net*) ----------------------------------------------
@@ -50,11 +54,55 @@ BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
 BRIDGE_CORE_PAIRING: dict[str, str] = {"0.4": "0.17", "0.5": "0.18", "0.6": "0.19"}
 
 # --- FlashQLA -------------------------------------------------------------------------------------------
-FLASHQLA_TRAINING_MIN = "0.1.3"  # <= 0.1.2 has a dg precision bug (QwenLM/FlashQLA PR #28)
+FLASHQLA_TRAINING_MIN = "0.1.3"  # <= 0.1.2 has a dg precision bug (QwenLM/FlashQLA PR #28; fix: commit 6e5d2ea)
 FLASHQLA_HEAD_DIM = 128  # K == V == 128 is asserted inside the kernels
 FLASHQLA_MIN_TORCH = "2.8"  # QwenLM/FlashQLA README and wheel metadata
 FLASHQLA_MIN_CUDA = "12.8"
 FLASHQLA_MIN_TILELANG = "0.1.12"  # flash-qla 0.1.3's requirement
+
+# FlashQLA kernels by GPU: the first flash-qla release with a forward kernel for each compute capability. Before
+# it, `import flash_qla` raises ValueError on that GPU. SM90 from v0.1.0; SM100 from v0.1.1 and SM120 (forward
+# only) from v0.1.2 (README news of each release, QwenLM/FlashQLA tags v0.1.1, v0.1.2); SM103 (commit 1563fbd,
+# PR #29) and SM121 (commit 55708e1, PR #33) landed after v0.1.2, and the 0.1.3 wheel dispatches both.
+FLASHQLA_FORWARD_SINCE: dict[tuple[int, int], str] = {
+    (9, 0): "0.1.0",
+    (10, 0): "0.1.1",
+    (12, 0): "0.1.2",
+    (10, 3): "0.1.3",
+    (12, 1): "0.1.3",
+}
+# flash-qla 0.1.3 adds an SM120/SM121 backward (its README: "the SM120 backward path"); gdnctl's runtime has not
+# been run with it and still treats SM120/121 as forward-only (KRN002).
+FLASHQLA_SM120_BACKWARD = "0.1.3"
+
+# --- FLA (fla-core / flash-linear-attention) by Triton and GPU ------------------------------------------------
+# Hopper: Triton >= 3.4.0 and < 3.7.1 miscompiles FLA's gated `chunk_bwd_kernel_dqkwg` at a 64-wide K tile, so the
+# GDN backward gives wrong dk -> db/dg (fla-org/flash-linear-attention #640, root cause in PR #826). FLA <= 0.4.1
+# tiles K at 64 on Hopper and computes the wrong gradients silently; 0.4.2 tiles at 128 on Hopper (PR #751), which
+# the #640 root-cause comment says sidesteps the broken path; 0.5.0 (PR #827) raises RuntimeError at the first
+# backward on Hopper with Triton >= 3.4.0 unless its TileLang backend (tilelang + nvcc) takes the kernel; 0.5.2
+# (PR #983: "fixed in Triton 3.7.1") raises only for Triton < 3.7.1. fla-core 0.6.0's chunk_o.py keeps that guard.
+FLA_HOPPER_BAD_TRITON = ("3.4.0", "3.7.1")  # [first broken, first fixed) Triton release
+FLA_HOPPER_TILE_128 = "0.4.2"  # first FLA whose Hopper tile avoids the reported 64-wide path
+FLA_HOPPER_GUARD = "0.5.0"  # first FLA that refuses the broken combination instead of computing wrong gradients
+# Blackwell: the GDN backward gives NaN gradients or hangs with FLA <= 0.5.1 (fla #913: silent NaN gradients from
+# chunk_gated_delta_rule backward on B200 with FLA 0.5.0 and Triton 3.7.0; fla #999: backward hang in
+# prepare_wy_repr_bwd on B200). 0.5.2 restricts the Blackwell configs (PR #953: forward-h kernel at 2 warps for a
+# Triton tl.dot race; PR #1000: prepare_wy_repr_bwd at 2 warps / 4 stages). QwenLM/FlashQLA PR #28 pinned an FLA
+# commit because "released 0.5.1 fails on SM100".
+FLA_BLACKWELL_BACKWARD_FIX = "0.5.2"
+
+# --- transformers (the trainer side) ---------------------------------------------------------------------
+# First transformers release that registers each HF model_type (with its text-only class): qwen3_next in 4.57.0
+# (release notes "v4.57.0: Qwen3-Next, ..."; 4.56.2 lacks models/qwen3_next; PyPI yanked 4.57.0 for a setup error,
+# so 4.57.1 is the first that installs); qwen3_5 and qwen3_5_moe (their *_text configs, Qwen3_5ForCausalLM and
+# Qwen3_5MoeForCausalLM too) in 5.2.0 (models/qwen3_5* absent from 5.1.0's wheel, present in 5.2.0's). verl #5937
+# is the failure: "model type qwen3_5 but Transformers does not recognize this architecture".
+TRANSFORMERS_MODEL_TYPE_SINCE: dict[str, str] = {
+    "qwen3_next": "4.57.0",
+    "qwen3_5": "5.2.0",
+    "qwen3_5_moe": "5.2.0",
+}
 
 # --- vLLM ------------------------------------------------------------------------------------------------
 VLLM_QWEN35_TEXT_ONLY = "0.27.0"  # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM
@@ -67,8 +115,13 @@ VLLM_GDN_PREFILL_BACKENDS_SINCE: dict[str, str] = {
     "sycl": "0.33.0",
 }
 VLLM_GDN_PREFILL_FLAG = "0.18.0"
-# Backends reported to hang in GDN prefill on SM90: flashinfer #2623, #3329, #3986; vllm #41865.
+# Backends reported to hang in GDN prefill on SM90: flashinfer #2623, #3329, #3986; vllm #38916, #41865.
 VLLM_SM90_HANGING_PREFILL = ("auto", "flashinfer")
+# The hang reports ran FlashInfer's CUTLASS/JIT SM90 GDN prefill (vLLM <= 0.25 pins flashinfer-python <= 0.6.13:
+# 0.25.1's metadata pins ==0.6.13). flashinfer 0.6.14 replaced it with a CuTe-DSL kernel (flashinfer PR #3477,
+# first tagged in v0.6.14), on which #3329's reproducer no longer hangs (maintainer comment there); vLLM 0.26.0 is
+# the first release pinning flashinfer-python==0.6.14 (its wheel metadata).
+VLLM_FLASHINFER_CUTEDSL_SM90 = "0.26.0"
 
 
 def features_of(version: str, table: tuple[tuple[str, str], ...]) -> list[str]:

@@ -55,7 +55,7 @@ def _raw(value: object) -> _Raw:
 
 def _sbatch(value: object) -> _Raw:
     text = str(value)
-    if not SBATCH_SAFE.match(text):
+    if not SBATCH_SAFE.fullmatch(text):  # the whole value: a trailing newline would end the #SBATCH line
         raise TemplateError(f"'{text}' cannot be written into an #SBATCH line: {SBATCH_SAFE_TEXT}.")
     return _Raw(text)
 

@@ -7,12 +7,19 @@ A coarse, documented model, good to tell "fits / tight / cannot fit" apart, not 
   12 B/param) sharded over the data-parallel group by the distributed optimizer, or on the CPU when offloaded;
 - activations of the first pipeline stage: bf16 tensors kept for backward per token per layer (see
   `_activation_bytes_per_token`), times the micro-batches in flight under 1F1B (min(pp, micro-batches)),
-  cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage;
+  cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage (rl jobs: over a row of
+  the rollout's context, with the fp32 log-prob tensor as its own row: the 248k-vocabulary log-prob OOM of
+  NVIDIA-NeMo/RL #2668 and NovaSky-AI/SkyRL #1610);
 - a flat allowance for the CUDA context, NCCL buffers and allocator slack.
+
+The preset's sizes are bounded by its schema, so that every product here is a finite float. A checkpoint's
+config.json has no such bounds: sizes past float range give an infinite estimate ("does not fit") rather than
+an OverflowError in the middle of `gdnctl validate`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gdnctl.knowledge import ModelArch
@@ -86,7 +93,7 @@ def _activation_bytes_per_token(m: ModelArch) -> tuple[float, float]:
                + (2 * key_width + value_width) + 2 * value_width)
     q_width = m.num_attention_heads * m.head_dim
     attention = 2 * (4 * h + 2 * q_width + 2 * m.num_key_value_heads * m.head_dim + 2 * q_width)
-    mixer = (gdn * m.num_gdn_layers + attention * m.num_full_attention_layers) / m.num_layers
+    mixer = (gdn * m.num_gdn_layers + attention * m.num_full_attention_layers) / max(m.num_layers, 1)
     if m.is_moe:
         mlp = (m.num_experts_per_tok * 2 * (2 * h + 4 * m.moe_ffn_hidden_size)
                + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0)) + 4 * m.num_experts)
@@ -116,16 +123,33 @@ class MemoryEstimate:
         return self.total_gib / self.capacity_gib if self.capacity_gib else 0.0
 
 
+def _real(count: int) -> float:
+    """An exact count as a float; one past float range (only a hostile config.json has one) is infinite."""
+    try:
+        return float(count)
+    except OverflowError:
+        return math.inf if count > 0 else -math.inf
+
+
 def estimate_training(run) -> MemoryEstimate:
     """Peak per-GPU memory of the most loaded pipeline stage. `run` must have a whole dp."""
+    try:
+        return _estimate_training(run)
+    except OverflowError:  # a config.json size past float range met a division or a float
+        return MemoryEstimate((MemoryRow("weights", math.inf, "the checkpoint's sizes are past float range"),),
+                              run.gpu.memory_gib)
+
+
+def _estimate_training(run) -> MemoryEstimate:
     m, p, t = run.model, run.preset.parallel, run.preset.train
     counts = count_params(m)
     layers_per_stage = m.num_layers / p.pp
     mtp_layers = m.mtp_num_layers if t.mtp else 0
     # Dense (non-expert) parameters of the heaviest stage: stage 0 holds the embedding, the last stage the
     # output layer and MTP; with pp == 1 both are the same stage.
+    # Per-layer mean; max(..., 1): a config.json may claim no layers, whose sum is 0 however it is divided.
     layer_dense = (counts.gdn_layer * m.num_gdn_layers + counts.attention_layer * m.num_full_attention_layers
-                   + (counts.dense_mlp + counts.shared_and_router) * m.num_layers) / m.num_layers
+                   + (counts.dense_mlp + counts.shared_and_router) * m.num_layers) / max(m.num_layers, 1)
     body = layer_dense * layers_per_stage
     first = body + counts.embedding
     last = body + counts.output + counts.mtp * mtp_layers + (counts.embedding if m.tie_word_embeddings else 0)
@@ -156,6 +180,19 @@ def estimate_training(run) -> MemoryEstimate:
         kept = per_layer * layers_per_stage * in_flight * RECOMPUTE_KEEP[t.recompute]
         act_note = f"{t.recompute} recompute, {layers_per_stage:g} layers x {in_flight} micro-batch(es) in flight"
     logits = tokens * (m.vocab_size / p.tp) * (2 + 4)
+    logits_note = f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"
+    rl_rows: tuple[MemoryRow, ...] = ()
+    if run.preset.job == "rl" and run.preset.rollout is not None:
+        # An rl micro-batch is rows of prompt + response, up to the rollout's context, scored by the same
+        # vocab-parallel loss (runtime/rl/megatron_policy.py): its bf16 logits, and the fp32 copy the loss
+        # computes the log-probs in, kept for the backward.
+        context = run.preset.rollout.max_model_len or t.seq_length
+        rl_tokens = t.micro_batch_size * context / p.cp
+        logits = rl_tokens * (m.vocab_size / p.tp) * 2
+        logits_note = f"bf16 logits of an rl micro-batch ({t.micro_batch_size} x {context} tokens)"
+        rl_rows = (MemoryRow("rl log-probs", rl_tokens * (m.vocab_size / p.tp) * 4 / GIB,
+                             f"fp32 logits: {t.micro_batch_size} x {context} tokens x {m.vocab_size // p.tp} "
+                             "vocab entries"),)
 
     rows = (
         MemoryRow("weights", 2 * params / GIB, f"bf16, {params / 1e9:.2f}B params on this GPU "
@@ -166,7 +203,8 @@ def estimate_training(run) -> MemoryEstimate:
                   ("LoRA: adapters only" if t.lora else
                    f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}")),
         MemoryRow("activations", kept / GIB, act_note),
-        MemoryRow("logits", logits / GIB, f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"),
+        MemoryRow("logits", logits / GIB, logits_note),
+        *rl_rows,
         MemoryRow("overhead", OVERHEAD_GIB, "CUDA context, NCCL buffers, allocator slack"),
     )
     return MemoryEstimate(rows, run.gpu.memory_gib)
@@ -175,4 +213,4 @@ def estimate_training(run) -> MemoryEstimate:
 def rollout_weights_gib(run) -> float:
     """bf16 weights on one rollout GPU (vLLM shards everything over its tp)."""
     counts = count_params(run.model)
-    return 2 * counts.total(run.model, with_mtp=False) / run.preset.rollout.tp / GIB
+    return _real(2 * counts.total(run.model, with_mtp=False)) / run.preset.rollout.tp / GIB

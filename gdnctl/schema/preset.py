@@ -16,16 +16,44 @@ from gdnctl.knowledge import GPUS, versions
 from gdnctl.schema import comm_ops
 
 JobKind = Literal["rl", "sft", "pretrain", "selftest"]
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Both patterns are used with `fullmatch`: `$` with `match` would let a trailing newline through.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What may stand in an #SBATCH directive: sbatch reads those lines itself (no shell quoting applies), so
 # spaces, quotes, `$` and newlines are refused rather than escaped.
-SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:@%+=/&|!*\[\]\-]+$")
+SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.,:@%+=/&|!*\[\]\-]+")
 SBATCH_SAFE_TEXT = "use letters, digits and _ . , : @ % + = / & | ! * [ ] - only (no spaces, quotes, $ or newlines)"
+
+
+# Upper bounds of the sizes a preset gives. Each is far past any real job and keeps every product the planner
+# forms (tokens x vocab, GPUs x parallel sizes) a finite float: a preset cannot make the estimate overflow.
+MAX_NODES = 100_000  # more nodes than any GPU cluster has
+MAX_PER_NODE = 1_024  # GPUs (or CPU processes) on one host
+MAX_GPUS = MAX_NODES * MAX_PER_NODE  # no parallel group or rollout is larger than the cluster
+MAX_TOKENS = 2**24  # 16M tokens: 16x the longest Qwen3.5 context (262,144 native, about 1M with YaRN)
+MAX_SEQUENCES = 2**24  # sequences in one batch
+MAX_STEPS = 10**9  # training steps
+MAX_CPUS = 65_536  # CPUs on one host
+MAX_LORA_RANK = 65_536  # past every hidden size: a LoRA rank cannot exceed the width it adapts
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64; Megatron adds small per-rank offsets to the seed
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: no rollout request legitimately takes longer
 
 
 class _Section(BaseModel):
     # defer_build: the schema is built once, for Preset, at the first validation instead of per section.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    # allow_inf_nan=False: no field means anything at NaN or infinity, and the planner would compute with them.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: object) -> object:
+        """A NUL byte ends a C string: paths, environment values and script lines cannot hold one."""
+        if isinstance(value, dict):
+            value_texts = list(value.values())
+        else:
+            value_texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and "\0" in text for text in value_texts):
+            raise ValueError("a NUL byte (\\0) cannot be part of a preset value")
+        return value
 
 
 class ModelSpec(_Section):
@@ -41,8 +69,9 @@ class ModelSpec(_Section):
 
 
 class ClusterSpec(_Section):
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (processes per node when gpu is cpu)")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description=f"at most {MAX_NODES:,}")
+    gpus_per_node: int = Field(8, ge=1, le=MAX_PER_NODE, description="GPUs per node (processes per node when gpu "
+                                                                     f"is cpu), at most {MAX_PER_NODE:,}")
     gpu: str = Field("h100", description="GPU kind: " + ", ".join(GPUS))
 
     @field_validator("gpu")
@@ -59,17 +88,18 @@ class ClusterSpec(_Section):
 
 
 class ParallelSpec(_Section):
-    tp: int = Field(1, ge=1, description="tensor parallel size")
-    pp: int = Field(1, ge=1, description="pipeline parallel size")
-    cp: int = Field(1, ge=1, description="context parallel size")
-    ep: int = Field(1, ge=1, description="expert parallel size")
-    etp: int = Field(1, ge=1, description="expert tensor parallel size")
-    vpp: int | None = Field(None, ge=1, description="virtual pipeline stages per pipeline rank")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description=f"tensor parallel size, at most {MAX_GPUS:,} (all GPUs)")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, description=f"pipeline parallel size, at most {MAX_GPUS:,}")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, description=f"context parallel size, at most {MAX_GPUS:,}")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description=f"expert parallel size, at most {MAX_GPUS:,}")
+    etp: int = Field(1, ge=1, le=MAX_GPUS, description=f"expert tensor parallel size, at most {MAX_GPUS:,}")
+    vpp: int | None = Field(None, ge=1, le=MAX_GPUS, description="virtual pipeline stages per pipeline rank "
+                                                                 f"(at most {MAX_GPUS:,})")
     sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
 
 
 class LoraSpec(_Section):
-    rank: int = Field(ge=1)
+    rank: int = Field(ge=1, le=MAX_LORA_RANK, description=f"at most {MAX_LORA_RANK:,}")
     alpha: float = Field(gt=0)
 
 
@@ -79,19 +109,21 @@ class TrainSpec(_Section):
     precision: Literal["bf16", "fp8"] = "bf16"
     lora: LoraSpec | None = None
     layout: Literal["auto", "thd", "bshd"] = "auto"
-    micro_batch_size: int = Field(1, ge=1)
-    global_batch_size: int = Field(128, ge=1)
-    seq_length: int = Field(4096, ge=1)
+    micro_batch_size: int = Field(1, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
+    global_batch_size: int = Field(128, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
+    seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description=f"tokens, at most {MAX_TOKENS:,} (16x the "
+                                                                   "longest Qwen3.5 context)")
     mtp: bool = Field(False, description="train the multi-token-prediction layer")
     recompute: Literal["none", "selective", "full"] = "none"
     distributed_optimizer: bool = True
     optimizer_cpu_offload: bool = False
     lr: float = Field(1e-6, gt=0)
-    train_iters: int = Field(100, ge=1)
-    seed: int = 1234
+    train_iters: int = Field(100, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="0 to 2**63 - 1 (torch.manual_seed's range, with room "
+                                                          "for Megatron's per-rank offsets)")
     data_path: str | None = Field(None, description="local jsonl/parquet; synthetic tokens when unset")
     save_dir: str | None = None
-    save_interval: int | None = Field(None, ge=1)
+    save_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
 
 
 class KernelsSpec(_Section):
@@ -115,19 +147,23 @@ class CommSpec(_Section):
 
 class RolloutSpec(_Section):
     engine: Literal["vllm"] = "vllm"
-    tp: int = Field(1, ge=1, description="vLLM tensor parallel size per engine")
-    num_gpus: int | None = Field(None, ge=1, description="rollout GPUs; default: all when colocated")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description=f"vLLM tensor parallel size per engine, at most {MAX_GPUS:,}")
+    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="rollout GPUs; default: all when colocated "
+                                                                      f"(at most {MAX_GPUS:,})")
     colocate: bool = Field(True, description="trainer and rollout share GPUs, offloading between phases")
     gdn_prefill_backend: str | None = Field(None, description="vLLM --gdn-prefill-backend; null emits no flag")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=1, description="default: train.seq_length")
-    n_samples_per_prompt: int = Field(8, ge=1)
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="default: train.seq_length (at most "
+                                                                          f"{MAX_TOKENS:,})")
+    n_samples_per_prompt: int = Field(8, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     python: str | None = Field(None, description="interpreter of the rollout's own environment")
     container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
-    max_response_tokens: int = Field(1024, ge=1, description="longest response sampled per prompt")
+    max_response_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="longest response sampled per prompt "
+                                                                           f"(at most {MAX_TOKENS:,})")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    timeout_s: float = Field(600.0, gt=0, description="seconds a rollout request may take before the rollout "
-                                                      "server is declared hung and the job fails")
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S,
+                             description="seconds a rollout request may take before the rollout server is declared "
+                                         "hung and the job fails (at most a week)")
     probe_tolerance: float = Field(0.1, gt=0, description="largest mean |log p| gap (nats/token) between trainer "
                                                           "and rollout on the weight-sync probe")
 
@@ -155,6 +191,9 @@ class RuntimeSpec(_Section):
     flash_qla: str | None = Field(None, description="installed flash-qla; 'none' when it is not installed")
     fla: str | None = None
     cudnn: str | None = None
+    triton: str | None = Field(None, description="the trainer's Triton, which compiles FLA's GDN kernels")
+    transformers: str | None = Field(None, description="the trainer's transformers (the rl policy on device cpu "
+                                                       "is its Qwen3.5 / Qwen3-Next class)")
 
     @field_validator("*")
     @classmethod
@@ -172,7 +211,8 @@ class SlurmSpec(_Section):
     account: str | None = None
     qos: str | None = None
     time: str = Field("04:00:00", description="wall-clock limit, HH:MM:SS or D-HH:MM:SS")
-    cpus_per_task: int | None = Field(None, ge=1, description="CPUs per node task (default: all of the node)")
+    cpus_per_task: int | None = Field(None, ge=1, le=MAX_CPUS, description="CPUs per node task (default: all of the "
+                                                                        f"node; at most {MAX_CPUS:,})")
     mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
     constraint: str | None = None
     exclusive: bool = True
@@ -188,7 +228,7 @@ class SlurmSpec(_Section):
     @field_validator("partition", "account", "qos", "constraint", "mem")
     @classmethod
     def _directive_value(cls, value: str | None) -> str | None:
-        if value is not None and not SBATCH_SAFE.match(value):
+        if value is not None and not SBATCH_SAFE.fullmatch(value):
             raise ValueError(f"'{value}' cannot go into an #SBATCH line: {SBATCH_SAFE_TEXT}")
         return value
 
@@ -203,7 +243,7 @@ class SlurmSpec(_Section):
     @classmethod
     def _options(cls, value: list[str]) -> list[str]:
         for option in value:
-            if not option.startswith("--") or not SBATCH_SAFE.match(option):
+            if not option.startswith("--") or not SBATCH_SAFE.fullmatch(option):
                 raise ValueError(f"'{option}' is not a single long sbatch option like --reservation=name "
                                  f"({SBATCH_SAFE_TEXT})")
         return value
@@ -222,7 +262,7 @@ class LaunchSpec(_Section):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"'{name}' is not a valid environment variable name")
         return {name: str(v) for name, v in value.items()}
 
@@ -230,7 +270,7 @@ class LaunchSpec(_Section):
     @classmethod
     def _pass_names(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"'{name}' is not a valid environment variable name")
         return value
 
@@ -254,7 +294,7 @@ class MetricsSpec(_Section):
 
 
 class Preset(_Section):
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, description="one line of printable text")
     description: str | None = None
     job: JobKind
     model: ModelSpec
@@ -269,3 +309,11 @@ class Preset(_Section):
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     selftest: SelftestSpec = Field(default_factory=SelftestSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        # The name goes into the job name, script comments and GDNCTL_JOB_NAME: a newline would start a new line.
+        if not value.isprintable():
+            raise ValueError("name must be one line of printable text (no newlines, tabs or control characters)")
+        return value

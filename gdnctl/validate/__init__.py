@@ -15,6 +15,6 @@ from gdnctl.validate.report import (
     summary_line,
 )
 
-__all__ = ["RULES", "codes", "Finding", "LoadedPreset", "PresetHasErrors", "RuleInfo", "Severity", "ValidationResult", "format_derived",
-           "format_findings", "format_memory", "format_rule_doc", "format_rule_list", "load_preset",
-           "resolve_preset_path", "summary_line", "validate"]
+__all__ = ["Finding", "LoadedPreset", "PresetHasErrors", "RULES", "RuleInfo", "Severity", "ValidationResult",
+           "codes", "format_derived", "format_findings", "format_memory", "format_rule_doc", "format_rule_list",
+           "load_preset", "resolve_preset_path", "summary_line", "validate"]

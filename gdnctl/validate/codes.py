@@ -48,6 +48,9 @@ CODES: dict[str, str] = {
     "KRN004": "flashqla_training_version",
     "KRN005": "flashqla_installed",
     "KRN006": "fla_pins_own_kernels",
+    "KRN007": "fla_hopper_triton_backward",
+    "KRN008": "fla_blackwell_backward",
+    "KRN009": "flashqla_release_gpu",
     "LAY001": "mcore_has_gdn",
     "LAY002": "thd_needs_018",
     "LAY003": "cp_needs_018",
@@ -58,6 +61,8 @@ CODES: dict[str, str] = {
     "LAY008": "thd_hopper_cudnn",
     "LAY009": "seq_length_cp",
     "LCH001": "local_single_node",
+    "LCH002": "obeyed_env_names",
+    "LCH003": "search_path_override",
     "MEM001": "trainer_fits",
     "MEM002": "rollout_weights_fit",
     "PAR001": "world_size_divisible",
@@ -68,11 +73,12 @@ CODES: dict[str, str] = {
     "PAR006": "vpp_needs_pp",
     "PAR007": "layers_divisible",
     "PAR008": "global_batch_divisible",
-    "PAR009": "sp_without_tp",
     "PAR010": "cpu_only_selftest",
+    "PAR011": "sp_needs_tp",
     "PRE001": "unknown-key",
     "PRE002": "invalid-value",
     "PRE003": "model-unavailable",
+    "PRE004": "preset-too-complex",
     "RLT001": "rl_needs_rollout",
     "RLT002": "rollout_ignored",
     "RLT003": "prefill_backend_supported",
@@ -88,10 +94,17 @@ CODES: dict[str, str] = {
     "RLT013": "rl_policy_on_gpus",
     "TRN001": "released_model_without_weights",
     "TRN002": "te_free_trainer",
+    "TRN003": "trainer_transformers_model_type",
+    "TRN004": "mtp_not_trained",
+    "TRN005": "moe_top1_router",
+    "TRN006": "shared_expert_size",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.
-RETIRED: dict[str, str] = {}
+RETIRED: dict[str, str] = {
+    "PAR009": "was an info (sequence parallel without TP has no effect); Megatron-Core refuses it at model build, "
+              "so PAR011 (error) replaced it",
+}
 
 
 def prefix_of(code: str) -> str:

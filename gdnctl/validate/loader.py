@@ -2,12 +2,15 @@
 
 Unreadable input (missing file, YAML syntax, a `base:` cycle, a malformed --set) raises PresetLoadError
 (exit 2). A readable preset that breaks the schema yields PRE findings (exit 1) with the field path,
-the file:line:column it was written at, and a did-you-mean for misspelt keys.
+the file:line:column it was written at, and a did-you-mean for misspelt keys. A preset past the bounds below
+(size, nesting, alias expansion, `base:` chain) is one PRE004 finding: reading stops before it can exhaust the
+stack, the memory or the time, and pydantic only ever sees a structure of bounded size.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import types
 import typing
@@ -47,11 +50,130 @@ INVALID_VALUE = register_load_code(
     """,
 )
 
+TOO_COMPLEX = register_load_code(
+    "PRE004", "preset-too-complex", "A preset too large, too deep, aliased too far or on too long a base: chain",
+    """
+    What it checks: a preset file (and each --set value) is at most 256 KiB, nests mappings and lists at most
+    20 levels deep, holds at most 10,000 keys and values with its YAML aliases (`*name`) expanded, has no
+    alias inside the value it refers to, and builds on at most 32 presets through `base:`.
+
+    Why: a real preset is a few hundred keys and values, 4 levels deep, on one or two bases. Past these bounds
+    the input is an accident or an attack (a 400-byte "billion laughs" file of nested aliases expands to
+    hundreds of millions of values), and reading it would exhaust the stack, the memory or the time that
+    `gdnctl validate` takes.
+
+    Fix: write the values out instead of nesting aliases in aliases, remove the alias that refers to its own
+    value, nest less, or point base: at a preset nearer the root of the chain.
+    """,
+)
+
 SET_SOURCE = "--set"
+
+# The bounds PRE004 enforces (its documentation states them).
+MAX_BYTES = 256 * 1024  # a preset file or a --set value; shipped presets are under 2 KiB
+MAX_DEPTH = 20  # nested mappings and lists; the schema needs 4 (launch.slurm.extra_sbatch[0])
+MAX_VALUES = 10_000  # keys and values, aliases expanded; composing more takes seconds
+MAX_BASE_CHAIN = 32  # presets read through base:, the given one included
+# Longer integer literals are refused unparsed: no field takes more than 19 digits, and int() of a long
+# decimal, hex or base-60 literal would cost time or pass Python's 4,300-digit limit on int <-> str.
+MAX_INT_CHARS = 1000
+SHOWN_CHARS = 60  # of an offending value quoted in a message
+
+
+class _TooComplex(Exception):
+    """Reading stopped at a PRE004 bound; load_preset turns it into the finding."""
+
+    def __init__(self, path: tuple, message: str, hint: str, location: str | None):
+        super().__init__(message)
+        self.path, self.message, self.hint, self.location = path, message, hint, location
+
+
+@dataclass(frozen=True)
+class HugeInteger:
+    """An integer literal longer than MAX_INT_CHARS, kept unparsed: the schema refuses it for every field."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _cut(text: str) -> str:
+    return f"{text[:SHOWN_CHARS]}..." if len(text) > SHOWN_CHARS else text
+
+
+def _where(source: str, mark: yaml.Mark | None) -> str:
+    if source == SET_SOURCE or mark is None:
+        return source
+    return f"{source}:{mark.line + 1}:{mark.column + 1}"
+
+
+def _step(index: Any) -> str | int:
+    """The path step PyYAML's compose_node is given: a list index, a mapping value's key node, or None
+    while it composes a key (a key is a plain scalar in every valid preset, so `?` stands for it)."""
+    if isinstance(index, int):
+        return index
+    if isinstance(index, yaml.ScalarNode):
+        return index.value
+    return "?"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `1e-5` as a float (YAML 1.2), not the string PyYAML's YAML 1.1 makes of it."""
+    """SafeLoader that reads `1e-5` as a float (YAML 1.2), not the string PyYAML's YAML 1.1 makes of it, and
+    stops composing past MAX_DEPTH levels or MAX_VALUES nodes (PyYAML's composer recurses once per level)."""
+
+    def __init__(self, text: str, source: str, prefix: tuple):
+        super().__init__(text)
+        self._source = source
+        self._prefix = prefix  # where the document goes in the preset: () for a file, the keys of a --set
+        self._path: list = list(prefix)  # where the node being composed sits in the preset
+        self._composed = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if parent is None:  # the document's root
+            return super().compose_node(parent, index)
+        self._path.append(_step(index))
+        try:
+            self._composed += 1
+            if len(self._path) > MAX_DEPTH:
+                # A key (index None) is a level down like its value, but the mapping is what nests too deep.
+                path = tuple(self._path[:-1] if index is None else self._path)
+                self._refuse(path, f"{dotted(path)} nests more than {MAX_DEPTH} levels deep.",
+                             "Nest less: the schema needs 4 levels (gdnctl schema shows each field's type).")
+            if self._composed > MAX_VALUES:
+                whole = dotted(self._prefix) if self._prefix else "the preset"
+                self._refuse(self._prefix, f"{whole} holds more than {MAX_VALUES:,} keys and values.",
+                             "Check that this is the preset you meant; a real one holds a few hundred.")
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
+
+    def _refuse(self, path: tuple, message: str, hint: str) -> typing.NoReturn:
+        raise _TooComplex(path, message, hint, _where(self._source, self.peek_event().start_mark))
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | HugeInteger:
+        if len(node.value) > MAX_INT_CHARS:
+            return HugeInteger(len(node.value.lstrip("+-").replace("_", "")))
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_str(self, node: yaml.ScalarNode) -> str:
+        value = super().construct_yaml_str(node)
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # a `"\ud800"` escape: a lone surrogate, which no file or terminal can take
+            raise yaml.constructor.ConstructorError(None, None, f"{_cut(repr(value))} escapes a lone UTF-16 "
+                                                    "surrogate, which is not text", node.start_mark) from None
+        return value
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's scalar constructors raise plain Python errors on what its resolver let through (`0b_`,
+        # `._`) and on explicit tags (`!!int abc`, `!!bool x`, `!!timestamp x`): report them at their mark.
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, KeyError, AttributeError):
+            tag = node.tag.rsplit(":", 1)[-1]
+            raise yaml.constructor.ConstructorError(None, None, f"{_cut(repr(node.value))} is not a valid {tag}",
+                                                    node.start_mark) from None
 
 
 _Loader.add_implicit_resolver(
@@ -59,6 +181,77 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
     list("-+0123456789."),
 )
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_yaml_str)
+
+
+def _children(node: yaml.Node) -> list[tuple[str | int, yaml.Node]]:
+    if isinstance(node, yaml.MappingNode):
+        return [pair for key, value in node.value for pair in (("?", key), (_step(key), value))]
+    if isinstance(node, yaml.SequenceNode):
+        return list(enumerate(node.value))
+    return []
+
+
+def _check_expansion(root: yaml.Node, source: str, prefix: tuple) -> None:
+    """Refuse a node graph that aliases make cyclic, deeper than MAX_DEPTH or larger than MAX_VALUES.
+
+    An alias is the node it names, shared, so the graph is walked once per distinct node with each node's
+    expanded size and height remembered: a billion-laughs document costs what it has written, not what it
+    would expand to. Iterative, because an alias chain can nest deeper than Python's recursion limit.
+    """
+    size: dict[int, int] = {}  # id(node) -> nodes in it, aliases expanded
+    height: dict[int, int] = {}  # id(node) -> levels below it
+    stack = [(root, prefix, iter(_children(root)))]
+    open_ids = {id(root)}  # the nodes on the stack: an alias to one of them is a cycle
+
+    def check(node: yaml.Node, path: tuple) -> None:
+        if len(path) + height[id(node)] > MAX_DEPTH:
+            raise _TooComplex(path, f"{dotted(path)} nests more than {MAX_DEPTH} levels deep once its YAML aliases "
+                                    "are expanded.", "Write the value out instead of nesting aliases (*name).",
+                              _where(source, node.start_mark))
+        if size[id(node)] > MAX_VALUES:
+            raise _TooComplex(path, f"{dotted(path)} expands to more than {MAX_VALUES:,} keys and values once its "
+                                    "YAML aliases are followed.", "Write the values out instead of nesting aliases "
+                                                                  "(*name) in anchored values.",
+                              _where(source, node.start_mark))
+
+    while stack:
+        node, path, children = stack[-1]
+        for step, child in children:
+            where = path + (step,)
+            if id(child) in open_ids:
+                raise _TooComplex(where, f"{dotted(where)} is an alias inside the value it refers to, so the value "
+                                         "would contain itself.", "Replace the alias with the value written out.",
+                                  _where(source, child.start_mark))
+            if id(child) not in size:
+                stack.append((child, where, iter(_children(child))))
+                open_ids.add(id(child))
+                break
+            check(child, where)  # an alias: measured where it was first written, placed here now
+        else:
+            stack.pop()
+            open_ids.discard(id(node))
+            below = [child for _, child in _children(node)]
+            size[id(node)] = 1 + sum(size[id(child)] for child in below)
+            height[id(node)] = 1 + max(height[id(child)] for child in below) if below else 0
+            check(node, path)
+
+
+def _parse(text: str, source: str, prefix: tuple = ()) -> tuple[yaml.Node | None, Any]:
+    """Compose, check and construct one YAML document. Raises yaml.YAMLError on bad syntax."""
+    if len(text) > MAX_BYTES:
+        raise _TooComplex(prefix, f"{dotted(prefix) if prefix else source} is longer than {MAX_BYTES // 1024} KiB.",
+                          "Check that this is the preset you meant; a real one is a few KiB.", source)
+    loader = _Loader(text, source, prefix)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _check_expansion(node, source, prefix)
+        return node, loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 @dataclass
@@ -89,6 +282,8 @@ def _positions(node: yaml.Node, file: str, prefix: tuple, out: dict[tuple, str])
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue  # a !!omap or !!pairs entry keyed by a list or mapping: the schema refuses the value
             key = key_node.value
             if key in seen:
                 mark = key_node.start_mark
@@ -105,22 +300,30 @@ def _positions(node: yaml.Node, file: str, prefix: tuple, out: dict[tuple, str])
             _positions(item, file, prefix + (index,), out)
 
 
-def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
+def _read_text(path: Path) -> str:
+    """The file's text, read no further than MAX_BYTES (a device such as /dev/zero never ends)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise PresetLoadError(f"{path}: no such file.") from None
     except IsADirectoryError:
         raise PresetLoadError(f"{path} is a directory, not a preset file.") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise PresetLoadError(f"{path} cannot be read: {err}.") from None
+    if len(raw) > MAX_BYTES:
+        raise _TooComplex((), f"{path} is larger than {MAX_BYTES // 1024} KiB.",
+                          "Check that this is the preset you meant; a real one is a few KiB.", str(path))
     try:
-        loader = _Loader(text)
-        try:  # one parse gives both the values and their positions
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        return raw.decode()
+    except UnicodeDecodeError as err:
+        raise PresetLoadError(f"{path} cannot be read: {err}.") from None
+
+
+def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
+    text = _read_text(path)
+    try:  # one parse gives both the values and their positions
+        node, data = _parse(text, str(path))
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -134,22 +337,44 @@ def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
         raise PresetLoadError(f"{path}: a preset is a YAML mapping (key: value lines), "
                               f"not a {type(data).__name__}.")
     positions: dict[tuple, str] = {}
-    if node is not None:
-        _positions(node, str(path), (), positions)
+    _positions(node, str(path), (), positions)
     return data, positions
+
+
+def _expand_user(path: Path) -> Path:
+    """`~` and `~user` expanded; an unknown user's `~name` stays a literal name, as the shell leaves it."""
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        return path
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the OS, a NUL byte
+        return False
+
+
+def _resolved(path: Path) -> Path:
+    """The path with symlinks resolved; lexically absolute where the OS cannot resolve it (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return Path(os.path.abspath(path))
 
 
 def resolve_preset_path(reference: str, relative_to: Path | None = None) -> Path:
     """A preset path, or the name of a shipped preset (with or without .yaml)."""
     candidates = []
-    ref = Path(reference).expanduser()
+    ref = _expand_user(Path(reference))
     if relative_to is not None and not ref.is_absolute():
         candidates.append(relative_to / ref)
     candidates.append(ref)
     for name in (reference, f"{reference}.yaml"):
         candidates.append(presets_dir() / name)
     for candidate in candidates:
-        if candidate.is_file():
+        if _is_file(candidate):
             return candidate
     return candidates[0] if relative_to is not None else ref
 
@@ -173,42 +398,82 @@ PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path")
 def _absolute_paths(data: dict, base: Path) -> None:
     for section, key in PATH_FIELDS:
         node = data.get(section)
-        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key]:
-            path = Path(node[key]).expanduser()
-            node[key] = str(path if path.is_absolute() else (base / path).resolve())
+        # A path with a NUL byte stays as written: the OS cannot take it, and the schema refuses it.
+        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key] and "\0" not in node[key]:
+            path = _expand_user(Path(node[key]))
+            node[key] = str(path if path.is_absolute() else _resolved(base / path))
 
 
-def _load_chain(path: Path, stack: list[Path]) -> tuple[dict, dict[tuple, str], list[str]]:
-    resolved = path.resolve()
-    if resolved in stack:
-        cycle = " -> ".join(str(p) for p in stack + [resolved])
-        raise PresetLoadError(f"base: presets form a cycle ({cycle}); remove one base: line.")
+def _read_layer(path: Path) -> tuple[dict, dict[tuple, str], Any, str]:
+    """One preset file of a base: chain: its values, their positions, its base: reference and where that is."""
     data, positions = _read_yaml(path)
     _absolute_paths(data, path.parent)
     base_ref = data.pop("base", None)
+    base_location = positions.get(("base",), str(path))
     positions = {k: v for k, v in positions.items() if k[:1] != ("base",)}
-    if base_ref is None:
-        return data, positions, [str(path)]
+    return data, positions, base_ref, base_location
+
+
+def _base_path(path: Path, base_ref: Any) -> Path:
     if not isinstance(base_ref, str) or not base_ref:
         raise PresetLoadError(f"{path}: base: must be a preset path or a shipped preset name.")
     base_path = resolve_preset_path(base_ref, relative_to=path.parent)
-    if not base_path.is_file():
+    if not _is_file(base_path):
         raise PresetLoadError(f"{path}: base preset '{base_ref}' was found neither next to this file nor among "
                               "the shipped presets (gdnctl presets list).")
-    base_data, base_positions, chain = _load_chain(base_path, stack + [resolved])
-    return deep_merge(base_data, data), {**base_positions, **positions}, chain + [str(path)]
+    return base_path
+
+
+def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str]]:
+    """Read `path` and the presets it builds on, then merge them base first. A loop, not recursion: the chain
+    is bounded by MAX_BASE_CHAIN, not by Python's stack."""
+    layers: list[tuple[dict, dict[tuple, str], str]] = []  # the given file first
+    visited: list[Path] = []
+    base_location = str(path)
+    while True:
+        resolved = _resolved(path)
+        if resolved in visited:
+            cycle = " -> ".join(str(p) for p in visited + [resolved])
+            raise PresetLoadError(f"base: presets form a cycle ({cycle}); remove one base: line.")
+        if len(visited) == MAX_BASE_CHAIN:
+            raise _TooComplex(("base",), f"the base: chain is longer than {MAX_BASE_CHAIN} presets (it goes on "
+                                         f"to {path}).", "Point base: at a preset nearer the root of the chain, "
+                                                         "or merge presets of the chain into one.", base_location)
+        visited.append(resolved)
+        data, positions, base_ref, base_location = _read_layer(path)
+        layers.append((data, positions, str(path)))
+        if base_ref is None:
+            break
+        path = _base_path(path, base_ref)
+    data: dict = {}
+    positions: dict[tuple, str] = {}
+    for layer_data, layer_positions, _ in reversed(layers):
+        data = deep_merge(data, layer_data)
+        positions.update(layer_positions)
+    return data, positions, [file for _, _, file in reversed(layers)]
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     """`a.b=c` -> (('a', 'b'), c) with c parsed as YAML (numbers, booleans, null, flow lists and maps)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as surrogates)
+        raise PresetLoadError(f"--set {text!r} is not UTF-8 text.") from None
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise PresetLoadError(f"--set '{text}' is not of the form a.b=value (e.g. --set parallel.tp=2).")
+    keys = tuple(key.split("."))
+    if len(keys) > MAX_DEPTH:
+        raise _TooComplex(keys[:MAX_DEPTH + 1], f"--set {'.'.join(keys[:MAX_DEPTH + 1])}... nests more than "
+                                                f"{MAX_DEPTH} levels deep.",
+                          "Set a field of the schema (gdnctl schema lists them).", SET_SOURCE)
+    if not raw.strip():
+        return keys, ""
     try:
-        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
+        _, value = _parse(raw, SET_SOURCE, keys)
     except yaml.YAMLError:
         raise PresetLoadError(f"--set '{text}': the value is not valid YAML; quote it.") from None
-    return tuple(key.split(".")), value
+    return keys, value
 
 
 def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str]) -> dict:
@@ -257,6 +522,13 @@ def dotted(loc: tuple) -> str:
     return out or "(preset)"
 
 
+def _shown(value: Any) -> str:
+    """` (got VALUE)`, cut to SHOWN_CHARS; nothing for a collection (the path says where it is)."""
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        return ""
+    return f" (got {_cut(repr(value))})"
+
+
 def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
     findings = []
     for item in err.errors():
@@ -276,11 +548,12 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
         if item["type"] == "missing":
             message = f"{path} is required."
             hint = f"Add {path} to the preset (gdnctl schema shows its type)."
+        elif isinstance(item.get("input"), HugeInteger):
+            message = f"{path} is {item['input']!r}, beyond any value it can take."
+            hint = f"Set {path} to a valid value (gdnctl schema shows its type and range)."
         else:
             reason = item["msg"].removeprefix("Value error, ")
-            shown = item.get("input")
-            shown = "" if isinstance(shown, (dict, list)) else f" (got {shown!r})"
-            message = f"{reason[:1].upper()}{reason[1:]}{shown}."
+            message = f"{reason[:1].upper()}{reason[1:]}{_shown(item.get('input'))}."
             hint = f"Set {path} to a valid value (gdnctl schema shows its type)."
         findings.append(Finding(INVALID_VALUE.code, Severity.ERROR, path, message, hint, location))
     return findings
@@ -288,8 +561,12 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
 
 def load_preset(reference: str | Path, overrides: list[str] | None = None) -> LoadedPreset:
     path = resolve_preset_path(str(reference))
-    data, positions, chain = _load_chain(path, [])
-    data = apply_overrides(data, list(overrides or []), positions)
+    try:
+        data, positions, chain = _load_chain(path)
+        data = apply_overrides(data, list(overrides or []), positions)
+    except _TooComplex as err:
+        finding = Finding(TOO_COMPLEX.code, Severity.ERROR, dotted(err.path), err.message, err.hint, err.location)
+        return LoadedPreset(str(path), {}, None, [finding], SourceMap(), [str(path)])
     sources = SourceMap(positions)
     try:
         preset = Preset.model_validate(data)

@@ -159,7 +159,7 @@ def test_hostile_values_arrive_as_literal_data(tmp_path):
     fake_dir = tmp_path / "bin $(touch canary) `x`; 'q'"
     fake = recorder(fake_dir)
     data = yaml.safe_load((presets_dir() / "selftest-cpu.yaml").read_text())
-    data["name"] = "$(touch c1)`touch c2`; touch c3 'q' \"d\"\nx"
+    data["name"] = "$(touch c1)`touch c2`; touch c3 'q' \"d\" x"  # a newline in a name is refused (PRE002)
     data["launch"] = {"python": str(fake), "env": {f"HOSTILE_{k.upper()}": v for k, v in values.items()},
                       "kernel_cache_dir": str(tmp_path / "cache $(touch canary)"),
                       "pass_env": ["GDNCTL_TEST_SECRET"]}

@@ -30,18 +30,44 @@ def tp_divides_kv_heads(run):
     """
     What it checks: parallel.tp divides the KV heads (`num_key_value_heads`, Megatron's query groups).
 
-    Why: Megatron-Core asserts `num_query_groups % tensor_model_parallel_size == 0`; it does not replicate
-    KV heads. Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B and Qwen3-Next-80B have 2 KV heads, so TP <= 2
-    (slime PR #1662 moved 35B-A3B from TP4 to TP2; AReaL tests the same).
+    Why: this is stricter than Megatron-Core. Megatron-Core >= 0.16 accepts a TP that is a multiple or a divisor
+    of the query groups: with TP above the KV heads its SelfAttention all-gathers the QKV activations, and each
+    rank takes its KV group and its share of the query heads (Megatron-LM PR #2565). It refuses only a TP that is
+    neither (`num_query_groups (..) must be a multiple or divisor of tensor_model_parallel_size`); megatron-core
+    0.15 refused everything but a divisor ("must be a multiple of tensor_model_parallel_size", ms-swift #8219),
+    and LAY001 asks for >= 0.16 anyway.
+    What is known to refuse a TP above the KV heads is megatron-bridge 0.4.0 and 0.4.1: their Qwen3.5 providers
+    (`Qwen35VLModelProvider` and `Qwen35VLMoEModelProvider.validate_parallelism`) raise "TP size .. should be less
+    than or equal to num_query_groups" (verl #6681: Qwen3.5-35B-A3B at TP 4); Megatron-Bridge PR #3238 removed the
+    guard, and 0.5.0 and 0.6.2 do not have it. slime PR #1662 moved 35B-A3B from TP 4 to TP 2 stating that
+    "Megatron needs num_query_groups % tensor_model_parallel_size == 0" (on slime's own Qwen3.5 stack; versions not
+    given). gdnctl's trainer does not build through megatron-bridge: it builds Megatron-Core's SelfAttention and
+    cuts linear_qkv evenly over TP as Megatron-Core lays it out (runtime/model/hf_weights.py), but it has not run a
+    TP above the KV heads on GPUs, so this rule keeps refusing it until that run shows which component, if any,
+    refuses it. Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B and Qwen3-Next-80B have 2 KV heads, so TP <= 2 here.
+
+    Source: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines 939-946 of
+    megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:
+    tests/runtime/model/test_config_agreement.py) and lines 1338-1345 of 0.19.2 (read in the 0.19.2 wheel), with
+    megatron/core/transformer/attention.py (0.19.2 lines 353-366 and 1838-1856, 0.16.1 lines 289-301: the gather
+    and the slice); megatron-bridge 0.4.1 wheel megatron/bridge/models/qwen_vl/qwen35_vl_provider.py lines 194-198
+    (dense) and 375-379 (MoE), the same in 0.4.0; verl-project/verl #6681; NVIDIA-NeMo/Megatron-Bridge PR #3238;
+    modelscope/ms-swift #8219 and PR #8253; THUDM/slime PR #1662.
 
     Fix: use tp 1 or 2 on 2-KV-head models and scale with ep, cp, pp or dp instead.
     """
     kv = run.model.num_key_value_heads
     tp = run.preset.parallel.tp
-    if kv % tp:
-        yield Issue("parallel.tp", f"tp={tp} does not divide the {kv} KV heads of {run.model.label}: this model "
-                                   f"has {kv} KV heads, so TP <= {kv} (TP must divide {kv}).",
-                    f"Use tp in {{{_divisors(kv)}}}; scale with ep/cp/pp/dp instead.")
+    if kv % tp == 0:
+        return
+    if tp % kv == 0:
+        why = ("Megatron-Core >= 0.16 accepts a TP that is a multiple of the KV heads, but megatron-bridge 0.4's "
+               "Qwen3.5 providers refuse it and gdnctl's trainer has not run it on GPUs")
+    else:
+        why = "Megatron-Core refuses it too: the query groups must be a multiple or a divisor of the TP size"
+    yield Issue("parallel.tp", f"tp={tp} does not divide the {kv} KV heads of {run.model.label}: this model has "
+                               f"{kv} KV heads, so TP <= {kv} (TP must divide {kv}); {why}.",
+                f"Use tp in {{{_divisors(kv)}}}; scale with ep/cp/pp/dp instead.")
 
 
 @rule("HEAD003", Severity.ERROR, "TP x CP divides the GDN key heads")

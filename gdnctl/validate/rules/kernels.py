@@ -33,14 +33,27 @@ def flashqla_forward_only(run):
     """
     What it checks: FlashQLA training jobs on SM120/SM121 (RTX PRO 6000, RTX 5090, GB10).
 
-    Why: FlashQLA ships only a forward kernel for SM120/121: there is no backward to train with.
+    Why: flash-qla 0.1.2 ships only a forward kernel for SM120 (its `chunk_gated_delta_rule_bwd` raises
+    NotImplementedError there). flash-qla 0.1.3 adds an SM120/SM121 backward (its README: "the SM120 backward
+    path"), but gdnctl's runtime (runtime/kernels/backends.py) has not been run with it and still refuses FlashQLA
+    training on these GPUs at start-up, so this rule holds for every flash-qla version until the runtime does.
+
+    Source: QwenLM/FlashQLA v0.1.2 flash_qla/ops/gated_delta_rule/chunk/__init__.py (`fused_gdr_bwd = None` on
+    12.0); the flash-qla 0.1.3 wheel's blackwell_sm120/fused_bwd.py.
 
     Fix: set kernels.gdn_backend: fla for training on these GPUs.
     """
     if _flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA_FORWARD_ONLY_SMS:
-        yield Issue("kernels.gdn_backend", f"FlashQLA has only a forward kernel on {run.gpu.sm_label} "
-                                           f"({run.gpu.description}), so it cannot train.",
-                    "Set kernels.gdn_backend: fla.")
+        version = run.stack.get("flash_qla")
+        if versions.at_least(version, stack.FLASHQLA_SM120_BACKWARD):
+            yield Issue("kernels.gdn_backend", f"flash-qla {version} has a {run.gpu.sm_label} backward, but gdnctl's "
+                                               f"runtime has not been run with it and refuses FlashQLA training on "
+                                               f"{run.gpu.description}.",
+                        "Set kernels.gdn_backend: fla.")
+        else:
+            yield Issue("kernels.gdn_backend", f"FlashQLA has only a forward kernel on {run.gpu.sm_label} "
+                                               f"({run.gpu.description}), so it cannot train.",
+                        "Set kernels.gdn_backend: fla.")
 
 
 @rule("KRN003", Severity.ERROR, "FlashQLA needs GDN head dims of 128")
@@ -66,6 +79,9 @@ def flashqla_training_version(run):
     What it checks: runtime.flash_qla >= 0.1.3 when FlashQLA trains.
 
     Why: flash-qla <= 0.1.2 computes dg with a precision bug (QwenLM/FlashQLA PR #28).
+
+    Source: QwenLM/FlashQLA PR #28 found it and was closed; the fix is commit 6e5d2ea ("Fix dg accuracy by
+    high-precision matrix transposition", 2026-07-28), after the v0.1.2 tag (2026-07-09).
 
     Fix: pip install 'flash-qla>=0.1.3' (needs tilelang >= 0.1.12) and set runtime.flash_qla.
     """
@@ -107,3 +123,107 @@ def fla_pins_own_kernels(run):
         yield Issue("kernels.gdn_backend", "flash-qla is installed, so FLA would dispatch to it silently; the "
                                            "runtime sets FLA_FLASH_QLA=0 to keep FLA's own kernels.",
                     "Nothing to do; set kernels.gdn_backend: flashqla to use FlashQLA.")
+
+
+@rule("KRN007", Severity.ERROR, "FLA's GDN backward on Hopper with Triton 3.4-3.7.0")
+def fla_hopper_triton_backward(run):
+    """
+    What it checks: training with kernels.gdn_backend: fla on a Hopper GPU (SM90) when runtime.triton is
+    >= 3.4.0 and < 3.7.1, by runtime.fla: error for FLA <= 0.4.1 (wrong gradients, silently); warning for
+    FLA 0.4.2-0.4.x (no guard) and for FLA >= 0.5.0 (it stops at the first backward unless its TileLang
+    backend takes the kernel); info for FLA >= 0.5.0 with flash-qla installed (which brings tilelang).
+    Quiet while runtime.triton is unset (unknown): `gdnctl doctor` reads the installed one.
+
+    Why: Triton 3.4-3.7.0 miscompiles FLA's gated `chunk_bwd_kernel_dqkwg` on Hopper at a 64-wide K tile
+    (`tl.trans` of a wgmma-layout tensor), so dk and from it db and dg come out wrong while the forward is
+    right. FLA <= 0.4.1 uses that tile on Hopper; 0.4.2 switched Hopper to a 128 tile, which the issue's
+    root-cause comment says avoids the broken path (not confirmed for every shape, and FLA itself does not
+    rely on it); 0.5.0 raises RuntimeError on Hopper with Triton >= 3.4.0 unless tilelang (and, from 0.5.2, a
+    usable nvcc) lets its TileLang dqkwg kernel run; 0.5.2 narrows that to Triton < 3.7.1, where the Triton
+    bug is fixed. Either way the failure shows only after the job has its GPUs.
+
+    Source: fla-org/flash-linear-attention #640 (report and root cause), PR #826 (the diagnosis), PR #827
+    (TileLang backend and the guard, in v0.5.0), PR #983 (guard narrowed to Triton < 3.7.1, in v0.5.2),
+    PR #751 (Hopper tile 128, in v0.4.2); fla/ops/common/chunk_o.py `chunk_bwd_dqkwg` at each tag and in
+    fla-core 0.6.0. Confirmed from FLA's code and the issue; not reproduced on a GPU here.
+
+    Fix: use Triton >= 3.7.1 (or < 3.4) and say so in runtime.triton; or install tilelang with FLA >= 0.5.0;
+    or set kernels.gdn_backend: flashqla.
+    """
+    triton, fla = run.stack.get("triton"), run.stack.get("fla")
+    if (run.preset.kernels.gdn_backend != "fla" or not run.is_training or not run.gpu.is_hopper
+            or triton is None or fla is None):
+        return
+    first_bad, fixed = stack.FLA_HOPPER_BAD_TRITON
+    if not (versions.at_least(triton, first_bad) and versions.below(triton, fixed)):
+        return
+    broken = (f"Triton {triton} miscompiles FLA's gated GDN backward kernel (chunk_bwd_dqkwg) on "
+              f"{run.gpu.sm_label} (fla #640)")
+    fix = (f"Use Triton >= {fixed} and set runtime.triton, install tilelang with FLA >= {stack.FLA_HOPPER_GUARD}, "
+           "or set kernels.gdn_backend: flashqla.")
+    if versions.below(fla, stack.FLA_HOPPER_TILE_128):
+        yield Issue("runtime.triton", f"{broken}: FLA {fla} computes wrong db and dg gradients without an error.",
+                    fix)
+    elif versions.below(fla, stack.FLA_HOPPER_GUARD):
+        yield Issue("runtime.triton", f"{broken}; FLA {fla} has no guard against it, and only its Hopper tile "
+                                      "size is said to avoid the broken path.", fix, Severity.WARNING)
+    elif run.stack.get("flash_qla") is not None:
+        yield Issue("runtime.triton", f"{broken}; FLA {fla} hands that kernel to its TileLang backend, which "
+                                      "needs tilelang (flash-qla brings it) and a usable nvcc.", fix, Severity.INFO)
+    else:
+        yield Issue("runtime.triton", f"{broken}; FLA {fla} raises RuntimeError at the first backward unless "
+                                      "tilelang is installed.", fix, Severity.WARNING)
+
+
+@rule("KRN008", Severity.ERROR, "FLA's GDN backward on Blackwell before FLA 0.5.2")
+def fla_blackwell_backward(run):
+    """
+    What it checks: training with kernels.gdn_backend: fla on a Blackwell GPU (SM100/103/120/121) with
+    runtime.fla < 0.5.2.
+
+    Why: on B200 the GDN backward of FLA <= 0.5.1 returns NaN gradients silently (FLA 0.5.0, Triton 3.7.0) or
+    hangs inside `prepare_wy_repr_bwd` on long sequences, which a distributed job shows as an NCCL watchdog
+    timeout much later. FLA 0.5.2 restricts the Blackwell kernel configs that race (Triton's `tl.dot`
+    recurrence race) or hang. The reports are from SM100; FLA applies its Blackwell settings to SM120/121 too
+    (since 0.5.1, PR #940), so gdnctl does as well.
+
+    Source: fla-org/flash-linear-attention #913 (NaN gradients, B200, FLA 0.5.0, Triton 3.7.0), #999 and PR
+    #1000 (backward hang, fixed in v0.5.2), PR #953 (forward-h kernel at 2 warps on Blackwell, in v0.5.2);
+    QwenLM/FlashQLA PR #28 ("released 0.5.1 fails on SM100"). That 0.5.2 ends the NaN gradients of #913 is
+    inferred from those changes and PR #28; #913 itself closed as stale without naming a fix. fla-core 0.6.0
+    also narrows its Blackwell configs by itself while Triton < 3.8 (`BLACKWELL_8_WARP_RACE`, triton #10590).
+    Not reproduced on a GPU here.
+
+    Fix: install FLA >= 0.5.2 (fla-core) and set runtime.fla, or set kernels.gdn_backend: flashqla.
+    """
+    fla = run.stack.get("fla")
+    if (run.preset.kernels.gdn_backend == "fla" and run.is_training and run.gpu.is_blackwell
+            and versions.below(fla, stack.FLA_BLACKWELL_BACKWARD_FIX)):
+        yield Issue("runtime.fla", f"FLA {fla}'s GDN backward gives NaN gradients or hangs on Blackwell "
+                                   f"({run.gpu.sm_label}; fla #913, #999).",
+                    f"Install FLA >= {stack.FLA_BLACKWELL_BACKWARD_FIX} and set runtime.fla, or set "
+                    "kernels.gdn_backend: flashqla.")
+
+
+@rule("KRN009", Severity.ERROR, "flash-qla release has no kernels for this GPU")
+def flashqla_release_gpu(run):
+    """
+    What it checks: kernels.gdn_backend: flashqla with a runtime.flash_qla older than the first release with
+    kernels for the GPU: SM120 needs flash-qla >= 0.1.2; SM103 and SM121 need >= 0.1.3 (SM90 and SM100: every
+    release on PyPI). KRN001 covers GPUs no release supports.
+
+    Why: `import flash_qla` picks its kernels by compute capability and raises ValueError for any other one
+    ("FlashQLA now support sm90 and sm100 only" in 0.1.1), so every rank stops at start-up.
+
+    Source: QwenLM/FlashQLA flash_qla/ops/gated_delta_rule/chunk/__init__.py at tags v0.1.1 (9.0, 10.0) and
+    v0.1.2 (+12.0), and in the flash-qla 0.1.3 wheel (+10.3, 12.1); commits 1563fbd (SM103) and 55708e1 (SM121)
+    came after v0.1.2.
+
+    Fix: install a flash-qla release that has kernels for this GPU and set runtime.flash_qla, or use fla.
+    """
+    version = run.stack.get("flash_qla")
+    since = stack.FLASHQLA_FORWARD_SINCE.get(run.gpu.sm)
+    if _flashqla(run) and since is not None and versions.below(version, since):
+        yield Issue("runtime.flash_qla", f"flash-qla {version} has no kernels for {run.gpu.sm_label} "
+                                         f"({run.gpu.description}); they arrived in {since}.",
+                    f"Install flash-qla >= {since} and set runtime.flash_qla, or set kernels.gdn_backend: fla.")

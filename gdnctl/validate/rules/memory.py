@@ -12,12 +12,19 @@ WARN_USAGE = 0.9
 def trainer_fits(run):
     """
     What it checks: the per-GPU training estimate (`gdnctl explain` prints the table: weights, gradients,
-    optimizer, activations, logits, overhead) against the GPU's memory: error above 100%, warning above 90%.
+    optimizer, activations, logits, rl log-probs for rl jobs, overhead) against the GPU's memory: error above
+    100%, warning above 90%.
 
-    Why: an OOM surfaces only after the model loaded on every rank, minutes into the job.
+    Why: an OOM surfaces only after the model loaded on every rank, minutes into the job. Two reported ones are in
+    the table: the fp32 Adam state, which the optimizer allocates at its first step, so a job whose first forward
+    and backward fit can still OOM at iteration 2 (reported for MoE jobs in Megatron-Bridge's Qwen3.5 campaign
+    notes, which could not be found; the estimate counts the state from the start: 12 bytes per parameter over the
+    distributed optimizer's shard, none when offloaded), and the fp32 logits of an rl micro-batch over Qwen3.5's
+    248k vocabulary (micro_batch x rollout context x vocab / tp), which OOMed the log-prob pass of NVIDIA-NeMo/RL
+    #2668 (fixed there by TP 2, halving the shard) and made NovaSky-AI/SkyRL #1610 chunk its log-probs.
 
     Fix: raise ep/tp/pp/cp, turn on train.recompute: full, train.optimizer_cpu_offload: true, or lower
-    train.seq_length.
+    train.seq_length (rl: rollout.max_model_len too).
     """
     if not run.is_training or run.gpu.sm is None or run.dp is None:
         return

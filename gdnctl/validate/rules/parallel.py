@@ -147,20 +147,6 @@ def global_batch_divisible(run):
                     f"Use a multiple of {unit}, e.g. {max(unit, t.global_batch_size // unit * unit)}.")
 
 
-@rule("PAR009", Severity.INFO, "Sequence parallel without tensor parallelism")
-def sp_without_tp(run):
-    """
-    What it checks: sequence_parallel: true with tp == 1.
-
-    Why: sequence parallelism splits over the TP group; with tp == 1 Megatron turns it off with a warning.
-
-    Fix: remove parallel.sequence_parallel or raise tp.
-    """
-    if run.preset.parallel.sequence_parallel and run.preset.parallel.tp == 1:
-        yield Issue("parallel.sequence_parallel", "sequence_parallel has no effect with tp=1.",
-                    "Remove parallel.sequence_parallel, or raise parallel.tp.")
-
-
 @rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
 def cpu_only_selftest(run):
     """
@@ -175,3 +161,30 @@ def cpu_only_selftest(run):
     if run.gpu.sm is None and run.preset.job not in ("selftest", "rl"):
         yield Issue("cluster.gpu", f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
                     "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.")
+
+
+@rule("PAR011", Severity.ERROR, "Sequence parallel needs tensor parallelism")
+def sp_needs_tp(run):
+    """
+    What it checks: a training job on GPUs (the jobs whose runtime builds Megatron-Core's TransformerConfig)
+    with parallel.sequence_parallel: true and tp == 1.
+
+    Why: gdnctl's trainer passes sequence_parallel to Megatron-Core's TransformerConfig as it is, and
+    ModelParallelConfig.__post_init__ raises `ValueError("Cannot use sequence parallelism without tensor
+    parallelism")`: Megatron-Core does not turn it off, so the job would stop at model build after it had been
+    scheduled. (It replaces PAR009, an info that said Megatron drops it with a warning: that is the Megatron-LM
+    training script's habit, and gdnctl's runtime does not go through that script.) Found by
+    tests/runtime/model/test_config_agreement.py.
+
+    Source: megatron/core/model_parallel_config.py, ModelParallelConfig.__post_init__: lines 409-411 of
+    megatron-core 0.16.1 (checked by constructing TransformerConfig on CPU), lines 502-504 of 0.19.2 (read in the
+    0.19.2 wheel).
+
+    Fix: remove parallel.sequence_parallel (it defaults to on exactly when tp > 1), or raise parallel.tp.
+    """
+    p = run.preset.parallel
+    if run.is_training and run.gpu.sm is not None and run.sequence_parallel.value and p.tp == 1:
+        yield Issue("parallel.sequence_parallel", "sequence_parallel: true with tp=1 stops the trainer at model "
+                                                  "build: Megatron-Core refuses sequence parallelism without "
+                                                  "tensor parallelism.",
+                    "Remove parallel.sequence_parallel, or raise parallel.tp.")

@@ -71,11 +71,21 @@ def prefill_backend_supported(run):
 def prefill_hang_sm90(run):
     """
     What it checks: on SM90 GPUs, rollout.gdn_prefill_backend left to vLLM's default (null/auto, which
-    picks FlashInfer on SM90) or set to flashinfer.
+    picks FlashInfer on SM90) or set to flashinfer, by runtime.vllm: a warning for vLLM 0.18-0.25, an info
+    from vLLM 0.26 on.
 
-    Why: FlashInfer's GDN prefill has hang reports on Hopper (flashinfer #2623, #3329, #3986; vllm #41865
-    JIT multi-worker deadlock); the workaround is `--gdn-prefill-backend triton`. AReaL PR #1384 exposes
-    the flag for this reason.
+    Why: FlashInfer's GDN prefill has hang reports on Hopper (flashinfer #2623, #3329, #3986; vllm #38916
+    TimeoutError, #41865 JIT multi-worker deadlock); the workaround is `--gdn-prefill-backend triton`. AReaL
+    PR #1384 exposes the flag for this reason. Those reports ran FlashInfer's old SM90 kernel: vLLM <= 0.25
+    pins flashinfer-python <= 0.6.13 (#3986 saw the hang on vLLM 0.21.0 and 0.25.0). flashinfer 0.6.14 replaced
+    that kernel with a CuTe-DSL one (flashinfer PR #3477), on which #3329's reproducer no longer hangs, and
+    vLLM 0.26.0 is the first release to pin it; no hang report on it was found, but none says the high-
+    concurrency hang of #3986 is gone either, so newer releases still get an info.
+
+    Source: vLLM 0.25.1 and 0.26.0 wheel metadata (flashinfer-python ==0.6.13, ==0.6.14); flashinfer tag
+    v0.6.14 is the first holding PR #3477; flashinfer #3329 (maintainer: no longer reproduces after #3477).
+    vllm #53787 (a long-prefill slowdown on nightly builds after v0.28.0, with the Triton backend too) is in no
+    release and has no rule.
 
     Fix: set rollout.gdn_prefill_backend: triton.
     """
@@ -83,12 +93,20 @@ def prefill_hang_sm90(run):
     if rollout is None or not run.gpu.is_hopper:
         return
     backend = rollout.gdn_prefill_backend or "auto"
-    if backend in stack.VLLM_SM90_HANGING_PREFILL and versions.at_least(run.stack.get("vllm"),
-                                                                        stack.VLLM_GDN_PREFILL_FLAG):
-        yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer on "
-                                                   f"{run.gpu.sm_label}, which has hang reports (flashinfer #2623, "
-                                                   "#3329, #3986; vllm #41865).",
-                    "Set rollout.gdn_prefill_backend: triton.")
+    vllm = run.stack.get("vllm")
+    if backend in stack.VLLM_SM90_HANGING_PREFILL and versions.at_least(vllm, stack.VLLM_GDN_PREFILL_FLAG):
+        if versions.below(vllm, stack.VLLM_FLASHINFER_CUTEDSL_SM90):
+            yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer's SM90 "
+                                                       f"kernel on {run.gpu.sm_label}, which hangs in reports "
+                                                       f"against vLLM {vllm}'s FlashInfer (flashinfer #2623, #3329, "
+                                                       "#3986; vllm #38916, #41865).",
+                        "Set rollout.gdn_prefill_backend: triton.")
+        else:
+            yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer on "
+                                                       f"{run.gpu.sm_label}; vLLM {vllm} ships the rewritten SM90 "
+                                                       "kernel (flashinfer PR #3477), but hang reports against the "
+                                                       "old one (flashinfer #3986) were never shown fixed.",
+                        "Set rollout.gdn_prefill_backend: triton to be safe.", Severity.INFO)
 
 
 @rule("RLT005", Severity.ERROR, "gdnctl's rollout serves Qwen3.5 as the text-only class: vLLM >= 0.27")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gdnctl.knowledge import stack, versions
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
@@ -47,3 +48,119 @@ def te_free_trainer(run):
         yield Issue("train.precision", f"precision {p.train.precision} needs Transformer Engine, and gdnctl's "
                                        "trainer builds the model without TE.",
                     "Set train.precision: bf16.")
+
+
+def _transformers_model_type(model) -> str:
+    """The HF model_type whose text-only class the device-cpu rl policy builds (runtime/rl/torch_policy.py)."""
+    if model.is_qwen3_next:
+        return "qwen3_next"
+    return "qwen3_5_moe" if model.is_moe else "qwen3_5"
+
+
+@rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
+def trainer_transformers_model_type(run):
+    """
+    What it checks: an rl job on device cpu whose runtime.transformers is older than the first transformers
+    release with the model's classes: qwen3_5 and qwen3_5_moe (Qwen3_5TextConfig, Qwen3_5ForCausalLM,
+    Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) need transformers >= 5.2.0, qwen3_next needs >= 4.57.0.
+    Quiet while runtime.transformers is unset (unknown).
+
+    Why: on device cpu the rl policy is transformers' text-only class (runtime/rl/torch_policy.py imports it by
+    name), so an older transformers fails at start-up with an ImportError, the trainer-side half of verl #5937
+    ("model type qwen3_5 ... Transformers does not recognize this architecture"; upgrading transformers in the
+    same environment then broke vLLM, which RLT008 keeps apart). The GPU trainer does not import transformers:
+    it builds Megatron-Core modules and writes HF checkpoints with its own safetensors writer, so sft, pretrain
+    and rl on GPUs are not checked.
+
+    Source: transformers wheels: models/qwen3_next is in 4.57.0, not 4.56.2 (release notes "v4.57.0: Qwen3-Next");
+    models/qwen3_5 and qwen3_5_moe (and their *_text configs in the auto mappings) are in 5.2.0, not 5.1.0.
+    verl-project/verl #5937.
+
+    Fix: install transformers >= the version named (gdnctl's runtime extra asks for >= 5.23, the release its CPU
+    rl tests run) in the trainer's environment and set runtime.transformers.
+    """
+    found = run.stack.get("transformers")
+    if run.preset.job != "rl" or run.gpu.sm is not None or found is None:
+        return
+    model_type = _transformers_model_type(run.model)
+    since = stack.TRANSFORMERS_MODEL_TYPE_SINCE[model_type]
+    if versions.below(found, since):
+        yield Issue("runtime.transformers", f"transformers {found} has no {model_type} classes (added in {since}), "
+                                            "and the rl policy on device cpu is transformers' model.",
+                    f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.")
+
+
+def _builds_megatron_model(run) -> bool:
+    """The jobs whose runtime builds Megatron-Core's TransformerConfig: sft, pretrain and rl on GPUs."""
+    return run.is_training and run.gpu.sm is not None
+
+
+@rule("TRN005", Severity.ERROR, "The trainer's MoE router cannot route to one expert per token")
+def moe_top1_router(run):
+    """
+    What it checks: a training job on GPUs with a MoE model whose `num_experts_per_tok` (top-k) is 1.
+
+    Why: gdnctl's trainer builds the Qwen3.5 / Qwen3-Next router as HF computes it: softmax over all experts,
+    then top-k, then renormalised (`moe_router_pre_softmax=False`, score function softmax, aux-loss balancing).
+    With top-1 that renormalised weight is always 1, so the router would get no gradient, and Megatron-Core's
+    TransformerConfig raises `ValueError("Please use --moe-router-pre-softmax when topk is 1.")`; a pre-softmax
+    router would be a different model from the checkpoint's. The released checkpoints route to 8 or 10 experts;
+    only a custom config.json (model.path) meets this. Found by tests/runtime/model/test_config_agreement.py.
+
+    Source: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines 1633-1641 of
+    megatron-core 0.16.1 (checked by constructing TransformerConfig on CPU), lines 2328-2336 of 0.19.2 (read in
+    the 0.19.2 wheel).
+
+    Fix: use a checkpoint with num_experts_per_tok >= 2.
+    """
+    m = run.model
+    if _builds_megatron_model(run) and m.is_moe and m.num_experts_per_tok == 1:
+        yield Issue("model", f"{m.label} routes each token to 1 expert, and Megatron-Core refuses top-1 routing "
+                             "with the softmax-then-top-k router gdnctl's trainer builds.",
+                    "Use a checkpoint with num_experts_per_tok >= 2 (config.json).")
+
+
+@rule("TRN006", Severity.ERROR, "The shared expert's size is positive")
+def shared_expert_size(run):
+    """
+    What it checks: a training job on GPUs with a MoE model whose `shared_expert_intermediate_size` is 0 or
+    negative (left out is fine: no shared expert).
+
+    Why: gdnctl's trainer passes the size to Megatron-Core as `moe_shared_expert_intermediate_size`, and
+    TransformerConfig raises `ValueError("moe_shared_expert_intermediate_size must be num_shared_experts *
+    ffn_size_of_each_shared_expert, but got 0")` for a value <= 0, so the job would stop at model build. Only a
+    custom config.json (model.path) meets this. Found by tests/runtime/model/test_config_agreement.py.
+
+    Source: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines 1083-1089
+    of megatron-core 0.16.1 (checked by constructing TransformerConfig on CPU), lines 1637-1643 of 0.19.2 (read in
+    the 0.19.2 wheel).
+
+    Fix: remove shared_expert_intermediate_size from the checkpoint's config.json when the model has no shared
+    expert, or give its real size.
+    """
+    m = run.model
+    size = m.shared_expert_ffn_hidden_size
+    if _builds_megatron_model(run) and m.is_moe and size is not None and size <= 0:
+        yield Issue("model", f"{m.label} has shared_expert_intermediate_size {size}, which Megatron-Core refuses "
+                             "(it must be positive, or left out for no shared expert).",
+                    "Remove shared_expert_intermediate_size from config.json, or set the shared expert's size.")
+
+
+@rule("TRN004", Severity.ERROR, "gdnctl's trainer does not train the MTP layer (train.mtp)")
+def mtp_not_trained(run):
+    """
+    What it checks: a training job with train.mtp: true.
+
+    Why: Qwen3.5 checkpoints carry a multi-token-prediction layer (`mtp.*`, `mtp_num_hidden_layers: 1`) that
+    vLLM uses for speculative decoding. gdnctl's TE-free trainer builds the model without it: loading skips the
+    `mtp.*` tensors (gdnctl/runtime/model/hf_weights.py IGNORED_HF_PREFIXES) and the export writes
+    `mtp_num_hidden_layers: 0` (gdnctl/runtime/model/checkpoint.py). The job would run, report success, and the
+    MTP layer would be neither trained nor in the saved checkpoint.
+
+    Fix: set train.mtp: false. To keep speculative decoding, serve the original checkpoint's MTP layer beside
+    the trained weights (copy its `mtp.*` tensors), until gdnctl trains MTP.
+    """
+    if run.is_training and run.preset.train.mtp:
+        yield Issue("train.mtp", "train.mtp is true, but gdnctl's trainer builds the model without the MTP layer: "
+                                 "it would be neither trained nor saved.",
+                    "Set train.mtp: false (the trained checkpoint then has no MTP layer for speculative decoding).")

@@ -1,0 +1,211 @@
+"""Failures users of slime, verl, NeMo-RL and Megatron-Bridge reported, at the version boundaries where upstream
+fixed them (below, at and above each threshold of gdnctl/knowledge/stack.py)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gdnctl.knowledge import FLASHQLA_SMS, GPUS, stack
+from gdnctl.plan import memory
+from gdnctl.validate.findings import Severity
+from tests.validate.helpers import codes, run_of
+
+CPU_RL = "tiny-qwen3.5-rl-cpu"
+
+
+def _severity(found: dict, code: str) -> Severity | None:
+    """The one finding of `code`, by severity; None when the rule stayed quiet."""
+    if code not in found:
+        return None
+    assert len(found[code]) == 1, found[code]
+    return found[code][0].severity
+
+
+# --- KRN007: FLA's gated GDN backward on Hopper with Triton 3.4-3.7.0 (fla #640, #983) ---------------------------
+@pytest.mark.parametrize(("triton", "expected"), [
+    ("3.3.1", None), ("3.4.0", Severity.ERROR), ("3.6.0", Severity.ERROR), ("3.7.0", Severity.ERROR),
+    ("3.7.1", None), ("3.8.0", None),
+])
+def test_hopper_triton_window(triton, expected):
+    found = codes({"runtime": {"triton": triton, "fla": "0.4.1", "flash_qla": "none"}})
+    assert _severity(found, "KRN007") == expected
+
+
+@pytest.mark.parametrize(("fla", "flash_qla", "expected", "says"), [
+    ("0.4.1", "none", Severity.ERROR, "wrong db and dg"),
+    ("0.4.2", "none", Severity.WARNING, "no guard"),
+    ("0.5.0", "none", Severity.WARNING, "RuntimeError"),
+    ("0.6.0", "none", Severity.WARNING, "RuntimeError"),
+    ("0.6.0", "0.1.3", Severity.INFO, "TileLang"),
+])
+def test_hopper_triton_by_fla_release(fla, flash_qla, expected, says):
+    finding = codes({"runtime": {"triton": "3.6.0", "fla": fla, "flash_qla": flash_qla}})["KRN007"][0]
+    assert finding.severity is expected and says in finding.message and finding.path == "runtime.triton"
+
+
+@pytest.mark.parametrize("changes", [
+    {"runtime": {"fla": "0.4.1"}},  # runtime.triton unknown
+    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "cluster": {"gpu": "a100"}},  # not Hopper
+    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "kernels": {"gdn_backend": "flashqla"}},
+    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "job": "selftest", "rollout": None},  # no backward
+])
+def test_hopper_triton_quiet(changes):
+    assert "KRN007" not in codes(changes)
+
+
+def test_hopper_triton_on_every_hopper_gpu():
+    for gpu in ("h100", "h200", "h800", "h20", "gh200"):
+        found = codes({"cluster": {"gpu": gpu}, "runtime": {"triton": "3.6.0", "fla": "0.4.1"}})
+        assert "KRN007" in found, gpu
+
+
+# --- KRN008: FLA's GDN backward on Blackwell before 0.5.2 (fla #913, #999, PR #1000) ------------------------------
+@pytest.mark.parametrize(("fla", "trips"), [("0.4.2", True), ("0.5.0", True), ("0.5.1", True), ("0.5.2", False),
+                                           ("0.6.0", False)])
+def test_blackwell_backward_by_fla_release(fla, trips):
+    assert ("KRN008" in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": fla}})) is trips
+
+
+@pytest.mark.parametrize(("gpu", "trips"), [("b200", True), ("b300", True), ("rtx-pro-6000", True), ("h100", False),
+                                           ("a100", False)])
+def test_blackwell_backward_by_gpu(gpu, trips):
+    assert ("KRN008" in codes({"cluster": {"gpu": gpu}, "runtime": {"fla": "0.5.1"}})) is trips
+
+
+def test_blackwell_backward_only_for_fla_training():
+    assert "KRN008" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"},
+                                  "kernels": {"gdn_backend": "flashqla"}})
+    assert "KRN008" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}, "job": "selftest",
+                                  "rollout": None})
+
+
+# --- KRN009: the flash-qla release must have kernels for the GPU (QwenLM/FlashQLA tags) ----------------------------
+@pytest.mark.parametrize(("gpu", "flash_qla", "trips"), [
+    ("h100", "0.1.1", False), ("b200", "0.1.1", False),
+    ("rtx-pro-6000", "0.1.1", True), ("rtx-pro-6000", "0.1.2", False),
+    ("b300", "0.1.2", True), ("b300", "0.1.3", False),
+    ("gb10", "0.1.2", True), ("gb10", "0.1.3", False), ("gb10", "0.2.0", False),
+])
+def test_flashqla_release_by_gpu(gpu, flash_qla, trips):
+    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": gpu},
+                   "runtime": {"flash_qla": flash_qla}})
+    assert ("KRN009" in found) is trips
+
+
+def test_flashqla_release_table_covers_the_supported_gpus():
+    assert set(stack.FLASHQLA_FORWARD_SINCE) == set(FLASHQLA_SMS)
+    # Every release on PyPI (0.1.1 on) has the Hopper and B200 kernels: nothing to say there.
+    assert not codes({"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.1"}}).get("KRN009")
+
+
+def test_flashqla_release_leaves_unsupported_gpus_to_krn001():
+    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"},
+                   "runtime": {"flash_qla": "0.1.1"}})
+    assert "KRN001" in found and "KRN009" not in found
+
+
+@pytest.mark.parametrize(("flash_qla", "says"), [("0.1.2", "only a forward kernel"), ("0.1.3", "SM120 backward")])
+def test_sm120_training_is_refused_either_way(flash_qla, says):
+    """flash-qla 0.1.3 has an SM120 backward, but gdnctl's runtime still refuses it: KRN002 says which."""
+    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"},
+                   "runtime": {"flash_qla": flash_qla}})
+    assert says in found["KRN002"][0].message
+
+
+# --- RLT004: FlashInfer GDN prefill on Hopper, by the FlashInfer vLLM pins (flashinfer #3477 in 0.6.14) ------------
+@pytest.mark.parametrize(("vllm", "backend", "expected"), [
+    ("0.17.0", None, None),  # no --gdn-prefill-backend, no FlashInfer GDN prefill to choose
+    ("0.18.0", None, Severity.WARNING),
+    ("0.25.1", "flashinfer", Severity.WARNING),
+    ("0.26.0", None, Severity.INFO),
+    ("0.26.0", "flashinfer", Severity.INFO),
+    ("0.33.0", "auto", Severity.INFO),
+    ("0.25.1", "triton", None),
+    ("0.33.0", "triton", None),
+])
+def test_prefill_hang_by_vllm_release(vllm, backend, expected):
+    found = codes({"runtime": {"vllm": vllm}, "rollout": {"gdn_prefill_backend": backend}})
+    assert _severity(found, "RLT004") == expected
+
+
+def test_prefill_hang_only_on_hopper():
+    assert "RLT004" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"vllm": "0.25.1"},
+                                  "rollout": {"gdn_prefill_backend": None}})
+
+
+# --- TRN003: the trainer's transformers must know the model type (verl #5937) ------------------------------------
+@pytest.mark.parametrize(("model", "transformers", "trips"), [
+    ("gdnctl/tiny-qwen3.5-bytes", "4.57.6", True),
+    ("gdnctl/tiny-qwen3.5-bytes", "5.1.0", True),
+    ("gdnctl/tiny-qwen3.5-bytes", "5.2.0", False),
+    ("gdnctl/tiny-qwen3.5-bytes", "5.23.0", False),
+    ("gdnctl/tiny-qwen3.5-moe-bytes", "5.1.0", True),
+    ("gdnctl/tiny-qwen3.5-moe-bytes", "5.2.0", False),
+    ("gdnctl/tiny-qwen3-next-bytes", "4.56.2", True),
+    ("gdnctl/tiny-qwen3-next-bytes", "4.57.0", False),
+    ("gdnctl/tiny-qwen3-next-bytes", "5.1.0", False),
+])
+def test_transformers_by_model_type(model, transformers, trips):
+    found = codes({"model": {"id": model}, "runtime": {"transformers": transformers}}, base=CPU_RL)
+    assert ("TRN003" in found) is trips
+    if trips:
+        assert found["TRN003"][0].path == "runtime.transformers"
+
+
+def test_transformers_matters_only_for_the_cpu_policy():
+    assert "TRN003" not in codes({"runtime": {"transformers": "4.40.0"}})  # rl on GPUs: Megatron, no transformers
+    assert "TRN003" not in codes({}, base=CPU_RL)  # runtime.transformers unknown
+    assert "TRN003" not in codes({"job": "selftest", "rollout": None, "runtime": {"transformers": "4.40.0"}},
+                                 base=CPU_RL)
+
+
+def test_new_runtime_versions_are_checked_and_default_to_unknown():
+    run = run_of()
+    assert run.stack["triton"] is None and run.stack["transformers"] is None
+    with pytest.raises(ValidationError):
+        run_of({"runtime": {"triton": "three"}})
+    assert run_of({"runtime": {"triton": "3.7.1", "transformers": "5.23.0"}}).stack["triton"] == "3.7.1"
+
+
+# --- the rl log-prob row of the memory estimate (NeMo-RL #2668, SkyRL #1610) -----------------------------------
+def _rows(run) -> dict[str, float]:
+    return {row.name: row.gib for row in memory.estimate_training(run).rows}
+
+
+def test_rl_estimate_has_the_fp32_logprob_row():
+    run = run_of()  # 35B-A3B GRPO: micro batch 1, 8192 tokens, tp 2, vocab 248320
+    rows = _rows(run)
+    shard = run.model.vocab_size / run.preset.parallel.tp
+    assert rows["rl log-probs"] == pytest.approx(1 * 8192 * shard * 4 / memory.GIB)
+    assert rows["logits"] == pytest.approx(1 * 8192 * shard * 2 / memory.GIB)
+
+
+def test_rl_logprob_row_follows_the_rollout_context_and_tp():
+    base = _rows(run_of())["rl log-probs"]
+    assert _rows(run_of({"rollout": {"max_model_len": 32768}}))["rl log-probs"] == pytest.approx(4 * base)
+    assert _rows(run_of({"parallel": {"tp": 1}}))["rl log-probs"] == pytest.approx(2 * base)
+    assert _rows(run_of({"train": {"micro_batch_size": 2}}))["rl log-probs"] == pytest.approx(2 * base)
+
+
+def test_rl_logprob_row_is_not_counted_twice():
+    """At the training length an rl job's logits and log-prob rows add up to the sft job's logits row."""
+    rl = _rows(run_of())
+    sft = _rows(run_of({"job": "sft", "rollout": None}))
+    assert "rl log-probs" not in sft
+    assert rl["logits"] + rl["rl log-probs"] == pytest.approx(sft["logits"])
+
+
+def test_long_rl_context_can_tip_the_fit():
+    """The 248k vocabulary makes long rl rows expensive: 128k tokens of fp32 logits at tp 2 are ~61 GiB."""
+    changes = {"rollout": {"max_model_len": 131072, "max_response_tokens": 1024}}
+    rows = _rows(run_of(changes))
+    assert rows["rl log-probs"] > 0.7 * GPUS["h100"].memory_gib
+    assert any(f.severity is Severity.ERROR for f in codes(changes)["MEM001"])
+
+
+def test_optimizer_state_is_in_the_estimate_from_the_start():
+    """MoE jobs that OOM only at iteration 2 do so when Adam's state appears: the estimate already holds it."""
+    rows = _rows(run_of({"train": {"optimizer_cpu_offload": False}}))
+    offloaded = _rows(run_of())
+    assert rows["optimizer"] > 0 and offloaded["optimizer"] == 0
