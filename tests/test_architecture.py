@@ -231,3 +231,29 @@ def test_the_checker_sees_a_circle_and_an_upward_import():
 if __name__ == "__main__":
     for problem in [*map(str, cycles(edges(MODULES))), *layer_violations(MODULES), *deep_import_violations(MODULES)]:
         print(problem)
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package", ["comm", "data", "kernels", "model", "rl", "train"])
+def test_every_lazy_runtime_name_is_defined_where_its_package_says(package):
+    """The runtime's subpackages resolve names on first use; a wrong entry would only fail on the cluster."""
+    module = importlib.import_module(f"gdnctl.runtime.{package}")
+    homes = module._HOMES  # name -> the submodule that defines it
+    assert set(homes) <= set(module.__all__)
+    for name, home in homes.items():
+        assert name in _top_level_names(PACKAGE_DIR / "runtime" / package / f"{home}.py"), (package, name, home)
+    for name in set(module.__all__) - set(homes):
+        assert (PACKAGE_DIR / "runtime" / package / f"{name}.py").is_file(), (package, name)
