@@ -31,7 +31,7 @@ def selftest_with(tmp_path: Path, **launch) -> Path:
 def test_local_selftest_end_to_end(tmp_path):
     proc = gdnctl("launch", SELFTEST, "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "selftest: passed: 6 ok, 0 failed" in proc.stdout
+    assert "selftest: passed: 7 ok, 0 failed" in proc.stdout
     profiles = sorted(p.name for p in (tmp_path / "run" / "comm_profile").iterdir())
     assert profiles == ["comm_profile_rank0.json", "comm_profile_rank1.json"]
 
@@ -59,7 +59,7 @@ def test_slurm_selftest_end_to_end(tmp_path, local_slurm):
     proc = gdnctl("launch", SELFTEST, "--slurm", "--wait", "--run-dir", str(tmp_path / "run"),
                   env=slurm_env(local_slurm))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "submitted job" in proc.stdout and "selftest: passed: 6 ok, 0 failed" in proc.stdout
+    assert "submitted job" in proc.stdout and "selftest: passed: 7 ok, 0 failed" in proc.stdout
     assert "ended COMPLETED with exit code 0" in proc.stderr
 
 

@@ -19,8 +19,8 @@ def test_selftest_passes_on_two_gloo_ranks(tmp_path):
     completed = torchrun("-m", "gdnctl.runtime", "--config", str(config_path), cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     lines = [line for line in completed.stdout.splitlines() if line.startswith("selftest: ")]
-    assert lines[-1] == f"selftest: passed: 6 ok, 0 failed, 0 skipped on {WORLD_SIZE} ranks (gloo)"
-    assert len(lines) == 7 and all(" ok (" in line for line in lines[:-1]), lines
+    assert lines[-1] == f"selftest: passed: 7 ok, 0 failed, 0 skipped on {WORLD_SIZE} ranks (gloo)"
+    assert len(lines) == 8 and all(" ok (" in line for line in lines[:-1]), lines
     assert any(line.startswith("selftest: gdn kernel backend ok (flashqla unavailable (expected on CPU)")
                for line in lines)
     for rank in range(WORLD_SIZE):

@@ -43,6 +43,7 @@ from gdnctl.knowledge import GPUS, catalog  # noqa: E402
 from gdnctl.plan import compile_engine_config  # noqa: E402
 from gdnctl.runtime.model.megatron_config import ModelBuildError, transformer_config_kwargs  # noqa: E402
 from gdnctl.validate import Severity, validate  # noqa: E402
+from tests.validate.helpers import TINY_MOE_TEXT  # noqa: E402
 
 TransformerConfig = transformer_config_module.TransformerConfig
 MCORE_VERSION = version("megatron-core")
@@ -75,14 +76,7 @@ def build(kwargs: dict):
 
 # Checkpoints (model.path) beside every catalog model (the tiny test models included): the rule tests' tiny MoE
 # model (tests/validate/helpers.py) and variants, so that architectures the catalog does not hold are generated
-# too. Values are HF config.json keys over TINY; None leaves a key out.
-TINY = {
-    "model_type": "qwen3_5_moe_text", "num_hidden_layers": 8, "hidden_size": 256, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 4, "vocab_size": 1024, "num_experts": 8, "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "mtp_num_hidden_layers": 1,
-}
+# too. Values are HF config.json keys over TINY_MOE_TEXT; None leaves a key out.
 CHECKPOINTS = {
     "tiny-moe": {},
     "tiny-moe-top1": {"num_experts_per_tok": 1},
@@ -103,7 +97,7 @@ STACKS = [{}, {"megatron_core": "0.17.0", "megatron_bridge": "0.4.0"},
 
 @lru_cache(maxsize=None)
 def checkpoint_dir(root: Path, name: str) -> str:
-    text = {k: v for k, v in {**TINY, **CHECKPOINTS[name]}.items() if v is not None}
+    text = {k: v for k, v in {**TINY_MOE_TEXT, **CHECKPOINTS[name]}.items() if v is not None}
     architecture = "Qwen3_5MoeForCausalLM" if "num_experts" in text else "Qwen3_5ForCausalLM"
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
