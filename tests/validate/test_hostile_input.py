@@ -234,10 +234,14 @@ def test_memory_estimate_stays_finite_at_the_schema_bounds():
     assert all(row.gib < float("inf") for row in estimate.rows) and estimate.usage > 1
 
 
-def test_checkpoint_sizes_past_float_range_do_not_fit(tmp_path):
+def test_checkpoint_sizes_past_float_range_are_refused_before_any_estimate(tmp_path):
+    """Sizes of a config.json are within int32 (ModelArch), so the memory estimate never sees 10**400."""
     checkpoint = write_checkpoint(tmp_path / "ckpt", hidden_size=10**400, vocab_size=10**320)
-    found = codes({"model": {"id": None, "path": str(checkpoint)}, "parallel": {"ep": 8}})
-    assert "inf GiB" in found["MEM001"][0].message
+    result = CliRunner().invoke(app, ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}",
+                                      "--set", "model.id=null", "--json"])
+    assert result.exit_code == 1
+    finding = json.loads(result.stdout)["findings"][0]
+    assert finding["code"] == "PRE003" and "hidden_size" in finding["message"]
 
 
 # The job name, #SBATCH values and environment names are checked whole: a trailing newline is refused too

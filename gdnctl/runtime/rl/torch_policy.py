@@ -158,6 +158,9 @@ class TorchPolicy:
         dist.barrier()
         if dist.get_rank() == 0:
             checkpoint.mark_latest(save_dir, directory.name)
+        # No rank goes on before `latest` has moved: a rank that died in the next save could otherwise take the
+        # job down while rank 0 was still marking this complete checkpoint, and the resume would miss it.
+        dist.barrier()
 
 
 # transformers 5 keeps a MoE layer's experts fused in memory (experts.gate_up_proj [E, 2I, H] with each expert's

@@ -1,6 +1,6 @@
 """The processes of test_checkpoint_durability: a tiny torch model trained with AdamW on a gloo group of one or
 two ranks, saved and resumed with gdnctl's checkpoint functions in the order the CPU rl policy calls them
-(TorchPolicy.save: save_tensors on rank 0, save_training_state, barrier, mark_latest; TorchPolicy's resume:
+(TorchPolicy.save: save_tensors on rank 0, save_training_state, barrier, mark_latest, barrier; TorchPolicy's resume:
 latest_checkpoint, the weights through HFReader, read_training_state, load_training_state).
 
 The test starts these through multiprocessing's forkserver: the server imports torch once and forks a new
@@ -70,6 +70,7 @@ def save(save_dir: Path, iteration: int, model: torch.nn.Module, optimizer: torc
     dist.barrier()
     if dist.get_rank() == 0:
         checkpoint.mark_latest(save_dir, directory.name)
+    dist.barrier()  # as TorchPolicy.save: `latest` moves before any rank goes on
 
 
 def save_run(rank: int, world_size: int, save_dir: Path, store: Path, log: Path, kill: dict[int, Kill],
