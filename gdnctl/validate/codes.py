@@ -98,6 +98,7 @@ CODES: dict[str, str] = {
     "TRN004": "mtp_not_trained",
     "TRN005": "moe_top1_router",
     "TRN006": "shared_expert_size",
+    "TRN007": "vpp_not_built",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

@@ -119,6 +119,7 @@ CASES = {
     "TRN006": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
                    tmp / "c", shared_expert_intermediate_size=0))}, "parallel": {"ep": 8}},
                lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
+    "TRN007": ({"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
 }
 
 

@@ -164,3 +164,23 @@ def mtp_not_trained(run):
         yield Issue("train.mtp", "train.mtp is true, but gdnctl's trainer builds the model without the MTP layer: "
                                  "it would be neither trained nor saved.",
                     "Set train.mtp: false (the trained checkpoint then has no MTP layer for speculative decoding).")
+
+
+@rule("TRN007", Severity.ERROR, "gdnctl's trainer does not build virtual pipeline stages (parallel.vpp)")
+def vpp_not_built(run):
+    """
+    What it checks: a training job with parallel.vpp set.
+
+    Why: the TE-free trainer builds one model chunk per pipeline rank: it never passes
+    virtual_pipeline_model_parallel_size to Megatron-Core's TransformerConfig (gdnctl/runtime/model/
+    megatron_config.py) nor builds a chunk per virtual stage, so the preset's vpp would be silently ignored and
+    the job would run with the plain pipeline schedule and its larger bubble. Found while checking that every
+    config validate accepts is the config the runtime builds (tests/runtime/model/test_config_agreement.py).
+
+    Fix: remove parallel.vpp (pp alone is built), until gdnctl builds virtual pipeline stages.
+    """
+    if run.is_training and run.preset.parallel.vpp is not None:
+        yield Issue("parallel.vpp", f"vpp={run.preset.parallel.vpp} would be ignored: gdnctl's trainer builds one "
+                                    "model chunk per pipeline rank, with no virtual stages.",
+                    "Remove parallel.vpp; parallel.pp alone is built.")
+
