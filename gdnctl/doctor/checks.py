@@ -185,22 +185,38 @@ def check_megatron(facts: MachineFacts, run=None) -> Check:
     return Check("megatron_core", Status.OK, found)
 
 
+def _builds_through_bridge(run) -> bool:
+    return _trains_with_megatron(run) and run.model_builder.value == "megatron-bridge"
+
+
 def check_bridge(facts: MachineFacts, run=None) -> Check:
     bridge = facts.version("megatron-bridge")
-    needed = _trains_with_megatron(run) and run.preset.train.bridge == "megatron-bridge"
     if bridge is None:
-        return Check("megatron_bridge", Status.WARN if needed else Status.SKIP, "not installed",
-                     "pip install megatron-bridge==0.6.2 to load HF weights (Python 3.12)" if needed else "")
+        if _builds_through_bridge(run):
+            return Check("megatron_bridge", Status.FAIL, "not installed",
+                         f"the preset's trainer builds the model through megatron-bridge ({run.model_builder.reason});"
+                         f" pip install megatron-bridge=={run.stack.get('megatron_bridge')} (Python 3.12), or set "
+                         "runtime.transformer_engine: none for gdnctl's TE-free builder")
+        return Check("megatron_bridge", Status.SKIP, "not installed")
     features = stack.features_of(bridge, stack.BRIDGE_QWEN35_FEATURES)
     return Check("megatron_bridge", Status.OK, f"{bridge} ({', '.join(features) or 'no Qwen3.5 bridges'})")
 
 
 def check_transformer_engine(facts: MachineFacts, run=None) -> Check:
     te = facts.version("transformer-engine") or facts.version("transformer_engine")
+    wanted = run.stack.get("transformer_engine") if _builds_through_bridge(run) else None
     if te is None:
+        if wanted is not None:
+            return Check("transformer_engine", Status.FAIL, "not installed",
+                         f"the preset names Transformer Engine {wanted} (runtime.transformer_engine), so the trainer "
+                         "builds through megatron-bridge; install it, or set runtime.transformer_engine: none for "
+                         "gdnctl's TE-free builder (no context parallel, no FP8)")
         return Check("transformer_engine", Status.WARN if facts.gpus else Status.SKIP, "not installed",
-                     "megatron-bridge's Qwen3.5 providers need Transformer Engine; without it gdnctl builds a "
-                     "TE-free model" if facts.gpus else "")
+                     "without Transformer Engine only gdnctl's TE-free builder runs (runtime.transformer_engine: "
+                     "none)" if facts.gpus else "")
+    if wanted is not None and versions.parse(te).release[:2] != versions.parse(wanted).release[:2]:
+        return Check("transformer_engine", Status.WARN, f"{te} (the preset names {wanted})",
+                     f"set runtime.transformer_engine: {te} so validate reasons about the installed one")
     return Check("transformer_engine", Status.OK, te)
 
 

@@ -14,6 +14,10 @@ from gdnctl.knowledge import versions
 DEFAULT_STACK: dict[str, str | None] = {
     "megatron_core": "0.19.2",
     "megatron_bridge": "0.6.2",
+    # The trainer's Transformer Engine: with one, the model is built through megatron-bridge (TE layers, context
+    # parallel, FP8); `runtime.transformer_engine: none` selects gdnctl's TE-free builder. 2.20.2 is what the
+    # bridge path was checked with on an H100 (the GPU machines' staged `te` profile).
+    "transformer_engine": "2.20.2",
     "vllm": "0.33.0",
     "flash_qla": "0.1.3",
     "fla": "0.6.0",

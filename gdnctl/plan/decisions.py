@@ -36,6 +36,17 @@ def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
                             f"(THD needs >= {stack.MCORE_GDN_PACKED_AND_CP}), so sequences are padded (BSHD)")
 
 
+def model_builder(software: dict[str, str | None]) -> Decision:
+    """megatron-bridge's provider where the trainer has Transformer Engine, else gdnctl's TE-free spec."""
+    te = software.get("transformer_engine")
+    if te is None:
+        return Decision("te-free", "runtime.transformer_engine is none: gdnctl's TE-free Megatron-Core spec "
+                                   "(no context parallel, no FP8, experts as one matmul each)")
+    return Decision("megatron-bridge", f"Transformer Engine {te}: megatron-bridge "
+                                       f"{software.get('megatron_bridge')}'s provider builds TE layers, TE attention "
+                                       "and grouped-GEMM experts")
+
+
 def sequence_parallel(preset: Preset) -> Decision:
     chosen = preset.parallel.sequence_parallel
     if chosen is not None:
@@ -65,19 +76,17 @@ def train_world_size(preset: Preset, total_gpus: int) -> Decision:
     return Decision(total_gpus, f"nodes x gpus_per_node = {total_gpus}")
 
 
-def weight_sync_fallback_reasons(preset: Preset) -> tuple[str, ...]:
-    """Why megatron-bridge's export cannot be used for trainer -> rollout weight sync (AReaL PR #1384)."""
-    train = preset.train
-    if not train.update_weights_via_bridge:
+def weight_sync_fallback_reasons(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> tuple[str, ...]:
+    """Why the rl weight sync will not use megatron-bridge's export_hf_weights though the preset asks for it:
+    what the runtime really does (runtime/rl/megatron_policy.py exports through the model's builder)."""
+    if preset.job != "rl" or not preset.train.update_weights_via_bridge:
         return ()
-    reasons = []
-    if train.bridge != "megatron-bridge":
-        reasons.append(f"train.bridge is {train.bridge}, and only megatron-bridge exports HF weights")
-    if train.precision == "fp8":
-        reasons.append("train.precision is fp8: quantized weights go through the registry conversion")
-    if train.lora is not None:
-        reasons.append("train.lora is set: LoRA adapters go through the registry conversion")
-    return tuple(reasons)
+    if gpu.sm is None:
+        return ("the device-cpu policy is transformers' model, whose own state dict is written",)
+    if model_builder(software).value == "te-free":
+        return ("runtime.transformer_engine is none: the TE-free model is exported through gdnctl's own HF name "
+                "rules (runtime/model/hf_weights.py)",)
+    return ()
 
 
 def cuda_device_max_connections(preset: Preset, gpu: GpuSpec) -> Decision:

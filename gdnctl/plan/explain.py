@@ -32,6 +32,8 @@ def derived_values(run: Run) -> list[Derived]:
         Derived("layout", run.layout.value, run.layout.reason),
         Derived("sequence_parallel", run.sequence_parallel.value, run.sequence_parallel.reason),
     ]
+    if run.is_training and run.gpu.sm is not None:  # the CPU jobs build no Megatron model
+        out.append(Derived("model_builder", run.model_builder.value, run.model_builder.reason))
     if run.dp:
         out.append(Derived("num_microbatches", t.global_batch_size // (t.micro_batch_size * run.dp),
                            f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "

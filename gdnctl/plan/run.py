@@ -56,12 +56,16 @@ class Run:
         return decide.layout(self.preset, self.stack)
 
     @cached_property
+    def model_builder(self) -> decide.Decision:
+        return decide.model_builder(self.stack)
+
+    @cached_property
     def sequence_parallel(self) -> decide.Decision:
         return decide.sequence_parallel(self.preset)
 
     @cached_property
     def weight_sync_fallback_reasons(self) -> tuple[str, ...]:
-        return decide.weight_sync_fallback_reasons(self.preset)
+        return decide.weight_sync_fallback_reasons(self.preset, self.stack, self.gpu)
 
     def gdn_rank_shapes(self) -> list[RankShape]:
         """The GDN kernel shapes one rank of this job calls (what doctor --kernels and prewarm run)."""

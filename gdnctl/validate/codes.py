@@ -99,6 +99,10 @@ CODES: dict[str, str] = {
     "TRN005": "moe_top1_router",
     "TRN006": "shared_expert_size",
     "TRN007": "vpp_not_built",
+    "TRN008": "context_parallel_not_sharded",
+    "TRN009": "fp8_needs_sm89",
+    "TRN010": "lora_not_trained",
+    "TRN011": "fp8_padded_row_length",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

@@ -17,6 +17,8 @@ FACTS = Path(__file__).parent / "facts"
 H100 = MachineFacts.load(FACTS / "h100-full-stack.json")
 A100 = MachineFacts.load(FACTS / "a100.json")
 CPU = MachineFacts.load(FACTS / "cpu-only.json")
+# Recorded on an H100 with the staged gdn and te profiles (`gdnctl doctor --save-facts`, 2026-11-24).
+H100_TE = MachineFacts.load(FACTS / "h100-te.json")
 
 
 def with_(facts: MachineFacts, **changes) -> MachineFacts:
@@ -27,11 +29,24 @@ def by_name(results) -> dict:
     return {c.name: c for c in results}
 
 
-def test_full_stack_h100_runs_the_grpo_preset():
-    results = checks.run_checks(H100, run_of())
+def test_full_stack_h100_runs_the_grpo_preset_te_free():
+    # Recorded on an H100 without Transformer Engine: the TE-free builder is what runs there.
+    results = checks.run_checks(H100, run_of({"runtime": {"transformer_engine": "none"}}))
     assert not [c for c in results if c.status is Status.FAIL]
     assert by_name(results)["megatron_core"].found == "0.19.2 (GDN, THD, CP, fused CP all-to-all)"
     assert "MTP+CP fix" in by_name(results)["megatron_bridge"].found
+
+
+def test_the_bridge_builder_passes_on_an_h100_with_transformer_engine():
+    results = by_name(checks.run_checks(H100_TE, run_of({"job": "sft", "rollout": None})))
+    assert results["transformer_engine"].status is Status.OK and results["transformer_engine"].found == "2.20.2"
+    assert results["megatron_bridge"].status is Status.OK
+    assert results["megatron_core"].status is Status.OK
+
+
+def test_a_preset_naming_transformer_engine_fails_on_a_machine_without_it():
+    te = by_name(checks.run_checks(H100, run_of()))["transformer_engine"]
+    assert te.status is Status.FAIL and "runtime.transformer_engine: none" in te.fix
 
 
 def test_a100_with_flashqla_preset_fails_naming_both():

@@ -1,9 +1,11 @@
-"""Run by test_trainer_gpu.py in its own process (Megatron's parallel state is process-global).
+"""Run by the GPU tests in its own process (Megatron's parallel state is process-global).
 
-Builds the TE-free tiny Qwen3.5 model with random weights on one GPU, writes it as an HF checkpoint, then
-checks (1) transformers' Qwen3_5ForCausalLM loaded from that checkpoint gives the same logits, and (2) a fresh
-Megatron model with other random weights, loaded from the checkpoint, gives bit-identical logits.
-Prints one JSON line with the measured errors.
+    python tests/gpu/hf_roundtrip_check.py OUT_DIR [MODEL_ID] [BUILDER]     (BUILDER: megatron-bridge | te-free)
+
+Builds a tiny model (default gdnctl/tiny-qwen3.5) with random weights on one GPU through the named builder,
+writes it as an HF checkpoint, then checks (1) transformers' class loaded from that checkpoint gives the same
+logits, and (2) a fresh Megatron model with other random weights, loaded from the checkpoint, gives
+bit-identical logits. Prints one JSON line with the measured errors.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ import torch
 import torch.distributed as dist
 
 
-def _engine_config(run_dir: Path):
+def _engine_config(run_dir: Path, model_id: str, builder: str):
     from gdnctl.launch.render import render
     from gdnctl.schema.engine import EngineConfig
 
-    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla"])
-    return EngineConfig.from_file(run_dir / "engine.yaml")
+    te = "none" if builder == "te-free" else "2.20.2"
+    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla", f"model.id={model_id}",
+                                         f"runtime.transformer_engine={te}"])
+    config = EngineConfig.from_file(run_dir / "engine.yaml")
+    assert config.train.model_builder == builder, config.train.model_builder
+    return config
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, model_id: str = "gdnctl/tiny-qwen3.5", builder_name: str = "te-free") -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     torch.cuda.set_device(0)
@@ -33,22 +39,18 @@ def main(out_dir: str) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     from gdnctl.runtime.kernels.backends import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend
-    from gdnctl.runtime.model import checkpoint
-    from gdnctl.runtime.model.hf_weights import ShardPlace
-    from gdnctl.runtime.model.megatron import build_gpt_model, transformer_config
+    from gdnctl.runtime.model import checkpoint, make_model_builder
 
-    config = _engine_config(Path(out_dir) / "run")
+    config = _engine_config(Path(out_dir) / "run", model_id, builder_name)
     kernel = resolve_backend("fla")
     patch_megatron_gdn_kernel(kernel)
     parallel_state.initialize_model_parallel()
-    groups = checkpoint.Groups(tp=parallel_state.get_tensor_model_parallel_group(),
-                               etp=parallel_state.get_expert_tensor_parallel_group(),
-                               writes_dense=True, writes_experts=True)
+    builder = make_model_builder(config)
 
     def build(seed: int):
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         torch.manual_seed(seed)
-        model = build_gpt_model(config, transformer_config(config)).cuda().eval()
+        model = builder.build(pre_process=True, post_process=True).eval()
         install_kernel_on_layers(model, kernel)
         return model
 
@@ -67,12 +69,12 @@ def main(out_dir: str) -> None:
             if "norm" in name or name.endswith(("dt_bias", "A_log")):
                 param.add_(torch.randn_like(param) * 0.1)
     directory = Path(out_dir) / "hf"
-    checkpoint.save_hf(first, arch, ShardPlace(), groups, directory, checkpoint.hf_text_config(arch))
+    builder.save(first, directory, checkpoint.text_only_source(arch))
     expected = megatron_logits(first)
 
     second = build(2)
     before = (megatron_logits(second) - expected).abs().max().item()
-    checkpoint.load_hf(second, arch, ShardPlace(), directory)
+    builder.load(second, directory)
     reload_max_abs = (megatron_logits(second) - expected).abs().max().item()
 
     from transformers import AutoModelForCausalLM
@@ -84,9 +86,10 @@ def main(out_dir: str) -> None:
     agree = (hf_logits.argmax(-1) == expected.argmax(-1)).float().mean().item()
     print(json.dumps({"reload_max_abs_diff": reload_max_abs, "before_reload_max_abs_diff": before,
                       "transformers_relative_error": relative, "transformers_argmax_agreement": agree,
-                      "hf_class": type(hf_model).__name__}))
+                      "hf_class": type(hf_model).__name__, "builder": builder.builder,
+                      "layer_norm_kind": type(first.decoder.final_layernorm).__name__}))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -51,8 +51,11 @@ def _patterned_data(path: Path, documents: int = 512, vocab: int = 4096) -> Path
     return path
 
 
-def _launch(run_dir: Path, *sets: str, preset: str = PRESET) -> list[dict]:
-    command = [sys.executable, "-m", "gdnctl", "launch", preset, "-o", str(run_dir), "--force",
+def _launch(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-free") -> list[dict]:
+    """`gdnctl launch` the preset; builder "te-free" pins gdnctl's TE-free spec (runtime.transformer_engine: none),
+    "megatron-bridge" leaves the preset's Transformer Engine."""
+    te_free = ["--set", "runtime.transformer_engine=none"] if builder == "te-free" else []
+    command = [sys.executable, "-m", "gdnctl", "launch", preset, "-o", str(run_dir), "--force", *te_free,
                *(arg for value in sets for arg in ("--set", value))]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
     _record_log(f"{preset}-{run_dir.name}", proc.stdout + proc.stderr)
@@ -84,7 +87,8 @@ def data_file(tmp_path_factory) -> Path:
 def test_hf_checkpoint_matches_transformers_and_reloads(tmp_path):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers")
-    proc = subprocess.run([sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path),
+                           "gdnctl/tiny-qwen3.5", "te-free"],
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

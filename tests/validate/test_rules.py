@@ -53,7 +53,7 @@ CASES = {
     "LAY008": ({"runtime": {"cudnn": "9.18.0"}}, {"runtime": {"cudnn": "9.19.0"}}),
     "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
     "BRG001": ({"train": {"bridge": "mbridge"}}, {"train": {"bridge": "megatron-bridge"}}),
-    "BRG002": ({"train": {"precision": "fp8"}}, {"train": {"precision": "bf16"}}),
+    "BRG002": ({"runtime": {"transformer_engine": "none"}}, {"runtime": {"transformer_engine": "2.20.2"}}),
     "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
     "BRG004": ({"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
                {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}}),
@@ -109,7 +109,8 @@ CASES = {
     "MEM002": ({"rollout": {"tp": 1, "gpu_memory_utilization": 0.3}}, {"rollout": {"tp": 4}}),
     "TRN001": ({}, lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
                                 "parallel": {"ep": 8}}),
-    "TRN002": ({"parallel": {"cp": 2}}, {"parallel": {"cp": 1}}),
+    "TRN002": ({"parallel": {"cp": 2}, "runtime": {"transformer_engine": "none"}},
+               {"parallel": {"cp": 2}}),
     "TRN003": ({"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.1.0"}},
                {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.2.0"}}),
     "TRN004": ({"train": {"mtp": True}}, {"train": {"mtp": False}}),
@@ -120,6 +121,11 @@ CASES = {
                    tmp / "c", shared_expert_intermediate_size=0))}, "parallel": {"ep": 8}},
                lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
     "TRN007": ({"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
+    "TRN008": ({"parallel": {"cp": 2}}, {"parallel": {"cp": 2}, "runtime": {"transformer_engine": "none"}}),
+    "TRN009": ({"cluster": {"gpu": "a100"}, "train": {"precision": "fp8"}}, {"train": {"precision": "fp8"}}),
+    "TRN010": ({"train": {"lora": {"rank": 8, "alpha": 16}}}, {}),
+    "TRN011": ({"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},
+               {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4096}}),
 }
 
 
@@ -151,12 +157,11 @@ def test_two_kv_heads_say_tp_at_most_two():
     assert "2 KV heads, so TP <= 2" in message
 
 
-def test_weight_sync_fallback_lists_every_reason():
-    finding = codes({"train": {"bridge": "mbridge", "precision": "fp8", "lora": {"rank": 8, "alpha": 16}}},
-                    base="qwen3-next-80b-a3b-grpo")["BRG002"][0]
+def test_weight_sync_fallback_says_what_the_runtime_exports_through():
+    finding = codes({"runtime": {"transformer_engine": "none"}}, base="qwen3-next-80b-a3b-grpo")["BRG002"][0]
     assert finding.severity is Severity.WARNING
-    for reason in ("mbridge", "fp8", "LoRA"):
-        assert reason in finding.message
+    assert "TE-free model is exported through gdnctl's own HF name rules" in finding.message
+    assert "BRG002" not in codes({"train": {"precision": "fp8"}}, base="qwen3-next-80b-a3b-grpo")
 
 
 def test_prefill_flag_missing_before_018():
@@ -170,9 +175,9 @@ def test_mtp_with_cp_needs_bridge_060():
     assert any("context parallel" in f.message for f in found["BRG004"])
 
 
-def test_fp8_needs_the_te_build_gdnctl_does_not_have():
-    found = codes({"train": {"precision": "fp8"}})
-    assert "TRN002" in found
+def test_fp8_is_refused_only_for_the_te_free_builder():
+    assert "TRN002" in codes({"train": {"precision": "fp8"}, "runtime": {"transformer_engine": "none"}})
+    assert "TRN002" not in codes({"train": {"precision": "fp8"}})
 
 
 def test_text_only_checkpoint_needs_bridge_050(tmp_path):

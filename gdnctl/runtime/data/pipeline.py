@@ -363,14 +363,21 @@ class MicroBatch:
         return int(self.batch.loss_mask.sum())
 
 
-def sequence_padding_multiple(parallel: EngineParallel) -> int:
+# TE's FP8 GEMMs need the tokens of a call (the product of the leading dims) divisible by 8 and the hidden size
+# by 16 (transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec); a packed row of 995 tokens stopped the
+# first FP8 step on an H100. Padding every sequence to a multiple of 16 keeps every row and micro-batch whole.
+FP8_TOKEN_MULTIPLE = 16
+
+
+def sequence_padding_multiple(parallel: EngineParallel, precision: str = "bf16") -> int:
     """What each packed sequence's length must be a multiple of.
 
     Under context parallelism Megatron's GDN needs a multiple of cp, and TE's THD attention (every 4th
     Qwen3.5 layer) splits each sequence into 2·cp chunks for causal load balance, so 2·cp; sequence
     parallelism splits the tokens over tp. AReaL and verl pad THD sequences to tp·cp·2 (tp without cp) in
-    `preprocess_packed_seqs_context_parallel`."""
-    return (2 * parallel.cp if parallel.cp > 1 else 1) * (parallel.tp if parallel.sequence_parallel else 1)
+    `preprocess_packed_seqs_context_parallel`. FP8 adds FP8_TOKEN_MULTIPLE."""
+    multiple = (2 * parallel.cp if parallel.cp > 1 else 1) * (parallel.tp if parallel.sequence_parallel else 1)
+    return math.lcm(multiple, FP8_TOKEN_MULTIPLE) if precision == "fp8" else multiple
 
 
 def first_fit_rows(lengths: Sequence[int], capacity: int, window: int = PACKING_WINDOW) -> list[list[int]]:
@@ -434,7 +441,7 @@ class DataPipeline:
         return cls(documents, layout=config.layout, seq_length=train.seq_length,
                    micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
                    dp=config.parallel.dp, seed=train.seed,
-                   pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel))
+                   pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision))
 
     def _check_settings(self) -> None:
         if self.layout not in ("thd", "bshd"):

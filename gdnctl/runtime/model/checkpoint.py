@@ -3,10 +3,13 @@
 Megatron's distributed checkpoints do not support the GDN tensors, and HF safetensors are what vLLM and every
 other tool read, so the trainer saves those. A checkpoint directory holds:
 
-    config.json                       HF config of the text model (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM)
+    config.json                       the source checkpoint's config.json (passthrough.py), or for a run from
+                                      random weights the text-only class's (Qwen3_5ForCausalLM / ...MoeForCausalLM)
     model-RANK.safetensors            the tensors one writer rank holds (gathered over tensor parallel)
+    passthrough.safetensors           the source's tensors gdnctl does not train (MTP head, vision tower), unchanged
     model.safetensors.index.json      tensor name -> file
-      (or model.safetensors alone)    the CPU rl policy's weights, which every rank holds whole
+      (or model.safetensors alone)    the CPU rl policy's weights, which every rank holds whole, when nothing is
+                                      carried over from a source
     optimizer/rank-RANK.pt            each rank's optimizer state (fp32 main params and Adam moments)
     trainer_state.json                iteration, consumed samples, and the size and sha256 of every file above
 
@@ -48,6 +51,7 @@ from gdnctl.runtime.model.hf_weights import (
     group_rank_and_size,
     rules_for,
 )
+from gdnctl.runtime.model.passthrough import PASSTHROUGH_FILE, HFSource, source_checkpoint, write_passthrough
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -117,10 +121,10 @@ def _gather(tensor: torch.Tensor, rule: Rule, groups: Groups, place: ShardPlace)
     return shards
 
 
-def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory: Path, hf_config: dict, *,
+def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory: Path, source: HFSource, *,
             durable: bool = True) -> Files:
-    """Write this rank's part of an HF checkpoint into `directory` (collective: every rank calls it); returns
-    the files this rank wrote, for save_training_state.
+    """Write this rank's part of an HF checkpoint into `directory` (collective: every rank calls it), shaped
+    like `source` (passthrough.py); returns the files this rank wrote, for save_training_state.
 
     durable=False (the rl job's per-step export, which the rollout reloads at once and the next step replaces)
     keeps the atomic renames but skips the fsyncs and checksums: a crash there loses nothing a resume needs."""
@@ -132,8 +136,8 @@ def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory
         writes = groups.writes_experts if _is_expert(name) else groups.writes_dense
         if writes:
             for hf_name, tensor in rule.to_hf(shards).items():
-                tensors[hf_name] = tensor.to("cpu", copy=True).contiguous()
-    file_name = f"model-{rank:05d}.safetensors"
+                tensors[source.stored_name(hf_name)] = tensor.to("cpu", copy=True).contiguous()
+    file_name = _shard_file(rank)
     written: Files = {}
     if tensors:
         written[file_name] = _write_safetensors(directory / file_name, tensors, durable)
@@ -142,19 +146,79 @@ def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory
     dist.all_gather_object(everyone, names)
     if rank == 0:
         weight_map = {name: file for part in everyone for name, file in part.items()}
-        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-        written[INDEX_FILE] = _write_json(directory / INDEX_FILE, index, durable)
-        written[CONFIG_FILE] = _write_json(directory / CONFIG_FILE, hf_config, durable)
+        written.update(_write_passthrough_index_and_config(directory, source, weight_map, durable))
     return written
 
 
-def save_tensors(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path, hf_config: dict) -> Files:
-    """Write HF-named tensors whole as `directory/model.safetensors` with config.json: the weights of a policy
-    that every rank holds in full (one rank calls it). Returns the files written, for save_training_state."""
+def save_tensors(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path, source: HFSource) -> Files:
+    """Write HF-named tensors whole, shaped like `source` (passthrough.py): the weights of a policy that every
+    rank holds in full (one rank calls it). Returns the files written, for save_training_state."""
     _make_directory(directory)
-    prepared = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors}
-    return {SINGLE_FILE: _write_safetensors(directory / SINGLE_FILE, prepared, durable=True),
-            CONFIG_FILE: _write_json(directory / CONFIG_FILE, hf_config, durable=True)}
+    prepared = {source.stored_name(name): tensor.detach().to("cpu").contiguous() for name, tensor in tensors}
+    if not source.passthrough(prepared):
+        return {SINGLE_FILE: _write_safetensors(directory / SINGLE_FILE, prepared, durable=True),
+                CONFIG_FILE: _write_json(directory / CONFIG_FILE, source.config, durable=True)}
+    # transformers reads model.safetensors alone whenever a directory has one, ignoring the index, so beside the
+    # carried-over tensors the weights take a shard's name.
+    file_name = _shard_file(0)
+    written = {file_name: _write_safetensors(directory / file_name, prepared, durable=True)}
+    return {**written, **_write_passthrough_index_and_config(directory, source, dict.fromkeys(prepared, file_name),
+                                                             durable=True)}
+
+
+def _shard_file(index: int) -> str:
+    return f"model-{index:05d}.safetensors"
+
+
+def _write_passthrough_index_and_config(directory: Path, source: HFSource, weight_map: dict[str, str],
+                                        durable: bool) -> Files:
+    """The last files of a save, written by one rank once the weights are: the source's tensors that the save
+    did not write (PASSTHROUGH_FILE), the index naming every tensor's file, and the source's config.json."""
+    written: Files = {}
+    carried = source.passthrough(weight_map)
+    if carried:
+        written[PASSTHROUGH_FILE] = _write_file(directory / PASSTHROUGH_FILE, partial(write_passthrough, carried),
+                                                durable)
+        weight_map = {**weight_map, **dict.fromkeys(carried, PASSTHROUGH_FILE)}
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    written[INDEX_FILE] = _write_json(directory / INDEX_FILE, index, durable)
+    written[CONFIG_FILE] = _write_json(directory / CONFIG_FILE, source.config, durable)
+    return written
+
+
+class ShardWriter:
+    """An HF checkpoint written from a stream of whole HF-named tensors (the megatron-bridge export, which hands
+    every rank every tensor): one rank adds them, a shard file is written each time `shard_bytes` fill up, and
+    `close` writes what the save carries over from `source` (passthrough.py), the index and config.json and
+    returns the files written, for save_training_state."""
+
+    def __init__(self, directory: Path, source: HFSource, *, durable: bool, shard_bytes: int) -> None:
+        _make_directory(directory)
+        self.directory, self.source, self.durable, self.shard_bytes = directory, source, durable, shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.weight_map: dict[str, str] = {}
+        self.written: Files = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.pending[self.source.stored_name(name)] = tensor.detach().to("cpu").contiguous()
+        self.pending_bytes += tensor.numel() * tensor.element_size()
+        if self.pending_bytes >= self.shard_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        file_name = _shard_file(len(self.written))
+        self.written[file_name] = _write_safetensors(self.directory / file_name, self.pending, self.durable)
+        self.weight_map.update((name, file_name) for name in self.pending)
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> Files:
+        self._flush()
+        self.written.update(_write_passthrough_index_and_config(self.directory, self.source, self.weight_map,
+                                                                self.durable))
+        return self.written
 
 
 class HFReader:
@@ -162,19 +226,8 @@ class HFReader:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        index = directory / INDEX_FILE
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-        elif (directory / SINGLE_FILE).exists():
-            from safetensors import safe_open
-
-            with safe_open(str(directory / SINGLE_FILE), framework="pt") as handle:
-                weight_map = {name: SINGLE_FILE for name in handle.keys()}
-        else:
-            raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
-                                  "an HF checkpoint directory with safetensors weights.")
         self.locations = {}
-        for name, file in weight_map.items():
+        for name, file in _weight_map(directory).items():
             canonical = canonical_hf_name(name)
             if canonical is not None:
                 self.locations[canonical] = (file, name)
@@ -190,6 +243,34 @@ class HFReader:
         if file not in self._handles:
             self._handles[file] = safe_open(str(self.directory / file), framework="pt")
         return self._handles[file].get_tensor(stored)
+
+
+def _weight_map(directory: Path) -> dict[str, str]:
+    """Every tensor of an HF checkpoint directory by its stored name -> the safetensors file holding it."""
+    index = directory / INDEX_FILE
+    if index.exists():
+        return json.loads(index.read_text())["weight_map"]
+    if (directory / SINGLE_FILE).exists():
+        from safetensors import safe_open
+
+        with safe_open(str(directory / SINGLE_FILE), framework="pt") as handle:
+            return {name: SINGLE_FILE for name in handle.keys()}
+    raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
+                          "an HF checkpoint directory with safetensors weights.")
+
+
+def run_source(arch: ModelArch, directory: Path | None) -> HFSource:
+    """What every save of a run reproduces (passthrough.py): the checkpoint the run loads its weights from (the
+    one it resumes from, else model.path), or for random weights the text-only class with nothing carried over."""
+    if directory is None:
+        return text_only_source(arch)
+    return source_checkpoint(directory, json.loads((directory / CONFIG_FILE).read_text()), _weight_map(directory))
+
+
+def text_only_source(arch: ModelArch) -> HFSource:
+    """Saves as the text-only class (hf_text_config) with nothing carried over: a run from random weights, and
+    the rollout's weight-sync export, which vLLM serves as the text-only class."""
+    return HFSource(hf_text_config(arch))
 
 
 def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
@@ -233,7 +314,8 @@ def hf_text_config(arch: ModelArch) -> dict:
                         for i in range(arch.num_layers)],
         "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta,
                             "partial_rotary_factor": arch.partial_rotary_factor},
-        # The MTP head is not trained or written by this trainer.
+        # The text-only class here has no MTP head: a run from a checkpoint writes the source's config.json and
+        # carries its MTP head over (passthrough.py); random weights have none, and the rollout serves none.
         "mtp_num_hidden_layers": 0, "torch_dtype": "bfloat16",
     })
     if moe:

@@ -294,7 +294,8 @@ def group_rank_and_size(rule: Rule, place: ShardPlace) -> tuple[int, int]:
 
 
 # HF checkpoints of the vision-language classes keep the language model under this prefix; weights of the
-# vision tower and the MTP head have no Megatron counterpart in the text model and are not loaded.
+# vision tower and the MTP head have no Megatron counterpart in the text model: they are not loaded, and every
+# save carries them over from the source checkpoint unchanged (passthrough.py).
 VL_PREFIX = "model.language_model."
 IGNORED_HF_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")
 

@@ -45,7 +45,8 @@ class MegatronPolicy:
         # Where the current weights wait while the reference's are in the model (allocated once).
         self._parked = None if self.reference is None else {
             name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
-        self.hf_config = checkpoint.hf_text_config(config.model)
+        # The rollout serves the text-only class: its weights carry nothing over from model.path.
+        self.rollout_source = checkpoint.text_only_source(config.model)
         ps = self.trainer.ps
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         # Steps already taken: the Trainer resumed from train.save_dir/latest when there is one.
@@ -148,8 +149,7 @@ class MegatronPolicy:
         """Every rank: gather to HF tensors and write them (writer ranks); rank 0 returns them as written,
         read back from the files (for the sync checksums)."""
         trainer = self.trainer
-        checkpoint.save_hf(trainer.model, self.config.model, trainer.place, trainer.groups, directory,
-                           self.hf_config, durable=False)
+        trainer.builder.save(trainer.model, directory, self.rollout_source, durable=False)
         dist.barrier()
         if dist.get_rank() != 0:
             return None

@@ -52,8 +52,9 @@ class TorchPolicy:
         self.hf_config = checkpoint.hf_text_config(config.model)
         torch.manual_seed(config.train.seed)
         model = model_class(config_class(**self.hf_config)).float()
-        if config.model.path:
-            _load(model, Path(config.model.path))
+        initial = Path(config.model.path) if config.model.path else None
+        if initial is not None:
+            _load(model, initial)
         self.reference = None
         if config.grpo.kl_coef > 0:
             # The KL anchor is the policy as the job first started (model.path, else the seeded init), also
@@ -62,6 +63,9 @@ class TorchPolicy:
         resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
         if resume is not None:
             _load(model, resume)
+        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps; the
+        # rollout's export stays the text-only class (hf_config).
+        self.source = checkpoint.run_source(config.model, resume or initial)
         self.module = model.to(self.device)
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
@@ -150,10 +154,11 @@ class TorchPolicy:
         return weight_sync.write_weights(self.hf_tensors(), directory, config=self.hf_config)
 
     def save(self, save_dir: Path, step: int) -> None:
-        """A checkpoint in the Megatron trainer's layout (HF weights in fp32, each rank's optimizer state,
-        trainer_state.json); `latest` moves to it once every rank has written."""
+        """A checkpoint in the Megatron trainer's layout (HF weights in fp32 with what they carry over from the
+        source checkpoint, each rank's optimizer state, trainer_state.json); `latest` moves to it once every rank
+        has written."""
         directory = save_dir / checkpoint.checkpoint_name(step)
-        written = checkpoint.save_tensors(self.hf_tensors(), directory, self.hf_config) if dist.get_rank() == 0 else {}
+        written = checkpoint.save_tensors(self.hf_tensors(), directory, self.source) if dist.get_rank() == 0 else {}
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": step}, written)
         dist.barrier()
         if dist.get_rank() == 0:

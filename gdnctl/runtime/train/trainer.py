@@ -3,7 +3,8 @@
 Order of start-up, each step for a reason:
 1. the GDN kernel is resolved and patched into Megatron-Core before the model is built (its layers bind it);
 2. the comm memory-guard policy is installed before Megatron creates its process groups (they get wrapped);
-3. the model is built (TE-free spec), HF weights loaded (resume checkpoint, else model.path), then wrapped in
+3. the model is built (megatron-bridge's TE provider, or the TE-free spec: runtime/model/builders.py), HF weights
+   loaded (resume checkpoint, else model.path), then wrapped in
    Megatron's DDP and given Megatron's optimizer, whose fp32 main params copy the loaded weights;
 4. the GDN kernel is called at this rank's shape, so that its per-process set-up (FlashQLA: TileLang
    elaborating its templates and loading the compiled kernels, seconds from a warm cache and minutes from a
@@ -31,6 +32,7 @@ from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import flops
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.smoke import FirstMinuteWatch
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.schema import EngineConfig
 
@@ -136,6 +138,8 @@ class Trainer:
         self.rank = dist.get_rank()
         self.metrics = MetricsLog(config, self.run_dir, enabled=self.rank == 0, group="train")
         self.recent_step_seconds: list[float] = []  # the pace behind each step line's ETA
+        self.first_minute = FirstMinuteWatch(config, self._log)
+        self.step_stats: list[StepStats] = []  # every step of this start (the smoke run's verdicts read them)
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -156,6 +160,7 @@ class Trainer:
         tensor_parallel.model_parallel_cuda_manual_seed(config.train.seed)
         self.ps = parallel_state
         self._build()
+        self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
         self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
                   f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}; "
                   f"comm guard {'on' if config.comm.memory_guard else 'off'}")
@@ -169,18 +174,18 @@ class Trainer:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from gdnctl.runtime.kernels import install_kernel_on_layers
-        from gdnctl.runtime.model import build_gpt_model, transformer_config
+        from gdnctl.runtime.model import hold_save_dir, make_model_builder
 
         config, train = self.config, self.config.train
-        self.transformer = transformer_config(config)
-        self.transformer.variable_seq_lengths = config.layout == "thd"
-        model = build_gpt_model(config, self.transformer,
-                                pre_process=self.ps.is_pipeline_first_stage(),
-                                post_process=self.ps.is_pipeline_last_stage()).cuda()
+        self.builder = make_model_builder(config)
+        self.transformer = self.builder.transformer
+        model = self.builder.build(pre_process=self.ps.is_pipeline_first_stage(),
+                                   post_process=self.ps.is_pipeline_last_stage())
         self.gdn_layers = install_kernel_on_layers(model, self.kernel)
-        self.place = self._shard_place()
-        self.groups = self._groups()
         self.resume_dir = None
+        if train.save_dir and self.rank == 0:
+            # One running job per checkpoint directory (held until this process ends).
+            self.save_lock = hold_save_dir(Path(train.save_dir), self.run_dir)
         if train.save_dir:
             self.resume_dir = checkpoint.latest_checkpoint(Path(train.save_dir))
         initial = Path(config.model.path) if config.model.path else None
@@ -191,6 +196,8 @@ class Trainer:
             self._load(model, self.resume_dir)
         else:
             self._load(model, self.resume_dir or initial)
+        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
+        self.source = checkpoint.run_source(config.model, self.resume_dir or initial)
         self.model = DistributedDataParallel(
             config=self.transformer, module=model,
             ddp_config=DistributedDataParallelConfig(
@@ -209,32 +216,18 @@ class Trainer:
             checkpoint.load_training_state(self.resume_dir, self.optimizer)
             self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
             self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
+            self.metrics.resumed_at(self.iteration)
+
+    def reload(self, directory: Path) -> None:
+        """Load a checkpoint of this run into the built model and optimizer, with the calls a resume makes (the
+        smoke run's round trip)."""
+        self._load(self.model.module, directory)
+        checkpoint.load_training_state(directory, self.optimizer)
 
     def _load(self, model, weights: Path | None) -> None:
         if weights is not None:
-            count = checkpoint.load_hf(model, self.config.model, self.place, weights)
+            count = self.builder.load(model, weights)
             self._log(f"loaded {count} tensors from {weights}")
-
-    def _shard_place(self):
-        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-        from gdnctl.runtime.model import ShardPlace
-
-        ps = self.ps
-        return ShardPlace(
-            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
-            ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
-            etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
-            layer_offset=get_transformer_layer_offset(self.transformer))
-
-    def _groups(self) -> checkpoint.Groups:
-        ps = self.ps
-        dense_writer = (ps.get_tensor_model_parallel_rank() == 0
-                        and ps.get_data_parallel_rank(with_context_parallel=True) == 0)
-        expert_writer = (ps.get_expert_tensor_parallel_rank() == 0
-                         and ps.get_expert_data_parallel_rank() == 0)
-        return checkpoint.Groups(tp=ps.get_tensor_model_parallel_group(), etp=ps.get_expert_tensor_parallel_group(),
-                                 writes_dense=dense_writer, writes_experts=expert_writer)
 
     def _parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -316,6 +309,8 @@ class Trainer:
             self.consumed_samples += train.global_batch_size
             stats = self._stats(losses, batches, grad_norm, seconds, not updated)
             self._report(stats)
+            self.step_stats.append(stats)
+            self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
             if save_dir and (self.iteration == train.train_iters
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
@@ -366,8 +361,7 @@ class Trainer:
         name = checkpoint.checkpoint_name(self.iteration)
         directory = save_dir / name
         start = time.perf_counter()
-        written = checkpoint.save_hf(self.model, self.config.model, self.place, self.groups, directory,
-                                     checkpoint.hf_text_config(self.config.model))
+        written = self.builder.save(self.model, directory, self.source)
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.iteration,
                                                                    "consumed_samples": self.consumed_samples},
                                        written)

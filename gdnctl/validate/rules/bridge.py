@@ -28,19 +28,23 @@ def qwen35_needs_megatron_bridge(run):
 @rule("BRG002", Severity.WARNING, "Weight sync falls back from the bridge export")
 def weight_sync_fallback(run):
     """
-    What it checks: train.update_weights_via_bridge: true in an rl job whose setup forces the registry
-    conversion instead: a bridge other than megatron-bridge, fp8 training, or LoRA. Every reason is listed.
+    What it checks: train.update_weights_via_bridge: true in an rl job whose model gdnctl's runtime does not
+    export through megatron-bridge: the TE-free builder (runtime.transformer_engine: none) exports through
+    gdnctl's own HF name rules, and the device-cpu policy writes transformers' state dict. Every reason is listed
+    (plan/decisions.py weight_sync_fallback_reasons; runtime/model/builders.py is what exports).
 
-    Why: AReaL PR #1384 falls back silently except for a startup warning; the registry path is slower and
-    has its own name mapping, so you should know before the job starts.
+    Why: AReaL PR #1384 falls back silently except for a startup warning; the other path has its own name
+    mapping, so you should know before the job starts.
 
-    Fix: use megatron-bridge with bf16 full-parameter training, or set update_weights_via_bridge: false.
+    Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or
+    set update_weights_via_bridge: false.
     """
     reasons = run.weight_sync_fallback_reasons
     if run.preset.job == "rl" and reasons:
         yield Issue("train.update_weights_via_bridge",
                     "weight sync will not use megatron-bridge's export: " + "; ".join(reasons) + ".",
-                    "Use megatron-bridge with bf16 and no LoRA, or set train.update_weights_via_bridge: false.")
+                    "Name the trainer's Transformer Engine in runtime.transformer_engine, or set "
+                    "train.update_weights_via_bridge: false.")
 
 
 @rule("BRG003", Severity.ERROR, "megatron-bridge too old for the model")

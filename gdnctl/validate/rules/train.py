@@ -24,30 +24,71 @@ def released_model_without_weights(run):
                     "Set model.path to the downloaded checkpoint directory, or ignore this for a benchmark.")
 
 
-@rule("TRN002", Severity.ERROR, "gdnctl's trainer is TE-free: no context parallel, no FP8")
+@rule("TRN002", Severity.ERROR, "The TE-free builder has no context parallel and no FP8")
 def te_free_trainer(run):
     """
-    What it checks: a training job (sft, pretrain, rl) with parallel.cp > 1 or train.precision fp8.
+    What it checks: a GPU training job (sft, pretrain, rl) built by gdnctl's TE-free spec
+    (`runtime.transformer_engine: none`) with parallel.cp > 1 or train.precision fp8.
 
-    Why: gdnctl's runtime builds the Qwen3.5 model from Megatron-Core modules alone, without Transformer Engine
-    (gdnctl/runtime/megatron_model.py), on every machine, TE installed or not: a build through megatron-bridge's
-    TE providers is not implemented. Megatron-Core's context-parallel attention and FP8 exist only in TE's
-    modules, so the trainer would stop at model build, after the job had been scheduled.
+    Why: the TE-free builder (gdnctl/runtime/model/megatron.py) makes the model from Megatron-Core modules
+    alone; Megatron-Core's context-parallel attention and FP8 exist only in Transformer Engine's modules, so the
+    model build would stop (runtime/model/megatron_config.py says so) after the job had been scheduled. The
+    megatron-bridge builder (runtime/model/bridge.py) has both.
 
-    Fix: set parallel.cp: 1 (fit long sequences with TP, recompute or optimizer offload instead) and
-    train.precision: bf16.
+    Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or set
+    parallel.cp: 1 and train.precision: bf16.
     """
     p = run.preset
-    if not run.is_training:
+    if not run.is_training or run.gpu.sm is None or run.model_builder.value != "te-free":
         return
+    fix = "Name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or "
     if p.parallel.cp > 1:
         yield Issue("parallel.cp", f"cp={p.parallel.cp} needs Transformer Engine's context-parallel attention, and "
-                                   "gdnctl's trainer builds the model without TE.",
-                    "Set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.")
+                                   "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+                    fix + "set parallel.cp: 1.")
     if p.train.precision != "bf16":
-        yield Issue("train.precision", f"precision {p.train.precision} needs Transformer Engine, and gdnctl's "
-                                       "trainer builds the model without TE.",
-                    "Set train.precision: bf16.")
+        yield Issue("train.precision", f"precision {p.train.precision} needs Transformer Engine, and "
+                                       "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+                    fix + "set train.precision: bf16.")
+
+
+@rule("TRN008", Severity.ERROR, "gdnctl's trainer does not shard sequences over context-parallel ranks")
+def context_parallel_not_sharded(run):
+    """
+    What it checks: a GPU training job with parallel.cp > 1 on the megatron-bridge builder.
+
+    Why: Megatron-Core's context parallel expects every CP rank to be handed its own chunks of each sequence
+    (megatron/core/utils.py get_batch_on_this_cp_rank; for packed rows TE's thd_get_partitioned_indices). gdnctl's
+    data pipeline pads sequences to multiples of 2 x cp (runtime/data/pipeline.py) but hands every rank the whole
+    row, and the CP=2 vs CP=1 loss check has not run (no 2-GPU machine this release): the model would see each
+    token cp times.
+
+    Fix: set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.
+    """
+    p = run.preset
+    if run.is_training and run.gpu.sm is not None and run.model_builder.value != "te-free" and p.parallel.cp > 1:
+        yield Issue("parallel.cp", f"cp={p.parallel.cp}: gdnctl's trainer does not yet give each context-parallel "
+                                   "rank its own chunks of the sequences, so every rank would train on the whole "
+                                   "sequence.",
+                    "Set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.")
+
+
+@rule("TRN009", Severity.ERROR, "FP8 training needs an SM89+ GPU")
+def fp8_needs_sm89(run):
+    """
+    What it checks: train.precision fp8 on a GPU older than SM89 (A100 is SM80).
+
+    Why: Transformer Engine's FP8 GEMMs need FP8 tensor cores, which arrive with SM89 (Ada) and SM90 (Hopper);
+    TE refuses FP8 below that (transformer_engine/pytorch/fp8.py check_fp8_support: "Device compute capability
+    8.9 or higher required for FP8 execution").
+
+    Fix: set train.precision: bf16, or run on H100/H200/B200.
+    """
+    p = run.preset
+    if run.is_training and p.train.precision == "fp8" and run.gpu.sm is not None and run.gpu.sm < (8, 9):
+        yield Issue("train.precision", f"FP8 needs FP8 tensor cores (SM89 or newer); {run.gpu.name} is "
+                                       f"{run.gpu.sm_label}.",
+                    "Set train.precision: bf16, or run on an H100, H200 or B200.")
 
 
 def _transformers_model_type(model) -> str:
@@ -152,18 +193,20 @@ def mtp_not_trained(run):
     What it checks: a training job with train.mtp: true.
 
     Why: Qwen3.5 checkpoints carry a multi-token-prediction layer (`mtp.*`, `mtp_num_hidden_layers: 1`) that
-    vLLM uses for speculative decoding. gdnctl's TE-free trainer builds the model without it: loading skips the
-    `mtp.*` tensors (gdnctl/runtime/model/hf_weights.py IGNORED_HF_PREFIXES) and the export writes
-    `mtp_num_hidden_layers: 0` (gdnctl/runtime/model/checkpoint.py). The job would run, report success, and the
-    MTP layer would be neither trained nor in the saved checkpoint.
+    vLLM uses for speculative decoding. gdnctl's trainers build the model without it: loading skips the `mtp.*`
+    tensors (gdnctl/runtime/model/hf_weights.py IGNORED_HF_PREFIXES), and every saved checkpoint copies them
+    from the source checkpoint unchanged, with the source's config.json and so its mtp_num_hidden_layers
+    (gdnctl/runtime/model/passthrough.py, written by checkpoint.py's save_hf, save_tensors and ShardWriter;
+    vLLM 0.32 serves such a checkpoint with speculative decoding: tests/runtime/rl/test_hf_export.py). With
+    train.mtp: true the job would run and report success while the MTP layer it saves is the source's, untrained.
 
-    Fix: set train.mtp: false. To keep speculative decoding, serve the original checkpoint's MTP layer beside
-    the trained weights (copy its `mtp.*` tensors), until gdnctl trains MTP.
+    Fix: set train.mtp: false; the saved checkpoints keep the source's MTP layer as it is, so speculative
+    decoding still works (its drafts may be accepted less often as training moves the model away from it).
     """
     if run.is_training and run.preset.train.mtp:
-        yield Issue("train.mtp", "train.mtp is true, but gdnctl's trainer builds the model without the MTP layer: "
-                                 "it would be neither trained nor saved.",
-                    "Set train.mtp: false (the trained checkpoint then has no MTP layer for speculative decoding).")
+        yield Issue("train.mtp", "train.mtp is true, but gdnctl's trainer does not train the MTP layer: its saves "
+                                 "carry the source checkpoint's MTP weights over unchanged.",
+                    "Set train.mtp: false; the saved checkpoints keep the source's MTP layer as it is.")
 
 
 @rule("TRN007", Severity.ERROR, "gdnctl's trainer does not build virtual pipeline stages (parallel.vpp)")
@@ -183,4 +226,44 @@ def vpp_not_built(run):
         yield Issue("parallel.vpp", f"vpp={run.preset.parallel.vpp} would be ignored: gdnctl's trainer builds one "
                                     "model chunk per pipeline rank, with no virtual stages.",
                     "Remove parallel.vpp; parallel.pp alone is built.")
+
+
+@rule("TRN010", Severity.ERROR, "gdnctl's trainer does not train LoRA adapters (train.lora)")
+def lora_not_trained(run):
+    """
+    What it checks: a training job with train.lora set.
+
+    Why: neither builder adds adapters (runtime/model/builders.py: the megatron-bridge provider is built without
+    megatron-bridge's PEFT wrappers, the TE-free spec has none) and the trainer updates every parameter, so a
+    LoRA preset would run full-parameter training, with the memory estimate's adapter-only gradients and
+    optimizer state (plan/memory.py) far below what the job then takes.
+
+    Fix: remove train.lora (full-parameter training), or train adapters with megatron-bridge's PEFT recipes.
+    """
+    if run.is_training and run.preset.train.lora is not None:
+        yield Issue("train.lora", "gdnctl's trainer does not add LoRA adapters: the job would update every "
+                                  "parameter while the memory estimate counts adapters only.",
+                    "Remove train.lora for full-parameter training, or use megatron-bridge's PEFT recipes for "
+                    "adapters.")
+
+
+@rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
+def fp8_padded_row_length(run):
+    """
+    What it checks: train.precision fp8 with the padded (BSHD) layout and a seq_length that is not a multiple of 16.
+
+    Why: Transformer Engine's FP8 GEMMs need the tokens of a call divisible by 8 and the hidden size by 16
+    (transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; an H100 run stopped at step 1 on a packed row
+    of 995 tokens with "FP8 execution requires the product of all dimensions except the last to be divisible
+    by 8"). Packed (THD) rows are padded for it by the runtime (runtime/data/pipeline.py FP8_TOKEN_MULTIPLE);
+    padded rows are exactly seq_length wide.
+
+    Fix: make train.seq_length a multiple of 16, or use train.layout: thd.
+    """
+    p = run.preset
+    if run.is_training and p.train.precision == "fp8" and run.layout.value == "bshd" and p.train.seq_length % 16:
+        yield Issue("train.seq_length", f"FP8 GEMMs need a multiple of 16 tokens per padded row, and seq_length is "
+                                        f"{p.train.seq_length}.",
+                    f"Set train.seq_length to {p.train.seq_length + 16 - p.train.seq_length % 16}, or use "
+                    "train.layout: thd.")
 

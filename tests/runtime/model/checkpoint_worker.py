@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.model.passthrough import HFSource
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 
@@ -64,7 +65,7 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
 def save(save_dir: Path, iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     directory = save_dir / checkpoint.checkpoint_name(iteration)
-    written = checkpoint.save_tensors(model.state_dict().items(), directory, {"model_type": "tiny"}) \
+    written = checkpoint.save_tensors(model.state_dict().items(), directory, HFSource({"model_type": "tiny"})) \
         if dist.get_rank() == 0 else {}
     checkpoint.save_training_state(directory, optimizer, {"iteration": iteration}, written)
     dist.barrier()
