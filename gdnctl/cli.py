@@ -285,6 +285,18 @@ def render(preset: PresetArg,
                f"(or: bash {rendered.run_dir / 'launch_local.sh'})")
 
 
+SmokeOpt = Annotated[bool, typer.Option(
+    "--smoke", help="Run the job's smoke run instead of the job: the preset's real parallel layout and shapes for 2 "
+                    "optimizer steps, one checkpoint saved and loaded back and, for rl, the checked weight syncs, all "
+                    "in RUN_DIR/smoke (the job's checkpoints and metrics are not touched). Prints a verdict per "
+                    "check, with the measured step time and peak memory against explain's estimate, and writes "
+                    "RUN_DIR/smoke.json. Exit 0 when no check failed, 1 otherwise.")]
+ThenRunOpt = Annotated[bool, typer.Option(
+    "--then-run", help="With --smoke: start the job after a green smoke run, in the same launch (on Slurm: in the "
+                       "same allocation, as the step after the smoke's). After a failed smoke the job is not "
+                       "started; the exit code is then 1, else the job's.")]
+
+
 @app.command()
 def launch(preset: PresetArg, set_: SetOpt = None,
            slurm: Annotated[Optional[bool], typer.Option("--slurm/--local", help="Submit with sbatch, or run "
@@ -293,29 +305,69 @@ def launch(preset: PresetArg, set_: SetOpt = None,
                                                  "environment; run nothing.")] = False,
            run_dir: RunDirOpt = None, force: ForceOpt = False, templates: TemplatesOpt = None,
            wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and "
-                                              "exit with its exit code.")] = False) -> None:
-    """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch)."""
+                                              "exit with its exit code.")] = False,
+           smoke: SmokeOpt = False, then_run: ThenRunOpt = False,
+           json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text: the "
+                                                     "run dir, the smoke's verdicts and the job's exit code (or "
+                                                     "Slurm job id); the runs' own output goes to stderr.")] = False,
+           ) -> None:
+    """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch); with --smoke, its smoke
+    run first."""
     from gdnctl.launch import slurm_job_name
+    from gdnctl.launch import smoke as smoke_run
     from gdnctl.launch import submit as launcher
 
+    if then_run and not smoke:
+        _fail("--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
+              "directly.")
     overrides = list(set_ or [])
     if slurm is not None:
         overrides.append(f"launch.executor={'slurm' if slurm else 'local'}")
     rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run)
     if dry_run:
-        _print_dry_run(rendered)
+        if json_output:
+            _emit_json({"run_dir": str(rendered.run_dir), "scripts": {name: rendered.files[name] for name in
+                                                                      ("launch_local.sh", "launch_slurm.sbatch")},
+                        "environment": [{"name": n, "value": v, "source": s} for n, v, s in rendered.env_table]})
+        else:
+            _print_dry_run(rendered)
         return
     run = rendered.result.run
-    typer.echo(f"gdnctl: rendered {rendered.run_dir}", err=True)
+
+    def say(text: str) -> None:
+        typer.echo(f"gdnctl: {text}", err=True)
+
+    say(f"rendered {rendered.run_dir}")
     if run.preset.launch.executor == "local":
-        raise typer.Exit(launcher.run_local(rendered.run_dir))
-    job = launcher.submit(rendered.run_dir)
-    typer.echo(f"submitted job {job.job_id}; log: {rendered.run_dir / 'logs'}/"
-               f"{slurm_job_name(run.preset.name)}-{job.job_id}.out")
+        result = smoke_run.launch_local(rendered.run_dir, smoke=smoke, then_run=then_run, say=say,
+                                        stdout=sys.stderr if json_output else None)
+        if json_output:
+            _emit_json({**result.to_json(), "run_dir": str(rendered.run_dir), "executor": "local"})
+        raise typer.Exit(result.exit_code)
+    mode = smoke_run.SMOKE_THEN_RUN_ARGS if then_run else smoke_run.SMOKE_ARGS if smoke else ()
+    job = launcher.submit(rendered.run_dir, mode)
+    log = rendered.run_dir / "logs" / f"{slurm_job_name(run.preset.name)}-{job.job_id}.out"
+    what = " (the smoke run, then the job after a green smoke)" if then_run else " (the smoke run)" if smoke else ""
+    data = {"ok": True, "run_dir": str(rendered.run_dir), "executor": "slurm", "job_id": job.job_id, "log": str(log),
+            "smoke": None}
+    if not json_output:
+        typer.echo(f"submitted job {job.job_id}{what}; log: {log}")
+    exit_code = 0
     if wait:
-        job = launcher.follow(rendered.run_dir, job, slurm_job_name(run.preset.name), typer.echo)
-        typer.echo(f"gdnctl: job {job.job_id} ended {job.state} with exit code {job.exit_code}", err=True)
-        raise typer.Exit(job.exit_code)
+        job = launcher.follow(rendered.run_dir, job, slurm_job_name(run.preset.name),
+                              (lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
+        say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
+        exit_code = job.exit_code
+        if smoke:
+            outcome = smoke_run.read_outcome(rendered.run_dir, None)
+            say(outcome.verdict())
+            data["smoke"] = outcome.to_json()
+            if not outcome.green:
+                exit_code = exit_code or 1
+        data.update(ok=exit_code == 0, state=job.state, exit_code=exit_code)
+    if json_output:
+        _emit_json(data)
+    raise typer.Exit(exit_code)
 
 
 @app.command()

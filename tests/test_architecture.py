@@ -247,7 +247,7 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["comm", "data", "kernels", "model", "rl", "train"])
+@pytest.mark.parametrize("package", ["comm", "data", "kernels", "model", "rl", "smoke", "train"])
 def test_every_lazy_runtime_name_is_defined_where_its_package_says(package):
     """The runtime's subpackages resolve names on first use; a wrong entry would only fail on the cluster."""
     module = importlib.import_module(f"gdnctl.runtime.{package}")

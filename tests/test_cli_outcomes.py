@@ -31,6 +31,8 @@ def _one_json_object(stdout: str) -> dict:
     (["explain", "no-such-preset.yaml"], 2),
     (["render", "qwen3.5-35b-a3b-grpo", "-o", "{tmp}/run", *TP4], 1),
     (["render", "no-such-preset.yaml", "-o", "{tmp}/run"], 2),
+    (["launch", "qwen3.5-35b-a3b-grpo", "--dry-run", *TP4], 1),
+    (["launch", "selftest-cpu", "--then-run"], 2),  # --then-run without --smoke
     (["prewarm", "qwen3.5-35b-a3b-grpo", *TP4], 1),
     (["prewarm", "selftest-cpu"], 2),
     (["rules", "NOPE001"], 2),

@@ -1,9 +1,9 @@
-"""From a valid preset to a running job: the run dir (`render`), running it here or on Slurm (`submit`), the
-kernel cache (`prewarm`) and reading a finished run's comm profiles (`comm_report`)."""
+"""From a valid preset to a running job: the run dir (`render`), running it here or on Slurm (`submit`), the smoke
+run before it (`smoke`), the kernel cache (`prewarm`) and reading a finished run's comm profiles (`comm_report`)."""
 
-from gdnctl.launch import comm_report, prewarm, submit
+from gdnctl.launch import comm_report, prewarm, smoke, submit
 from gdnctl.launch.render import RenderedRun, render, slurm_job_name
 from gdnctl.launch.submit import default_run_dir
 
-__all__ = ["RenderedRun", "comm_report", "default_run_dir", "prewarm", "render",
-           "slurm_job_name", "submit"]
+__all__ = ["RenderedRun", "comm_report", "default_run_dir", "prewarm", "render", "slurm_job_name", "smoke",
+           "submit"]

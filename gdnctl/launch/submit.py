@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from gdnctl.errors import GdnctlError
 
@@ -29,9 +29,11 @@ def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
     return root / f"{safe}-{stamp}"
 
 
-def run_local(run_dir: Path) -> int:
-    """Run launch_local.sh with this process's stdout/stderr; returns the job's exit code."""
-    return subprocess.run(["bash", str(run_dir / "launch_local.sh")], cwd=run_dir, check=False).returncode
+def run_local(run_dir: Path, args: tuple[str, ...] = (), stdout: IO | None = None) -> int:
+    """Run launch_local.sh (with `args`, e.g. --smoke) on this process's stderr and on `stdout`, by default this
+    process's stdout; returns the run's exit code."""
+    return subprocess.run(["bash", str(run_dir / "launch_local.sh"), *args], cwd=run_dir, stdout=stdout,
+                          check=False).returncode
 
 
 @dataclass
@@ -49,9 +51,10 @@ def _require(command: str) -> str:
     return path
 
 
-def submit(run_dir: Path) -> SlurmJob:
+def submit(run_dir: Path, args: tuple[str, ...] = ()) -> SlurmJob:
+    """sbatch the run dir's script; `args` go to the script (--smoke, --smoke-then-run)."""
     sbatch = _require("sbatch")
-    proc = subprocess.run([sbatch, "--parsable", "launch_slurm.sbatch"], cwd=run_dir, capture_output=True,
+    proc = subprocess.run([sbatch, "--parsable", "launch_slurm.sbatch", *args], cwd=run_dir, capture_output=True,
                           text=True, check=False)
     if proc.returncode != 0:
         reason = (proc.stderr or proc.stdout).strip().splitlines()

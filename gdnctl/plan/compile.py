@@ -4,13 +4,18 @@ the runtime reads. Nothing is decided here; values are only assembled.
 
 from __future__ import annotations
 
+import math
+
 from gdnctl import __version__
 from gdnctl.plan.decisions import environment
+from gdnctl.plan.explain import memory_table
+from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
 from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
     EngineConfig,
+    EngineEstimate,
     EngineGrpo,
     EngineKernels,
     EngineMetrics,
@@ -46,6 +51,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
             max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,
             probe_tolerance=r.probe_tolerance,
+            max_step0_logprob_gap=r.max_step0_logprob_gap or None,  # 0 and null both turn the check off
             python=r.python,
         )
     return EngineConfig(
@@ -63,6 +69,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         train=EngineTrain(
             bridge=t.bridge, update_weights_via_bridge=t.update_weights_via_bridge,
             weight_sync_fallback_reasons=run.weight_sync_fallback_reasons, precision=t.precision,
+            model_builder=run.model_builder.value, model_builder_reason=run.model_builder.reason,
             lora_rank=t.lora.rank if t.lora else None, lora_alpha=t.lora.alpha if t.lora else None,
             micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
             seq_length=t.seq_length, num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
@@ -86,6 +93,16 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             wandb_entity=preset.metrics.wandb.entity if preset.metrics.wandb else None,
             wandb_mode=preset.metrics.wandb.mode if preset.metrics.wandb else None,
         ),
+        estimate=_estimate(run),
         runtime_versions={k: v for k, v in run.stack.items() if v is not None},
         env=engine_env(run, kernel_cache_dir),
     )
+
+
+def _estimate(run: Run) -> EngineEstimate:
+    """explain's per-GPU total (rounded as explain prints it) and its flat overhead row; None where explain makes
+    no estimate."""
+    estimate = memory_table(run)
+    if estimate is None or not math.isfinite(estimate.total_gib):
+        return EngineEstimate(peak_memory_gib=None, overhead_gib=None)
+    return EngineEstimate(peak_memory_gib=round(estimate.total_gib, 3), overhead_gib=OVERHEAD_GIB)

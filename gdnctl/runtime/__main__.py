@@ -1,4 +1,4 @@
-"""`python -m gdnctl.runtime --config engine.yaml`, started by torchrun on every rank.
+"""`python -m gdnctl.runtime --config engine.yaml [--smoke]`, started by torchrun on every rank.
 
 Order matters: the config is read and checked before torch is imported, and its `env` entries are applied
 before the import too, because NCCL and CUDA read theirs when they initialise.
@@ -86,7 +86,8 @@ def collective_timeout(config: EngineConfig) -> timedelta | None:
     return None
 
 
-def run_job(config: EngineConfig, config_path: Path) -> int:
+def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int:
+    """smoke: run the job's smoke run (runtime/smoke) instead of the job."""
     import torch
     import torch.distributed as dist
 
@@ -94,7 +95,6 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     from gdnctl.runtime.comm import CommGuardPolicy
     from gdnctl.runtime.comm import guard as comm_guard
 
-    policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
     if config.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeSetupError("the engine config says device cuda but torch sees no CUDA device here; run "
@@ -107,6 +107,14 @@ def run_job(config: EngineConfig, config_path: Path) -> int:
     backend = "gloo" if config.device == "cpu" else "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend=backend, timeout=collective_timeout(config))
     try:
+        if smoke:
+            from gdnctl.runtime.smoke import prepare_smoke, run_smoke
+
+            smoke_run = prepare_smoke(config, config_path)
+            # Its comm profile, like everything else of the smoke, goes into the smoke's own run dir.
+            return run_smoke(smoke_run, CommGuardPolicy.from_engine(smoke_run.config.comm,
+                                                                    base_dir=smoke_run.config_path.parent))
+        policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
         if config.job == "selftest":
             return selftest.run(config, policy, config_path.parent)
         if config.job == "rl":
@@ -128,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="engine.yaml written by gdnctl render")
     parser.add_argument("--role", choices=("trainer", "rollout"), default="trainer",
                         help="rollout: the separate vLLM step of an rl job (the Slurm script starts it)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the job's smoke run instead of the job: a few steps of its layout in RUN_DIR/smoke, "
+                             "verdicts in RUN_DIR/smoke.json (with --role rollout: serve the smoke run)")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -139,10 +150,15 @@ def main(argv: list[str] | None = None) -> int:
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
             from gdnctl.runtime.rl import rollout_server
 
-            return rollout_server.serve(config, args.config.resolve().parent)
+            run_dir = args.config.resolve().parent
+            if args.smoke:
+                from gdnctl.runtime.smoke import smoke_config, smoke_run_dir
+
+                config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
+            return rollout_server.serve(config, run_dir)
         check_launch(config)
         apply_env(config.env)
-        return run_job(config, args.config.resolve())
+        return run_job(config, args.config.resolve(), smoke=args.smoke)
     except GdnctlError as error:
         # Every rank finds the same problem; one copy of the sentence is enough.
         if os.environ.get("RANK", "0") == "0":

@@ -348,6 +348,11 @@ class _Checks:
 
 def run(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> int:
     """Run every check on every rank; return 0 when all ranks passed them all, else 1."""
+    return _report(check_all(config, policy, run_dir))
+
+
+def check_all(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> list[CheckResult]:
+    """Run every check on every rank; the results merged over ranks, the same on every rank."""
     # torch 2.13 flags all_gather_into_tensor and reduce_scatter_tensor as deprecated; Megatron still calls
     # them, which is why they are tested, and the warning would bury the check lines.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -371,7 +376,7 @@ def run(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> int:
     _check_layouts(checks, config)
     _check_kernel_backend(checks, config)
     _check_metrics(checks, config, policy, cases, run_dir)
-    return _report(checks)
+    return _merged(checks)
 
 
 def _check_metrics(checks: _Checks, config: EngineConfig, policy: CommGuardPolicy, cases: list[CollectiveCase],
@@ -562,23 +567,26 @@ def _check_kernel_backend(checks: _Checks, config: EngineConfig) -> None:
     checks.record(name, True, f"{backend} resolved to {kernels.describe_kernel(kernel)}")
 
 
-def _report(checks: _Checks) -> int:
+def _merged(checks: _Checks) -> list[CheckResult]:
+    """Every rank's results of each check as one: FAIL when any rank failed it, with each failing rank's detail."""
     per_rank: list[list[CheckResult]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(per_rank, checks.results)
-    failed = 0
-    lines = []
+    merged = []
     for index, result in enumerate(per_rank[0]):
         failing_ranks = [rank for rank, results in enumerate(per_rank) if results[index].status == "FAIL"]
         if failing_ranks:
-            failed += 1
             details = "; ".join(f"rank {rank}: {per_rank[rank][index].detail}" for rank in failing_ranks)
-            lines.append(f"selftest: {result.name} FAIL ({details})")
-        else:
-            lines.append(f"selftest: {result.name} {result.status} ({result.detail})")
-    total = len(per_rank[0])
-    skipped = sum(result.status == "skipped" for result in per_rank[0])
-    summary = (f"selftest: {'passed' if not failed else 'FAILED'}: {total - failed - skipped} ok, {failed} failed, "
-               f"{skipped} skipped on {len(per_rank)} ranks ({dist.get_backend()})")
+            result = CheckResult(result.name, "FAIL", details)
+        merged.append(result)
+    return merged
+
+
+def _report(results: list[CheckResult]) -> int:
+    lines = [f"selftest: {result.name} {result.status} ({result.detail})" for result in results]
+    failed = sum(result.status == "FAIL" for result in results)
+    skipped = sum(result.status == "skipped" for result in results)
+    summary = (f"selftest: {'passed' if not failed else 'FAILED'}: {len(results) - failed - skipped} ok, {failed} "
+               f"failed, {skipped} skipped on {dist.get_world_size()} ranks ({dist.get_backend()})")
     if dist.get_rank() == 0:
         print("\n".join([*lines, summary]), flush=True)
     return 1 if failed else 0

@@ -1,5 +1,6 @@
 """Every file format gdnctl reads or writes: the preset (what users write), the engine config (what the
-runtime reads), the communication ops the guard knows, and the comm guard's profile files."""
+runtime reads), the communication ops the guard knows, the comm guard's profile files, and a smoke run's
+report."""
 
 from gdnctl.schema import comm_ops
 from gdnctl.schema.comm_profile import DEFAULT_PROFILE_SUBDIR, PROFILE_FILE_PATTERN, PROFILE_FORMAT, PROFILE_VERSION
@@ -7,6 +8,7 @@ from gdnctl.schema.engine import (
     ENGINE_CONFIG_VERSION,
     EngineComm,
     EngineConfig,
+    EngineEstimate,
     EngineGrpo,
     EngineKernels,
     EngineMetrics,
@@ -16,8 +18,9 @@ from gdnctl.schema.engine import (
     EngineTrain,
 )
 from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
+from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured, SmokeReport
 
-__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig", "EngineGrpo",
-           "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout", "EngineSelftest", "EngineTrain",
-           "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset", "SBATCH_SAFE", "SBATCH_SAFE_TEXT",
-           "comm_ops"]
+__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig", "EngineEstimate",
+           "EngineGrpo", "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout", "EngineSelftest",
+           "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset", "SBATCH_SAFE",
+           "SBATCH_SAFE_TEXT", "SMOKE_DIR", "SMOKE_FILE", "SmokeCheck", "SmokeMeasured", "SmokeReport", "comm_ops"]

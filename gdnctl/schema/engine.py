@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 3  # 3: metrics (MFU peak, W&B)
+ENGINE_CONFIG_VERSION = 4  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap
 
 
 class _Frozen(BaseModel):
@@ -42,6 +42,9 @@ class EngineTrain(_Frozen):
     # Why the bridge export is not used even though it was asked for (empty when it is used).
     weight_sync_fallback_reasons: tuple[str, ...]
     precision: str
+    # Who builds the Megatron model (runtime/model/builders.py), and why (from the preset's runtime:).
+    model_builder: Literal["megatron-bridge", "te-free"]
+    model_builder_reason: str
     lora_rank: int | None
     lora_alpha: float | None
     micro_batch_size: int
@@ -86,6 +89,8 @@ class EngineRollout(_Frozen):
     temperature: float
     timeout_s: float
     probe_tolerance: float
+    # The first step's mean |log p| gap (trainer vs rollout, sampled tokens) above which a fresh run stops; None: off.
+    max_step0_logprob_gap: float | None
     python: str | None
 
 
@@ -111,6 +116,17 @@ class EngineMetrics(_Frozen):
     wandb_mode: Literal["online", "offline"] | None
 
 
+class EngineEstimate(_Frozen):
+    """What `gdnctl explain` expects the job to use, for the runtime to compare with what it measures (the first-
+    minute check of every job and the smoke run)."""
+
+    # Peak GPU memory (GiB) of the most loaded rank: explain's memory table; None where it has none (CPU, selftest).
+    peak_memory_gib: float | None
+    # The part of it outside PyTorch's allocator (CUDA context, NCCL buffers, allocator slack): the runtime measures
+    # CUDA allocations, so it compares them with the total less this. None with peak_memory_gib.
+    overhead_gib: float | None
+
+
 class EngineConfig(_Frozen):
     version: int = ENGINE_CONFIG_VERSION
     gdnctl_version: str
@@ -127,6 +143,7 @@ class EngineConfig(_Frozen):
     grpo: EngineGrpo | None
     selftest: EngineSelftest | None
     metrics: EngineMetrics
+    estimate: EngineEstimate
     runtime_versions: dict[str, str]
     env: dict[str, str]
 

@@ -166,6 +166,15 @@ class RolloutSpec(_Section):
                                          "hung and the job fails (at most a week)")
     probe_tolerance: float = Field(0.1, gt=0, description="largest mean |log p| gap (nats/token) between trainer "
                                                           "and rollout on the weight-sync probe")
+    # 0.05 nats/token. Healthy pairs stay well under it: measured 0.0013-0.0023 between the CPU policy (fp32) and
+    # vLLM's CPU build (bf16); bf16 trainers and rollouts on GPUs sit near a mismatch KL of 1e-3 (sail-sg/
+    # Precision-RL), i.e. a root-mean-square gap of sqrt(2 x 1e-3) = 0.045, which bounds the mean |gap|. Broken
+    # ones go past it: a rollout on weights that did not arrive measures 0.18-0.4 (weight_sync), and prime-rl #2671's
+    # step-0 mismatch KL of 0.03 on Qwen3.5-4B, called too large there, is a root-mean-square gap of 0.25.
+    max_step0_logprob_gap: float | None = Field(
+        0.05, ge=0, description="largest mean |log p| gap (nats/token) between trainer and rollout on the sampled "
+                                "tokens of a fresh run's first step; above it the rl job stops at step 0, before "
+                                "anything is saved (weights not synced, dtype or kernel mismatch). 0 or null: off")
 
 
 class GrpoSpec(_Section):
@@ -187,6 +196,8 @@ class RuntimeSpec(_Section):
 
     megatron_core: str | None = None
     megatron_bridge: str | None = None
+    transformer_engine: str | None = Field(None, description="the trainer's Transformer Engine; 'none' builds the "
+                                                             "model with gdnctl's TE-free spec (no CP, no FP8)")
     vllm: str | None = None
     flash_qla: str | None = Field(None, description="installed flash-qla; 'none' when it is not installed")
     fla: str | None = None

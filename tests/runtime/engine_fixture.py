@@ -33,7 +33,9 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
         "layout": "thd",
         "train": {
             "bridge": "megatron-bridge", "update_weights_via_bridge": False, "weight_sync_fallback_reasons": [],
-            "precision": "bf16", "lora_rank": None, "lora_alpha": None, "micro_batch_size": 1,
+            "precision": "bf16", "model_builder": "te-free",
+            "model_builder_reason": "runtime.transformer_engine is none", "lora_rank": None, "lora_alpha": None,
+            "micro_batch_size": 1,
             "global_batch_size": 2, "seq_length": 128, "num_microbatches": 2, "lr": 1e-4, "train_iters": 1,
             "seed": 1234, "recompute": "none", "optimizer_cpu_offload": False, "distributed_optimizer": True,
             "data_path": None,
@@ -46,6 +48,7 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
         "grpo": None,
         "selftest": {"steps": 2},
         "metrics": {"peak_bf16_tflops": None, "wandb_project": None, "wandb_entity": None, "wandb_mode": None},
+        "estimate": {"peak_memory_gib": None, "overhead_gib": None},
         "runtime_versions": {},
         "env": {},
     }

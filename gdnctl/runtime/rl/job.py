@@ -29,16 +29,18 @@ import torch.distributed as dist
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
-from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import batch as rl_batch
 from gdnctl.runtime.rl import grpo, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
+from gdnctl.runtime.rl.logprob_gap import check_step0_gap
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
-from gdnctl.runtime.train import MetricsLog, eta_text, mfu
+from gdnctl.runtime.smoke import FirstMinuteWatch
+from gdnctl.runtime.train import MetricsLog, eta_text, mfu, progress
 from gdnctl.schema import EngineConfig
 
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
@@ -106,21 +108,27 @@ class RlJob:
                                "tokens; the weight-sync probe scores it, so make it a sentence.")
         self.reward = get_reward(config.grpo.reward)
         self.save_dir = Path(train.save_dir) if train.save_dir else None
+        # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
+        self.save_lock = hold_save_dir(self.save_dir, self.run_dir) if self.save_dir and self.rank == 0 else None
         self.policy: Policy = make_policy(config, config_path, comm_policy)
         self.step = self.policy.step
         if self.step:
             self._log(f"resumed from {self.save_dir / checkpoint.checkpoint_name(self.step)} at step {self.step}")
-        self.row_multiple = sequence_padding_multiple(config.parallel)
+        self.row_multiple = sequence_padding_multiple(config.parallel, config.train.precision)
         self.metrics = MetricsLog(config, self.run_dir, enabled=self.rank == 0, group="rl")
+        self.metrics.resumed_at(self.step)
         self.started = time.perf_counter()
         self.first_step = self.step  # steps before this one were taken by an earlier start (resume)
         self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
         self.client: RolloutClient | None = None
+        self.first_minute = FirstMinuteWatch(config, self._log)
+        self.reported: list[RlStepStats] = []  # rank 0: every step's stats (the smoke run's verdicts read them)
 
     # --- rollout server ------------------------------------------------------------------------------------
-    def start_rollout(self) -> None:
+    def start_rollout(self) -> tuple[weight_sync.SyncCheck, float] | None:
         """The first sync: it starts (or finds) the rollout server, builds its engine on the policy's weights and
-        checks one reload before the first step, so a naming mismatch fails here, not after a rollout."""
+        checks one reload before the first step, so a naming mismatch fails here, not after a rollout. Returns
+        rank 0's checksum comparison and probe gap (None on the other ranks)."""
         synced = self.sync(self.step)
         if synced is not None:
             checked, gap = synced
@@ -128,6 +136,7 @@ class RlJob:
                 " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
             self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
                       f"probe log-probs within {gap:.4f} nats/token")
+        return synced
 
     def _start_server(self) -> None:
         """Rank 0: start the rollout server (unless the launch script did) and its engine on the weights dir."""
@@ -137,19 +146,23 @@ class RlJob:
         if os.environ.get(ROLLOUT_ENV) != EXTERNAL:
             process, log_path = self._spawn_server()
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
-        reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
+        with progress("starting the rollout's vLLM engine (loads the weights, then profiles memory)", self._log):
+            reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
 
     def _log_sync_path(self) -> None:
-        """Once, at start: which export the weights take to the rollout, and why not the bridge's."""
+        """Once, at start: what writes the weights the rollout reloads (the engine config's reasons say why not
+        megatron-bridge's export when the preset asked for it)."""
         train = self.config.train
-        reasons = list(train.weight_sync_fallback_reasons)
-        if train.update_weights_via_bridge and not reasons:
-            reasons = ["the device-cpu policy is transformers' model, which has no megatron-bridge export"
-                       if self.config.device == "cpu" else
-                       "the TE-free Megatron model is exported through gdnctl's own HF name rules (hf_weights)"]
+        if self.config.device == "cpu":
+            path = "transformers' state dict of the device-cpu policy"
+        elif train.model_builder == "megatron-bridge":
+            path = "megatron-bridge export_hf_weights (the TE-built model's HF names are the bridge's)"
+        else:
+            path = "gdnctl's HF name rules for the TE-free model"
+        reasons = train.weight_sync_fallback_reasons
         because = f"; megatron-bridge export_hf_weights not used: {'; '.join(reasons)}" if reasons else ""
-        self._log(f"weight sync: the policy's HF-named tensors (registry path){because}")
+        self._log(f"weight sync: {path}{because}")
 
     def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
         (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)
@@ -185,8 +198,9 @@ class RlJob:
     def _reload_and_check(self, written: dict, probe: list[float],
                           step: int) -> tuple[weight_sync.SyncCheck, float]:
         """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match."""
-        reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
-                                    timeout=self.config.rollout.timeout_s)
+        with progress(f"step {step}: the rollout reloads the weights", self._log if step == self.first_step else None):
+            reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
+                                        timeout=self.config.rollout.timeout_s)
         trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
         result = weight_sync.compare(trainer, reply["checksums"])
         weight_sync.check_synced(result, step)
@@ -244,6 +258,8 @@ class RlJob:
             started = time.perf_counter()
             stats = self._update(samples)
             train_seconds = time.perf_counter() - started
+            if self.step == 0:  # a fresh run's first step: a resumed run starts past it
+                check_step0_gap(stats["rollout_logprob_abs_diff"], config.rollout.max_step0_logprob_gap)
             self.step += 1
             began = time.perf_counter()
             synced = self.sync(self.step)
@@ -265,6 +281,7 @@ class RlJob:
                     peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda"
                                      else None),
                     gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)"))
+            self.first_minute.after_step()
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
                 self.policy.save(self.save_dir, self.step)
@@ -293,6 +310,7 @@ class RlJob:
         pace = (time.perf_counter() - self.started) / max(stats.step - self.first_step, 1)
         print(stats.line(total, eta_text(stats.step, total, pace)), flush=True)
         self.metrics.log(stats.step, asdict(stats))
+        self.reported.append(stats)
 
     def _log(self, message: str) -> None:
         if self.rank == 0:

@@ -2,16 +2,22 @@
 Weights & Biases when the engine config asks for it. Only rank 0 writes (the values are already reduced).
 
 W&B's run id is kept in the run dir (`wandb/run_id`), so a requeued or resumed job continues the same W&B run
-instead of starting a new one per restart. `WANDB_MODE=offline` (or `metrics.wandb.mode: offline`) works
-without a network; `wandb sync RUN_DIR/wandb/offline-run-*` uploads it later.
+instead of starting a new one per restart. A job that resumes at step S calls `resumed_at(S)`: the steps a killed
+run logged after its last checkpoint are dropped from metrics.jsonl and TensorBoard (its purge_step), so the
+history reads as one run when those steps are taken again. W&B keeps the first values logged for a step (it
+ignores a step it has seen); with deterministic settings they are the same values.
+`WANDB_MODE=offline` (or `metrics.wandb.mode: offline`) works without a network; `wandb sync
+RUN_DIR/wandb/offline-run-*` uploads it later.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,34 @@ def eta_text(done: int, total: int, seconds_per_step: float) -> str:
     return f"ETA {hours}h{minutes:02d}m" if hours else f"ETA {minutes}m{seconds:02d}s"
 
 
+# A long phase (vLLM's engine start, a weight load, a compile) says it is still going this often.
+PROGRESS_EVERY_S = 30.0
+
+
+@contextmanager
+def progress(label: str, say, every: float = PROGRESS_EVERY_S):
+    """A line when `label` starts and, while it lasts, one every `every` seconds with the time so far; `say`
+    is the job's log function (None on ranks that do not print)."""
+    if say is None:
+        yield
+        return
+    started = time.monotonic()
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            say(f"{label}: still going after {time.monotonic() - started:.0f} s")
+
+    say(f"{label} ...")
+    ticker = threading.Thread(target=tick, name="gdnctl-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 def wandb_run_id(run_dir: Path) -> str:
     """The W&B run id of this run dir: read back on a restart, made (and kept) on the first start."""
     path = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
@@ -73,10 +107,26 @@ class MetricsLog:
             return
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (runtime extra)
 
-        self._tensorboard = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR))
+        self._tensorboard_dir = str(run_dir / TENSORBOARD_DIR)
+        self._tensorboard = SummaryWriter(log_dir=self._tensorboard_dir)
         settings = config.metrics
         if settings.wandb_project is not None:
             self._wandb = _start_wandb(config, run_dir)
+
+    def resumed_at(self, step: int) -> None:
+        """The job continues after `step`: forget what an earlier start logged for later steps."""
+        if not self.enabled or step <= 0:
+            return
+        if self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and _logged_step(json.loads(line)) <= step]
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text("".join(line + "\n" for line in kept))
+            temporary.replace(self.path)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tensorboard.close()
+        self._tensorboard = SummaryWriter(log_dir=self._tensorboard_dir, purge_step=step + 1)
 
     def log(self, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -99,6 +149,11 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _logged_step(record: dict) -> int:
+    """The step a metrics.jsonl record belongs to: rl and selftest records say `step`, the trainer's `iteration`."""
+    return int(record.get("step", record.get("iteration", 0)))
 
 
 def _start_wandb(config: EngineConfig, run_dir: Path):

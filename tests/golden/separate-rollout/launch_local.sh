@@ -16,5 +16,12 @@ export TILELANG_CACHE_DIR=/shared/tilelang
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export GDNCTL_JOB_NAME=qwen3-next-80b-a3b-grpo
 
+# `bash launch_local.sh --smoke` runs the job's smoke run instead: a few steps of this layout in RUN_DIR/smoke,
+# a checkpoint saved and loaded back, verdicts in RUN_DIR/smoke.json (`gdnctl launch --smoke` reads them).
+if [[ $# -gt 1 || ( $# -eq 1 && $1 != --smoke ) ]]; then
+  echo "usage: bash launch_local.sh [--smoke]" >&2
+  exit 2
+fi
+
 exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 \
-  -m gdnctl.runtime --config "$RUN_DIR/engine.yaml"
+  -m gdnctl.runtime --config "$RUN_DIR/engine.yaml" "$@"

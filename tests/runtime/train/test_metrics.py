@@ -77,3 +77,18 @@ def test_mfu_is_against_the_dense_peak_and_absent_without_one():
 ])
 def test_eta_reads_as_hours_or_minutes(done, total, pace, text):
     assert eta_text(done, total, pace) == text
+
+
+def test_a_long_phase_says_it_started_and_keeps_saying_it_is_still_going():
+    import time
+
+    from gdnctl.runtime.train import progress
+
+    lines: list[str] = []
+    with progress("starting the rollout's vLLM engine", lines.append, every=0.05):
+        time.sleep(0.18)
+    assert lines[0] == "starting the rollout's vLLM engine ..."
+    ticks = lines[1:]
+    assert 2 <= len(ticks) <= 4 and all("still going after" in line for line in ticks), lines
+    with progress("a phase on a rank that does not print", None, every=0.01):
+        time.sleep(0.03)  # no say function: nothing to call, nothing started

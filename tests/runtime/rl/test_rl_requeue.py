@@ -1,0 +1,74 @@
+"""Resume that users can trust: an rl job killed mid-run on the local Slurm and requeued continues from its last
+checkpoint with the same step, prompts, rollout seeds and reward history, and its curve equals an uninterrupted
+run's (CPU: the torch policy in fp32 and vLLM's CPU build, both deterministic for a seed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, launch, metrics, needs_vllm
+
+STEPS = 4
+# Small steps: the test pays three vLLM engine starts (uninterrupted run, first start, requeued start).
+COMMON = [f"train.train_iters={STEPS}", "train.save_interval=2", "train.global_batch_size=16",
+          "train.micro_batch_size=16", "rollout.n_samples_per_prompt=4"]
+COMPARED = ("step", "reward_mean", "reward_std", "response_length", "loss", "grad_norm", "rollout_logprob_abs_diff")
+
+
+def _curve(run_dir: Path) -> list[dict]:
+    return [{key: step[key] for key in COMPARED} for step in metrics(run_dir)]
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@needs_vllm
+@pytest.mark.slurm
+def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slurm):
+    from tests.slurm_cluster import slurm_env, wait_for_job
+
+    whole = launch(tmp_path / "whole", *COMMON, f"train.save_dir={tmp_path / 'whole-ckpt'}")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+
+    env = slurm_env(local_slurm)
+    run_dir = tmp_path / "requeued"
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--json", "-o", str(run_dir),
+               "--set", f"rollout.python={VLLM_PYTHON}", "--set", f"train.save_dir={run_dir / 'checkpoints'}",
+               "--set", "launch.slurm.time=00:20:00", "--set", "launch.slurm.exclusive=false",
+               *(arg for value in COMMON for arg in ("--set", value))]
+    submitted = subprocess.run(command, text=True, capture_output=True, timeout=120, env=env, check=False)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"]
+
+    # Kill it after step 3 is logged: step 2's checkpoint is the last one, step 3 was taken and must be redone.
+    _wait_for(lambda: 3 in _logged_steps(run_dir), 600, "step 3 of the first start")
+    requeue = subprocess.run(["scontrol", "requeue", job_id], text=True, capture_output=True, env=env, check=False)
+    assert requeue.returncode == 0, requeue.stderr
+    state, code, _ = wait_for_job(job_id, env, timeout=900)
+    assert (state, code) == ("COMPLETED", 0), (state, code, _job_logs(run_dir))
+
+    logs = _job_logs(run_dir)
+    assert "at step 2" in logs and "resumed from" in logs, logs[-3000:]
+    # One history, as if never interrupted: each step once, in order, with the uninterrupted run's values.
+    assert _curve(run_dir) == _curve(tmp_path / "whole"), (_curve(run_dir), _curve(tmp_path / "whole"))
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{STEPS:07d}"
+
+
+def _job_logs(run_dir: Path) -> str:
+    return "".join(path.read_text(errors="replace") for path in sorted((run_dir / "logs").glob("*.out")))
