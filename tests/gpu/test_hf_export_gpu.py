@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from tests.gpu.test_trainer_gpu import _launch
-from tests.runtime.rl.tiny_model import DENSE, random_mtp_checkpoint, random_vision_language_checkpoint
+from tests.runtime.rl.tiny_model import (
+    DENSE,
+    checkpoint_tensors,
+    random_mtp_checkpoint,
+    random_vision_language_checkpoint,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,16 +33,6 @@ SOURCES = {"text-mtp": random_mtp_checkpoint, "vision-language": random_vision_l
 # runtime.transformer_engine picks the builder: none -> gdnctl's TE-free spec, a version -> megatron-bridge.
 BUILDERS = {"te-free": "none", "megatron-bridge": "2.20.2"}
 UNTRAINED = ("mtp.", "model.visual.")
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
-    tensors = {}
-    for file in set(weight_map.values()):
-        with safe_open(str(directory / file), framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-    assert set(tensors) == set(weight_map)
-    return tensors
 
 
 def _builder_available(builder: str) -> bool:
@@ -63,7 +56,7 @@ def test_trainer_checkpoints_keep_every_source_tensor_and_a_resume_carries_them_
     source_config = json.loads((tmp_path / "source" / "config.json").read_text())
     for step in (1, 2, 3):
         directory = save_dir / f"iter_{step:07d}"
-        saved = _tensors(directory)
+        saved = checkpoint_tensors(directory)
         assert set(saved) == set(source), (step, sorted(set(saved) ^ set(source))[:8])
         for name, tensor in source.items():
             assert saved[name].shape == tensor.shape, (step, name)

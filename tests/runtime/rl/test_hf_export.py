@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
 
 from gdnctl.knowledge.catalog import from_checkpoint
 from gdnctl.runtime.model.passthrough import PASSTHROUGH_FILE
@@ -26,6 +25,7 @@ from tests.runtime.rl.test_torch_policy import samples
 from tests.runtime.rl.tiny_model import (
     DENSE,
     IMAGE_PROCESSOR_FILE,
+    checkpoint_tensors,
     random_mtp_checkpoint,
     random_vision_language_checkpoint,
 )
@@ -58,16 +58,6 @@ def _from_source(engine: EngineConfig, source: Path, save_dir: Path) -> EngineCo
                                      "train": engine.train.model_copy(update={"save_dir": str(save_dir)})})
 
 
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
-    tensors = {}
-    for file in set(weight_map.values()):
-        with safe_open(str(directory / file), framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-    assert set(tensors) == set(weight_map)
-    return tensors
-
-
 def _train_and_save(config: EngineConfig, save_dir: Path, step: int):
     from gdnctl.runtime.rl.torch_policy import TorchPolicy
 
@@ -84,7 +74,7 @@ def test_a_saved_checkpoint_is_the_source_with_the_trained_weights_swapped_in(re
 
     policy = _train_and_save(config, tmp_path / "ckpt", 1)
 
-    saved = _tensors(tmp_path / "ckpt" / "iter_0000001")
+    saved = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000001")
     assert set(saved) == set(source)  # every tensor, under the source's own names
     trained = [name for name in source if not name.startswith(UNTRAINED)]
     for name, tensor in source.items():
@@ -115,7 +105,7 @@ def test_a_resumed_run_carries_the_untrained_tensors_on(rendered, gloo, tmp_path
 
     assert resumed.step == 1
     first, second = tmp_path / "ckpt" / "iter_0000001", tmp_path / "ckpt" / "iter_0000002"
-    assert set(_tensors(second)) == set(_tensors(first))
+    assert set(checkpoint_tensors(second)) == set(checkpoint_tensors(first))
     for file in (PASSTHROUGH_FILE, "config.json"):
         assert (second / file).read_bytes() == (first / file).read_bytes(), file
 

@@ -124,3 +124,18 @@ def random_vision_language_checkpoint(directory: Path, seed: int) -> dict[str, t
     _write_release(directory, tensors, config)
     (directory / IMAGE_PROCESSOR_FILE).write_text(json.dumps(TINY_IMAGE_PROCESSOR, indent=2))
     return tensors
+
+
+def checkpoint_tensors(directory: Path) -> dict:
+    """Every tensor of a saved checkpoint by its stored name, through its index (which must list them all)."""
+    import json
+
+    from safetensors import safe_open
+
+    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = {}
+    for file in set(weight_map.values()):
+        with safe_open(str(directory / file), framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
+    assert set(tensors) == set(weight_map)
+    return tensors
