@@ -9,6 +9,7 @@ that costs and which kernel it is on, with the compiler's own output in the kern
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -78,13 +79,19 @@ def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
             _say(progress, f"doctor: {backend} vs fp32 reference at {shape.name}")
             inputs = make_gdn_inputs(_gdn_shape(shape), device="cuda")
             errors = parity_errors(kernel, inputs)
-            worst = max(errors, key=errors.get)
+            worst = worst_error(errors)
             text = ", ".join(f"{name} {value:.1e}" for name, value in errors.items())
-            ok = errors[worst] <= TOLERANCE
+            ok = errors[worst] <= TOLERANCE  # False for NaN too
             results.append(Check(f"kernels.{backend}.{shape.name}", Status.OK if ok else Status.FAIL, text,
                                  "" if ok else f"{worst} is {errors[worst]:.2e} > {TOLERANCE}: check the kernel "
                                                "versions (flash-qla >= 0.1.3, fla 0.6)"))
     return results
+
+
+def worst_error(errors: dict[str, float]) -> str:
+    """The tensor furthest from the reference; a NaN (Blackwell's NaN gradients, fla #913) is the worst of all,
+    though it compares False with every number, so a plain max would pass it by."""
+    return max(errors, key=lambda name: math.inf if math.isnan(errors[name]) else errors[name])
 
 
 def _time_ms(fn) -> float:

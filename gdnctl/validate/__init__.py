@@ -12,9 +12,10 @@ from gdnctl.validate.report import (
     format_memory,
     format_rule_doc,
     format_rule_list,
+    format_rule_table,
     summary_line,
 )
 
 __all__ = ["Finding", "LoadedPreset", "PresetHasErrors", "RULES", "RuleInfo", "Severity", "ValidationResult",
            "codes", "format_derived", "format_findings", "format_memory", "format_rule_doc", "format_rule_list",
-           "load_preset", "resolve_preset_path", "summary_line", "validate"]
+           "format_rule_table", "load_preset", "resolve_preset_path", "summary_line", "validate"]

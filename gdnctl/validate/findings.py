@@ -65,6 +65,14 @@ class RuleInfo:
     # None for codes reported while loading the preset (schema errors), before any rule can run.
     check: Callable[["Run"], Iterable[Issue]] | None
 
+    @property
+    def source(self) -> str:
+        """The docstring's Source: section on one line (what the rule rests on); "" when it has none."""
+        for paragraph in self.doc.split("\n\n"):
+            if paragraph.startswith("Source:"):
+                return " ".join(paragraph.removeprefix("Source:").split())
+        return ""
+
     def run(self, run: "Run") -> Iterator[Finding]:
         assert self.check is not None
         for issue in self.check(run):

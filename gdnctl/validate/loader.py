@@ -35,6 +35,8 @@ UNKNOWN_KEY = register_load_code(
     Why: a misspelt key (`micro_batchsize`) would otherwise be ignored silently and the job would run with
     the default.
 
+    Source: gdnctl's schema (`gdnctl schema`; gdnctl/schema/preset.py forbids extra keys).
+
     Fix: rename the key to the suggested field, or remove it.
     """,
 )
@@ -45,6 +47,8 @@ INVALID_VALUE = register_load_code(
     fields (`name`, `job`, `model`) are present.
 
     Why: the compiler can only reason about well-formed values.
+
+    Source: gdnctl's schema (`gdnctl schema`: each field's type and range, gdnctl/schema/preset.py).
 
     Fix: set the field to a value of the stated type.
     """,
@@ -61,6 +65,8 @@ TOO_COMPLEX = register_load_code(
     the input is an accident or an attack (a 400-byte "billion laughs" file of nested aliases expands to
     hundreds of millions of values), and reading it would exhaust the stack, the memory or the time that
     `gdnctl validate` takes.
+
+    Source: gdnctl's loader bounds (gdnctl/validate/loader.py MAX_BYTES, MAX_DEPTH, MAX_VALUES, MAX_BASE_CHAIN).
 
     Fix: write the values out instead of nesting aliases in aliases, remove the alias that refers to its own
     value, nest less, or point base: at a preset nearer the root of the chain.

@@ -72,6 +72,18 @@ def format_rule_list(rules: list[RuleInfo]) -> str:
     return "\n".join(lines)
 
 
+def format_rule_table(rules: list[RuleInfo]) -> str:
+    """The README's rule table (Markdown): one row per rule in the order given, pipes in the text escaped."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| code | severity | checks | source |", "|---|---|---|---|"]
+    lines += [f"| {info.code} | {info.severity.value} | {cell(info.summary)} | {cell(info.source)} |"
+              for info in rules]
+    return "\n".join(lines)
+
+
 def format_rule_doc(info: RuleInfo) -> str:
     paragraphs = [textwrap.fill(" ".join(par.split()), 100) for par in info.doc.split("\n\n")]
     return f"{info.code} ({info.name}, {info.severity.value}): {info.summary}\n\n" + "\n\n".join(paragraphs)

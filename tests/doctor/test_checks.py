@@ -205,3 +205,12 @@ def test_the_rollout_probe_asks_the_other_interpreter(tmp_path):
     assert rollout_env(str(tmp_path / "missing" / "python")).error == "no such interpreter"
     here = rollout_env(sys.executable)  # the test environment has no vLLM
     assert here.vllm is None and here.error == "ModuleNotFoundError: No module named 'vllm'"
+
+
+def test_a_nan_gradient_is_the_worst_kernel_error_and_fails_the_parity_check():
+    from gdnctl.doctor.kernels import TOLERANCE, worst_error
+
+    errors = {"o": 1e-3, "dq": 2e-3, "dg": float("nan"), "dbeta": 5e-3}
+    worst = worst_error(errors)
+    assert worst == "dg" and not errors[worst] <= TOLERANCE
+    assert worst_error({"o": 1e-3, "dq": 2e-3}) == "dq"

@@ -17,6 +17,9 @@ def skip_op_names(run):
     Why: a misspelt name would silently keep the guard on that op (or off another), and query functions
     (get_rank, ...) are never checked anyway.
 
+    Source: the torch.distributed functions and ProcessGroup methods of gdnctl/schema/comm_ops.py: the surface
+    slime's slime/utils/reloadable_process_group.py wraps (slime PR #1947; FACTS.md section 5).
+
     Fix: use the suggested name; `gdnctl rules COM001` lists the valid ones below.
     """
     comm = run.preset.comm
@@ -46,6 +49,9 @@ def threshold_fits_gpu(run):
     threshold; a threshold near the GPU's size makes every checked collective pay that cost
     (slime issue #1717: a 5x MFU regression from per-call checks). slime uses 3 GiB.
 
+    Source: THUDM/slime #1717 (5x MFU regression from the per-call check) and slime's 3 GB threshold in
+    slime/utils/reloadable_process_group.py (FACTS.md section 5).
+
     Fix: use a few GiB (3 is slime's value).
     """
     comm = run.preset.comm
@@ -68,6 +74,9 @@ def skip_set_edits(run):
     What it checks: comm.add_skip_ops names already skipped, or comm.remove_skip_ops names not skipped.
 
     Why: such an edit does nothing, which usually means the intended op was another one.
+
+    Source: gdnctl's own skip set, gdnctl/schema/comm_ops.py DEFAULT_SKIP_OPS (slime PR #1947's list; FACTS.md
+    section 5).
 
     Fix: remove the entry, or name the op you meant.
     """

@@ -16,6 +16,10 @@ def tp_divides_attention_heads(run):
 
     Why: Megatron-Core shards attention heads evenly across TP ranks.
 
+    Source: Megatron-Core's own check: megatron/core/transformer/transformer_config.py
+    TransformerConfig.__post_init__ ("num_attention_heads .. must be a multiple of tensor_model_parallel_size",
+    megatron-core 0.16.1); FACTS.md section 2.
+
     Fix: pick a tp from the divisors of the head count.
     """
     heads = run.model.num_attention_heads
@@ -46,13 +50,16 @@ def tp_divides_kv_heads(run):
     TP above the KV heads on GPUs, so this rule keeps refusing it until that run shows which component, if any,
     refuses it. Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B and Qwen3-Next-80B have 2 KV heads, so TP <= 2 here.
 
-    Source: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines 939-946 of
-    megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:
+    Where it was read: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines
+    939-946 of megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:
     tests/runtime/model/test_config_agreement.py) and lines 1338-1345 of 0.19.2 (read in the 0.19.2 wheel), with
     megatron/core/transformer/attention.py (0.19.2 lines 353-366 and 1838-1856, 0.16.1 lines 289-301: the gather
     and the slice); megatron-bridge 0.4.1 wheel megatron/bridge/models/qwen_vl/qwen35_vl_provider.py lines 194-198
-    (dense) and 375-379 (MoE), the same in 0.4.0; verl-project/verl #6681; NVIDIA-NeMo/Megatron-Bridge PR #3238;
-    modelscope/ms-swift #8219 and PR #8253; THUDM/slime PR #1662.
+    (dense) and 375-379 (MoE), the same in 0.4.0.
+
+    Source: megatron/core/transformer/transformer_config.py and attention.py (megatron-core 0.16.1, 0.19.2);
+    megatron-bridge 0.4.0/0.4.1 qwen_vl/qwen35_vl_provider.py; verl-project/verl #6681; NVIDIA-NeMo/Megatron-Bridge
+    PR #3238; modelscope/ms-swift #8219 and PR #8253; THUDM/slime PR #1662.
 
     Fix: use tp 1 or 2 on 2-KV-head models and scale with ep, cp, pp or dp instead.
     """
@@ -78,6 +85,9 @@ def tp_cp_divide_gdn_key_heads(run):
     Why: Megatron-Core's GDN shards heads over TP and, for context parallel, re-shards sequence to heads
     with an all-to-all over CP, so every TP x CP rank needs whole key heads (0.18+ asserts it).
 
+    Source: Megatron-Core's GDN head constraints (FACTS.md section 2: `linear_num_key_heads % (TP*CP) == 0` from
+    0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
+
     Fix: lower tp or cp (Qwen3.5 has 16 GDN key heads).
     """
     p = run.preset.parallel
@@ -95,6 +105,9 @@ def tp_cp_divide_gdn_value_heads(run):
 
     Why: as HEAD003, for value heads (0.18+ asserts `linear_num_value_heads % (TP*CP) == 0`).
 
+    Source: Megatron-Core's GDN head constraints (FACTS.md section 2: `linear_num_value_heads % (TP*CP) == 0` from
+    0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
+
     Fix: lower tp or cp.
     """
     p = run.preset.parallel
@@ -111,6 +124,9 @@ def value_heads_multiple_of_key_heads(run):
     What it checks: `linear_num_value_heads % linear_num_key_heads == 0` (grouped value attention).
 
     Why: Megatron-Core and the kernels repeat each key head over a whole group of value heads.
+
+    Source: megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ ("linear_num_value_heads
+    .. must be a multiple of linear_num_key_heads", megatron-core 0.16.1); FACTS.md section 2.
 
     Fix: the checkpoint's config.json is inconsistent; check model.path.
     """

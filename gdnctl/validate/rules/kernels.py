@@ -20,6 +20,9 @@ def flashqla_gpu(run):
     Why: FlashQLA's TileLang kernels exist only for those architectures, and `import flash_qla` raises
     ValueError on any other GPU (QwenLM/FlashQLA).
 
+    Source: QwenLM/FlashQLA README (SM90, SM100, SM103, SM120, SM121: gdnctl/knowledge/hardware.py FLASHQLA_SMS);
+    `import flash_qla` raises ValueError on other GPUs (FACTS.md section 4).
+
     Fix: set kernels.gdn_backend: fla, or run on a Hopper/Blackwell GPU.
     """
     if _flashqla(run) and run.gpu.sm not in FLASHQLA_SMS:
@@ -63,6 +66,9 @@ def flashqla_head_dim(run):
 
     Why: FlashQLA asserts K == V == 128 inside its kernels. All released Qwen3.5 sizes use 128.
 
+    Source: FlashQLA's in-kernel K == V == 128 assertion (FACTS.md section 4; gdnctl/knowledge/stack.py
+    FLASHQLA_HEAD_DIM).
+
     Fix: set kernels.gdn_backend: fla for other head dims.
     """
     m = run.model
@@ -99,6 +105,9 @@ def flashqla_installed(run):
 
     Why: the runtime would stop at start-up on every rank.
 
+    Source: gdnctl's runtime: runtime/kernels/backends.py refuses the flashqla backend at start-up when flash-qla is
+    not installed.
+
     Fix: install flash-qla (and set runtime.flash_qla to its version), or use fla.
     """
     if _flashqla(run) and run.stack.get("flash_qla") is None:
@@ -115,6 +124,9 @@ def fla_pins_own_kernels(run):
     Why: FLA 0.6 sends `chunk_gated_delta_rule` to FlashQLA whenever `flash_qla` imports on
     SM90/100/103/120 (fla/ops/gated_delta_rule/backends/flash_qla.py, default on), so "fla" would quietly
     mean FlashQLA. gdnctl's runtime sets FLA_FLASH_QLA=0 so fla means FLA's own Triton kernels.
+
+    Source: FLA 0.6's fla/ops/gated_delta_rule/backends/flash_qla.py (default_enable=True; FACTS.md section 4);
+    gdnctl's FLA_FLASH_QLA=0 (runtime/kernels/backends.py, plan/decisions.py).
 
     Fix: nothing to do; choose kernels.gdn_backend: flashqla if you want FlashQLA.
     """
@@ -140,12 +152,12 @@ def fla_hopper_triton_backward(run):
     root-cause comment says avoids the broken path (not confirmed for every shape, and FLA itself does not
     rely on it); 0.5.0 raises RuntimeError on Hopper with Triton >= 3.4.0 unless tilelang (and, from 0.5.2, a
     usable nvcc) lets its TileLang dqkwg kernel run; 0.5.2 narrows that to Triton < 3.7.1, where the Triton
-    bug is fixed. Either way the failure shows only after the job has its GPUs.
+    bug is fixed. Either way the failure shows only after the job has its GPUs. Confirmed from FLA's code and the
+    issue; not reproduced on a GPU here.
 
-    Source: fla-org/flash-linear-attention #640 (report and root cause), PR #826 (the diagnosis), PR #827
-    (TileLang backend and the guard, in v0.5.0), PR #983 (guard narrowed to Triton < 3.7.1, in v0.5.2),
-    PR #751 (Hopper tile 128, in v0.4.2); fla/ops/common/chunk_o.py `chunk_bwd_dqkwg` at each tag and in
-    fla-core 0.6.0. Confirmed from FLA's code and the issue; not reproduced on a GPU here.
+    Source: fla-org/flash-linear-attention #640 (report, root cause), PR #826 (diagnosis), PR #751 (Hopper tile
+    128, v0.4.2), PR #827 (TileLang backend and guard, v0.5.0), PR #983 (guard narrowed to Triton < 3.7.1,
+    v0.5.2); fla/ops/common/chunk_o.py `chunk_bwd_dqkwg` at each tag and in fla-core 0.6.0.
 
     Fix: use Triton >= 3.7.1 (or < 3.4) and say so in runtime.triton; or install tilelang with FLA >= 0.5.0;
     or set kernels.gdn_backend: flashqla.
@@ -185,14 +197,13 @@ def fla_blackwell_backward(run):
     hangs inside `prepare_wy_repr_bwd` on long sequences, which a distributed job shows as an NCCL watchdog
     timeout much later. FLA 0.5.2 restricts the Blackwell kernel configs that race (Triton's `tl.dot`
     recurrence race) or hang. The reports are from SM100; FLA applies its Blackwell settings to SM120/121 too
-    (since 0.5.1, PR #940), so gdnctl does as well.
+    (since 0.5.1, PR #940), so gdnctl does as well. That 0.5.2 ends the NaN gradients of #913 is inferred from
+    those changes and QwenLM/FlashQLA PR #28 ("released 0.5.1 fails on SM100"); #913 itself closed as stale
+    without naming a fix. fla-core 0.6.0 also narrows its Blackwell configs by itself while Triton < 3.8
+    (`BLACKWELL_8_WARP_RACE`, triton #10590). Not reproduced on a GPU here.
 
-    Source: fla-org/flash-linear-attention #913 (NaN gradients, B200, FLA 0.5.0, Triton 3.7.0), #999 and PR
-    #1000 (backward hang, fixed in v0.5.2), PR #953 (forward-h kernel at 2 warps on Blackwell, in v0.5.2);
-    QwenLM/FlashQLA PR #28 ("released 0.5.1 fails on SM100"). That 0.5.2 ends the NaN gradients of #913 is
-    inferred from those changes and PR #28; #913 itself closed as stale without naming a fix. fla-core 0.6.0
-    also narrows its Blackwell configs by itself while Triton < 3.8 (`BLACKWELL_8_WARP_RACE`, triton #10590).
-    Not reproduced on a GPU here.
+    Source: fla-org/flash-linear-attention #913 (NaN gradients, B200, FLA 0.5.0, Triton 3.7.0), #999 and PR #1000
+    (backward hang, fixed in v0.5.2), PR #953 (v0.5.2), PR #940 (v0.5.1); QwenLM/FlashQLA PR #28.
 
     Fix: install FLA >= 0.5.2 (fla-core) and set runtime.fla, or set kernels.gdn_backend: flashqla.
     """

@@ -12,6 +12,8 @@ def local_single_node(run):
 
     Why: the local script runs torchrun --standalone on this host; other nodes would never start.
 
+    Source: gdnctl's local script: templates/launch_local.sh.j2 runs torch.distributed.run --standalone --nnodes 1.
+
     Fix: use the Slurm executor (`gdnctl launch --slurm`, or launch.executor: slurm), or cluster.nodes: 1.
     """
     p = run.preset
@@ -70,10 +72,12 @@ def obeyed_env_names(run):
     library into every process of the job, PYTHONINSPECT makes every rank read commands from stdin when the
     runtime is done. A preset is shared and reviewed as configuration; it should not carry code.
 
-    Source: bash(1), "Shell Variables" and INVOCATION (BASH_ENV, ENV, PS0-PS4, PROMPT_COMMAND, SHELLOPTS,
-    BASHOPTS, IFS, CDPATH, GLOBIGNORE, BASH_XTRACEFD); ld.so(8), ENVIRONMENT (LD_PRELOAD, LD_AUDIT); Python's
-    documentation, "Command line and environment" (PYTHONSTARTUP, PYTHONINSPECT, PYTHONHOME, PYTHONUSERBASE,
-    PYTHONBREAKPOINT).
+    Which document covers which name: bash(1) the shell's (BASH_ENV, ENV, PS0-PS4, PROMPT_COMMAND, SHELLOPTS,
+    BASHOPTS, IFS, CDPATH, GLOBIGNORE, BASH_XTRACEFD), ld.so(8) LD_PRELOAD and LD_AUDIT, Python's documentation
+    the PYTHON* names.
+
+    Source: bash(1), "Shell Variables" and INVOCATION; ld.so(8), ENVIRONMENT; Python's documentation, "Command
+    line and environment".
 
     Fix: remove the name from launch.env / launch.pass_env, or set it in your own environment outside gdnctl.
     """

@@ -17,6 +17,9 @@ def mcore_has_gdn(run):
 
     Why: older Megatron-Core cannot build Qwen3.5 / Qwen3-Next GDN layers (megatron/core/ssm/gated_delta_net).
 
+    Source: megatron/core/ssm/gated_delta_net, first in megatron-core 0.16 (FACTS.md section 2;
+    gdnctl/knowledge/stack.py MCORE_GDN).
+
     Fix: set runtime.megatron_core to 0.19.2 (the stack gdnctl is pinned to) and install it.
     """
     mcore = _mcore(run)
@@ -34,6 +37,9 @@ def thd_needs_018(run):
     Why: 0.16 and 0.17 raise `NotImplementedError("GDN does not support packed sequence for now.")`;
     packed sequences arrived in 0.18 (Megatron-LM PR #2645). `layout: auto` picks bshd there instead.
 
+    Source: Megatron-LM PR #2645 (packed GDN sequences in megatron-core 0.18) and the NotImplementedError of
+    0.16/0.17 (FACTS.md section 2).
+
     Fix: set train.layout: auto (or bshd), or upgrade megatron-core to >= 0.18.
     """
     mcore = _mcore(run)
@@ -50,6 +56,8 @@ def cp_needs_018(run):
 
     Why: 0.16/0.17 assert context parallel off for GDN; 0.18 added the CP <-> head-parallel all-to-all
     (Megatron-LM PR #2642).
+
+    Source: Megatron-LM PR #2642 (GDN context parallel in megatron-core 0.18; FACTS.md section 2).
 
     Fix: set parallel.cp: 1, or upgrade megatron-core.
     """
@@ -69,6 +77,8 @@ def bshd_no_cp(run):
     Why: GDN context parallel works on packed sequences; AReaL's padded path raises NotImplementedError
     for CP > 1 (AReaL PR #1384).
 
+    Source: AReaL PR #1384 (its padded path raises NotImplementedError for CP > 1; FACTS.md section 6).
+
     Fix: use layout thd (auto on megatron-core >= 0.18) or parallel.cp: 1.
     """
     cp = run.preset.parallel.cp
@@ -84,6 +94,8 @@ def bshd_micro_batch(run):
 
     Why: padded GDN batches are not micro-batch invariant: padding tokens enter the recurrent state and
     the grad norm drifts with the micro-batch size (AReaL PR #1384; verl uses micro-batch 1).
+
+    Source: AReaL PR #1384 (grad-norm drift with micro-batch > 1) and verl's micro-batch 1 (FACTS.md section 6).
 
     Fix: set train.micro_batch_size: 1 (and raise the global batch or dp instead).
     """
@@ -105,6 +117,9 @@ def cp_without_fused_a2a(run):
     Why: 0.18 runs one all-to-all per sequence and per section (qkv, alpha, beta, gate); 0.19 fuses them
     into one (Megatron-LM PR #4913: 7-10% iteration speedup on a Qwen3-Next proxy, 16K, CP=4).
 
+    Source: Megatron-LM PR #4913 (fused all-to-all in megatron-core 0.19: 7-10% on a Qwen3-Next proxy, 16K, CP=4;
+    FACTS.md section 2).
+
     Fix: upgrade megatron-core to >= 0.19 for the fused all-to-all.
     """
     mcore = _mcore(run)
@@ -124,6 +139,8 @@ def thd_micro_batch(run):
     Why: Megatron-Core's GDN THD path needs batch size 1: a micro-batch is one packed row of
     concatenated sequences (Megatron-LM PR #2645). seq_length sets the tokens per micro-batch.
 
+    Source: Megatron-LM PR #2645 (GDN's THD path needs batch 1; FACTS.md section 2).
+
     Fix: set train.micro_batch_size: 1 and size train.seq_length to the tokens per micro-batch.
     """
     mbs = run.preset.train.micro_batch_size
@@ -139,6 +156,8 @@ def thd_hopper_cudnn(run):
 
     Why: cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
     `gdnctl doctor` reads the real cuDNN on the machine.
+
+    Source: Megatron-LM PR #2644 (cuDNN <= 9.18 gives NaN gradients for THD GDN on Hopper; FACTS.md section 2).
 
     Fix: upgrade cuDNN (nvidia-cudnn-cu12/cu13 >= 9.19), or use layout bshd.
     """
@@ -156,6 +175,9 @@ def seq_length_cp(run):
 
     Why: Megatron-Core's context parallel cuts each sequence into 2 x CP chunks for causal load balancing,
     and GDN's CP all-to-all needs each sequence length divisible by CP (THD sequences are padded to it).
+
+    Source: Megatron-Core's context parallel (megatron/core/utils.py get_batch_on_this_cp_rank: 2 x CP chunks) and
+    GDN CP's "each sequence length divisible by cp" (FACTS.md section 2).
 
     Fix: round train.seq_length to a multiple of 2 x cp.
     """

@@ -13,6 +13,9 @@ def world_size_divisible(run):
 
     Why: Megatron-Core builds its process groups from this factorisation and asserts it at start-up.
 
+    Source: Megatron-Core's own check: megatron/core/parallel_state.py initialize_model_parallel ("world_size .. is
+    not divisible by ..", megatron-core 0.16.1).
+
     Fix: change tp, pp or cp, or the number of nodes / GPUs per node.
     """
     p = run.preset.parallel
@@ -33,6 +36,9 @@ def ep_divides_experts(run):
 
     Why: each EP rank holds num_experts / ep experts; Megatron asserts an even split.
 
+    Source: Megatron-Core's own check: megatron/core/transformer/moe/moe_layer.py
+    (`assert self.config.num_moe_experts % ep_size == 0`, megatron-core 0.16.1).
+
     Fix: choose an ep that divides the expert count (Qwen3.5-35B-A3B: 256 experts).
     """
     experts = run.model.num_experts
@@ -48,6 +54,9 @@ def ep_fits_world(run):
     What it checks: etp x ep x pp divides the trainer's world size.
 
     Why: Megatron-Core's expert-data-parallel size is world / (etp x ep x pp); it must be a whole number.
+
+    Source: Megatron-Core's own check: megatron/core/parallel_state.py initialize_model_parallel ("world_size .. is
+    not divisible by expert_tensor_model_pipeline_parallel size", megatron-core 0.16.1).
 
     Fix: lower ep or etp, or add GPUs.
     """
@@ -67,6 +76,9 @@ def ep_on_dense(run):
 
     Why: a dense model has no experts to distribute; Megatron would still carve out expert groups.
 
+    Source: Megatron-Core's own check for ep: megatron/core/transformer/transformer_config.py ("num_moe_experts must
+    be non None to use expert-parallel", megatron-core 0.16.1); etp > 1 on a dense model is refused by gdnctl alone.
+
     Fix: set parallel.ep: 1 and parallel.etp: 1.
     """
     p = run.preset.parallel
@@ -84,6 +96,9 @@ def moe_tp_needs_sp(run):
     Why: Megatron-Core asserts `sequence_parallel` when `tensor_model_parallel_size > 1` and experts are used
     (the token dispatcher expects sequence-sharded inputs).
 
+    Source: Megatron-Core's MoELayer.forward, megatron/core/transformer/moe/moe_layer.py (megatron-core 0.16.1:
+    ValueError when training MoE with TP > 1 without sequence parallel); FACTS.md section 2.
+
     Fix: set parallel.sequence_parallel: true (or leave it unset: it defaults to on when tp > 1).
     """
     if run.model.is_moe and run.preset.parallel.tp > 1 and not run.sequence_parallel.value:
@@ -100,6 +115,9 @@ def vpp_needs_pp(run):
     Why: virtual pipeline stages interleave chunks across pipeline ranks; with one stage there is nothing
     to interleave and Megatron rejects it.
 
+    Source: Megatron-Core's own check: megatron/core/parallel_state.py initialize_model_parallel
+    ("pipeline-model-parallel size should be greater than 1 with interleaved schedule", megatron-core 0.16.1).
+
     Fix: remove parallel.vpp or raise parallel.pp.
     """
     p = run.preset.parallel
@@ -114,6 +132,10 @@ def layers_divisible(run):
     vpp is set.
 
     Why: gdnctl builds even pipeline stages; an uneven split would need per-stage layer counts.
+
+    Source: Megatron-Core's own check: megatron/core/transformer/transformer_block.py get_num_layers_to_build
+    ("num_layers should be divisible by pipeline_model_parallel_size", megatron-core 0.16.1); gdnctl passes no
+    per-stage layer counts.
 
     Fix: choose pp (and vpp) dividing the layer count (Qwen3.5-35B-A3B: 40 layers).
     """
@@ -133,6 +155,9 @@ def global_batch_divisible(run):
     What it checks: train.global_batch_size is a multiple of micro_batch_size x dp.
 
     Why: each step runs global / (micro x dp) micro-batches per data-parallel rank; Megatron asserts it.
+
+    Source: gdnctl's data pipeline refuses it at start-up (runtime/data/pipeline.py); Megatron-Core's
+    megatron/core/num_microbatches_calculator.py asserts the same (megatron-core 0.16.1).
 
     Fix: change the global batch, the micro batch, or the parallel layout.
     """
@@ -155,6 +180,9 @@ def cpu_only_selftest(run):
     Why: Megatron-Core does not run on a CPU-only torch (it calls torch.cuda.current_device()), and the
     GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, and the rl job trains
     a tiny policy with torch beside vLLM's CPU build.
+
+    Source: FACTS.md section 2 (Megatron-Core calls torch.cuda.current_device(), so it does not run on a CPU-only
+    torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy (runtime/rl/torch_policy.py).
 
     Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
     """

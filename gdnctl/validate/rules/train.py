@@ -14,6 +14,9 @@ def released_model_without_weights(run):
     Why: the catalog holds architectures, not weights, and nothing is downloaded at run time, so the trainer
     initialises the model randomly: fine for a throughput test, surprising for fine-tuning.
 
+    Source: gdnctl's catalog (gdnctl/knowledge/catalog.yaml holds architectures, not weights); the trainer loads
+    model.path's safetensors or initialises the model randomly.
+
     Fix: set model.path to the downloaded checkpoint directory (its safetensors are loaded), or keep it unset
     on purpose for a benchmark.
     """
@@ -34,6 +37,9 @@ def te_free_trainer(run):
     alone; Megatron-Core's context-parallel attention and FP8 exist only in Transformer Engine's modules, so the
     model build would stop (runtime/model/megatron_config.py says so) after the job had been scheduled. The
     megatron-bridge builder (runtime/model/bridge.py) has both.
+
+    Source: gdnctl's TE-free builder: runtime/model/megatron_config.py stops the build (ModelBuildError) for cp > 1
+    and fp8; Megatron-Core's CP attention and FP8 live in Transformer Engine's modules.
 
     Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or set
     parallel.cp: 1 and train.precision: bf16.
@@ -63,6 +69,9 @@ def context_parallel_not_sharded(run):
     row, and the CP=2 vs CP=1 loss check has not run (no 2-GPU machine this release): the model would see each
     token cp times.
 
+    Source: megatron/core/utils.py get_batch_on_this_cp_rank; TE's thd_get_partitioned_indices; gdnctl's
+    runtime/data/pipeline.py (hands every rank the whole row).
+
     Fix: set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.
     """
     p = run.preset
@@ -81,6 +90,9 @@ def fp8_needs_sm89(run):
     Why: Transformer Engine's FP8 GEMMs need FP8 tensor cores, which arrive with SM89 (Ada) and SM90 (Hopper);
     TE refuses FP8 below that (transformer_engine/pytorch/fp8.py check_fp8_support: "Device compute capability
     8.9 or higher required for FP8 execution").
+
+    Source: transformer_engine/pytorch/fp8.py check_fp8_support ("Device compute capability 8.9 or higher required
+    for FP8 execution").
 
     Fix: set train.precision: bf16, or run on H100/H200/B200.
     """
@@ -200,6 +212,9 @@ def mtp_not_trained(run):
     vLLM 0.32 serves such a checkpoint with speculative decoding: tests/runtime/rl/test_hf_export.py). With
     train.mtp: true the job would run and report success while the MTP layer it saves is the source's, untrained.
 
+    Source: gdnctl's trainer: runtime/model/hf_weights.py IGNORED_HF_PREFIXES (skips `mtp.*`) and
+    runtime/model/passthrough.py (copies them unchanged); tests/runtime/rl/test_hf_export.py (vLLM 0.32).
+
     Fix: set train.mtp: false; the saved checkpoints keep the source's MTP layer as it is, so speculative
     decoding still works (its drafts may be accepted less often as training moves the model away from it).
     """
@@ -220,6 +235,9 @@ def vpp_not_built(run):
     the job would run with the plain pipeline schedule and its larger bubble. Found while checking that every
     config validate accepts is the config the runtime builds (tests/runtime/model/test_config_agreement.py).
 
+    Source: gdnctl's runtime/model/megatron_config.py (passes no virtual_pipeline_model_parallel_size);
+    tests/runtime/model/test_config_agreement.py.
+
     Fix: remove parallel.vpp (pp alone is built), until gdnctl builds virtual pipeline stages.
     """
     if run.is_training and run.preset.parallel.vpp is not None:
@@ -237,6 +255,9 @@ def lora_not_trained(run):
     megatron-bridge's PEFT wrappers, the TE-free spec has none) and the trainer updates every parameter, so a
     LoRA preset would run full-parameter training, with the memory estimate's adapter-only gradients and
     optimizer state (plan/memory.py) far below what the job then takes.
+
+    Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no adapters) and plan/memory.py (the adapter-only
+    estimate).
 
     Fix: remove train.lora (full-parameter training), or train adapters with megatron-bridge's PEFT recipes.
     """
@@ -257,6 +278,9 @@ def fp8_padded_row_length(run):
     of 995 tokens with "FP8 execution requires the product of all dimensions except the last to be divisible
     by 8"). Packed (THD) rows are padded for it by the runtime (runtime/data/pipeline.py FP8_TOKEN_MULTIPLE);
     padded rows are exactly seq_length wide.
+
+    Source: transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; measured: H100, BENCHMARKS.md "The trainer
+    on Transformer Engine through megatron-bridge" (the FP8 run that stopped at step 1 on a 995-token row).
 
     Fix: make train.seq_length a multiple of 16, or use train.layout: thd.
     """
