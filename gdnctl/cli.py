@@ -164,7 +164,7 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
 @app.command()
 def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False) -> None:
     """Show the resolved config: every derived value with the reason for it, and the memory table."""
-    from gdnctl.plan import derived_values, memory_table
+    from gdnctl.plan import derived_values, memory_table, rollout_memory_table
     from gdnctl.validate import format_derived, format_findings, format_memory
     from gdnctl.validate import validate as run_validation
 
@@ -172,14 +172,13 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
     run = result.run
     derived = derived_values(run) if run is not None else []
     estimate = memory_table(run) if run is not None else None
+    rollout_phase = rollout_memory_table(run) if run is not None else None
     if json_output:
         _emit_json({
             **result.to_json(),
             "derived": [{"name": d.name, "value": d.value, "reason": d.reason} for d in derived],
-            "memory": None if estimate is None else {
-                "rows": [{"name": r.name, "gib": round(r.gib, 3), "note": r.note} for r in estimate.rows],
-                "total_gib": round(estimate.total_gib, 3), "capacity_gib": estimate.capacity_gib,
-                "usage": round(estimate.usage, 4)},
+            "memory": _memory_json(estimate),
+            "memory_rollout_phase": _memory_json(rollout_phase),
         })
         raise typer.Exit(0 if result.ok else 1)
     typer.echo(f"{result.loaded.source}" + (f" (built on {', '.join(result.loaded.chain[:-1])})"
@@ -188,25 +187,48 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
         typer.echo("\nderived values:")
         typer.echo(format_derived(derived))
     if estimate is not None:
-        typer.echo("\nmemory per GPU (estimate):")
+        typer.echo("\nmemory per GPU (estimate)" + (", training phase (vLLM asleep):" if rollout_phase else ":"))
         typer.echo(format_memory(estimate))
+    if rollout_phase is not None:
+        typer.echo("\nmemory per GPU (estimate), rollout phase (vLLM awake beside the trainer's model):")
+        typer.echo(format_memory(rollout_phase))
     if result.findings:
         typer.echo("\nfindings:")
         typer.echo(format_findings(result.findings, _colour()))
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _memory_json(estimate) -> dict | None:
+    if estimate is None:
+        return None
+    return {"rows": [{"name": r.name, "gib": round(r.gib, 3), "note": r.note} for r in estimate.rows],
+            "total_gib": round(estimate.total_gib, 3), "capacity_gib": estimate.capacity_gib,
+            "usage": round(estimate.usage, 4)}
+
+
 @app.command()
 def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
-          json_output: JsonOpt = False) -> None:
+          json_output: JsonOpt = False,
+          markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's rule table (code, "
+                                                 "severity, checks, source) in Markdown.")] = False) -> None:
     """List every rule, or print one rule's documentation."""
-    from gdnctl.validate import RULES, codes, format_rule_doc, format_rule_list  # importing registers every code
+    from gdnctl.validate import (  # importing registers every code
+        RULES,
+        codes,
+        format_rule_doc,
+        format_rule_list,
+        format_rule_table,
+    )
 
+    if markdown and (code is not None or json_output):
+        _fail("--markdown prints the table of every rule; leave out CODE and --json.")
     ordered = sorted(RULES.values(), key=lambda r: r.code)
     if code is None:
-        if json_output:
+        if markdown:
+            typer.echo(format_rule_table(ordered))
+        elif json_output:
             _emit_json([{"code": r.code, "name": r.name, "severity": r.severity.value, "concern": r.concern,
-                         "summary": r.summary} for r in ordered])
+                         "summary": r.summary, "source": r.source} for r in ordered])
         else:
             typer.echo(format_rule_list(sorted(ordered, key=lambda r: (r.concern, r.code))))
         return
@@ -221,7 +243,7 @@ def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. 
         _fail(f"no rule {code}." + (f" Did you mean {close[0]}?" if close else "") + " `gdnctl rules` lists them.")
     if json_output:
         _emit_json({"code": info.code, "name": info.name, "severity": info.severity.value,
-                    "summary": info.summary, "doc": info.doc})
+                    "summary": info.summary, "source": info.source, "doc": info.doc})
     else:
         typer.echo(format_rule_doc(info))
 

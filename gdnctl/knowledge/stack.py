@@ -110,6 +110,9 @@ TRANSFORMERS_MODEL_TYPE_SINCE: dict[str, str] = {
 
 # --- vLLM ------------------------------------------------------------------------------------------------
 VLLM_QWEN35_TEXT_ONLY = "0.27.0"  # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM
+# Before that, gdnctl serves Qwen3.5 as the vision-language class with no vision tower; run from this release
+# (tests/gpu/test_rl_vllm_gpu.py on an H100).
+VLLM_QWEN35_VISION_LANGUAGE_CHECKED = "0.26.0"
 # `--gdn-prefill-backend` choices by the first vLLM release that offers them; no flag before 0.18.0.
 VLLM_GDN_PREFILL_BACKENDS_SINCE: dict[str, str] = {
     "flashinfer": "0.18.0",

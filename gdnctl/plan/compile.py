@@ -53,6 +53,11 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             probe_tolerance=r.probe_tolerance,
             max_step0_logprob_gap=r.max_step0_logprob_gap or None,  # 0 and null both turn the check off
             python=r.python,
+            enforce_eager=r.enforce_eager,
+            weight_transport=run.rollout_weight_transport.value,
+            weight_transport_reason=run.rollout_weight_transport.reason,
+            sleep_between_phases=r.colocate and run.gpu.sm is not None,
+            vision_language_class=run.rollout_class.value == "vision-language",
         )
     return EngineConfig(
         gdnctl_version=__version__,

@@ -89,6 +89,53 @@ def weight_sync_fallback_reasons(preset: Preset, software: dict[str, str | None]
     return ()
 
 
+def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> Decision:
+    """How the trainer's weights reach the rollout after every step: "cuda_ipc" (runtime/rl/cuda_ipc.py: every
+    trainer rank shares its GPU's copy of the HF tensors in buckets, the vLLM worker on that GPU loads them) or
+    "disk" (the safetensors directory vLLM reloads from). The "requested" part of the reason is what RLT014
+    quotes when the preset asks for cuda_ipc where it cannot run."""
+    rollout = preset.rollout
+    requested = rollout.weight_sync if rollout is not None else "auto"
+    if preset.job != "rl" or rollout is None:
+        return Decision(None, "no rollout: the job is not rl")
+    if requested == "disk":
+        return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
+    blocker = _cuda_ipc_blocker(preset, gpu, software)
+    if blocker is not None:
+        return Decision("disk", blocker)
+    why = "colocated on GPUs: each trainer rank shares its GPU's copy of the HF weights with the vLLM worker " \
+          "on that GPU, bucket by bucket, with no copy through host memory or the disk"
+    return Decision("cuda_ipc", why if requested == "auto" else f"set in the preset; {why}")
+
+
+def _cuda_ipc_blocker(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> str | None:
+    """Why the CUDA IPC sync cannot serve this run, or None when it can."""
+    p = preset.parallel
+    if gpu.sm is None:
+        return "no GPU: vLLM's CPU build reloads from the safetensors directory"
+    if not preset.rollout.colocate:
+        return ("separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU, and gdnctl "
+                "has no NCCL broadcast to separate rollout GPUs yet, so the directory in the run dir carries them")
+    if model_builder(software).value == "te-free" and (p.pp > 1 or p.ep > 1):
+        return ("the TE-free builder gathers HF tensors over tensor parallel only, so with pp or ep > 1 no rank "
+                "holds every weight to share; the directory in the run dir carries them")
+    return None
+
+
+def rollout_class(preset: Preset, model, software: dict[str, str | None]) -> Decision:
+    """The HF class the rollout's vLLM serves: Qwen3.5's text-only class from vLLM 0.27, before that the
+    vision-language class with its vision tower skipped (vLLM builds no tower when every modality's
+    limit_mm_per_prompt is 0: `_mark_tower_model` in vllm/model_executor/models/interfaces.py, 0.26.0)."""
+    vllm = software.get("vllm")
+    if preset.job != "rl" or model.is_qwen3_next or not versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
+        return Decision("text", "the text-only class" + ("" if model.is_qwen3_next else
+                                                         f" (vLLM {vllm} registers Qwen3_5ForCausalLM)"))
+    return Decision("vision-language", f"vLLM {vllm} registers only the vision-language Qwen3.5 classes (the "
+                                       f"text-only ones arrive in {stack.VLLM_QWEN35_TEXT_ONLY}): the weight sync "
+                                       "names the language model as that class does and the engine builds no "
+                                       "vision tower (limit_mm_per_prompt 0 for images and videos)")
+
+
 def cuda_device_max_connections(preset: Preset, gpu: GpuSpec) -> Decision:
     p = preset.parallel
     if gpu.sm is None:

@@ -58,6 +58,13 @@ def derived_values(run: Run) -> list[Derived]:
         else:
             path, why = "registry conversion", "train.update_weights_via_bridge is false"
         out.append(Derived("weight_sync", path, why))
+        transport = run.rollout_weight_transport
+        out.append(Derived("weight_transport", transport.value, transport.reason))
+        if preset.rollout is not None and preset.rollout.colocate and run.gpu.sm is not None:
+            out.append(Derived("rollout_sleep", "level 2", "colocated: vLLM frees its weights and KV cache while "
+                                                           "the trainer steps, and wakes for the weight sync"))
+        if not m.is_qwen3_next:
+            out.append(Derived("rollout_class", run.rollout_class.value, run.rollout_class.reason))
     for name, value, reason in environment(run.preset, run.gpu):
         out.append(Derived(f"env.{name}", value, reason))
     return out
@@ -67,3 +74,8 @@ def memory_table(run: Run) -> memory.MemoryEstimate | None:
     if not run.is_training or run.gpu.sm is None or run.dp is None:
         return None
     return memory.estimate_training(run)
+
+
+def rollout_memory_table(run: Run) -> memory.MemoryEstimate | None:
+    """The colocated rollout phase (None when the rollout has GPUs of its own, or on CPU)."""
+    return memory.estimate_rollout_phase(run)

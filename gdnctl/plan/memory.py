@@ -214,3 +214,22 @@ def rollout_weights_gib(run) -> float:
     """bf16 weights on one rollout GPU (vLLM shards everything over its tp)."""
     counts = count_params(run.model)
     return _real(2 * counts.total(run.model, with_mtp=False)) / run.preset.rollout.tp / GIB
+
+
+def estimate_rollout_phase(run) -> MemoryEstimate | None:
+    """Per-GPU memory while a colocated vLLM generates: the trainer keeps its weights, gradients and optimizer
+    state (it frees only its activations and cached blocks, runtime/rl/job.py), and vLLM wakes into the
+    share it took at start-up, rollout.gpu_memory_utilization of the GPU (weights + KV cache: vLLM's sleep
+    mode re-allocates exactly what it released). None when the rollout has GPUs of its own."""
+    rollout = run.preset.rollout
+    if run.preset.job != "rl" or rollout is None or not rollout.colocate or run.gpu.sm is None or run.dp is None:
+        return None
+    training = estimate_training(run)
+    kept = ("weights", "gradients", "optimizer", "overhead")
+    rows = [MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
+            for row in training.rows if row.name in kept]
+    share = rollout.gpu_memory_utilization * run.gpu.memory_gib
+    rows.insert(-1, MemoryRow("vLLM", share, f"gpu_memory_utilization {rollout.gpu_memory_utilization} x "
+                                             f"{run.gpu.memory_gib:g} GiB: {rollout_weights_gib(run):.1f} GiB of "
+                                             "weights, the rest KV cache"))
+    return MemoryEstimate(tuple(rows), run.gpu.memory_gib)

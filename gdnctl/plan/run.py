@@ -60,6 +60,14 @@ class Run:
         return decide.model_builder(self.stack)
 
     @cached_property
+    def rollout_weight_transport(self) -> decide.Decision:
+        return decide.rollout_weight_transport(self.preset, self.gpu, self.stack)
+
+    @cached_property
+    def rollout_class(self) -> decide.Decision:
+        return decide.rollout_class(self.preset, self.model, self.stack)
+
+    @cached_property
     def sequence_parallel(self) -> decide.Decision:
         return decide.sequence_parallel(self.preset)
 

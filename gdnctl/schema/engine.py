@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 4  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap
+ENGINE_CONFIG_VERSION = 5  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+# 5: rollout weight transport, sleep between phases, served class
 
 
 class _Frozen(BaseModel):
@@ -92,6 +93,14 @@ class EngineRollout(_Frozen):
     # The first step's mean |log p| gap (trainer vs rollout, sampled tokens) above which a fresh run stops; None: off.
     max_step0_logprob_gap: float | None
     python: str | None
+    enforce_eager: bool
+    # How the weights reach vLLM after every step (plan/decisions.rollout_weight_transport), and why.
+    weight_transport: Literal["cuda_ipc", "disk"]
+    weight_transport_reason: str
+    # Colocated on GPUs: vLLM sleeps (level 2, weights and KV cache freed) while the trainer steps.
+    sleep_between_phases: bool
+    # Qwen3.5 on vLLM < 0.27: served as the vision-language class, its vision tower not built.
+    vision_language_class: bool
 
 
 class EngineGrpo(_Frozen):

@@ -157,6 +157,12 @@ class RolloutSpec(_Section):
                                                                           f"{MAX_TOKENS:,})")
     n_samples_per_prompt: int = Field(8, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     python: str | None = Field(None, description="interpreter of the rollout's own environment")
+    enforce_eager: bool = Field(False, description="vLLM without CUDA graphs or torch.compile on GPUs: starts in "
+                                                   "about a minute instead of several, generates slower")
+    weight_sync: Literal["auto", "cuda_ipc", "disk"] = Field(
+        "auto", description="how the trainer hands the rollout its weights after every step: cuda_ipc (GPU memory "
+                            "shared in buckets, colocated on GPUs), disk (a safetensors directory in the run dir), "
+                            "auto (cuda_ipc where it can run, else disk)")
     container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
     max_response_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="longest response sampled per prompt "
                                                                            f"(at most {MAX_TOKENS:,})")

@@ -65,6 +65,7 @@ CODES: dict[str, str] = {
     "LCH003": "search_path_override",
     "MEM001": "trainer_fits",
     "MEM002": "rollout_weights_fit",
+    "MEM003": "colocated_rollout_fits",
     "PAR001": "world_size_divisible",
     "PAR002": "ep_divides_experts",
     "PAR003": "ep_fits_world",
@@ -83,7 +84,6 @@ CODES: dict[str, str] = {
     "RLT002": "rollout_ignored",
     "RLT003": "prefill_backend_supported",
     "RLT004": "prefill_hang_sm90",
-    "RLT005": "text_only_vllm",
     "RLT006": "rollout_tp_heads",
     "RLT007": "rollout_gpus_fit",
     "RLT008": "separate_environments",
@@ -92,6 +92,8 @@ CODES: dict[str, str] = {
     "RLT011": "prompts_and_tokenizer",
     "RLT012": "response_fits_context",
     "RLT013": "rl_policy_on_gpus",
+    "RLT014": "cuda_ipc_weight_sync",
+    "RLT015": "vision_language_rollout",
     "TRN001": "released_model_without_weights",
     "TRN002": "te_free_trainer",
     "TRN003": "trainer_transformers_model_type",
@@ -107,6 +109,8 @@ CODES: dict[str, str] = {
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.
 RETIRED: dict[str, str] = {
+    "RLT005": "was an error (Qwen3.5 rollouts need vLLM >= 0.27's text-only class); the rollout now serves the "
+              "vision-language class on older vLLM, so RLT015 (warning below the first vLLM it ran on) replaced it",
     "PAR009": "was an info (sequence parallel without TP has no effect); Megatron-Core refuses it at model build, "
               "so PAR011 (error) replaced it",
 }

@@ -49,3 +49,37 @@ def test_the_run_exposes_the_decisions_it_was_built_from():
         name for name, _, _ in decisions.environment(run.preset, run.gpu)]
     shapes = run.gdn_rank_shapes()
     assert shapes[0].qk_heads == shapes[0].v_heads == run.model.linear_num_value_heads // preset.parallel.tp
+
+
+def test_the_weight_transport_is_cuda_ipc_exactly_where_it_can_run():
+    te = {"transformer_engine": "2.20.2"}
+    assert decisions.rollout_weight_transport(_preset(), GPUS["h100"], te).value == "cuda_ipc"
+    cpu = decisions.rollout_weight_transport(_preset(), GPUS["cpu"], te)
+    assert cpu.value == "disk" and "CPU build" in cpu.reason
+    separate = decisions.rollout_weight_transport(_preset("rollout.colocate=false"), GPUS["h100"], te)
+    assert separate.value == "disk" and "no NCCL broadcast" in separate.reason
+    # The TE-free builder gathers over TP only: with ep > 1 no rank holds every expert.
+    te_free = decisions.rollout_weight_transport(_preset("parallel.ep=8"), GPUS["h100"], {"transformer_engine": None})
+    assert te_free.value == "disk" and "TE-free" in te_free.reason
+    assert decisions.rollout_weight_transport(_preset("rollout.weight_sync=disk"), GPUS["h100"], te).value == "disk"
+
+
+def test_qwen35_is_served_as_the_vision_language_class_before_vllm_027():
+    preset = _preset()
+    model = resolve(preset).model
+    assert decisions.rollout_class(preset, model, {"vllm": "0.26.0"}).value == "vision-language"
+    assert decisions.rollout_class(preset, model, {"vllm": "0.27.0"}).value == "text"
+    next_preset = load_preset("qwen3-next-80b-a3b-grpo", []).preset
+    assert decisions.rollout_class(next_preset, resolve(next_preset).model, {"vllm": "0.26.0"}).value == "text"
+
+
+def test_explain_shows_both_phases_of_a_colocated_rl_job():
+    from gdnctl.plan import rollout_memory_table
+
+    run = resolve(_preset())
+    phase = rollout_memory_table(run)
+    names = [row.name for row in phase.rows]
+    assert names == ["weights", "gradients", "optimizer", "vLLM", "overhead"]
+    vllm = phase.rows[names.index("vLLM")]
+    assert vllm.gib == run.preset.rollout.gpu_memory_utilization * run.gpu.memory_gib
+    assert rollout_memory_table(resolve(_preset("rollout.colocate=false"))) is None

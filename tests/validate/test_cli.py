@@ -120,9 +120,36 @@ def test_validate_imports_no_heavy_package():
     assert "HEAVY []" in out
 
 
-def test_readme_lists_every_rule():
+def test_readme_rule_table_is_the_generated_one():
+    """README's rule table is `gdnctl rules --markdown`'s output, so it cannot drift from the rules' code and
+    docs; after changing a rule, paste that output over the table."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for code in RULES:
-        assert f"| {code} |" in readme, f"README's rules table lacks {code}"
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    start = readme.index("| code | severity | checks | source |")
+    end = next((i for i in range(start, len(readme)) if not readme[i].startswith("|")), len(readme))
+    result = invoke("rules", "--markdown")
+    assert result.exit_code == 0
+    assert "\n".join(readme[start:end]) == result.stdout.strip(), \
+        "README's rules table differs from `gdnctl rules --markdown`: replace it with that output"
+
+
+def test_rules_markdown_table():
+    lines = invoke("rules", "--markdown").stdout.strip().splitlines()
+    assert lines[:2] == ["| code | severity | checks | source |", "|---|---|---|---|"]
+    codes = [line.split(" | ")[0].removeprefix("| ") for line in lines[2:]]
+    assert codes == sorted(RULES)
+    assert all(line.count(" | ") == 3 for line in lines[2:])  # pipes inside the text are escaped
+    assert "vllm #38916" in lines[2 + codes.index("RLT004")]
+    assert invoke("rules", "HEAD002", "--markdown").exit_code == 2
+    listing = json.loads(invoke("rules", "--json").stdout)
+    assert {r["code"]: r["source"] for r in listing} == {code: info.source for code, info in RULES.items()}
+
+
+def test_rule_table_escapes_pipes():
+    from gdnctl.validate import format_rule_table
+    from gdnctl.validate.findings import RuleInfo, Severity
+
+    info = RuleInfo("X001", "x", Severity.INFO, "a | b", "c", "Why: y.\n\nSource: s|t\n  u.\n\nFix: f.", None)
+    assert info.source == "s|t u."
+    assert format_rule_table([info]).splitlines()[-1] == r"| X001 | info | a \| b | s\|t u. |"

@@ -141,6 +141,10 @@ class BridgeModel:
         for name, tensor in self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False):
             yield name, tensor
 
+    def hf_tensors(self, model) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every HF tensor of the text model on this rank's GPU (collective: every rank receives every tensor)."""
+        yield from self.bridge.export_hf_weights([_unwrapped(model)], cpu=False, show_progress=False)
+
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
         """An HF checkpoint of the model in `directory`, shaped like `source` (passthrough.py; collective, rank 0
         writes). Returns the files written."""

@@ -42,6 +42,10 @@ class TeFreeModel:
     def load(self, model, directory: Path) -> int:
         return checkpoint.load_hf(model, self.config.model, self._place(), directory)
 
+    def hf_tensors(self, model):
+        """Every HF tensor on this rank's GPU (collective; whole only with pp == ep == 1: checkpoint.iter_hf)."""
+        return checkpoint.iter_hf(model, self.config.model, self._place(), self._groups())
+
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
         return checkpoint.save_hf(model, self.config.model, self._place(), self._groups(), directory, source,
                                   durable=durable)

@@ -33,7 +33,7 @@ import re
 import struct
 import sys
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,6 +44,7 @@ import torch.distributed as dist
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import ModelArch
 from gdnctl.runtime.model.hf_weights import (
+    VL_PREFIX,
     Rule,
     ShardPlace,
     UnknownParameter,
@@ -148,6 +149,14 @@ def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory
         weight_map = {name: file for part in everyone for name, file in part.items()}
         written.update(_write_passthrough_index_and_config(directory, source, weight_map, durable))
     return written
+
+
+def iter_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every HF tensor of the model, gathered over tensor parallel, on this rank's GPU (collective: every rank
+    iterates). Whole on every rank only where no rank holds layers or experts that others lack: pp == ep == 1
+    (plan/decisions.rollout_weight_transport sends other runs through the disk)."""
+    for _, param, rule in _parameter_rules(model, arch, place):
+        yield from rule.to_hf(_gather(param.detach(), rule, groups, place)).items()
 
 
 def save_tensors(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path, source: HFSource) -> Files:
@@ -269,8 +278,28 @@ def run_source(arch: ModelArch, directory: Path | None) -> HFSource:
 
 def text_only_source(arch: ModelArch) -> HFSource:
     """Saves as the text-only class (hf_text_config) with nothing carried over: a run from random weights, and
-    the rollout's weight-sync export, which vLLM serves as the text-only class."""
+    the rollout's weight-sync export where vLLM serves the text-only class."""
     return HFSource(hf_text_config(arch))
+
+
+def rollout_source(arch: ModelArch, vision_language: bool) -> HFSource:
+    """What the rollout's weight sync writes: the text-only class, or for Qwen3.5 on vLLM < 0.27 the
+    vision-language class (its config with the default vision config, which vLLM needs to construct the class
+    but builds no tower from when images are off; the language model under model.language_model.)."""
+    if not vision_language:
+        return text_only_source(arch)
+    return HFSource(hf_vision_language_config(arch), language_model_prefix=VL_PREFIX)
+
+
+def hf_vision_language_config(arch: ModelArch) -> dict:
+    """config.json of Qwen3.5's vision-language class around the text config (vision_config left to the class's
+    defaults)."""
+    text = hf_text_config(arch)
+    moe = arch.is_moe
+    return {"architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5_moe" if moe else "qwen3_5",
+            "text_config": {key: value for key, value in text.items() if key != "architectures"},
+            "tie_word_embeddings": arch.tie_word_embeddings, "torch_dtype": "bfloat16"}
 
 
 def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:

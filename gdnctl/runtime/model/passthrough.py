@@ -61,10 +61,17 @@ class HFSource:
     config: dict
     stored_names: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, Path] = field(default_factory=dict)
+    # Without a source checkpoint to name them: where a vision-language class keeps its language model
+    # (checkpoint.rollout_source), replacing the text model's "model.".
+    language_model_prefix: str = ""
 
     def stored_name(self, name: str) -> str:
         """The name a save stores a trained tensor under: the source's own name for it."""
-        return self.stored_names.get(name, name)
+        if name in self.stored_names:
+            return self.stored_names[name]
+        if self.language_model_prefix and name.startswith("model."):
+            return self.language_model_prefix + name[len("model."):]
+        return name
 
     def passthrough(self, written: Iterable[str]) -> dict[str, Path]:
         """The source's tensors a save carries over (stored name -> file): every one it does not write itself."""

@@ -31,7 +31,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl import grpo, weight_sync
+from gdnctl.runtime.rl import cuda_ipc, grpo, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
 from gdnctl.runtime.rl.logprob_gap import check_step0_gap
@@ -78,6 +78,13 @@ class RlStepStats:
     mfu: float | None  # against the GPU's dense bf16 peak; None on CPU
     peak_memory_gib: float | None  # the trainer's GPU memory; None on CPU
     gdn_backend: str
+    weight_transport: str = "disk"  # how this step's weights reached the rollout: disk or cuda_ipc
+    # Colocated on GPUs (None elsewhere): what vLLM's sleep gave back after the rollout, the seconds its wake-up
+    # took in the sync, and the GPU's used memory (every process) while vLLM was awake and while it slept.
+    sleep_freed_gib: float | None = None
+    wake_seconds: float | None = None
+    gpu_used_gib_rollout: float | None = None
+    gpu_used_gib_train: float | None = None
 
     def line(self, total: int, eta: str) -> str:
         return (f"step {self.step}/{total} | {eta} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
@@ -120,6 +127,11 @@ class RlJob:
         self.started = time.perf_counter()
         self.first_step = self.step  # steps before this one were taken by an earlier start (resume)
         self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
+        # The rollout's names for the trainer's HF tensors (the vision-language class's, for Qwen3.5 on vLLM
+        # < 0.27), for the in-memory sync; the disk export names them through the policy's own source.
+        self.rollout_names = checkpoint.rollout_source(config.model, rollout.vision_language_class)
+        self.sleeps = rollout.sleep_between_phases
+        self.last_sync: dict = {}  # the last sync's transport and wake-up seconds, for the step's stats
         self.client: RolloutClient | None = None
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.reported: list[RlStepStats] = []  # rank 0: every step's stats (the smoke run's verdicts read them)
@@ -185,32 +197,68 @@ class RlJob:
         return process, log_path
 
     def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
-        """Every rank: export the weights and score the probe; rank 0: have the rollout reload and check it
-        (the first time, start the rollout on them). Returns rank 0's checksum comparison and probe gap (None on
-        the other ranks)."""
+        """Every rank: hand the weights over and score the probe; rank 0: have the rollout load them and check
+        it (the first time, start the rollout on them: always from the directory, which the engine's start-up
+        reads). Returns rank 0's checksum comparison and probe gap (None on the other ranks)."""
+        if self.sleeps:
+            # The trainer's activations and cached blocks go back to the GPU before vLLM wakes into its share.
+            torch.cuda.empty_cache()
+            dist.barrier()
+        started = [self.client is not None]  # rank 0 owns the client: the others learn it from rank 0
+        dist.broadcast_object_list(started, src=0)
+        if started[0] and self.config.rollout.weight_transport == "cuda_ipc":
+            return self._sync_in_memory(step)
         written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
         if self.rank != 0:
             return None
         if self.client is None:
             self._start_server()
-        return self._reload_and_check(written, probe, step)
-
-    def _reload_and_check(self, written: dict, probe: list[float],
-                          step: int) -> tuple[weight_sync.SyncCheck, float]:
-        """Rank 0: the rollout reloads the written weights; checksums and the probe's log-probs must match."""
         with progress(f"step {step}: the rollout reloads the weights", self._log if step == self.first_step else None):
             reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
                                         timeout=self.config.rollout.timeout_s)
-        trainer = weight_sync.grouped_checksums(written.items(), reply["packed_modules"])
+        checksums = weight_sync.checksums_by_name(written.items())
+        return self._check(reply, checksums, probe, step, "disk")
+
+    def _sync_in_memory(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
+        """Every rank shares its GPU's copy of the HF weights bucket by bucket (cuda_ipc.py); rank 0 has the
+        rollout load each bucket before any rank frees it."""
+        timeout = self.config.rollout.timeout_s
+        probe = self.policy.probe_logprobs(self.probe)
+        checksums: weight_sync.Checksums = {}
+        if self.rank == 0:
+            self.client.request("ipc_begin", timeout=timeout)
+        uuid = cuda_ipc.device_uuid()
+        names = ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
+        for bucket in cuda_ipc.buckets(names):
+            shared: list = [None] * dist.get_world_size()
+            dist.all_gather_object(shared, (uuid, cuda_ipc.share(bucket.buffer)))
+            if self.rank == 0:
+                checksums.update(weight_sync.checksums_by_name(bucket.tensors()))
+                # One handle per GPU: ranks on the same GPU hold the same weights.
+                self.client.request("ipc_bucket", shared=dict(shared), entries=bucket.wire_entries(),
+                                    timeout=timeout)
+            dist.barrier()  # no rank frees its bucket before the rollout has copied it out
+            del bucket
+        if self.rank != 0:
+            return None
+        reply = self.client.request("ipc_end", probe=self.probe, timeout=timeout)
+        return self._check(reply, checksums, probe, step, "cuda_ipc")
+
+    def _check(self, reply: dict, checksums: weight_sync.Checksums, probe: list[float], step: int,
+               transport: str) -> tuple[weight_sync.SyncCheck, float]:
+        """Rank 0: the rollout's checksums and its log-probs on the probe must match the trainer's."""
+        trainer = weight_sync.group_checksums(checksums, reply["packed_modules"])
         result = weight_sync.compare(trainer, reply["checksums"])
         weight_sync.check_synced(result, step)
         gap = weight_sync.probe_gap(probe, reply["probe_logprobs"])
         weight_sync.check_probe(gap, step, self.config.rollout.probe_tolerance)
+        self.last_sync = {"weight_transport": transport, "wake_seconds": reply.get("wake_seconds")}
         return result, gap
 
     # --- one step --------------------------------------------------------------------------------------------
-    def rollout(self, step: int) -> tuple[list[Sample], float, int]:
-        """Rank 0: the step's samples with rewards and advantages; the generation seconds and tokens."""
+    def rollout(self, step: int) -> tuple[list[Sample], float, int, dict]:
+        """Rank 0: the step's samples with rewards and advantages; the generation seconds and tokens; colocated
+        on GPUs, the GPU memory in use while vLLM was awake and what its sleep then gave back."""
         config, rollout = self.config, self.config.rollout
         records = self.schedule.batch(step).records
         prompts = [self._encode(record.prompt, record.line) for record in records]
@@ -229,7 +277,12 @@ class RlJob:
                                            normalize_std=config.grpo.normalize_std)
         samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
         generated = sum(len(s.response) for s in samples)
-        return samples, reply["seconds"], generated
+        phases: dict = {}
+        if self.sleeps:
+            phases["gpu_used_gib_rollout"] = reply["gpu_used_bytes"] / 2**30
+            slept = self.client.request("sleep", timeout=rollout.timeout_s)
+            phases["sleep_freed_gib"] = slept["freed_bytes"] / 2**30
+        return samples, reply["seconds"], generated, phases
 
     def _encode(self, prompt, line: int) -> list[int]:
         """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
@@ -254,10 +307,13 @@ class RlJob:
             if self.rank == 0:
                 payload = [self.rollout(self.step)]
             dist.broadcast_object_list(payload, src=0)
-            samples, rollout_seconds, generated = payload[0]
+            samples, rollout_seconds, generated, phases = payload[0]
             started = time.perf_counter()
             stats = self._update(samples)
             train_seconds = time.perf_counter() - started
+            if self.sleeps:  # every process's use of the GPU while vLLM sleeps and the trainer steps
+                free, capacity = torch.cuda.mem_get_info()
+                phases["gpu_used_gib_train"] = (capacity - free) / 2**30
             if self.step == 0:  # a fresh run's first step: a resumed run starts past it
                 check_step0_gap(stats["rollout_logprob_abs_diff"], config.rollout.max_step0_logprob_gap)
             self.step += 1
@@ -280,7 +336,9 @@ class RlJob:
                     tflops_per_gpu=tflops, mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
                     peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda"
                                      else None),
-                    gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)"))
+                    gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
+                    weight_transport=self.last_sync["weight_transport"], wake_seconds=self.last_sync["wake_seconds"],
+                    **phases))
             self.first_minute.after_step()
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):

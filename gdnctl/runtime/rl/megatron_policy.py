@@ -45,8 +45,9 @@ class MegatronPolicy:
         # Where the current weights wait while the reference's are in the model (allocated once).
         self._parked = None if self.reference is None else {
             name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
-        # The rollout serves the text-only class: its weights carry nothing over from model.path.
-        self.rollout_source = checkpoint.text_only_source(config.model)
+        # What the rollout serves (the text-only class, or Qwen3.5's vision-language one on vLLM < 0.27): its
+        # weights carry nothing over from model.path.
+        self.rollout_source = checkpoint.rollout_source(config.model, config.rollout.vision_language_class)
         ps = self.trainer.ps
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         # Steps already taken: the Trainer resumed from train.save_dir/latest when there is one.
@@ -155,6 +156,10 @@ class MegatronPolicy:
             return None
         reader = checkpoint.HFReader(directory)
         return {name: reader.get(name) for name in reader.locations}
+
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every HF tensor on this rank's GPU, under the text model's names (collective: all ranks iterate)."""
+        return self.trainer.builder.hf_tensors(self.trainer.model)
 
     def save(self, save_dir: Path, step: int) -> None:
         self.trainer.iteration = step

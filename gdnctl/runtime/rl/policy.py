@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
     from gdnctl.runtime.rl.batch import RlBatch
@@ -27,6 +29,10 @@ class Policy(Protocol):
 
     def train_step(self, micro_batches: list["RlBatch"], settings) -> dict[str, float]:
         """One GRPO optimizer step over this rank's micro-batches; returns the step's statistics."""
+
+    def hf_tensors(self) -> "Iterator[tuple[str, torch.Tensor]]":
+        """Every HF tensor of the policy under the text model's names, on this rank's device (collective on
+        GPUs): what the in-memory weight sync shares."""
 
     def export(self, directory: Path) -> "dict[str, torch.Tensor] | None":
         """Write the HF safetensors the rollout reloads; rank 0 returns the tensors it wrote (checksums)."""

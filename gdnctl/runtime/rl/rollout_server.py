@@ -9,6 +9,12 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
     load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
                                               per-parameter checksums (weight_sync) and the log-probs of the
                                               probe tokens, for the trainer to compare with its own
+    ipc_begin                                 start an in-memory reload (cuda_ipc.py)
+    ipc_bucket   {shared, entries}            load one bucket the trainer ranks shared through CUDA IPC (GPU
+                                              UUID -> handle; the bucket's entries as tuples)
+    ipc_end      {probe}                      finish it; answers as load_weights does
+    sleep                                     colocated on GPUs: free the weights and the KV cache (vLLM sleep
+                                              level 2) while the trainer steps; the next reload wakes it
     shutdown                                  exit
 
 Prompts and samples are token ids: the trainer owns the tokenizer, and vLLM runs with skip_tokenizer_init, so
@@ -25,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gdnctl.runtime.rl import rollout_protocol, weight_sync
+from gdnctl.runtime.rl import cuda_ipc, rollout_protocol, weight_sync
 from gdnctl.schema import EngineConfig, EngineRollout
 
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
@@ -45,7 +51,13 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
         # fixed KV cache.
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
     else:
-        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization)
+        kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager)
+    if rollout.sleep_between_phases:
+        kwargs["enable_sleep_mode"] = True
+    if rollout.vision_language_class:
+        # Qwen3.5 on vLLM < 0.27: the vision-language class, whose vision tower vLLM does not build when no
+        # prompt may carry an image or a video (the weight sync sends the language model only).
+        kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     if rollout.gdn_prefill_backend not in (None, "auto"):
         kwargs["gdn_prefill_backend"] = rollout.gdn_prefill_backend
     return kwargs
@@ -114,6 +126,8 @@ class VllmRollout:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.llm = None
+        self.asleep = False
+        self._ipc_began = self._ipc_wake_seconds = 0.0  # set by ipc_begin, read by ipc_end
 
     def start(self, model: str) -> dict[str, Any]:
         from vllm import LLM
@@ -137,27 +151,73 @@ class VllmRollout:
         params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0,
                                  detokenize=False, seed=seed + index, stop_token_ids=stop_token_ids)
                   for index in range(len(prompts))]
+        self._wake(["weights", "kv_cache"])  # a sync always wakes it; this only guards the order of requests
         began = time.perf_counter()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
                                     use_tqdm=False)
         seconds = time.perf_counter() - began
+        # Every process's use of the rollout's GPUs while the engine is awake (the colocated phase's memory).
+        used = None
+        if self.config.device == "cuda":
+            used = sum(total - free for free, total in self.llm.collective_rpc(cuda_ipc.free_gpu_memory))
         samples = [[{"tokens": list(choice.token_ids),
                      "logprobs": [entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids,
                                                                                 strict=True)],
                      "finish_reason": choice.finish_reason}
                     for choice in output.outputs]
                    for output in outputs]
-        return {"samples": samples, "seconds": seconds}
+        return {"samples": samples, "seconds": seconds, "gpu_used_bytes": used}
+
+    def sleep(self) -> dict[str, Any]:
+        """Free the weights and the KV cache (level 2: the next sync overwrites every weight, so none is kept in
+        host memory); answers with the GPU memory it gave back."""
+        free_before = self._free_gpu_memory()
+        began = time.perf_counter()
+        self.llm.sleep(level=2)
+        self.asleep = True
+        return {"seconds": time.perf_counter() - began, "freed_bytes": self._free_gpu_memory() - free_before}
+
+    def _wake(self, tags: list[str]) -> float:
+        if not self.asleep:
+            return 0.0
+        began = time.perf_counter()
+        self.llm.wake_up(tags=tags)
+        if "kv_cache" in tags:
+            self.asleep = False
+        return time.perf_counter() - began
+
+    def _free_gpu_memory(self) -> int:
+        return sum(free for free, _ in self.llm.collective_rpc(cuda_ipc.free_gpu_memory))
 
     def load_weights(self, path: str, probe: list[int]) -> dict[str, Any]:
         """Reload from `path`; answer with parameter checksums and the log-probs of `probe`'s tokens."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         began = time.perf_counter()
+        wake_seconds = self._wake(["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         self.llm.apply_model(refresh_cpu_embedding_gemms)
         self.llm.apply_model(refresh_cpu_moe_prepack)
+        return self._reloaded(probe, began, wake_seconds)
+
+    def ipc_begin(self) -> dict[str, Any]:
+        began = time.perf_counter()
+        self._ipc_wake_seconds = self._wake(["weights"])
+        self.llm.collective_rpc(cuda_ipc.begin_reload)
+        self._ipc_began = began
+        return {}
+
+    def ipc_bucket(self, shared: dict[str, tuple], entries: list[tuple]) -> dict[str, Any]:
+        return {"tensors": self.llm.collective_rpc(cuda_ipc.load_bucket, args=(shared, entries))[0]}
+
+    def ipc_end(self, probe: list[int]) -> dict[str, Any]:
+        self.llm.collective_rpc(cuda_ipc.end_reload)
+        return self._reloaded(probe, self._ipc_began, self._ipc_wake_seconds)
+
+    def _reloaded(self, probe: list[int], began: float, wake_seconds: float) -> dict[str, Any]:
+        """After a reload: wake the KV cache, then answer with the checksums and the probe's log-probs."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        wake_seconds += self._wake(["kv_cache"])
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
         seconds = time.perf_counter() - began
@@ -172,7 +232,7 @@ class VllmRollout:
         probe_logprobs = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:],
                                                                        strict=True)]
         return {"checksums": checksums, "packed_modules": packed, "probe_logprobs": probe_logprobs,
-                "seconds": seconds}
+                "seconds": seconds, "wake_seconds": wake_seconds}
 
 
 def serve(config: EngineConfig, run_dir: Path) -> int:
@@ -195,7 +255,9 @@ def trainer_shares_host(rollout: EngineRollout) -> bool:
 
 
 def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
-    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights}
+    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights,
+                "sleep": rollout.sleep, "ipc_begin": rollout.ipc_begin, "ipc_bucket": rollout.ipc_bucket,
+                "ipc_end": rollout.ipc_end}
     while True:
         try:
             request = connection.recv()

@@ -63,9 +63,10 @@ class TorchPolicy:
         resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
         if resume is not None:
             _load(model, resume)
-        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps; the
-        # rollout's export stays the text-only class (hf_config).
+        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
         self.source = checkpoint.run_source(config.model, resume or initial)
+        # What the rollout serves: the text-only class, or Qwen3.5's vision-language one on vLLM < 0.27.
+        self.rollout_source = checkpoint.rollout_source(config.model, config.rollout.vision_language_class)
         self.module = model.to(self.device)
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
@@ -151,7 +152,9 @@ class TorchPolicy:
         (every rank holds the same weights)."""
         if dist.get_rank() != 0:
             return None
-        return weight_sync.write_weights(self.hf_tensors(), directory, config=self.hf_config)
+        rollout = self.rollout_source
+        return weight_sync.write_weights(((rollout.stored_name(name), tensor) for name, tensor in self.hf_tensors()),
+                                         directory, config=rollout.config)
 
     def save(self, save_dir: Path, step: int) -> None:
         """A checkpoint in the Megatron trainer's layout (HF weights in fp32 with what they carry over from the

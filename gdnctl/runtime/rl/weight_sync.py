@@ -76,8 +76,17 @@ _EXPERT_TENSOR = re.compile(r"(.+\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\
 _FUSED_MOE_PARAMETER = re.compile(r"(.+\.experts)\.(?:\w+\.)*(w13_weight|w2_weight)")
 
 
+# Qwen3.5's vision-language class (vLLM < 0.27) keeps the language model under `language_model.` (its
+# parameters language_model.model.* and language_model.lm_head.*), which its checkpoints store as
+# model.language_model.* and lm_head.*: both sides are compared under the text model's names.
+_VL_ROLLOUT_PREFIX = "language_model."
+_VL_HF_PREFIX = "model.language_model."
+
+
 def canonical_rollout_name(name: str) -> str:
-    """A rollout parameter's name as rollout_name writes it: FusedMoE parameters directly under `experts`."""
+    """A rollout parameter's name as rollout_name writes it: the text model's, FusedMoE parameters directly
+    under `experts`."""
+    name = name.removeprefix(_VL_ROLLOUT_PREFIX)
     fused = _FUSED_MOE_PARAMETER.fullmatch(name)
     return f"{fused.group(1)}.{fused.group(2)}" if fused else name
 
@@ -96,14 +105,28 @@ def rollout_name(hf_name: str, packed: dict[str, list[str]]) -> str:
     return hf_name
 
 
-def grouped_checksums(tensors: Iterable[tuple[str, torch.Tensor]], packed: dict[str, list[str]]) -> Checksums:
+def checksums_by_name(tensors: Iterable[tuple[str, torch.Tensor]]) -> Checksums:
+    """Each HF tensor's checksum, under the text model's name (a vision-language name loses its prefix)."""
+    return {_text_name(name): checksum(tensor) for name, tensor in tensors}
+
+
+def _text_name(hf_name: str) -> str:
+    return "model." + hf_name[len(_VL_HF_PREFIX):] if hf_name.startswith(_VL_HF_PREFIX) else hf_name
+
+
+def group_checksums(per_tensor: Checksums, packed: dict[str, list[str]]) -> Checksums:
     """Checksums of HF tensors summed per rollout parameter (see rollout_name)."""
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])
-    for name, tensor in tensors:
+    for name, sums in per_tensor.items():
         entry = totals[rollout_name(name, packed)]
-        for index, value in enumerate(checksum(tensor)):
+        for index, value in enumerate(sums):
             entry[index] += value
     return {name: (total[0], total[1], total[2]) for name, total in totals.items()}
+
+
+def grouped_checksums(tensors: Iterable[tuple[str, torch.Tensor]], packed: dict[str, list[str]]) -> Checksums:
+    """Checksums of HF tensors summed per rollout parameter (see rollout_name)."""
+    return group_checksums(checksums_by_name(tensors), packed)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ def trainer_fits(run):
     248k vocabulary (micro_batch x rollout context x vocab / tp), which OOMed the log-prob pass of NVIDIA-NeMo/RL
     #2668 (fixed there by TP 2, halving the shard) and made NovaSky-AI/SkyRL #1610 chunk its log-probs.
 
+    Source: NVIDIA-NeMo/RL #2668; NovaSky-AI/SkyRL #1610; Megatron-Bridge's Qwen3.5 campaign notes (iteration-2 OOM;
+    cited, not found); gdnctl's estimate, gdnctl/plan/memory.py.
+
     Fix: raise ep/tp/pp/cp, turn on train.recompute: full, train.optimizer_cpu_offload: true, or lower
     train.seq_length (rl: rollout.max_model_len too).
     """
@@ -49,6 +52,9 @@ def rollout_weights_fit(run):
 
     Why: vLLM fails at start-up ("No available memory for the cache blocks") after the trainer has loaded.
 
+    Source: vLLM's start-up KV-cache allocation ("No available memory for the cache blocks"); gdnctl/plan/memory.py
+    rollout_weights_gib (bf16 weights / rollout.tp).
+
     Fix: raise rollout.tp or rollout.gpu_memory_utilization.
     """
     rollout = run.preset.rollout
@@ -64,3 +70,35 @@ def rollout_weights_fit(run):
     elif weights > 0.8 * budget:
         yield Issue("rollout.gpu_memory_utilization", f"little room is left for vLLM's KV cache: {text}.",
                     "Raise rollout.tp or rollout.gpu_memory_utilization.", Severity.WARNING)
+
+
+@rule("MEM003", Severity.ERROR, "Colocated rollout does not fit beside the trainer's model")
+def colocated_rollout_fits(run):
+    """
+    What it checks: an rl job whose vLLM shares the trainer's GPUs, in the phase where vLLM is awake (`gdnctl
+    explain` prints its table): the trainer's weights, gradients and optimizer state, which stay on the GPU
+    while vLLM generates, plus vLLM's share (rollout.gpu_memory_utilization of the GPU) and the overhead,
+    against the GPU's memory: error above 100%, warning above 90%.
+
+    Why: vLLM takes its share as a fraction of the whole GPU at start-up and its sleep mode re-allocates
+    exactly that share on every wake-up (CuMemAllocator, vllm/device_allocator/cumem.py), so a share that leaves
+    too little for the trainer's resident state fails at the first wake-up after the optimizer state exists,
+    or at start-up, not before.
+
+    Source: vllm/v1/worker/gpu_worker.py sleep/wake_up and vllm/device_allocator/cumem.py (vLLM 0.26.0).
+
+    Fix: lower rollout.gpu_memory_utilization (rollout.tp shards the weights it must hold), or shard the
+    trainer further (ep/tp/pp, distributed optimizer, train.optimizer_cpu_offload: true).
+    """
+    estimate = memory.estimate_rollout_phase(run)
+    if estimate is None:
+        return
+    summary = (f"while vLLM generates, the trainer's resident state and vLLM's share come to "
+               f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
+    fix = ("Lower rollout.gpu_memory_utilization, or shard the trainer further (ep/tp/pp, "
+           "train.optimizer_cpu_offload: true); gdnctl explain shows both phases.")
+    if estimate.usage > 1.0:
+        yield Issue("rollout.gpu_memory_utilization", f"the colocated rollout does not fit: {summary}.", fix)
+    elif estimate.usage > WARN_USAGE:
+        yield Issue("rollout.gpu_memory_utilization", f"the colocated rollout barely fits: {summary}.", fix,
+                    Severity.WARNING)

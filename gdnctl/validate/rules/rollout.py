@@ -17,6 +17,9 @@ def rl_needs_rollout(run):
 
     Why: the rl job alternates vLLM rollouts and training steps; it needs the rollout engine's settings.
 
+    Source: gdnctl's rl job: runtime/rl/job.py starts vLLM from the rollout section (runtime/rl/rollout_server.py
+    engine_kwargs).
+
     Fix: add `rollout: {engine: vllm, tp: ..., gdn_prefill_backend: triton}`.
     """
     if run.preset.job == "rl" and run.preset.rollout is None:
@@ -30,6 +33,8 @@ def rollout_ignored(run):
     What it checks: a `rollout:` section on sft, pretrain or selftest jobs.
 
     Why: only rl jobs start vLLM; the section would be ignored silently.
+
+    Source: gdnctl's runtime: only the rl job (runtime/rl/job.py) starts vLLM.
 
     Fix: remove the rollout section, or set job: rl.
     """
@@ -46,6 +51,9 @@ def prefill_backend_supported(run):
     aiter_flydsl; 0.33 adds sycl. `auto` (or null) emits no flag (vLLM's engine args by release).
 
     Why: vLLM rejects an unknown flag or choice at start-up, after the trainer has loaded.
+
+    Source: vLLM's `--gdn-prefill-backend` choices by release (FACTS.md section 7; gdnctl/knowledge/stack.py
+    VLLM_GDN_PREFILL_BACKENDS_SINCE).
 
     Fix: pick a backend the version offers (triton everywhere since 0.18), or null.
     """
@@ -80,12 +88,12 @@ def prefill_hang_sm90(run):
     pins flashinfer-python <= 0.6.13 (#3986 saw the hang on vLLM 0.21.0 and 0.25.0). flashinfer 0.6.14 replaced
     that kernel with a CuTe-DSL one (flashinfer PR #3477), on which #3329's reproducer no longer hangs, and
     vLLM 0.26.0 is the first release to pin it; no hang report on it was found, but none says the high-
-    concurrency hang of #3986 is gone either, so newer releases still get an info.
+    concurrency hang of #3986 is gone either, so newer releases still get an info. vllm #53787 (a long-prefill
+    slowdown on nightly builds after v0.28.0, with the Triton backend too) is in no release and has no rule.
 
-    Source: vLLM 0.25.1 and 0.26.0 wheel metadata (flashinfer-python ==0.6.13, ==0.6.14); flashinfer tag
-    v0.6.14 is the first holding PR #3477; flashinfer #3329 (maintainer: no longer reproduces after #3477).
-    vllm #53787 (a long-prefill slowdown on nightly builds after v0.28.0, with the Triton backend too) is in no
-    release and has no rule.
+    Source: flashinfer #2623, #3329 (maintainer: no longer reproduces after PR #3477), #3986, PR #3477 (first in
+    v0.6.14); vllm #38916, #41865; AReaL PR #1384; vLLM 0.25.1 and 0.26.0 wheel metadata (flashinfer-python
+    ==0.6.13, ==0.6.14).
 
     Fix: set rollout.gdn_prefill_backend: triton.
     """
@@ -109,26 +117,32 @@ def prefill_hang_sm90(run):
                         "Set rollout.gdn_prefill_backend: triton to be safe.", Severity.INFO)
 
 
-@rule("RLT005", Severity.ERROR, "gdnctl's rollout serves Qwen3.5 as the text-only class: vLLM >= 0.27")
-def text_only_vllm(run):
+@rule("RLT015", Severity.WARNING, "Qwen3.5 through vLLM's vision-language class, before the vLLM gdnctl ran it on")
+def vision_language_rollout(run):
     """
-    What it checks: an rl job on a Qwen3.5 model served by vLLM < 0.27, whether the checkpoint is the
-    vision-language release or text-only.
+    What it checks: an rl job on a Qwen3.5 model whose rollout vLLM is older than the first release gdnctl has
+    served Qwen3.5 on through the vision-language class (0.26.0).
 
-    Why: vLLM before 0.27 registers only the vision-language Qwen3.5 classes, and gdnctl's rollout never loads
-    model.path itself: it starts and reloads vLLM on the trainer's weight-sync export, which is the text-only
-    class (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`) whatever the checkpoint was.
+    Why: vLLM before 0.27 registers Qwen3.5 only as `Qwen3_5ForConditionalGeneration` (and its MoE sibling).
+    gdnctl's rollout then serves that class: the weight sync names the language model as its checkpoints do
+    (model.language_model.*), and the engine starts with limit_mm_per_prompt 0 for images and videos, so vLLM
+    builds no vision tower and expects no vision weights (`_mark_tower_model`,
+    vllm/model_executor/models/interfaces.py). gdnctl's tests ran this on vLLM 0.26.0 on an H100 and on the
+    CPU build 0.32; older releases may build the tower, or lack the class.
 
-    Fix: use vLLM >= 0.27 in the rollout's environment (rollout.python), and say so in runtime.vllm.
+    Source: vllm/model_executor/models/qwen3_5.py and interfaces.py (vLLM 0.26.0); runs:
+    tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "rl on GPU vLLM").
+
+    Fix: use vLLM >= 0.26 in the rollout's environment (rollout.python), and say so in runtime.vllm.
     """
     rollout = _rollout(run)
     vllm = run.stack.get("vllm")
-    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
-        text_class = "Qwen3_5MoeForCausalLM" if run.model.is_moe else "Qwen3_5ForCausalLM"
-        yield Issue("runtime.vllm", f"vLLM {vllm} has only the vision-language Qwen3.5 classes, but the rollout "
-                                    f"serves the trainer's text-only export ({text_class}).",
-                    f"Use vLLM >= {stack.VLLM_QWEN35_TEXT_ONLY} in the rollout's environment and set runtime.vllm "
-                    "to its version.")
+    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED):
+        yield Issue("runtime.vllm", f"vLLM {vllm} would serve Qwen3.5 through its vision-language class, which "
+                                    "gdnctl has run only from vLLM "
+                                    f"{stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} on.",
+                    f"Use vLLM >= {stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} in the rollout's environment and set "
+                    "runtime.vllm to its version.")
 
 
 @rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")
@@ -137,6 +151,8 @@ def rollout_tp_heads(run):
     What it checks: rollout.tp divides the attention heads and the GDN key and value heads.
 
     Why: vLLM shards heads over its tensor-parallel ranks (it can replicate KV heads, not GDN heads).
+
+    Source: vLLM's tensor-parallel head split (the component that would refuse); no upstream file is cited for it.
 
     Fix: choose a rollout.tp that divides all three head counts.
     """
@@ -159,6 +175,8 @@ def rollout_gpus_fit(run):
     at most when colocated; fewer than all when separate, so the trainer keeps some.
 
     Why: engines are tp GPUs each; a separate rollout takes its GPUs away from the trainer.
+
+    Source: gdnctl's own GPU arithmetic (engines of rollout.tp GPUs; the trainer's world size as in PAR001).
 
     Fix: adjust rollout.num_gpus, rollout.tp or rollout.colocate.
     """
@@ -187,6 +205,9 @@ def separate_environments(run):
     vLLM 0.33.0 pins transformers >= 5.16.1, flashinfer-python == 0.7.2.post1 and torch == 2.14.0
     (their release metadata): one environment cannot satisfy both.
 
+    Source: megatron-bridge 0.6.2 and vLLM 0.33.0 release metadata (FACTS.md section 3; gdnctl/knowledge/stack.py
+    KNOWN_PINS); verl-project/verl #5937 (upgrading transformers for the trainer broke vLLM, as TRN003 says).
+
     Fix: set rollout.python to the interpreter of a separate vLLM environment (or rollout.container_image).
     """
     rollout = _rollout(run)
@@ -213,6 +234,9 @@ def separate_rollout_whole_nodes(run):
     (`srun --relative`), each with its own environment; a node split between them would need two
     environments on one node.
 
+    Source: gdnctl's Slurm script: templates/launch_slurm.sbatch.j2 runs the trainer and the rollout as separate
+    `srun --relative` job steps.
+
     Fix: make rollout.num_gpus a multiple of cluster.gpus_per_node, or colocate.
     """
     rollout = _rollout(run)
@@ -235,6 +259,8 @@ def batch_of_groups(run):
     Why: each step rolls out global_batch_size / n_samples_per_prompt prompts, n samples each; GRPO normalises
     rewards within a prompt's group, so a group cannot be split across steps.
 
+    Source: GRPO's group-normalised rewards as gdnctl computes them (runtime/rl/grpo.py group_advantages).
+
     Fix: make train.global_batch_size a multiple of rollout.n_samples_per_prompt.
     """
     rollout = _rollout(run)
@@ -255,6 +281,9 @@ def prompts_and_tokenizer(run):
 
     Why: rollouts start from dataset prompts and rewards read decoded responses; there are no synthetic
     prompts, and nothing is downloaded at run time.
+
+    Source: gdnctl's rl runtime: runtime/rl/prompts.py reads the local jsonl of {"prompt", "answer"}; nothing is
+    downloaded at run time.
 
     Fix: set train.data_path and model.tokenizer (or model.path).
     """
@@ -279,6 +308,9 @@ def response_fits_context(run):
     Why: vLLM rejects a request whose prompt plus max_tokens cannot fit the model length; the prompt needs room
     too.
 
+    Source: vLLM's own check on each request (prompt plus max_tokens within max_model_len); no upstream file is
+    cited for it.
+
     Fix: lower rollout.max_response_tokens or raise rollout.max_model_len.
     """
     rollout = _rollout(run)
@@ -291,22 +323,52 @@ def response_fits_context(run):
                     "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
 
 
-@rule("RLT013", Severity.WARNING, "rl on GPUs has not run end to end in gdnctl's tests")
+@rule("RLT013", Severity.WARNING, "rl on GPUs with a rollout on GPUs of its own has not run in gdnctl's tests")
 def rl_policy_on_gpus(run):
     """
-    What it checks: an rl job on GPUs.
+    What it checks: an rl job on GPUs whose rollout is not colocated (rollout.colocate: false), or whose rollout
+    runs tensor parallel (rollout.tp > 1).
 
-    Why: gdnctl's rl loop, rollout server, weight sync and GRPO run end to end in its tests on CPU (the torch
-    policy beside vLLM's CPU build), and the GPU policy (Megatron) was checked on an H100 against the CPU
-    policy's code (log-probs, HF export, one GRPO step); but no GPU vLLM has served the rollouts in those tests,
-    and colocated sleep/wake between phases is not implemented, so trainer and rollout hold their GPU memory
-    together.
+    Why: gdnctl's tests run rl on one H100 with the rollout on GPU vLLM colocated: vLLM sleeps while the trainer
+    steps, the weights reach it through CUDA IPC or the disk directory, and checksums and the probe match after
+    every sync (tests/gpu/test_rl_vllm_gpu.py). Separate rollout GPUs (the disk directory between them, no NCCL
+    broadcast yet) and vLLM tensor parallel need more than one GPU, which those runs did not have.
 
-    Fix: try the preset at small scale first; set rollout.colocate: false with separate rollout GPUs, or leave
-    rollout.gpu_memory_utilization low enough for the trainer beside it.
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "rl on GPU vLLM"); no multi-GPU run.
+
+    Fix: try the preset at small scale first.
     """
-    if _rollout(run) is not None and run.gpu.sm is not None:
-        yield Issue("job", "rl on GPUs has not run end to end in gdnctl's own tests (no GPU vLLM there), and "
-                           "colocated trainer and vLLM hold their memory together (no sleep between phases).",
-                    "Try it at small scale first; prefer rollout.colocate: false, or a low "
-                    "rollout.gpu_memory_utilization.")
+    rollout = _rollout(run)
+    if rollout is None or run.gpu.sm is None:
+        return
+    untried = [text for untested, text in ((not rollout.colocate, "a rollout on GPUs of its own"),
+                                           (rollout.tp > 1, f"vLLM tensor parallel (rollout.tp {rollout.tp})"))
+               if untested]
+    if untried:
+        yield Issue("rollout", f"gdnctl's tests have run rl on GPUs colocated on one GPU only, not with "
+                               f"{' or '.join(untried)}.", "Try the preset at small scale first.")
+
+
+@rule("RLT014", Severity.ERROR, "CUDA IPC weight sync where it cannot run")
+def cuda_ipc_weight_sync(run):
+    """
+    What it checks: rollout.weight_sync: cuda_ipc on a run where the in-memory sync cannot serve: no GPU,
+    separate placement (rollout.colocate: false), or the TE-free builder with pp or ep > 1.
+
+    Why: CUDA IPC hands a GPU allocation to another process on the same GPU; a rollout on other GPUs needs a
+    broadcast, which gdnctl does not have yet, and the TE-free builder's HF export gathers over tensor parallel
+    only, so with pipeline or expert parallel no rank holds every tensor to share. `auto` falls back to the
+    disk directory in these cases; an explicit cuda_ipc would not run as asked.
+
+    Source: gdnctl's runtime (runtime/rl/cuda_ipc.py, plan/decisions.rollout_weight_transport); torch's CUDA IPC
+    (torch.multiprocessing.reductions.reduce_tensor) shares memory between processes on one GPU.
+
+    Fix: set rollout.weight_sync: auto (or disk).
+    """
+    rollout = _rollout(run)
+    if rollout is None or rollout.weight_sync != "cuda_ipc":
+        return
+    transport = run.rollout_weight_transport
+    if transport.value != "cuda_ipc":
+        yield Issue("rollout.weight_sync", f"the CUDA IPC weight sync cannot run here: {transport.reason}.",
+                    "Set rollout.weight_sync: auto (or disk).")

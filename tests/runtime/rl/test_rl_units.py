@@ -143,3 +143,32 @@ def test_the_probe_check_fails_a_rollout_scoring_with_other_weights():
         weight_sync.check_probe(weight_sync.probe_gap(trainer, [-5.3, -5.6, -5.4]), step=4, tolerance=0.1)
     with pytest.raises(weight_sync.WeightSyncError, match="scored 2 probe tokens but the trainer 3"):
         weight_sync.probe_gap(trainer, [-5.5, -5.4])
+
+
+def test_a_vision_language_rollout_is_compared_under_the_text_models_names():
+    """Qwen3.5 on vLLM < 0.27: the sync writes model.language_model.* / lm_head.*, vLLM's vision-language class
+    holds language_model.model.* / language_model.lm_head.*; both meet under the text model's names."""
+    tensor = torch.arange(6.0).reshape(2, 3)
+    sent = weight_sync.checksums_by_name([("model.language_model.layers.0.self_attn.q_proj.weight", tensor),
+                                          ("model.language_model.layers.0.self_attn.k_proj.weight", tensor),
+                                          ("lm_head.weight", tensor)])
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    trainer = weight_sync.group_checksums(sent, packed)
+    both = weight_sync.checksum(torch.cat([tensor, tensor]))
+    rollout = {"language_model.model.layers.0.self_attn.qkv_proj.weight": both,
+               "language_model.lm_head.weight": weight_sync.checksum(tensor)}
+    result = weight_sync.compare(trainer, rollout)
+    assert result.problems == () and result.checked == 2
+
+
+def test_the_vision_language_rollout_source_names_the_language_model_as_that_class_does():
+    from gdnctl.knowledge.catalog import from_catalog
+    from gdnctl.runtime.model.checkpoint import rollout_source
+
+    arch = from_catalog("gdnctl/tiny-qwen3.5-bytes")
+    source = rollout_source(arch, vision_language=True)
+    assert source.config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert source.config["text_config"]["model_type"] == "qwen3_5_text"
+    assert source.stored_name("model.layers.0.mlp.up_proj.weight") == "model.language_model.layers.0.mlp.up_proj.weight"
+    assert source.stored_name("lm_head.weight") == "lm_head.weight"
+    assert rollout_source(arch, vision_language=False).stored_name("model.norm.weight") == "model.norm.weight"

@@ -84,6 +84,20 @@ def test_an_moe_policy_syncs_into_vllm_fused_experts_and_stays_on_policy(tmp_pat
 
 
 @needs_vllm
+def test_qwen35_on_vllm_before_027_is_served_as_the_vision_language_class(tmp_path):
+    """runtime.vllm 0.26: the sync writes Qwen3_5ForConditionalGeneration's config and names, the engine starts
+    with images and videos off (no vision tower), and the checksums meet under the text model's names."""
+    run_dir = tmp_path / "vl"
+    done = launch(run_dir, "runtime.vllm=0.26.0", "train.train_iters=2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    config = json.loads((run_dir / "rollout" / "weights" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["synced_parameters"] > 0 and s["probe_logprob_abs_diff"] < 0.01 for s in steps)
+
+
+@needs_vllm
 def test_a_rollout_slower_than_its_timeout_fails_the_job_with_a_sentence(tmp_path):
     done = launch(tmp_path / "run", "rollout.timeout_s=0.5")
     assert done.returncode != 0

@@ -1,0 +1,129 @@
+"""rl on one GPU with the rollout on GPU vLLM, colocated: vLLM sleeps while the trainer steps, and the weights
+reach it through CUDA IPC (or the disk directory), checked by checksums and the probe after every sync.
+
+GDNCTL_TEST_VLLM_PYTHON names an interpreter whose environment has a CUDA vLLM and gdnctl (on the lent GPU
+machines: a wrapper that puts /opt/site-vllm and the checkout on PYTHONPATH); the trainer runs in this one
+(megatron-core, FLA).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
+PRESET = "tiny-qwen3.5-rl-cpu"
+# The CPU preset's tiny byte-level models and toy task, on an H100 with the TE-free trainer and FLA.
+ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0",
+          "kernels.gdn_backend=fla", "rollout.gpu_memory_utilization=0.3", "rollout.enforce_eager=true",
+          "rollout.gdn_prefill_backend=triton")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core"),
+    pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no GPU vLLM environment)"),
+]
+
+
+def command(run_dir: Path, *sets: str) -> list[str]:
+    return [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
+            "--set", f"rollout.python={VLLM_PYTHON}",
+            *(arg for value in (*ON_GPU, *sets) for arg in ("--set", value))]
+
+
+def launch(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(command(run_dir, *sets), text=True, capture_output=True, timeout=1500, check=False)
+    _keep_log(run_dir, done.stdout + done.stderr)
+    return done
+
+
+def _keep_log(run_dir: Path, text: str) -> None:
+    log_dir = os.environ.get("GDNCTL_GPU_LOG_DIR")
+    if log_dir:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(log_dir) / f"rl_vllm_{run_dir.name}.log").write_text(text)
+        if (run_dir / "metrics.jsonl").is_file():
+            (Path(log_dir) / f"rl_vllm_{run_dir.name}.metrics.jsonl").write_text(
+                (run_dir / "metrics.jsonl").read_text())
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_colocated_rl_sleeps_between_phases_and_syncs_through_cuda_ipc(tmp_path):
+    run_dir = tmp_path / "colocated"
+    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 21))
+    first = sum(s["reward_mean"] for s in steps[:5]) / 5
+    last = sum(s["reward_mean"] for s in steps[-5:]) / 5
+    assert last > first + 0.05, [round(s["reward_mean"], 3) for s in steps]
+    # The engine starts from the directory; every later sync goes through GPU memory, checked the same way.
+    assert {s["weight_transport"] for s in steps} == {"cuda_ipc"}
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+    # vLLM gave its memory back after every rollout, and the GPU held less while the trainer stepped.
+    assert all(s["sleep_freed_gib"] > 1.0 for s in steps), [s["sleep_freed_gib"] for s in steps]
+    assert all(s["gpu_used_gib_train"] < s["gpu_used_gib_rollout"] for s in steps)
+
+
+def test_the_disk_sync_serves_qwen35_through_the_vision_language_class(tmp_path):
+    """vLLM 0.26 has Qwen3.5 only as Qwen3_5ForConditionalGeneration: the sync names the language model as that
+    class does, and the engine builds no vision tower."""
+    run_dir = tmp_path / "disk-vl"
+    done = launch(run_dir, "rollout.weight_sync=disk", "train.train_iters=3")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert {s["weight_transport"] for s in steps} == {"disk"}
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps)
+    config = json.loads((run_dir / "rollout" / "weights" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+
+
+def test_qwen35_syncs_through_cuda_ipc_into_the_vision_language_class(tmp_path):
+    run_dir = tmp_path / "ipc-vl"
+    done = launch(run_dir, "train.train_iters=3")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = metrics(run_dir)
+    assert {s["weight_transport"] for s in steps} == {"cuda_ipc"}
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps)
+
+
+def test_a_rollout_killed_mid_run_fails_the_job_and_keeps_the_last_checkpoint(tmp_path):
+    run_dir, save_dir = tmp_path / "killed", tmp_path / "checkpoints"
+    job = subprocess.Popen(command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}",
+                                   "train.save_interval=2"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 1200
+        while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "the job did not reach step 3"
+            time.sleep(0.5)
+        server = json.loads((run_dir / "rollout" / "address.json").read_text())["pid"]
+        os.kill(server, signal.SIGKILL)
+        stdout, stderr = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _keep_log(run_dir, stdout + stderr)
+    assert job.returncode != 0
+    sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
+    assert "the rollout server exited with code -9" in sentence and "resumes from the last checkpoint" in sentence
+    latest = (save_dir / "latest").read_text().strip()
+    assert latest in ("iter_0000002", "iter_0000004")
+    assert (save_dir / latest / "trainer_state.json").is_file()
