@@ -127,3 +127,21 @@ def test_a_rollout_killed_mid_run_fails_the_job_and_keeps_the_last_checkpoint(tm
     latest = (save_dir / "latest").read_text().strip()
     assert latest in ("iter_0000002", "iter_0000004")
     assert (save_dir / latest / "trainer_state.json").is_file()
+
+
+def test_the_rl_smoke_runs_green_on_the_gpu_with_the_rollout_colocated(tmp_path):
+    """`gdnctl launch --smoke` of the rl job on the GPU: two optimizer steps, a checkpoint save and load, weight
+    syncs checked (the later ones through CUDA IPC), with vLLM sleeping between phases."""
+    from gdnctl.schema import SmokeReport
+
+    run_dir, save_dir = tmp_path / "smoke", tmp_path / "checkpoints"
+    proc = subprocess.run([*command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}"),
+                           "--smoke"], text=True, capture_output=True, timeout=1500, check=False)
+    _keep_log(run_dir, proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = SmokeReport.model_validate_json((run_dir / "smoke.json").read_text())
+    assert report.green and report.count("FAIL") == 0, report.lines()
+    checks = {check.name: check for check in report.checks}
+    assert checks["weight sync"].detail.startswith("3 syncs checked"), checks["weight sync"].detail
+    assert (run_dir / "smoke" / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
+    assert not save_dir.exists()
