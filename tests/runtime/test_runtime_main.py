@@ -101,7 +101,9 @@ def test_rl_ranks_wait_longer_than_the_rollout_server_may_take():
                "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2,
                "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 1200.0,
                "probe_tolerance": 0.1, "max_step0_logprob_gap": 0.05,
-               "python": None}
+               "python": None,
+        "enforce_eager": False, "weight_transport": "disk", "weight_transport_reason": "CPU",
+        "sleep_between_phases": False, "vision_language_class": False}
     rl = EngineConfig.model_validate({**base.model_dump(mode="json"), "job": "rl", "selftest": None,
                                       "rollout": rollout})
     assert collective_timeout(rl) == timedelta(minutes=30 + 60)

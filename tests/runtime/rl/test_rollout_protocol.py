@@ -210,7 +210,9 @@ def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(
         "engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": colocate, "gdn_prefill_backend": None,
         "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2, "prompts_per_step": 1,
         "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 60.0, "probe_tolerance": 0.1,
-        "max_step0_logprob_gap": 0.05, "python": None})
+        "max_step0_logprob_gap": 0.05, "python": None,
+        "enforce_eager": False, "weight_transport": "disk", "weight_transport_reason": "CPU",
+        "sleep_between_phases": False, "vision_language_class": False})
     if marked is None:
         monkeypatch.delenv(ROLLOUT_ENV, raising=False)
     else:
