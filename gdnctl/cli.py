@@ -164,7 +164,7 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
 @app.command()
 def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False) -> None:
     """Show the resolved config: every derived value with the reason for it, and the memory table."""
-    from gdnctl.plan import derived_values, memory_table, rollout_memory_table
+    from gdnctl.plan import derived_values, memory, memory_table
     from gdnctl.validate import format_derived, format_findings, format_memory
     from gdnctl.validate import validate as run_validation
 
@@ -172,7 +172,7 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
     run = result.run
     derived = derived_values(run) if run is not None else []
     estimate = memory_table(run) if run is not None else None
-    rollout_phase = rollout_memory_table(run) if run is not None else None
+    rollout_phase = memory.estimate_rollout_phase(run) if run is not None else None
     if json_output:
         _emit_json({
             **result.to_json(),

@@ -95,9 +95,9 @@ def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, s
     "disk" (the safetensors directory vLLM reloads from). The "requested" part of the reason is what RLT014
     quotes when the preset asks for cuda_ipc where it cannot run."""
     rollout = preset.rollout
-    requested = rollout.weight_sync if rollout is not None else "auto"
     if preset.job != "rl" or rollout is None:
         return Decision(None, "no rollout: the job is not rl")
+    requested = rollout.weight_sync
     if requested == "disk":
         return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
     blocker = _cuda_ipc_blocker(preset, gpu, software)

@@ -74,8 +74,3 @@ def memory_table(run: Run) -> memory.MemoryEstimate | None:
     if not run.is_training or run.gpu.sm is None or run.dp is None:
         return None
     return memory.estimate_training(run)
-
-
-def rollout_memory_table(run: Run) -> memory.MemoryEstimate | None:
-    """The colocated rollout phase (None when the rollout has GPUs of its own, or on CPU)."""
-    return memory.estimate_rollout_phase(run)

@@ -74,12 +74,12 @@ def test_qwen35_is_served_as_the_vision_language_class_before_vllm_027():
 
 
 def test_explain_shows_both_phases_of_a_colocated_rl_job():
-    from gdnctl.plan import rollout_memory_table
+    from gdnctl.plan.memory import estimate_rollout_phase
 
     run = resolve(_preset())
-    phase = rollout_memory_table(run)
+    phase = estimate_rollout_phase(run)
     names = [row.name for row in phase.rows]
     assert names == ["weights", "gradients", "optimizer", "vLLM", "overhead"]
     vllm = phase.rows[names.index("vLLM")]
     assert vllm.gib == run.preset.rollout.gpu_memory_utilization * run.gpu.memory_gib
-    assert rollout_memory_table(resolve(_preset("rollout.colocate=false"))) is None
+    assert estimate_rollout_phase(resolve(_preset("rollout.colocate=false"))) is None

@@ -124,11 +124,6 @@ def group_checksums(per_tensor: Checksums, packed: dict[str, list[str]]) -> Chec
     return {name: (total[0], total[1], total[2]) for name, total in totals.items()}
 
 
-def grouped_checksums(tensors: Iterable[tuple[str, torch.Tensor]], packed: dict[str, list[str]]) -> Checksums:
-    """Checksums of HF tensors summed per rollout parameter (see rollout_name)."""
-    return group_checksums(checksums_by_name(tensors), packed)
-
-
 @dataclass(frozen=True)
 class SyncCheck:
     checked: int  # rollout parameters compared
@@ -189,7 +184,7 @@ def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path,
                   dtype: torch.dtype = torch.bfloat16, config: dict | None = None) -> dict[str, torch.Tensor]:
     """Write HF-named tensors as `directory/model.safetensors` (and `config`, when given, as config.json),
     replacing the previous set whole; tensors are cast to `dtype` and made contiguous. Returns the tensors as
-    written (for grouped_checksums)."""
+    written (for checksums_by_name)."""
     from safetensors.torch import save_file
 
     prepared = {name: tensor.detach().to(dtype).contiguous().cpu() for name, tensor in tensors}

@@ -37,10 +37,7 @@ def trainer_fits(run):
                f"{run.gpu.description} ({estimate.usage:.0%}; largest: {biggest.name} {biggest.gib:.1f} GiB)")
     fix = ("Raise ep/pp/cp, set train.recompute: full or train.optimizer_cpu_offload: true, or lower "
            "train.seq_length (gdnctl explain shows the table).")
-    if estimate.usage > 1.0:
-        yield Issue("parallel", f"the trainer does not fit: {summary}.", fix)
-    elif estimate.usage > WARN_USAGE:
-        yield Issue("parallel", f"the trainer barely fits: {summary}.", fix, Severity.WARNING)
+    yield from _fit("parallel", "the trainer", estimate, summary, fix)
 
 
 @rule("MEM002", Severity.ERROR, "Rollout weights do not fit vLLM's memory share")
@@ -97,8 +94,12 @@ def colocated_rollout_fits(run):
                f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
     fix = ("Lower rollout.gpu_memory_utilization, or shard the trainer further (ep/tp/pp, "
            "train.optimizer_cpu_offload: true); gdnctl explain shows both phases.")
+    yield from _fit("rollout.gpu_memory_utilization", "the colocated rollout", estimate, summary, fix)
+
+
+def _fit(path: str, subject: str, estimate, summary: str, fix: str):
+    """An error above the GPU's memory, a warning above WARN_USAGE of it."""
     if estimate.usage > 1.0:
-        yield Issue("rollout.gpu_memory_utilization", f"the colocated rollout does not fit: {summary}.", fix)
+        yield Issue(path, f"{subject} does not fit: {summary}.", fix)
     elif estimate.usage > WARN_USAGE:
-        yield Issue("rollout.gpu_memory_utilization", f"the colocated rollout barely fits: {summary}.", fix,
-                    Severity.WARNING)
+        yield Issue(path, f"{subject} barely fits: {summary}.", fix, Severity.WARNING)

@@ -77,7 +77,7 @@ def test_checksums_survive_fusion_and_vocab_padding_but_catch_a_stale_tensor():
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     sent = {"model.layers.0.attn.q_proj.weight": q, "model.layers.0.attn.k_proj.weight": k,
             "model.layers.0.attn.v_proj.weight": v, "model.embed_tokens.weight": embed}
-    trainer = weight_sync.grouped_checksums(sent.items(), packed)
+    trainer = weight_sync.group_checksums(weight_sync.checksums_by_name(sent.items()), packed)
 
     class Rollout(torch.nn.Module):
         def __init__(self, k_value):
