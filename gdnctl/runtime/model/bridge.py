@@ -138,12 +138,22 @@ class BridgeModel:
     def export(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model, gathered over the parallel groups (collective: all ranks iterate;
         every rank receives every tensor, on the CPU)."""
-        for name, tensor in self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False):
-            yield name, tensor
+        yield from self._stored_once(self.bridge.export_hf_weights([_unwrapped(model)], cpu=True,
+                                                                   show_progress=False))
 
     def hf_tensors(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model on this rank's GPU (collective: every rank receives every tensor)."""
-        yield from self.bridge.export_hf_weights([_unwrapped(model)], cpu=False, show_progress=False)
+        yield from self._stored_once(self.bridge.export_hf_weights([_unwrapped(model)], cpu=False,
+                                                                   show_progress=False))
+
+    def _stored_once(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The export without `lm_head.weight` when the embeddings are tied: megatron-bridge 0.6.2 yields the
+        tied output layer under that name too (measured on an H100: the checkpoint of a tied source gained an
+        `lm_head.weight` its source never had), and HF stores a tied embedding once."""
+        tied = self.config.model.tie_word_embeddings
+        for name, tensor in tensors:
+            if not (tied and name == "lm_head.weight"):
+                yield name, tensor
 
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
         """An HF checkpoint of the model in `directory`, shaped like `source` (passthrough.py; collective, rank 0
