@@ -37,7 +37,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 
 import torch  # noqa: E402
 
-from gdnctl.runtime.rl import cuda_ipc, weight_sync  # noqa: E402
+from gdnctl.runtime.rl import cuda_ipc, weight_sync, worker_reload  # noqa: E402
 
 HIDDEN, VOCAB, EXPERTS, EXPERT_FFN = 2048, 248320, 256, 512
 
@@ -92,14 +92,14 @@ def sync_disk(llm, tensors: dict[str, torch.Tensor], directory: Path, config: di
 def sync_ipc(llm, tensors: dict[str, torch.Tensor]) -> tuple[float, int]:
     torch.cuda.synchronize()
     began = time.perf_counter()
-    llm.collective_rpc(cuda_ipc.begin_reload)
+    llm.collective_rpc(worker_reload.begin_reload)
     count = 0
     for bucket in cuda_ipc.buckets(tensors.items()):
         shared = {cuda_ipc.device_uuid(): cuda_ipc.share(bucket.buffer)}
         llm.collective_rpc(cuda_ipc.load_bucket, args=(shared, bucket.wire_entries()))
         count += 1
         del bucket
-    llm.collective_rpc(cuda_ipc.end_reload)
+    llm.collective_rpc(worker_reload.end_reload)
     return time.perf_counter() - began, count
 
 

@@ -91,34 +91,60 @@ def weight_sync_fallback_reasons(preset: Preset, software: dict[str, str | None]
 
 def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> Decision:
     """How the trainer's weights reach the rollout after every step: "cuda_ipc" (runtime/rl/cuda_ipc.py: every
-    trainer rank shares its GPU's copy of the HF tensors in buckets, the vLLM worker on that GPU loads them) or
-    "disk" (the safetensors directory vLLM reloads from). The "requested" part of the reason is what RLT014
-    quotes when the preset asks for cuda_ipc where it cannot run."""
+    trainer rank shares its GPU's copy of the HF tensors in buckets, the vLLM worker on that GPU loads them),
+    "broadcast" (runtime/rl/broadcast.py: trainer rank 0 broadcasts the buckets to every vLLM worker over a
+    process group, NCCL on GPUs, gloo on CPU) or "disk" (the safetensors directory vLLM reloads from). The
+    reason of a "disk" the preset did not ask for is what RLT014 quotes when the preset asks for an in-memory
+    transport where it cannot run."""
     rollout = preset.rollout
     if preset.job != "rl" or rollout is None:
         return Decision(None, "no rollout: the job is not rl")
     requested = rollout.weight_sync
     if requested == "disk":
         return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
-    blocker = _cuda_ipc_blocker(preset, gpu, software)
+    transport = requested if requested != "auto" else _in_memory_transport(preset, gpu)
+    if transport is None:
+        return Decision("disk", "no GPU: vLLM's CPU build reloads from the safetensors directory (rollout."
+                                "weight_sync: broadcast sends the weights over gloo instead)")
+    blocker = _in_memory_blocker(transport, preset, gpu, software)
     if blocker is not None:
         return Decision("disk", blocker)
-    why = "colocated on GPUs: each trainer rank shares its GPU's copy of the HF weights with the vLLM worker " \
-          "on that GPU, bucket by bucket, with no copy through host memory or the disk"
-    return Decision("cuda_ipc", why if requested == "auto" else f"set in the preset; {why}")
+    why = _IN_MEMORY_WHY[transport]
+    return Decision(transport, why if requested == "auto" else f"set in the preset; {why}")
 
 
-def _cuda_ipc_blocker(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> str | None:
-    """Why the CUDA IPC sync cannot serve this run, or None when it can."""
-    p = preset.parallel
+_IN_MEMORY_WHY = {
+    "cuda_ipc": "colocated on GPUs: each trainer rank shares its GPU's copy of the HF weights with the vLLM worker "
+                "on that GPU, bucket by bucket, with no copy through host memory or the disk",
+    "broadcast": "trainer rank 0 broadcasts the HF weights to every vLLM worker over a process group of their own "
+                 "(NCCL on GPUs, gloo on CPU), bucket by bucket, with no copy through the disk",
+}
+
+
+def _in_memory_transport(preset: Preset, gpu: GpuSpec) -> str | None:
+    """What `rollout.weight_sync: auto` picks before the blockers: CUDA IPC on the shared GPUs of a colocated
+    rollout, a broadcast to the GPUs of a separate one, and the directory on CPU (the tests' default there)."""
     if gpu.sm is None:
-        return "no GPU: vLLM's CPU build reloads from the safetensors directory"
-    if not preset.rollout.colocate:
-        return ("separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU, and gdnctl "
-                "has no NCCL broadcast to separate rollout GPUs yet, so the directory in the run dir carries them")
+        return None
+    return "cuda_ipc" if preset.rollout.colocate else "broadcast"
+
+
+def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> str | None:
+    """Why `transport` cannot serve this run, or None when it can."""
+    p = preset.parallel
+    if transport == "cuda_ipc":
+        if gpu.sm is None:
+            return "no GPU: vLLM's CPU build reloads from the safetensors directory"
+        if not preset.rollout.colocate:
+            return ("separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU; "
+                    "rollout.weight_sync: broadcast reaches separate rollout GPUs")
+    elif gpu.sm is not None and preset.rollout.colocate:
+        # ProcessGroupNCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected").
+        return ("colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
+                "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs")
     if model_builder(software).value == "te-free" and (p.pp > 1 or p.ep > 1):
         return ("the TE-free builder gathers HF tensors over tensor parallel only, so with pp or ep > 1 no rank "
-                "holds every weight to share; the directory in the run dir carries them")
+                "holds every weight to send; the directory in the run dir carries them")
     return None
 
 

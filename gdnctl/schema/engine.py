@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 5  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
-# 5: rollout weight transport, sleep between phases, served class
+ENGINE_CONFIG_VERSION = 6  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+# 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport
 
 
 class _Frozen(BaseModel):
@@ -95,7 +95,7 @@ class EngineRollout(_Frozen):
     python: str | None
     enforce_eager: bool
     # How the weights reach vLLM after every step (plan/decisions.rollout_weight_transport), and why.
-    weight_transport: Literal["cuda_ipc", "disk"]
+    weight_transport: Literal["cuda_ipc", "broadcast", "disk"]
     weight_transport_reason: str
     # Colocated on GPUs: vLLM sleeps (level 2, weights and KV cache freed) while the trainer steps.
     sleep_between_phases: bool

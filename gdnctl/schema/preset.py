@@ -159,10 +159,12 @@ class RolloutSpec(_Section):
     python: str | None = Field(None, description="interpreter of the rollout's own environment")
     enforce_eager: bool = Field(False, description="vLLM without CUDA graphs or torch.compile on GPUs: starts in "
                                                    "about a minute instead of several, generates slower")
-    weight_sync: Literal["auto", "cuda_ipc", "disk"] = Field(
+    weight_sync: Literal["auto", "cuda_ipc", "broadcast", "disk"] = Field(
         "auto", description="how the trainer hands the rollout its weights after every step: cuda_ipc (GPU memory "
-                            "shared in buckets, colocated on GPUs), disk (a safetensors directory in the run dir), "
-                            "auto (cuda_ipc where it can run, else disk)")
+                            "shared in buckets, colocated on GPUs), broadcast (trainer rank 0 sends buckets to "
+                            "every vLLM worker over NCCL, or gloo on CPU; separate placement), disk (a safetensors "
+                            "directory in the run dir), auto (cuda_ipc colocated and broadcast separate on GPUs, "
+                            "where they can run; else disk)")
     container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
     max_response_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="longest response sampled per prompt "
                                                                            f"(at most {MAX_TOKENS:,})")

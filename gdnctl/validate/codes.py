@@ -92,7 +92,7 @@ CODES: dict[str, str] = {
     "RLT011": "prompts_and_tokenizer",
     "RLT012": "response_fits_context",
     "RLT013": "rl_policy_on_gpus",
-    "RLT014": "cuda_ipc_weight_sync",
+    "RLT014": "in_memory_weight_sync",
     "RLT015": "vision_language_rollout",
     "TRN001": "released_model_without_weights",
     "TRN002": "te_free_trainer",

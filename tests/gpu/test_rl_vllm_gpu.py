@@ -80,6 +80,28 @@ def test_colocated_rl_sleeps_between_phases_and_syncs_through_cuda_ipc(tmp_path)
     assert all(s["gpu_used_gib_train"] < s["gpu_used_gib_rollout"] for s in steps)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs: one for the trainer, one for the rollout")
+def test_separate_rl_broadcasts_the_weights_over_nccl_to_the_rollout_gpu(tmp_path):
+    """Separate placement on one node: the trainer on GPU 0, vLLM on GPU 1 (the rollout server's
+    CUDA_VISIBLE_DEVICES), the weights broadcast from trainer rank 0 to the vLLM worker over NCCL."""
+    run_dir = tmp_path / "separate"
+    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
+                  "cluster.gpus_per_node=2", "rollout.num_gpus=1")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "weight group up: trainer rank 0 and 1 rollout worker(s) over nccl" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 21))
+    first = sum(s["reward_mean"] for s in steps[:5]) / 5
+    last = sum(s["reward_mean"] for s in steps[-5:]) / 5
+    assert last > first + 0.05, [round(s["reward_mean"], 3) for s in steps]
+    assert {s["weight_transport"] for s in steps} == {"broadcast"}
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+    # Nothing sleeps: the rollout has its GPU to itself.
+    assert all(s["sleep_freed_gib"] is None for s in steps)
+
+
 def test_the_disk_sync_serves_qwen35_through_the_vision_language_class(tmp_path):
     """vLLM 0.26 has Qwen3.5 only as Qwen3_5ForConditionalGeneration: the sync names the language model as that
     class does, and the engine builds no vision tower."""

@@ -51,16 +51,26 @@ def test_the_run_exposes_the_decisions_it_was_built_from():
     assert shapes[0].qk_heads == shapes[0].v_heads == run.model.linear_num_value_heads // preset.parallel.tp
 
 
-def test_the_weight_transport_is_cuda_ipc_exactly_where_it_can_run():
+def test_the_weight_transport_is_in_memory_exactly_where_it_can_run():
     te = {"transformer_engine": "2.20.2"}
     assert decisions.rollout_weight_transport(_preset(), GPUS["h100"], te).value == "cuda_ipc"
     cpu = decisions.rollout_weight_transport(_preset(), GPUS["cpu"], te)
     assert cpu.value == "disk" and "CPU build" in cpu.reason
-    separate = decisions.rollout_weight_transport(_preset("rollout.colocate=false"), GPUS["h100"], te)
-    assert separate.value == "disk" and "no NCCL broadcast" in separate.reason
+    # A rollout on GPUs of its own gets the broadcast; CUDA IPC cannot reach it.
+    separate = _preset("rollout.colocate=false")
+    assert decisions.rollout_weight_transport(separate, GPUS["h100"], te).value == "broadcast"
+    ipc_separate = decisions.rollout_weight_transport(_preset("rollout.colocate=false", "rollout.weight_sync=cuda_ipc"),
+                                                      GPUS["h100"], te)
+    assert ipc_separate.value == "disk" and "separate placement" in ipc_separate.reason
+    # NCCL refuses two ranks of one group on one GPU, which a colocated broadcast would need; on CPU gloo serves.
+    colocated = decisions.rollout_weight_transport(_preset("rollout.weight_sync=broadcast"), GPUS["h100"], te)
+    assert colocated.value == "disk" and "NCCL refuses" in colocated.reason
+    assert decisions.rollout_weight_transport(_preset("rollout.weight_sync=broadcast"), GPUS["cpu"], te).value \
+        == "broadcast"
     # The TE-free builder gathers over TP only: with ep > 1 no rank holds every expert.
-    te_free = decisions.rollout_weight_transport(_preset("parallel.ep=8"), GPUS["h100"], {"transformer_engine": None})
-    assert te_free.value == "disk" and "TE-free" in te_free.reason
+    for preset in (_preset("parallel.ep=8"), _preset("parallel.ep=8", "rollout.colocate=false")):
+        te_free = decisions.rollout_weight_transport(preset, GPUS["h100"], {"transformer_engine": None})
+        assert te_free.value == "disk" and "TE-free" in te_free.reason
     assert decisions.rollout_weight_transport(_preset("rollout.weight_sync=disk"), GPUS["h100"], te).value == "disk"
 
 

@@ -31,7 +31,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl import cuda_ipc, grpo, weight_sync
+from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
 from gdnctl.runtime.rl.logprob_gap import check_step0_gap
@@ -133,6 +133,7 @@ class RlJob:
         self.sleeps = rollout.sleep_between_phases
         self.last_sync: dict = {}  # the last sync's transport and wake-up seconds, for the step's stats
         self.client: RolloutClient | None = None
+        self.weight_group: broadcast.TrainerEnd | None = None  # rank 0, once the first broadcast sync built it
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.reported: list[RlStepStats] = []  # rank 0: every step's stats (the smoke run's verdicts read them)
 
@@ -185,6 +186,9 @@ class RlJob:
                if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
         # The server is on this host: it listens on loopback only (rollout_server.trainer_shares_host).
         env[ROLLOUT_ENV] = LOCAL
+        devices = self._separate_rollout_devices()
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
         command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout"]
         self._log(f"starting the rollout server: {' '.join(command)} (log: {log_path})")
         with log_path.open("ab") as log:
@@ -196,6 +200,23 @@ class RlJob:
                                    "rollout.python to the interpreter of the environment that has vLLM.") from None
         return process, log_path
 
+    def _separate_rollout_devices(self) -> str | None:
+        """Separate placement on this node: the GPUs after the trainer's (its local ranks take the first ones),
+        as CUDA_VISIBLE_DEVICES for the rollout server; None when colocated or on CPU (the server sees what the
+        trainer sees)."""
+        rollout = self.config.rollout
+        if rollout.colocate or self.config.device != "cuda":
+            return None
+        trainer_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(index) for index in range(torch.cuda.device_count())]
+        mine = devices[trainer_ranks:trainer_ranks + rollout.num_gpus]
+        if len(mine) < rollout.num_gpus:
+            raise RlSetupError(f"rollout.num_gpus is {rollout.num_gpus} beside {trainer_ranks} trainer rank(s), "
+                               f"but this node shows {len(devices)} GPU(s); lower rollout.num_gpus or "
+                               "cluster.gpus_per_node to what the node has, or set rollout.colocate: true.")
+        return ",".join(mine)
+
     def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         """Every rank: hand the weights over and score the probe; rank 0: have the rollout load them and check
         it (the first time, start the rollout on them: always from the directory, which the engine's start-up
@@ -206,8 +227,11 @@ class RlJob:
             dist.barrier()
         started = [self.client is not None]  # rank 0 owns the client: the others learn it from rank 0
         dist.broadcast_object_list(started, src=0)
-        if started[0] and self.config.rollout.weight_transport == "cuda_ipc":
+        transport = self.config.rollout.weight_transport
+        if started[0] and transport == "cuda_ipc":
             return self._sync_in_memory(step)
+        if started[0] and transport == "broadcast":
+            return self._sync_broadcast(step)
         written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
         if self.rank != 0:
             return None
@@ -226,7 +250,7 @@ class RlJob:
         probe = self.policy.probe_logprobs(self.probe)
         checksums: weight_sync.Checksums = {}
         if self.rank == 0:
-            self.client.request("ipc_begin", timeout=timeout)
+            self.client.request("reload_begin", timeout=timeout)
         uuid = cuda_ipc.device_uuid()
         names = ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
         for bucket in cuda_ipc.buckets(names):
@@ -241,8 +265,47 @@ class RlJob:
             del bucket
         if self.rank != 0:
             return None
-        reply = self.client.request("ipc_end", probe=self.probe, timeout=timeout)
+        reply = self.client.request("reload_end", probe=self.probe, timeout=timeout)
         return self._check(reply, checksums, probe, step, "cuda_ipc")
+
+    def _sync_broadcast(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
+        """Rank 0 broadcasts every HF tensor to the rollout's workers, bucket by bucket, over the weight group
+        (broadcast.py); the other ranks only take part in gathering the tensors."""
+        timeout = self.config.rollout.timeout_s
+        probe = self.policy.probe_logprobs(self.probe)
+        names = ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
+        if self.rank != 0:
+            for _ in names:  # the builders gather each tensor collectively
+                pass
+            return None
+        if self.weight_group is None:
+            self.weight_group = self._join_weight_group()
+        checksums: weight_sync.Checksums = {}
+        self.client.request("reload_begin", timeout=timeout)
+        for bucket in buckets.buckets(names):
+            checksums.update(weight_sync.checksums_by_name(bucket.tensors()))
+            # The workers wait in the broadcast while rank 0 sends it; the answer comes once they loaded it.
+            self.client.send("broadcast_bucket", nbytes=bucket.buffer.numel(), entries=bucket.wire_entries())
+            self.weight_group.send(bucket, check=lambda: self.client.check("broadcast_bucket"))
+            self.client.answer("broadcast_bucket", timeout=timeout)
+            del bucket
+        reply = self.client.request("reload_end", probe=self.probe, timeout=timeout)
+        return self._check(reply, checksums, probe, step, "broadcast")
+
+    def _join_weight_group(self) -> broadcast.TrainerEnd:
+        """Rank 0, on the first broadcast sync: build the weight group with every rollout worker."""
+        rollout = self.config.rollout
+        on_this_host = os.environ.get(ROLLOUT_ENV) != EXTERNAL
+        device = torch.device("cuda", torch.cuda.current_device()) if self.config.device == "cuda" \
+            else torch.device("cpu")
+        end = broadcast.TrainerEnd(broadcast.store_host(on_this_host), workers=rollout.tp, device=device,
+                                   timeout_s=rollout.timeout_s)
+        self.client.send("group_join", **end.join_fields())
+        end.join(check=lambda: self.client.check("group_join"))
+        reply = self.client.answer("group_join", timeout=rollout.timeout_s)
+        self._log(f"weight group up: trainer rank 0 and {len(reply['ranks'])} rollout worker(s) over "
+                  f"{end.backend} ({end.host}:{end.join_fields()['port']})")
+        return end
 
     def _check(self, reply: dict, checksums: weight_sync.Checksums, probe: list[float], step: int,
                transport: str) -> tuple[weight_sync.SyncCheck, float]:

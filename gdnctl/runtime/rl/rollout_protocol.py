@@ -6,7 +6,8 @@ when the trainer's rank 0 is on its host, its node's address otherwise) and publ
 RUN_DIR/rollout/address.json (mode 0600, written atomically); the trainer either spawns the server itself
 (colocated, or a local run) or finds the file the Slurm script's rollout step wrote. Requests and answers are
 plain dicts of lists and numbers (multiprocessing.connection pickles them, after the authkey handshake);
-tensors travel as safetensors files in the run dir.
+tensors travel as safetensors files in the run dir, CUDA IPC handles or a process-group broadcast
+(cuda_ipc.py, broadcast.py).
 
 A dead or hung server must fail the job with a sentence, never hang it: every request has a deadline, and
 while waiting the client checks that a server it spawned is still alive. Whoever else reaches the port must not
@@ -201,6 +202,7 @@ class RolloutClient:
         self._connection = connection
         self._process = process
         self._log_path = log_path
+        self._early: dict[str, Any] | None = None  # an answer `check` received before `answer` asked for it
 
     @classmethod
     def connect(cls, run_dir: Path, *, timeout: float, process: subprocess.Popen | None = None,
@@ -222,12 +224,31 @@ class RolloutClient:
             time.sleep(POLL_SECONDS / 4)
 
     def request(self, op: str, *, timeout: float, **fields: Any) -> dict[str, Any]:
+        self.send(op, **fields)
+        return self.answer(op, timeout=timeout)
+
+    def send(self, op: str, **fields: Any) -> None:
+        """Send a request without waiting for its answer: for collective requests (the broadcast weight sync),
+        whose answer comes only once the trainer took part too. `answer` collects it."""
         try:
             self._connection.send({"op": op, **fields})
         except OSError:
             _check_alive(self._process, op, self._log_path)
             raise RolloutError(f"the rollout server closed the connection before '{op}'; "
                                f"{_see_log(self._log_path)}") from None
+
+    def check(self, op: str) -> None:
+        """While trainer rank 0 takes part in the collective request `op`: raise if the server died or answered
+        it with an error; an answer that came already is kept for `answer`."""
+        _check_alive(self._process, op, self._log_path)
+        if self._early is None and self._connection.poll(0):
+            self._early = self._receive(op)
+
+    def answer(self, op: str, *, timeout: float) -> dict[str, Any]:
+        """The answer to the request `op` sent last, within `timeout` seconds."""
+        if self._early is not None:
+            reply, self._early = self._early, None
+            return reply
         deadline = time.monotonic() + timeout
         while not self._connection.poll(POLL_SECONDS):
             _check_alive(self._process, op, self._log_path)
@@ -236,6 +257,9 @@ class RolloutClient:
                 raise RolloutError(f"the rollout server did not answer '{op}' within {timeout:g} s "
                                    "(rollout.timeout_s), so it was stopped as hung; "
                                    f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow.")
+        return self._receive(op)
+
+    def _receive(self, op: str) -> dict[str, Any]:
         try:
             reply = self._connection.recv()
         except (EOFError, OSError):

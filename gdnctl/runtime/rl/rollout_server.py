@@ -9,10 +9,15 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
     load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
                                               per-parameter checksums (weight_sync) and the log-probs of the
                                               probe tokens, for the trainer to compare with its own
-    ipc_begin                                 start an in-memory reload (cuda_ipc.py)
+    reload_begin                              start an in-memory reload (worker_reload.py); buckets follow
     ipc_bucket   {shared, entries}            load one bucket the trainer ranks shared through CUDA IPC (GPU
-                                              UUID -> handle; the bucket's entries as tuples)
-    ipc_end      {probe}                      finish it; answers as load_weights does
+                                              UUID -> handle; the bucket's entries as tuples; cuda_ipc.py)
+    group_join   {host, port, size, backend, timeout_s}
+                                              every worker joins trainer rank 0's weight group (broadcast.py);
+                                              answered once the trainer has joined too
+    broadcast_bucket {nbytes, entries}        every worker receives one bucket trainer rank 0 broadcasts, and
+                                              loads it; answered once it arrived
+    reload_end   {probe}                      finish the reload; answers as load_weights does
     sleep                                     colocated on GPUs: free the weights and the KV cache (vLLM sleep
                                               level 2) while the trainer steps; the next reload wakes it
     shutdown                                  exit
@@ -31,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gdnctl.runtime.rl import cuda_ipc, rollout_protocol, weight_sync
+from gdnctl.runtime.rl import broadcast, cuda_ipc, rollout_protocol, weight_sync, worker_reload
 from gdnctl.schema import EngineConfig, EngineRollout
 
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
@@ -127,7 +132,7 @@ class VllmRollout:
         self.config = config
         self.llm = None
         self.asleep = False
-        self._ipc_began = self._ipc_wake_seconds = 0.0  # set by ipc_begin, read by ipc_end
+        self._reload_began = self._reload_wake_seconds = 0.0  # set by reload_begin, read by reload_end
 
     def start(self, model: str) -> dict[str, Any]:
         from vllm import LLM
@@ -159,7 +164,7 @@ class VllmRollout:
         # Every process's use of the rollout's GPUs while the engine is awake (the colocated phase's memory).
         used = None
         if self.config.device == "cuda":
-            used = sum(total - free for free, total in self.llm.collective_rpc(cuda_ipc.free_gpu_memory))
+            used = sum(total - free for free, total in self.llm.collective_rpc(worker_reload.free_gpu_memory))
         samples = [[{"tokens": list(choice.token_ids),
                      "logprobs": [entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids,
                                                                                 strict=True)],
@@ -187,7 +192,7 @@ class VllmRollout:
         return time.perf_counter() - began
 
     def _free_gpu_memory(self) -> int:
-        return sum(free for free, _ in self.llm.collective_rpc(cuda_ipc.free_gpu_memory))
+        return sum(free for free, _ in self.llm.collective_rpc(worker_reload.free_gpu_memory))
 
     def load_weights(self, path: str, probe: list[int]) -> dict[str, Any]:
         """Reload from `path`; answer with parameter checksums and the log-probs of `probe`'s tokens."""
@@ -198,19 +203,33 @@ class VllmRollout:
         self.llm.apply_model(refresh_cpu_moe_prepack)
         return self._reloaded(probe, began, wake_seconds)
 
-    def ipc_begin(self) -> dict[str, Any]:
+    def reload_begin(self) -> dict[str, Any]:
+        """Start an in-memory reload: buckets follow (ipc_bucket or broadcast_bucket), then reload_end."""
         began = time.perf_counter()
-        self._ipc_wake_seconds = self._wake(["weights"])
-        self.llm.collective_rpc(cuda_ipc.begin_reload)
-        self._ipc_began = began
+        self._reload_wake_seconds = self._wake(["weights"])
+        self.llm.collective_rpc(worker_reload.begin_reload)
+        self._reload_began = began
         return {}
 
     def ipc_bucket(self, shared: dict[str, tuple], entries: list[tuple]) -> dict[str, Any]:
         return {"tensors": self.llm.collective_rpc(cuda_ipc.load_bucket, args=(shared, entries))[0]}
 
-    def ipc_end(self, probe: list[int]) -> dict[str, Any]:
-        self.llm.collective_rpc(cuda_ipc.end_reload)
-        return self._reloaded(probe, self._ipc_began, self._ipc_wake_seconds)
+    def group_join(self, host: str, port: int, size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        """Every worker joins trainer rank 0's weight group (broadcast.py); the trainer joins at the same time."""
+        return {"ranks": self.llm.collective_rpc(broadcast.join_group, args=(host, port, size, backend, timeout_s))}
+
+    def broadcast_bucket(self, nbytes: int, entries: list[tuple]) -> dict[str, Any]:
+        """Every worker receives one bucket that trainer rank 0 broadcasts while this runs, and loads it."""
+        return {"tensors": self.llm.collective_rpc(broadcast.receive_bucket, args=(nbytes, entries))[0]}
+
+    def reload_end(self, probe: list[int]) -> dict[str, Any]:
+        self.llm.collective_rpc(worker_reload.end_reload)
+        # vLLM's CPU build after an in-memory reload as after a reload from the directory (no-ops on GPUs):
+        # measured on a tiny Qwen3.5-MoE, broadcast weights without the MoE repack put the probe 0.07-0.10 nats
+        # off the trainer's and the samples' log-probs 0.10-0.11.
+        self.llm.apply_model(refresh_cpu_embedding_gemms)
+        self.llm.apply_model(refresh_cpu_moe_prepack)
+        return self._reloaded(probe, self._reload_began, self._reload_wake_seconds)
 
     def _reloaded(self, probe: list[int], began: float, wake_seconds: float) -> dict[str, Any]:
         """After a reload: wake the KV cache, then answer with the checksums and the probe's log-probs."""
@@ -256,8 +275,9 @@ def trainer_shares_host(rollout: EngineRollout) -> bool:
 
 def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
     handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights,
-                "sleep": rollout.sleep, "ipc_begin": rollout.ipc_begin, "ipc_bucket": rollout.ipc_bucket,
-                "ipc_end": rollout.ipc_end}
+                "sleep": rollout.sleep, "reload_begin": rollout.reload_begin, "ipc_bucket": rollout.ipc_bucket,
+                "group_join": rollout.group_join, "broadcast_bucket": rollout.broadcast_bucket,
+                "reload_end": rollout.reload_end}
     while True:
         try:
             request = connection.recv()

@@ -331,8 +331,9 @@ def rl_policy_on_gpus(run):
 
     Why: gdnctl's tests run rl on one H100 with the rollout on GPU vLLM colocated: vLLM sleeps while the trainer
     steps, the weights reach it through CUDA IPC or the disk directory, and checksums and the probe match after
-    every sync (tests/gpu/test_rl_vllm_gpu.py). Separate rollout GPUs (the disk directory between them, no NCCL
-    broadcast yet) and vLLM tensor parallel need more than one GPU, which those runs did not have.
+    every sync (tests/gpu/test_rl_vllm_gpu.py). Separate rollout GPUs (the broadcast weight sync between them,
+    which has run over gloo on CPU only: tests/runtime/rl/test_rl_vllm.py) and vLLM tensor parallel need more
+    than one GPU, which those runs did not have.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "rl on GPU vLLM"); no multi-GPU run.
 
@@ -349,26 +350,31 @@ def rl_policy_on_gpus(run):
                                f"{' or '.join(untried)}.", "Try the preset at small scale first.")
 
 
-@rule("RLT014", Severity.ERROR, "CUDA IPC weight sync where it cannot run")
-def cuda_ipc_weight_sync(run):
+@rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")
+def in_memory_weight_sync(run):
     """
-    What it checks: rollout.weight_sync: cuda_ipc on a run where the in-memory sync cannot serve: no GPU,
-    separate placement (rollout.colocate: false), or the TE-free builder with pp or ep > 1.
+    What it checks: rollout.weight_sync: cuda_ipc or broadcast on a run where that transport cannot serve.
+    cuda_ipc: no GPU, or separate placement (rollout.colocate: false). broadcast: colocated on GPUs. Either: the
+    TE-free builder with pp or ep > 1.
 
-    Why: CUDA IPC hands a GPU allocation to another process on the same GPU; a rollout on other GPUs needs a
-    broadcast, which gdnctl does not have yet, and the TE-free builder's HF export gathers over tensor parallel
-    only, so with pipeline or expert parallel no rank holds every tensor to share. `auto` falls back to the
-    disk directory in these cases; an explicit cuda_ipc would not run as asked.
+    Why: CUDA IPC hands a GPU allocation to another process on the same GPU, so it cannot reach a rollout on
+    GPUs of its own. The broadcast is an NCCL group of trainer rank 0 and every vLLM worker, and NCCL refuses a
+    communicator with two ranks on one GPU ("Duplicate GPU detected"), which a colocated rollout would be. The
+    TE-free builder's HF export gathers over tensor parallel only, so with pipeline or expert parallel no rank
+    holds every tensor to send. `auto` picks what can run (or the disk directory); an explicit transport would
+    not run as asked.
 
-    Source: gdnctl's runtime (runtime/rl/cuda_ipc.py, plan/decisions.rollout_weight_transport); torch's CUDA IPC
-    (torch.multiprocessing.reductions.reduce_tensor) shares memory between processes on one GPU.
+    Source: gdnctl's runtime (runtime/rl/cuda_ipc.py, runtime/rl/broadcast.py,
+    plan/decisions.rollout_weight_transport); torch's CUDA IPC (torch.multiprocessing.reductions.reduce_tensor)
+    shares memory between processes on one GPU; NCCL's init checks each rank's device bus id and fails on a
+    duplicate (NCCL src/init.cc, initTransportsRank: "Duplicate GPU detected").
 
     Fix: set rollout.weight_sync: auto (or disk).
     """
     rollout = _rollout(run)
-    if rollout is None or rollout.weight_sync != "cuda_ipc":
+    if rollout is None or rollout.weight_sync not in ("cuda_ipc", "broadcast"):
         return
     transport = run.rollout_weight_transport
-    if transport.value != "cuda_ipc":
-        yield Issue("rollout.weight_sync", f"the CUDA IPC weight sync cannot run here: {transport.reason}.",
-                    "Set rollout.weight_sync: auto (or disk).")
+    if transport.value != rollout.weight_sync:
+        yield Issue("rollout.weight_sync", f"the {rollout.weight_sync} weight sync cannot run here: "
+                    f"{transport.reason}.", "Set rollout.weight_sync: auto (or disk).")

@@ -84,6 +84,25 @@ def test_an_moe_policy_syncs_into_vllm_fused_experts_and_stays_on_policy(tmp_pat
 
 
 @needs_vllm
+@pytest.mark.parametrize("model", [DENSE, "gdnctl/tiny-qwen3.5-moe-bytes"])
+def test_the_broadcast_sync_sends_rank_0s_weights_over_gloo_and_keeps_the_rollout_on_policy(tmp_path, model):
+    """rollout.weight_sync: broadcast on CPU: two trainer ranks (gloo) gather the weights, rank 0 broadcasts
+    them in buckets to vLLM's worker over a process group of their own, and the worker loads them through the
+    model's load_weights; every sync after the first (the engine starts from the directory) goes that way."""
+    run_dir = tmp_path / "run"
+    done = launch(run_dir, f"model.id={model}", "rollout.weight_sync=broadcast", "cluster.gpus_per_node=2",
+                  "train.train_iters=3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "weight group up: trainer rank 0 and 1 rollout worker(s) over gloo" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["weight_transport"] for s in steps] == ["broadcast"] * 3
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    # Steps 2 and 3 sample from weights that arrived by broadcast: the trainer scores the samples as vLLM did.
+    assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+
+
+@needs_vllm
 def test_qwen35_on_vllm_before_027_is_served_as_the_vision_language_class(tmp_path):
     """runtime.vllm 0.26: the sync writes Qwen3_5ForConditionalGeneration's config and names, the engine starts
     with images and videos off (no vision tower), and the checksums meet under the text model's names."""
