@@ -1,6 +1,8 @@
-"""Weight-sync seconds, disk vs CUDA IPC, by weight size; and the rollout's generation speed vs plain vLLM.
+"""Weight-sync seconds, disk vs CUDA IPC vs broadcast, by weight size; and the rollout's generation speed vs
+plain vLLM.
 
     PYTHONPATH=/opt/site-vllm:. python benchmarks/rl_weight_sync.py --out rl_weight_sync.json [--layers 2,8]
+        [--broadcast]
 
 Runs in the rollout's environment (vLLM on a GPU). For each size, a random Qwen3-Next checkpoint with the
 35B-A3B's hidden size (2048), vocabulary (248,320) and experts (256 x 512) and `--layers` layers is built on the
@@ -10,7 +12,10 @@ both ways, with the functions gdnctl's rollout runs:
 - disk: weight_sync.write_weights (bf16 safetensors to a directory, swapped in whole), then vLLM's
   reload_weights from the directory: the trainer's export plus the rollout's reload;
 - cuda_ipc: cuda_ipc.buckets over the GPU tensors, each bucket's handle opened and loaded by the vLLM worker
-  (begin_reload / load_bucket / end_reload through collective_rpc), as the rl job does.
+  (begin_reload / load_bucket / end_reload through collective_rpc), as the rl job does;
+- broadcast (--broadcast, needs 2 GPUs): a second process on GPU 1 holds the same weights and broadcasts them
+  bucket by bucket over NCCL (broadcast.TrainerEnd) to the vLLM worker on GPU 0 (broadcast.receive_bucket), as
+  trainer rank 0 does for a rollout on GPUs of its own.
 
 The bench process stands in for the trainer (its tensors live here; vLLM's worker is another process, so the
 IPC handles cross a process boundary as in a run). After each sync the engine scores a probe, which must give
@@ -37,7 +42,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 
 import torch  # noqa: E402
 
-from gdnctl.runtime.rl import cuda_ipc, weight_sync, worker_reload  # noqa: E402
+from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, weight_sync, worker_reload  # noqa: E402
 
 HIDDEN, VOCAB, EXPERTS, EXPERT_FFN = 2048, 248320, 256, 512
 
@@ -103,6 +108,34 @@ def sync_ipc(llm, tensors: dict[str, torch.Tensor]) -> tuple[float, int]:
     return time.perf_counter() - began, count
 
 
+def broadcast_root(connection, layers: int) -> None:
+    """The stand-in for trainer rank 0 on GPU 1: the same seeded weights, a weight group with the vLLM worker,
+    then one broadcast of every bucket per "sync" it is sent."""
+    torch.cuda.set_device(1)
+    tensors = random_weights(proxy_config(layers), seed=layers)
+    plan = [(bucket.buffer.numel(), bucket.wire_entries()) for bucket in buckets.buckets(tensors.items())]
+    end = broadcast.TrainerEnd("127.0.0.1", workers=1, device=torch.device("cuda", 1), timeout_s=600)
+    connection.send((end.join_fields(), plan))
+    end.join(check=lambda: None)
+    while connection.recv() == "sync":
+        for bucket in buckets.buckets(tensors.items()):
+            end.send(bucket, check=lambda: None)
+        connection.send("sent")
+
+
+def sync_broadcast(llm, connection, plan: list) -> float:
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    connection.send("sync")
+    llm.collective_rpc(worker_reload.begin_reload)
+    for nbytes, entries in plan:
+        llm.collective_rpc(broadcast.receive_bucket, args=(nbytes, entries))
+    llm.collective_rpc(worker_reload.end_reload)
+    seconds = time.perf_counter() - began
+    connection.recv()
+    return seconds
+
+
 def probe_logprobs(llm, tokens: list[int]) -> list[float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -146,6 +179,7 @@ def main() -> int:
     parser.add_argument("--layers", default="2,8", help="sizes to measure, as layer counts")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gdnctl-sync-bench"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--broadcast", action="store_true", help="also the NCCL broadcast from GPU 1 (2 GPUs)")
     args = parser.parse_args()
     from vllm import LLM
 
@@ -164,7 +198,18 @@ def main() -> int:
                   gpu_memory_utilization=0.5, max_model_len=1024, enable_sleep_mode=True,
                   gdn_prefill_backend="triton")
         size = {"layers": layers, "weights_gib": gib, "engine_start_s": time.perf_counter() - began,
-                "disk_s": [], "cuda_ipc_s": []}
+                "disk_s": [], "cuda_ipc_s": [], "broadcast_s": []}
+        root = connection = None
+        if args.broadcast:
+            import multiprocessing
+
+            context = multiprocessing.get_context("spawn")
+            connection, theirs = context.Pipe()
+            root = context.Process(target=broadcast_root, args=(theirs, layers), daemon=True)
+            root.start()
+            fields, plan = connection.recv()
+            llm.collective_rpc(broadcast.join_group, args=(fields["host"], fields["port"], fields["size"],
+                                                           fields["backend"], fields["timeout_s"]))
         probe = list(range(100, 164))
         reference = probe_logprobs(llm, probe)
         for _ in range(args.repeats):
@@ -173,9 +218,18 @@ def main() -> int:
             seconds, size["buckets"] = sync_ipc(llm, tensors)
             size["cuda_ipc_s"].append(seconds)
             after_ipc = probe_logprobs(llm, probe)
+            if root is not None:
+                size["broadcast_s"].append(sync_broadcast(llm, connection, plan))
+                after_broadcast = probe_logprobs(llm, probe)
+                size["probe_gap_broadcast_vs_disk"] = max(abs(a - b) for a, b in zip(after_broadcast, after_disk,
+                                                                                     strict=True))
         size["probe_gap_disk_vs_start"] = max(abs(a - b) for a, b in zip(after_disk, reference, strict=True))
         size["probe_gap_ipc_vs_disk"] = max(abs(a - b) for a, b in zip(after_ipc, after_disk, strict=True))
         size["speedup"] = statistics.median(size["disk_s"]) / statistics.median(size["cuda_ipc_s"])
+        if root is not None:
+            size["broadcast_speedup"] = statistics.median(size["disk_s"]) / statistics.median(size["broadcast_s"])
+            connection.send("stop")
+            root.join(60)
         if index == 0:
             size["generation"] = generation_speed(llm, prompts=256, tokens=128, repeats=4)
         result["sizes"].append(size)
