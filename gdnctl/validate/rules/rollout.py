@@ -323,31 +323,26 @@ def response_fits_context(run):
                     "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
 
 
-@rule("RLT013", Severity.WARNING, "rl on GPUs with a rollout on GPUs of its own has not run in gdnctl's tests")
-def rl_policy_on_gpus(run):
+@rule("RLT013", Severity.WARNING, "rl with vLLM tensor parallel has not run in gdnctl's tests")
+def rl_rollout_tensor_parallel(run):
     """
-    What it checks: an rl job on GPUs whose rollout is not colocated (rollout.colocate: false), or whose rollout
-    runs tensor parallel (rollout.tp > 1).
+    What it checks: an rl job on GPUs whose rollout runs tensor parallel (rollout.tp > 1).
 
-    Why: gdnctl's tests run rl on one H100 with the rollout on GPU vLLM colocated: vLLM sleeps while the trainer
-    steps, the weights reach it through CUDA IPC or the disk directory, and checksums and the probe match after
-    every sync (tests/gpu/test_rl_vllm_gpu.py). Separate rollout GPUs (the broadcast weight sync between them,
-    which has run over gloo on CPU only: tests/runtime/rl/test_rl_vllm.py) and vLLM tensor parallel need more
-    than one GPU, which those runs did not have.
+    Why: gdnctl's GPU tests run rl with one vLLM worker: colocated on one H100 (vLLM sleeps while the trainer
+    steps, the weights arrive through CUDA IPC or the disk directory) and on GPUs of its own on 2 H200s (the
+    weights broadcast over NCCL from trainer rank 0), with checksums and the probe matching after every sync
+    (tests/gpu/test_rl_vllm_gpu.py). With vLLM tensor parallel each worker loads its shard of every tensor, and
+    only worker 0's view is checksummed; that has not run on GPUs.
 
-    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "rl on GPU vLLM"); no multi-GPU run.
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "rl on GPU vLLM").
 
     Fix: try the preset at small scale first.
     """
     rollout = _rollout(run)
-    if rollout is None or run.gpu.sm is None:
+    if rollout is None or run.gpu.sm is None or rollout.tp == 1:
         return
-    untried = [text for untested, text in ((not rollout.colocate, "a rollout on GPUs of its own"),
-                                           (rollout.tp > 1, f"vLLM tensor parallel (rollout.tp {rollout.tp})"))
-               if untested]
-    if untried:
-        yield Issue("rollout", f"gdnctl's tests have run rl on GPUs colocated on one GPU only, not with "
-                               f"{' or '.join(untried)}.", "Try the preset at small scale first.")
+    yield Issue("rollout.tp", f"gdnctl's tests have run rl on GPUs with one vLLM worker only, not with vLLM "
+                              f"tensor parallel (rollout.tp {rollout.tp}).", "Try the preset at small scale first.")
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")

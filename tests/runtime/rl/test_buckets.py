@@ -1,12 +1,13 @@
-"""The in-memory weight sync's packing (cuda_ipc.buckets) on CPU tensors: what the vLLM worker reads back from a
-bucket is every tensor, bit for bit, in bf16, and no bucket holds more than its size unless one tensor does.
-Sharing the buckets needs CUDA: tests/gpu/test_rl_vllm_gpu.py syncs a run through them."""
+"""The in-memory weight syncs' packing (buckets.py) on CPU tensors: what a vLLM worker reads back from a bucket is
+every tensor, bit for bit, in bf16, and no bucket holds more than its size unless one tensor does. The broadcast
+sends these buckets over gloo in tests/runtime/rl/test_rl_vllm.py; sharing them through CUDA IPC needs CUDA
+(tests/gpu/test_rl_vllm_gpu.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from gdnctl.runtime.rl import cuda_ipc
+from gdnctl.runtime.rl import buckets as packing
 
 
 def _tensors():
@@ -19,7 +20,7 @@ def _tensors():
 
 def test_buckets_carry_every_tensor_exactly_in_bf16():
     sent = _tensors()
-    received = [pair for bucket in cuda_ipc.buckets(sent, bucket_bytes=16 << 10) for pair in bucket.tensors()]
+    received = [pair for bucket in packing.buckets(sent, bucket_bytes=16 << 10) for pair in bucket.tensors()]
     assert [name for name, _ in received] == [name for name, _ in sent]
     for (_, original), (_, copy) in zip(sent, received, strict=True):
         assert copy.dtype == torch.bfloat16 and copy.shape == original.shape
@@ -29,7 +30,7 @@ def test_buckets_carry_every_tensor_exactly_in_bf16():
 def test_buckets_respect_their_size_except_for_a_larger_tensor():
     sent = _tensors()
     bucket_bytes = 16 << 10  # the embedding (300 x 64 bf16 = 37.5 KiB) is larger and travels alone
-    packed = list(cuda_ipc.buckets(sent, bucket_bytes=bucket_bytes))
+    packed = list(packing.buckets(sent, bucket_bytes=bucket_bytes))
     assert [[entry.name for entry in bucket.entries] for bucket in packed] == [
         ["model.embed_tokens.weight"],
         ["model.layers.0.linear_attn.A_log", "model.layers.0.mlp.experts.0.up_proj.weight", "model.norm.weight"]]
@@ -39,5 +40,13 @@ def test_buckets_respect_their_size_except_for_a_larger_tensor():
 
 
 def test_one_bucket_when_everything_fits():
-    (bucket,) = cuda_ipc.buckets(_tensors())
+    (bucket,) = packing.buckets(_tensors())
     assert len(bucket.entries) == 4 and bucket.buffer.dtype == torch.uint8
+
+
+def test_a_receiver_rebuilds_the_tensors_from_the_wire_entries_alone():
+    """What a worker gets: the raw buffer and the entries as tuples (how they cross vLLM's RPC)."""
+    (bucket,) = packing.buckets(_tensors())
+    received = packing.copies(bucket.buffer.clone(), packing.entries_from_wire(bucket.wire_entries()))
+    assert [(name, tensor.shape) for name, tensor in received] == [(n, t.shape) for n, t in bucket.tensors()]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(received, bucket.tensors(), strict=True))
