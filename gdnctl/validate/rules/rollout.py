@@ -332,7 +332,8 @@ def rl_rollout_tensor_parallel(run):
     steps, the weights arrive through CUDA IPC or the disk directory) and on GPUs of its own on 2 H200s (the
     weights broadcast over NCCL from trainer rank 0), with checksums and the probe matching after every sync
     (tests/gpu/test_rl_vllm_gpu.py). With vLLM tensor parallel each worker loads its shard of every tensor, and
-    only worker 0's view is checksummed; that has not run on GPUs.
+    only worker 0's view is checksummed; that has run on vLLM's CPU build (rollout.tp 2, the broadcast over gloo:
+    tests/runtime/rl/test_rl_vllm.py), not on GPUs.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "rl on GPU vLLM").
 

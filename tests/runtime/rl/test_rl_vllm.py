@@ -103,6 +103,25 @@ def test_the_broadcast_sync_sends_rank_0s_weights_over_gloo_and_keeps_the_rollou
 
 
 @needs_vllm
+def test_the_broadcast_reaches_every_worker_of_a_tensor_parallel_rollout(tmp_path, monkeypatch):
+    """rollout.tp 2 on vLLM's CPU build: the weight group holds trainer rank 0 and both workers; each receives
+    whole tensors and keeps its shard through load_weights, and the samples stay on policy (the probe and the
+    train-vs-rollout gap read what the two shards compute together)."""
+    # vLLM's CPU workers bind their threads per NUMA node; a one-node machine needs the cores named per worker.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    run_dir = tmp_path / "run"
+    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "rollout.weight_sync=broadcast",
+                  "rollout.tp=2", "cluster.gpus_per_node=2", "train.train_iters=2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "weight group up: trainer rank 0 and 2 rollout worker(s) over gloo" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["weight_transport"] for s in steps] == ["broadcast"] * 2
+    assert all(s["synced_parameters"] > 0 for s in steps)  # the replicated ones; shards are skipped by size
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+
+
+@needs_vllm
 def test_qwen35_on_vllm_before_027_is_served_as_the_vision_language_class(tmp_path):
     """runtime.vllm 0.26: the sync writes Qwen3_5ForConditionalGeneration's config and names, the engine starts
     with images and videos off (no vision tower), and the checksums meet under the text model's names."""
