@@ -114,7 +114,7 @@ def broadcast_root(connection, layers: int) -> None:
     torch.cuda.set_device(1)
     tensors = random_weights(proxy_config(layers), seed=layers)
     plan = [(bucket.buffer.numel(), bucket.wire_entries()) for bucket in buckets.buckets(tensors.items())]
-    end = broadcast.TrainerEnd("127.0.0.1", workers=1, device=torch.device("cuda", 1), timeout_s=600)
+    end = broadcast.TrainerEnd(True, workers=1, device=torch.device("cuda", 1), timeout_s=600)
     connection.send((end.join_fields(), plan))
     end.join(check=lambda: None)
     while connection.recv() == "sync":

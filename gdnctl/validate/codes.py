@@ -91,7 +91,7 @@ CODES: dict[str, str] = {
     "RLT010": "batch_of_groups",
     "RLT011": "prompts_and_tokenizer",
     "RLT012": "response_fits_context",
-    "RLT013": "rl_rollout_tensor_parallel",
+    "RLT013": "rl_rollout_layout_untested",
     "RLT014": "in_memory_weight_sync",
     "RLT015": "vision_language_rollout",
     "TRN001": "released_model_without_weights",

@@ -44,12 +44,16 @@ class Bucket:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The entries as views of the buffer."""
-        for entry in self.entries:
-            yield entry.name, view(self.buffer, entry)
+        return views(self.buffer, self.entries)
 
 
 def entries_from_wire(wire_entries: list[tuple]) -> list[Entry]:
     return [Entry(name, dtype, tuple(shape), offset, nbytes) for name, dtype, shape, offset, nbytes in wire_entries]
+
+
+def views(buffer: torch.Tensor, entries: list[Entry]) -> Iterator[tuple[str, torch.Tensor]]:
+    for entry in entries:
+        yield entry.name, view(buffer, entry)
 
 
 def copies(buffer: torch.Tensor, entries: list[Entry]) -> list[tuple[str, torch.Tensor]]:

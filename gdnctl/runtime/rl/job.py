@@ -295,10 +295,9 @@ class RlJob:
     def _join_weight_group(self) -> broadcast.TrainerEnd:
         """Rank 0, on the first broadcast sync: build the weight group with every rollout worker."""
         rollout = self.config.rollout
-        on_this_host = os.environ.get(ROLLOUT_ENV) != EXTERNAL
         device = torch.device("cuda", torch.cuda.current_device()) if self.config.device == "cuda" \
             else torch.device("cpu")
-        end = broadcast.TrainerEnd(broadcast.store_host(on_this_host), workers=rollout.tp, device=device,
+        end = broadcast.TrainerEnd(os.environ.get(ROLLOUT_ENV) != EXTERNAL, workers=rollout.tp, device=device,
                                    timeout_s=rollout.timeout_s)
         self.client.send("group_join", **end.join_fields())
         end.join(check=lambda: self.client.check("group_join"))
@@ -422,6 +421,8 @@ class RlJob:
 
     # --- logs -------------------------------------------------------------------------------------------
     def close(self) -> None:
+        if self.weight_group is not None:
+            self.weight_group.close()
         if self.client is not None:
             self.client.close()
         self.metrics.close()

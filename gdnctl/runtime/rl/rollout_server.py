@@ -16,7 +16,7 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
                                               every worker joins trainer rank 0's weight group (broadcast.py);
                                               answered once the trainer has joined too
     broadcast_bucket {nbytes, entries}        every worker receives one bucket trainer rank 0 broadcasts, and
-                                              loads it; answered once it arrived
+                                              loads it; answered once every worker has loaded it
     reload_end   {probe}                      finish the reload; answers as load_weights does
     sleep                                     colocated on GPUs: free the weights and the KV cache (vLLM sleep
                                               level 2) while the trainer steps; the next reload wakes it

@@ -323,27 +323,36 @@ def response_fits_context(run):
                     "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
 
 
-@rule("RLT013", Severity.WARNING, "rl with vLLM tensor parallel has not run in gdnctl's tests")
-def rl_rollout_tensor_parallel(run):
+@rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
+def rl_rollout_layout_untested(run):
     """
-    What it checks: an rl job on GPUs whose rollout runs tensor parallel (rollout.tp > 1).
+    What it checks: an rl job on GPUs whose rollout runs vLLM tensor parallel (rollout.tp > 1), or runs as the
+    Slurm script's own step on other nodes (rollout.colocate: false with launch.executor: slurm).
 
-    Why: gdnctl's GPU tests run rl with one vLLM worker: colocated on one H100 (vLLM sleeps while the trainer
-    steps, the weights arrive through CUDA IPC or the disk directory) and on GPUs of its own on 2 H200s (the
-    weights broadcast over NCCL from trainer rank 0), with checksums and the probe matching after every sync
-    (tests/gpu/test_rl_vllm_gpu.py). With vLLM tensor parallel each worker loads its shard of every tensor, and
-    only worker 0's view is checksummed; that has run on vLLM's CPU build (rollout.tp 2, the broadcast over gloo:
-    tests/runtime/rl/test_rl_vllm.py), not on GPUs.
+    Why: gdnctl's GPU tests run rl with one vLLM worker on the trainer's node: colocated on one H100 (vLLM sleeps
+    while the trainer steps, the weights arrive through CUDA IPC or the disk directory) and on a GPU of its own on
+    2 H200s (the weights broadcast over NCCL from trainer rank 0, the group's store on loopback), with checksums
+    and the probe matching after every sync (tests/gpu/test_rl_vllm_gpu.py). With vLLM tensor parallel each worker
+    loads its shard of every tensor and only worker 0's view is checksummed; that has run on vLLM's CPU build
+    (rollout.tp 2, the broadcast over gloo: tests/runtime/rl/test_rl_vllm.py), not on GPUs. A rollout step on
+    other nodes reaches trainer rank 0's store by the node's name and NCCL across the network; the tests' local
+    Slurm has one node, so that step has not run.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "rl on GPU vLLM").
 
     Fix: try the preset at small scale first.
     """
     rollout = _rollout(run)
-    if rollout is None or run.gpu.sm is None or rollout.tp == 1:
+    if rollout is None or run.gpu.sm is None:
         return
-    yield Issue("rollout.tp", f"gdnctl's tests have run rl on GPUs with one vLLM worker only, not with vLLM "
-                              f"tensor parallel (rollout.tp {rollout.tp}).", "Try the preset at small scale first.")
+    p = run.preset
+    untried = [text for untested, text in (
+        (rollout.tp > 1, f"vLLM tensor parallel (rollout.tp {rollout.tp})"),
+        (not rollout.colocate and p.launch.executor == "slurm",
+         "a rollout step on other nodes (the weight broadcast across the network)")) if untested]
+    if untried:
+        yield Issue("rollout", f"gdnctl's GPU tests have run rl with one vLLM worker on the trainer's node only, "
+                               f"not with {' or '.join(untried)}.", "Try the preset at small scale first.")
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")

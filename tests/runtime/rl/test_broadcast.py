@@ -1,0 +1,102 @@
+"""The weight group of the broadcast sync (runtime/rl/broadcast.py) between two real processes: trainer rank 0's
+TrainerEnd in this one, a rollout worker's end (join_group, then the worker's part of each broadcast) in a child.
+Gloo on CPU; NCCL between two GPUs when the machine has them. The whole path, with vLLM's workers loading the
+buckets, runs in tests/runtime/rl/test_rl_vllm.py (CPU) and tests/gpu/test_rl_vllm_gpu.py (2 GPUs)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gdnctl.runtime.rl import broadcast
+from gdnctl.runtime.rl import buckets as packing
+from gdnctl.runtime.rl.rollout_protocol import RolloutError
+
+BACKENDS = [pytest.param("cpu", id="gloo"),
+            pytest.param("cuda", id="nccl", marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one per side)")])]
+
+
+def _tensors(device: str) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+    return [(f"model.layers.{i}.weight", torch.randn(64, 48, generator=generator).to(device)) for i in range(5)]
+
+
+def _worker(fields: dict, plan: list, device: str, results) -> None:
+    """A rollout worker's end: join as rank 1, receive each planned bucket, send back what arrived."""
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    worker = SimpleNamespace(rank=0, device=torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
+    rank = broadcast.join_group(worker, **fields)
+    group = getattr(worker, broadcast._WORKER_GROUP)
+    received = []
+    for nbytes, wire in plan:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
+        broadcast._receive(group, buffer)
+        received += [(name, tensor.cpu()) for name, tensor in packing.views(buffer, packing.entries_from_wire(wire))]
+    results.put((rank, received))
+
+
+def _trainer_device(device: str) -> torch.device:
+    if device == "cuda":
+        torch.cuda.set_device(1)
+        return torch.device("cuda", 1)
+    return torch.device("cpu")
+
+
+@pytest.mark.parametrize("device", BACKENDS)
+def test_every_bucket_reaches_the_worker_byte_for_byte(device):
+    context = multiprocessing.get_context("spawn")
+    end = broadcast.TrainerEnd(True, workers=1, device=_trainer_device(device), timeout_s=60)
+    tensors = [(name, tensor.to(end.device)) for name, tensor in _tensors("cpu")]
+    packed = list(packing.buckets(tensors, bucket_bytes=16 << 10))
+    assert len(packed) > 1
+    results = context.Queue()
+    child = context.Process(target=_worker, args=(end.join_fields(), [(b.buffer.numel(), b.wire_entries())
+                                                                       for b in packed], device, results))
+    child.start()
+    try:
+        end.join(check=lambda: None)
+        for bucket in packed:
+            end.send(bucket, check=lambda: None)
+        rank, received = results.get(timeout=60)
+    finally:
+        end.close()
+        child.join(30)
+    assert rank == 1
+    assert [name for name, _ in received] == [name for name, _ in tensors]
+    for (_, sent), (_, got) in zip(tensors, received, strict=True):
+        assert torch.equal(got, sent.cpu().to(torch.bfloat16))
+
+
+def test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline():
+    end = broadcast.TrainerEnd(True, workers=1, device=torch.device("cpu"), timeout_s=2)
+    began = time.monotonic()
+    try:
+        with pytest.raises(broadcast.WeightGroupError, match=r"did not join the weight group within 2 s"):
+            end.join(check=lambda: None)
+    finally:
+        end.close()
+    assert time.monotonic() - began < 30  # rank 0's deadline, not the group's own (60 s longer) timeout
+
+
+def test_a_rollout_server_that_fails_meanwhile_is_reported_while_rank_0_waits():
+    """The check rank 0 runs while waiting is how the rollout server's error reaches it (RolloutClient.check)."""
+    end = broadcast.TrainerEnd(True, workers=1, device=torch.device("cpu"), timeout_s=60)
+    began = time.monotonic()
+
+    def check() -> None:
+        if time.monotonic() - began > 0.5:
+            raise RolloutError("the rollout server failed 'group_join': RuntimeError: no GPU")
+
+    try:
+        with pytest.raises(RolloutError, match="no GPU"):
+            end.join(check=check)
+    finally:
+        end.close()
+    assert time.monotonic() - began < 10
