@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.runtime.rl.test_rl_vllm import first_and_last_rewards
+
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
 PRESET = "tiny-qwen3.5-rl-cpu"
 # The CPU preset's tiny byte-level models and toy task, on an H100 with the TE-free trainer and FLA.
@@ -67,8 +69,7 @@ def test_colocated_rl_sleeps_between_phases_and_syncs_through_cuda_ipc(tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 21))
-    first = sum(s["reward_mean"] for s in steps[:5]) / 5
-    last = sum(s["reward_mean"] for s in steps[-5:]) / 5
+    first, last = first_and_last_rewards(steps)
     assert last > first + 0.05, [round(s["reward_mean"], 3) for s in steps]
     # The engine starts from the directory; every later sync goes through GPU memory, checked the same way.
     assert {s["weight_transport"] for s in steps} == {"cuda_ipc"}
@@ -91,8 +92,7 @@ def test_separate_rl_broadcasts_the_weights_over_nccl_to_the_rollout_gpu(tmp_pat
     assert "weight group up: trainer rank 0 and 1 rollout worker(s) over nccl" in done.stdout
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 21))
-    first = sum(s["reward_mean"] for s in steps[:5]) / 5
-    last = sum(s["reward_mean"] for s in steps[-5:]) / 5
+    first, last = first_and_last_rewards(steps)
     assert last > first + 0.05, [round(s["reward_mean"], 3) for s in steps]
     assert {s["weight_transport"] for s in steps} == {"broadcast"}
     assert all(s["synced_parameters"] > 0 for s in steps)
@@ -112,7 +112,8 @@ def test_separate_qwen35_broadcasts_into_the_vision_language_class(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 21))
-    assert sum(s["reward_mean"] for s in steps[-5:]) > sum(s["reward_mean"] for s in steps[:5])
+    first, last = first_and_last_rewards(steps)
+    assert last > first
     assert {s["weight_transport"] for s in steps} == {"broadcast"}
     assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
     assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]

@@ -252,7 +252,7 @@ class RlJob:
         if self.rank == 0:
             self.client.request("reload_begin", timeout=timeout)
         uuid = cuda_ipc.device_uuid()
-        names = ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
+        names = self._rollout_named_tensors()
         for bucket in cuda_ipc.buckets(names):
             shared: list = [None] * dist.get_world_size()
             dist.all_gather_object(shared, (uuid, cuda_ipc.share(bucket.buffer)))
@@ -268,12 +268,16 @@ class RlJob:
         reply = self.client.request("reload_end", probe=self.probe, timeout=timeout)
         return self._check(reply, checksums, probe, step, "cuda_ipc")
 
+    def _rollout_named_tensors(self):
+        """The policy's HF tensors under the rollout's names (collective: every rank iterates them all)."""
+        return ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
+
     def _sync_broadcast(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         """Rank 0 broadcasts every HF tensor to the rollout's workers, bucket by bucket, over the weight group
         (broadcast.py); the other ranks only take part in gathering the tensors."""
         timeout = self.config.rollout.timeout_s
         probe = self.policy.probe_logprobs(self.probe)
-        names = ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
+        names = self._rollout_named_tensors()
         if self.rank != 0:
             for _ in names:  # the builders gather each tensor collectively
                 pass

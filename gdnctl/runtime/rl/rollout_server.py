@@ -199,8 +199,6 @@ class VllmRollout:
         began = time.perf_counter()
         wake_seconds = self._wake(["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        self.llm.apply_model(refresh_cpu_embedding_gemms)
-        self.llm.apply_model(refresh_cpu_moe_prepack)
         return self._reloaded(probe, began, wake_seconds)
 
     def reload_begin(self) -> dict[str, Any]:
@@ -224,18 +222,17 @@ class VllmRollout:
 
     def reload_end(self, probe: list[int]) -> dict[str, Any]:
         self.llm.collective_rpc(worker_reload.end_reload)
-        # vLLM's CPU build after an in-memory reload as after a reload from the directory (no-ops on GPUs):
-        # measured on a tiny Qwen3.5-MoE, broadcast weights without the MoE repack put the probe 0.07-0.10 nats
-        # off the trainer's and the samples' log-probs 0.10-0.11.
-        self.llm.apply_model(refresh_cpu_embedding_gemms)
-        self.llm.apply_model(refresh_cpu_moe_prepack)
         return self._reloaded(probe, self._reload_began, self._reload_wake_seconds)
 
     def _reloaded(self, probe: list[int], began: float, wake_seconds: float) -> dict[str, Any]:
-        """After a reload: wake the KV cache, then answer with the checksums and the probe's log-probs."""
+        """After any reload (directory or in memory): repack what vLLM's CPU build packed from the old weights
+        (no-ops on GPUs; measured on a tiny Qwen3.5-MoE, in-memory weights without the MoE repack put the probe
+        0.07-0.10 nats off), wake the KV cache, then answer with the checksums and the probe's log-probs."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.llm.apply_model(refresh_cpu_embedding_gemms)
+        self.llm.apply_model(refresh_cpu_moe_prepack)
         wake_seconds += self._wake(["kv_cache"])
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()

@@ -29,6 +29,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def first_and_last_rewards(steps: list[dict]) -> tuple[float, float]:
+    """The mean reward of the first five steps and of the last five."""
+    return (sum(s["reward_mean"] for s in steps[:5]) / 5, sum(s["reward_mean"] for s in steps[-5:]) / 5)
+
+
 @needs_vllm
 def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path):
     run_dir = tmp_path / "run"
@@ -37,8 +42,7 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 21))
-    first = sum(s["reward_mean"] for s in steps[:5]) / 5
-    last = sum(s["reward_mean"] for s in steps[-5:]) / 5
+    first, last = first_and_last_rewards(steps)
     assert last > first + 0.05, [round(s["reward_mean"], 3) for s in steps]
     # Every sync: the readable parameters' checksums matched (check_synced raises otherwise), the probe scored
     # within tolerance, and the samples' log-probs under the trainer match the rollout's (on-policy).
