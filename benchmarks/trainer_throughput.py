@@ -5,10 +5,13 @@ hidden size, every attention and GDN head shape, the vocabulary and the expert w
 of 40 and 32 experts instead of 256.
 
     python benchmarks/trainer_throughput.py kernels [--steps 8] [--out results.json]
+    python benchmarks/trainer_throughput.py builders [--steps 10] [--out results.json]
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
 
-`kernels` runs one real `gdnctl launch` per GDN backend on one GPU; the figure is the median over the steps
+`builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
+times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
+backend on one GPU; the figure is the median over the steps
 after the first WARMUP_STEPS (those include allocator growth). Separate runs differ by 10-20% in step time
 from machine and start-up alone, so `interleaved` is the comparison to trust: one training run on --gpus GPUs
 (data parallel) switches the GDN kernel and the comm guard policy between steps and rotates through the
@@ -68,6 +71,34 @@ def summarise(steps: list[dict], run_dir: Path) -> dict:
         "first_step_s": steps[0]["seconds"],
         "losses": [round(s["loss"], 4) for s in steps],
     }
+
+
+# The trainer's two model builders (runtime/model/builders.py), by the preset's runtime.transformer_engine.
+BUILDERS = {"te-free": ["runtime.transformer_engine=none"], "megatron-bridge": []}
+
+
+def builders(args, work: Path) -> dict:
+    """The proxy on each model builder, one launch after the other on the same GPU and the same FLA kernel: tokens/s,
+    model TFLOPS/GPU and MFU, and the peak memory against `gdnctl explain`'s estimate for the preset."""
+    estimate = explain_memory([])
+    results = {"explain_estimate_gib": estimate}
+    for builder, sets in BUILDERS.items():
+        steps = launch(work / builder, [*sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}"])
+        results[builder] = summarise(steps, work / builder)
+        results[builder]["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
+    results["bridge_speedup"] = (results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"])
+    return results
+
+
+def explain_memory(sets: list[str]) -> dict:
+    """`gdnctl explain`'s training-phase memory table for the preset: total and the part torch allocates (the
+    estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see)."""
+    command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json"]
+    for value in sets:
+        command += ["--set", value]
+    memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["memory"]
+    overhead = sum(row["gib"] for row in memory["rows"] if row["name"] == "overhead")
+    return {"total_gib": memory["total_gib"], "allocated_gib": round(memory["total_gib"] - overhead, 3)}
 
 
 def kernels(args, work: Path) -> dict:
@@ -146,10 +177,13 @@ def interleaved(args, work: Path) -> dict:
     elif any(v.policy == RECOMMENDED for v in plan):
         raise SystemExit("a 'recommended' variant needs --recommended-from RUN_DIR (a run profiled with "
                          "comm.profile: true)")
+    # --profile: one more step per variant after the measured ones, each under torch.profiler (not in the medians).
+    profiled = list(dict.fromkeys(plan)) if args.profile else []
     run_dir = work / "interleaved"
     render(run_dir, [f"cluster.gpus_per_node={args.gpus}", f"train.global_batch_size={4 * args.gpus}",
-                     f"train.train_iters={len(plan)}", "comm.memory_guard=true"])
-    (run_dir / "plan.json").write_text(json.dumps({"steps": [v.name for v in plan],
+                     f"train.train_iters={len(plan) + len(profiled)}", "comm.memory_guard=true", *args.set])
+    (run_dir / "plan.json").write_text(json.dumps({"steps": [v.name for v in plan + profiled],
+                                                   "profile_from": len(plan),
                                                    "recommended_skip_ops": recommended}))
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.gpus}",
                f"--master-port={_free_port()}", __file__, "rank", "--work-dir", str(run_dir)]
@@ -167,8 +201,32 @@ def interleaved(args, work: Path) -> dict:
     # The preset's bshd layout pads every row to seq_length, so each step computes the same tokens whatever the
     # data; the real-token rate moves with the lengths a step happens to draw.
     padded_tokens = train["global_batch_size"] * train["seq_length"]
-    return summarise_interleaved(plan, steps, args.rounds, json.loads((run_dir / "warm_ups.json").read_text()),
-                                 padded_tokens)
+    results = summarise_interleaved(plan, steps[:len(plan)], args.rounds,
+                                    json.loads((run_dir / "warm_ups.json").read_text()), padded_tokens)
+    if profiled:
+        results["profiled_steps"] = json.loads((run_dir / PROFILED_STEPS_FILE).read_text())
+        results["kernel_win_delivered"] = kernel_win_delivered(results["variants"], results["profiled_steps"])
+    return results
+
+
+PROFILED_STEPS_FILE = "profiled_steps.json"
+
+
+def kernel_win_delivered(variants: dict, profiled: dict) -> dict:
+    """Per guard policy: the step time FlashQLA saves over FLA (medians of the measured steps) against the GDN
+    kernel time it saves (the profiled step of each): 1.0 means the switch hands the kernel's whole win to the step."""
+    delivered = {}
+    for name, fla in variants.items():
+        other = name.replace("fla/", "flashqla/", 1)
+        if not name.startswith("fla/") or other not in variants or name not in profiled or other not in profiled:
+            continue
+        step_saved = fla["step_s"] - variants[other]["step_s"]
+        kernel_saved = (sum(profiled[name]["gdn_gpu_ms"].values()) - sum(profiled[other]["gdn_gpu_ms"].values())) / 1e3
+        delivered[name.removeprefix("fla/")] = {
+            "step_saved_s": round(step_saved, 4), "gdn_kernel_saved_s": round(kernel_saved, 4),
+            "fraction": step_saved / kernel_saved if kernel_saved > 0 else None,
+            "gdn_share_fla": profiled[name]["gdn_share"], "gdn_share_flashqla": profiled[other]["gdn_share"]}
+    return delivered
 
 
 def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, warm_ups: dict,
@@ -223,6 +281,7 @@ def rank(args) -> None:
     config = runtime.load_config(config_path)
     planned = json.loads((run_dir / "plan.json").read_text())
     plan = [Variant.parse(name) for name in planned["steps"]]
+    profile_from = planned["profile_from"]
     recommended = planned["recommended_skip_ops"]
     recommended = None if recommended is None else frozenset(recommended)
     runtime.apply_env(config.env)
@@ -254,16 +313,30 @@ def rank(args) -> None:
         comm_guard.set_policy(variant.comm_policy(default_skip, recommended))
 
     report = Trainer._report
+    if profile_from < len(plan):
+        _annotate_gdn_calls()
+    profiled: dict[str, dict] = {}
+    running: list = []  # the profiler of the step under way, if it is profiled
 
     def report_and_switch(self, stats):
+        if running:
+            profiler = running.pop()
+            profiler.stop()
+            profiled[plan[stats.iteration - 1].name] = {"step_s": stats.seconds, **_gdn_share(profiler.events())}
         report(self, stats)
         if stats.iteration < len(plan):
             use(plan[stats.iteration])
+            if stats.iteration >= profile_from:
+                running.append(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                                  torch.profiler.ProfilerActivity.CUDA]))
+                running[0].start()
 
     Trainer._report = report_and_switch
     use(plan[0])
     try:
         trainer.train()
+        if trainer.rank == 0 and profile_from < len(plan):
+            (run_dir / PROFILED_STEPS_FILE).write_text(json.dumps(profiled, indent=1))
     finally:
         dist.destroy_process_group()
 
@@ -369,9 +442,9 @@ def _variant_list(text: str) -> list[Variant]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "interleaved", "profile", "rank"),
+    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "rank"),
                         help="rank: one torchrun rank of `interleaved` (started by it)")
-    parser.add_argument("--steps", type=int, default=8, help="kernels, profile: steps per run")
+    parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile: steps per run")
     parser.add_argument("--gpus", type=int, default=2, help="interleaved: GPUs, data parallel")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
@@ -381,6 +454,11 @@ def main() -> None:
     parser.add_argument("--recommended-from", type=Path, metavar="RUN_DIR",
                         help="interleaved: a run profiled with comm.profile: true; the POLICY 'recommended' is "
                              "the skip set `gdnctl comm-report RUN_DIR` recommends")
+    parser.add_argument("--profile", action="store_true",
+                        help="interleaved: after the measured rounds, one more step per variant under torch.profiler; "
+                             "reports each one's GDN kernel time and how much of FlashQLA's win reaches the step")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="interleaved: a preset override, as gdnctl's --set (repeatable)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
@@ -390,7 +468,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        results = {"kernels": kernels, "interleaved": interleaved, "profile": profile}[args.what](args, work)
+        results = {"kernels": kernels, "builders": builders, "interleaved": interleaved,
+                   "profile": profile}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from gdnctl.errors import GdnctlError
+from gdnctl.runtime.data.context_parallel import context_parallel_positions
 from gdnctl.runtime.data.layout import IGNORE_INDEX, BshdBatch, ThdBatch, TokenSequence, pack, to_bshd
 
 if TYPE_CHECKING:
@@ -311,16 +312,37 @@ def synthetic_documents(num_documents: int, *, vocab_size: int, min_length: int,
 @dataclass(frozen=True)
 class MicroBatch:
     """One forward/backward's input, 2-D as Megatron's GPTModel takes it: THD is one packed row ([1, T]
-    tensors, with cu_seqlens); BSHD is [micro_batch_size, seq_length]."""
+    tensors, with cu_seqlens); BSHD is [micro_batch_size, seq_length].
+
+    Under context parallelism `cp_positions` are the row positions this CP rank holds (context_parallel.py):
+    the per-token tensors are those positions only, while cu_seqlens, max_seqlen, `row_length` and the token
+    counts stay the whole row's, as Megatron-Core expects them."""
 
     batch: ThdBatch | BshdBatch
+    cp_positions: torch.Tensor | None = None
 
     @property
     def is_packed(self) -> bool:
         return isinstance(self.batch, ThdBatch)
 
+    def on_context_parallel_rank(self, cp_size: int, cp_rank: int) -> MicroBatch:
+        """This micro-batch as CP rank `cp_rank` of `cp_size` feeds it to the model (itself when cp_size is 1)."""
+        if cp_size == 1:
+            return self
+        if not self.is_packed:
+            raise ValueError("context parallelism is built for packed (THD) micro-batches; use layout thd with "
+                             "cp > 1 (validate's LAY004 says the same).")
+        return MicroBatch(self.batch, context_parallel_positions(self.batch.padded_seq_lens, cp_size, cp_rank))
+
     def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.cp_positions is not None:
+            tensor = tensor.index_select(0, self.cp_positions)
         return tensor.unsqueeze(0) if self.is_packed else tensor
+
+    @property
+    def row_length(self) -> int:
+        """Positions in the whole row (every CP rank's together): Megatron's seq_length for this micro-batch."""
+        return int(self.batch.input_ids.shape[-1])
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -418,8 +440,9 @@ class DataPipeline:
 
     def __init__(self, documents: Iterable[Document], *, layout: Layout, seq_length: int,
                  micro_batch_size: int, global_batch_size: int, dp: int, seed: int,
-                 pad_sequences_to_multiple_of: int = 1) -> None:
+                 pad_sequences_to_multiple_of: int = 1, cp: int = 1) -> None:
         self.documents = tuple(documents)
+        self.cp = cp
         self.layout = layout
         self.seq_length = seq_length
         self.micro_batch_size = micro_batch_size
@@ -441,7 +464,8 @@ class DataPipeline:
         return cls(documents, layout=config.layout, seq_length=train.seq_length,
                    micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
                    dp=config.parallel.dp, seed=train.seed,
-                   pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision))
+                   pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision),
+                   cp=config.parallel.cp)
 
     def _check_settings(self) -> None:
         if self.layout not in ("thd", "bshd"):
@@ -449,8 +473,11 @@ class DataPipeline:
         if self.layout == "thd" and self.micro_batch_size != 1:
             raise ValueError(f"THD packs one row per micro-batch but micro_batch_size is {self.micro_batch_size}; "
                              "use micro_batch_size 1 (Megatron's GDN needs batch 1 with packed sequences).")
-        if min(self.micro_batch_size, self.dp, self.pad_sequences_to_multiple_of) < 1:
-            raise ValueError("micro_batch_size, dp and pad_sequences_to_multiple_of must be positive integers.")
+        if min(self.micro_batch_size, self.dp, self.cp, self.pad_sequences_to_multiple_of) < 1:
+            raise ValueError("micro_batch_size, dp, cp and pad_sequences_to_multiple_of must be positive integers.")
+        if self.cp > 1 and (self.layout != "thd" or self.pad_sequences_to_multiple_of % (2 * self.cp)):
+            raise ValueError(f"cp {self.cp} needs layout thd and sequences padded to a multiple of 2 x cp; build the "
+                             "pipeline with pad_sequences_to_multiple_of=sequence_padding_multiple(parallel).")
         if self.global_batch_size < 1 or self.global_batch_size % (self.micro_batch_size * self.dp):
             raise ValueError(f"global_batch_size {self.global_batch_size} is not a positive multiple of "
                              f"micro_batch_size x dp = {self.micro_batch_size * self.dp}; make it one.")
@@ -482,12 +509,16 @@ class DataPipeline:
             self._cached_epoch = (epoch, samples)
         return self._cached_epoch[1]
 
-    def micro_batches(self, dp_rank: int, consumed_samples: int = 0) -> Iterator[MicroBatch]:
+    def micro_batches(self, dp_rank: int, consumed_samples: int = 0, cp_rank: int = 0) -> Iterator[MicroBatch]:
         """Rank `dp_rank`'s micro-batches, without end, after the first `consumed_samples` samples of the
         whole job (all ranks): a requeued job passes its checkpoint's count and goes on in the same order.
-        Megatron's forward-backward calls next() num_microbatches times per step."""
+        Megatron's forward-backward calls next() num_microbatches times per step. The CP ranks of one
+        data-parallel rank share its micro-batches, each holding its own tokens of every row."""
         self._check_position(dp_rank, consumed_samples)
-        return self._micro_batches(dp_rank, consumed_samples)
+        if not 0 <= cp_rank < self.cp:
+            raise ValueError(f"cp_rank {cp_rank} is outside [0, {self.cp}); pass this rank's context-parallel rank.")
+        return (batch.on_context_parallel_rank(self.cp, cp_rank)
+                for batch in self._micro_batches(dp_rank, consumed_samples))
 
     def _check_position(self, dp_rank: int, consumed_samples: int) -> None:
         if not 0 <= dp_rank < self.dp:

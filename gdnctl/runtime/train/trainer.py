@@ -281,7 +281,7 @@ class Trainer:
         config, train = self.config, self.config.train
         pipeline = DataPipeline.from_engine_config(config, _documents(config))
         dp_rank = self.ps.get_data_parallel_rank()
-        stream = pipeline.micro_batches(dp_rank, self.consumed_samples)
+        stream = pipeline.micro_batches(dp_rank, self.consumed_samples, self.ps.get_context_parallel_rank())
         forward_backward = get_forward_backward_func()
         save_dir = Path(train.save_dir) if train.save_dir else None
         # A packed micro-batch of a shape the warm-up did not cover can make TileLang compile mid-run: a line on
@@ -300,7 +300,7 @@ class Trainer:
             self.optimizer.zero_grad()
             losses = forward_backward(
                 forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
-                num_microbatches=len(batches), seq_length=self._row_length(batches[0]),
+                num_microbatches=len(batches), seq_length=batches[0].row_length,
                 micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1, forward_only=False)
             updated, grad_norm, _ = self.optimizer.step()
             torch.cuda.synchronize()
@@ -314,10 +314,6 @@ class Trainer:
             if save_dir and (self.iteration == train.train_iters
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
-
-    @staticmethod
-    def _row_length(batch: MicroBatch) -> int:
-        return int(batch.tokens.shape[1])
 
     def _stats(self, losses, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool) -> StepStats:
         device = torch.device("cuda")

@@ -58,28 +58,29 @@ def te_free_trainer(run):
                     fix + "set train.precision: bf16.")
 
 
-@rule("TRN008", Severity.ERROR, "gdnctl's trainer does not shard sequences over context-parallel ranks")
+@rule("TRN008", Severity.ERROR, "The rl policy does not shard sequences over context-parallel ranks")
 def context_parallel_not_sharded(run):
     """
-    What it checks: a GPU training job with parallel.cp > 1 on the megatron-bridge builder.
+    What it checks: an rl job on GPUs with parallel.cp > 1.
 
     Why: Megatron-Core's context parallel expects every CP rank to be handed its own chunks of each sequence
-    (megatron/core/utils.py get_batch_on_this_cp_rank; for packed rows TE's thd_get_partitioned_indices). gdnctl's
-    data pipeline pads sequences to multiples of 2 x cp (runtime/data/pipeline.py) but hands every rank the whole
-    row, and the CP=2 vs CP=1 loss check has not run (no 2-GPU machine this release): the model would see each
-    token cp times.
+    (megatron/core/utils.py _get_batch_on_this_cp_rank_per_document_balancing, TE's thd_get_partitioned_indices),
+    and each rank's log-probs are then those chunks only. The sft/pretrain trainer does this
+    (runtime/data/context_parallel.py); the rl policy (runtime/rl/megatron_policy.py) feeds padded rows whole and
+    reads every token's log-prob on every rank, so with cp > 1 each rank would train on the whole sequence and
+    the GRPO loss would count each token cp times.
 
-    Source: megatron/core/utils.py get_batch_on_this_cp_rank; TE's thd_get_partitioned_indices; gdnctl's
-    runtime/data/pipeline.py (hands every rank the whole row).
+    Source: megatron/core/utils.py (0.19) _get_batch_on_this_cp_rank_per_document_balancing; gdnctl's
+    runtime/rl/megatron_policy.py (no CP split).
 
-    Fix: set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.
+    Fix: set parallel.cp: 1 for rl; fit long rollouts with TP, recompute or optimizer offload instead.
     """
     p = run.preset
-    if run.is_training and run.gpu.sm is not None and run.model_builder.value != "te-free" and p.parallel.cp > 1:
-        yield Issue("parallel.cp", f"cp={p.parallel.cp}: gdnctl's trainer does not yet give each context-parallel "
+    if p.job == "rl" and run.gpu.sm is not None and p.parallel.cp > 1:
+        yield Issue("parallel.cp", f"cp={p.parallel.cp}: gdnctl's rl policy does not give each context-parallel "
                                    "rank its own chunks of the sequences, so every rank would train on the whole "
                                    "sequence.",
-                    "Set parallel.cp: 1; fit long sequences with TP, recompute or optimizer offload instead.")
+                    "Set parallel.cp: 1 for rl; fit long rollouts with TP, recompute or optimizer offload instead.")
 
 
 @rule("TRN009", Severity.ERROR, "FP8 training needs an SM89+ GPU")

@@ -10,8 +10,9 @@ It runs against the installed megatron-core: 0.16.1 on CPU (0.17+ needs Python 3
 and its only dependencies are torch, numpy and packaging). Arguments the installed release does not know are
 left out by `build`, so the rest is still checked, and must be recorded in UNCHECKED; 0.16.1 knows all of them
 (as does 0.19.2, read from its wheel). Where 0.16.1 and 0.19.2 differ on a field gdnctl sets, only GDN context
-parallel does (0.16.1 asserts cp == 1 and GDN heads % tp; 0.19.2 GDN heads % (tp x cp)), and cp > 1 never reaches
-TransformerConfig: the runtime refuses it first (TRN002).
+parallel does (0.16.1 asserts cp == 1 for GDN; 0.19.2 asserts GDN heads % (tp x cp), which HEAD003/HEAD004 check):
+a preset with cp > 1 names megatron-core >= 0.18 (LAY003), so on 0.16.1 its config is built with cp 1 to check
+every other field, and counted apart; tests/gpu/test_context_parallel_gpu.py builds and trains cp 2 on 0.19.2.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 with warnings.catch_warnings():
     # megatron-core warns at import that Transformer Engine and Apex are missing (it falls back to torch).
@@ -61,6 +63,8 @@ TE_INSTALLED = importlib.util.find_spec("transformer_engine") is not None
 NO_MEGATRON = "accepted: the job builds no Megatron model (selftest, or rl on device cpu)"
 NEEDS_TE = ("accepted: FP8 with experts, whose TransformerConfig checks Transformer Engine's version (checked on "
             "the GPU machine, where TE is installed)")
+CP_PREDATES = ("accepted: GDN context parallel, which the installed megatron-core predates (built with cp 1 for "
+               "the other fields)")
 STRICTER = "refused by HEAD002 alone: Megatron-Core builds it (TP a multiple of the KV heads)"
 REJECTED = "rejected"
 
@@ -144,15 +148,19 @@ def preset_dicts(draw, root: Path) -> dict:
         kv = (arch.num_key_value_heads,) if draw(st.integers(0, 7)) else ()
         tp = draw(st.sampled_from([t for t in (1, 2, 4, 8, 16) if all(h % t == 0 for h in heads + kv)]))
         pp = draw(st.sampled_from(_dividing(arch.num_layers, (1, 1, 1, 2, 3, 4, 8))))
-        cp = draw(st.sampled_from([1, 1, 1, 2, 4] if job == "selftest" else [1]))
+        cp = draw(st.sampled_from([1] * 6 + [2, 4] if job != "rl" else [1]))  # TRN008: rl has no CP split
         ep = draw(st.sampled_from(_dividing(arch.num_experts, (1, 2, 4, 8, 16, 32)))) if arch.is_moe else 1
         etp = draw(st.sampled_from([1, 1, 2])) if arch.is_moe else 1
-        vpp = draw(st.sampled_from([None, *_dividing(arch.num_layers // pp, (1, 2, 3, 4))])) if pp > 1 else None
-        world = math.lcm(tp * pp * cp, etp * ep * pp) * draw(st.sampled_from([1, 1, 2, 4]))
+        # TRN007 refuses any vpp for training (no virtual stages are built): mostly None, so more presets build.
+        vpp = draw(st.sampled_from([None] * 4 + _dividing(arch.num_layers // pp, (1, 2, 3, 4)))) if pp > 1 else None
+        # Up to 16x the smallest world: the largest models (122B, 397B) fit in memory (MEM001) only on many GPUs.
+        world = math.lcm(tp * pp * cp, etp * ep * pp) * draw(st.sampled_from([1, 1, 2, 4, 8, 16]))
         gpus_per_node = next(g for g in (8, 6, 4, 3, 2, 1) if world % g == 0)
         nodes = world // gpus_per_node
     dp = max(1, nodes * gpus_per_node // (tp * pp * cp))
-    layout = draw(st.sampled_from(["auto", "auto", "thd", "bshd"]))
+    # Context parallel splits packed rows only (LAY004) into 2 x cp chunks (LAY009): steered draws keep to that.
+    steered_cp = not free and cp > 1
+    layout = draw(st.sampled_from(["auto", "thd"] if steered_cp else ["auto", "auto", "thd", "bshd"]))
     # thd packs a micro-batch into one row (LAY007): steered draws take micro-batches > 1 with bshd only.
     micro = draw(st.sampled_from([1, 1, 1, 1, 1, 2, 4] if free or layout == "bshd" else [1]))
     if free:
@@ -164,7 +172,7 @@ def preset_dicts(draw, root: Path) -> dict:
         "precision": draw(st.sampled_from(["bf16"] * 7 + ["fp8"])),
         "layout": layout,
         "micro_batch_size": micro, "global_batch_size": global_batch,
-        "seq_length": draw(st.sampled_from([1024, 4096, 8192, 32768, 4100])),
+        "seq_length": draw(st.sampled_from([1024, 4096, 8192, 32768] + ([] if steered_cp else [4100]))),
         "mtp": draw(st.sampled_from([False] * 7 + [True])),
         "distributed_optimizer": draw(st.booleans()),
         "optimizer_cpu_offload": draw(st.sampled_from([True, True, False])),
@@ -200,8 +208,12 @@ def runtime_kwargs(engine) -> dict:
     gdnctl's: the TE-free kwargs' architecture) and whose other settings are gdnctl's provider_overrides."""
     if engine.train.model_builder == "te-free":
         return transformer_config_kwargs(engine)
-    bf16 = engine.model_copy(update={"train": engine.train.model_copy(update={"precision": "bf16"})})
-    return {**transformer_config_kwargs(bf16), **provider_overrides(engine), "transformer_impl": "transformer_engine"}
+    # The TE-free kwargs stand in for the architecture the bridge reads; FP8 and CP, which only the TE-free builder
+    # refuses, come from provider_overrides.
+    architecture = engine.model_copy(update={"train": engine.train.model_copy(update={"precision": "bf16"}),
+                                             "parallel": engine.parallel.model_copy(update={"cp": 1})})
+    return {**transformer_config_kwargs(architecture), **provider_overrides(engine),
+            "transformer_impl": "transformer_engine"}
 
 
 def _errors(result) -> set[str]:
@@ -226,13 +238,19 @@ def check(preset: dict, path: Path) -> str:
         return REJECTED  # neither a multiple nor a divisor: Megatron-Core refuses it too
     if engine.model.is_moe and engine.train.precision == "fp8" and not TE_INSTALLED:
         return NEEDS_TE
+    kwargs = runtime_kwargs(engine)
+    predates_cp = engine.parallel.cp > 1 and Version(MCORE_VERSION) < Version("0.18")
+    if predates_cp:
+        kwargs["context_parallel_size"] = 1
     try:
-        build(runtime_kwargs(engine))
+        build(kwargs)
     except (ModelBuildError, ValueError, AssertionError, TypeError) as err:
         findings = sorted({f.code for f in result.findings})
         raise AssertionError(f"validate found only {findings} but the runtime's TransformerConfig "
                              f"(megatron-core {MCORE_VERSION}) refused: {type(err).__name__}: {err}\n"
                              f"{json.dumps(preset, indent=1)}") from err
+    if predates_cp:
+        return CP_PREDATES
     return STRICTER if errors else BUILT
 
 
@@ -256,16 +274,16 @@ def test_validate_accepts_only_what_megatron_core_builds(workdir):
     def agree(preset):
         outcome = check(preset, preset_file)
         outcomes[outcome] += 1
-        if outcome == BUILT:
+        if outcome in (BUILT, CP_PREDATES):
             built_models.add(preset["model"].get("id") or Path(preset["model"]["path"]).name)
 
     agree()
     generated = sum(outcomes.values())
-    accepted = outcomes[BUILT] + outcomes[NO_MEGATRON] + outcomes[NEEDS_TE]
+    accepted = outcomes[BUILT] + outcomes[NO_MEGATRON] + outcomes[NEEDS_TE] + outcomes[CP_PREDATES]
     print(f"\nmegatron-core {MCORE_VERSION}: {generated} presets, {accepted} accepted by validate: "
           f"{dict(outcomes)}; TransformerConfig built for {sorted(built_models)}")
     # The generator must keep reaching the construction, for every model it can build, or the property says little.
-    assert outcomes[BUILT] >= generated // 8, outcomes
+    assert outcomes[BUILT] + outcomes[CP_PREDATES] >= generated // 8, outcomes
     buildable = {m for kind, m in MODELS} - {"tiny-moe-top1", "tiny-moe-no-shared"}  # TRN005, TRN006 refuse them
     assert buildable <= built_models, buildable - built_models
 
