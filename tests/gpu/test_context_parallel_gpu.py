@@ -37,6 +37,7 @@ def _lengths(cp: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
 def test_positions_are_transformer_engines_thd_partition(cp):
+    import transformer_engine.pytorch  # noqa: F401  (loads the extension; the wheel keeps it in wheel_lib/)
     import transformer_engine_torch as tex
 
     lengths = _lengths(cp, seed=cp)
