@@ -372,8 +372,12 @@ def profile(args, work: Path) -> dict:
     runtime.run_job(config, config_path)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if args.out:
-        table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=TOP_OPS)
+        averages = profiler.key_averages()
+        table = averages.table(sort_by="self_cuda_time_total", row_limit=TOP_OPS)
         args.out.with_name(f"{args.out.stem}-top{TOP_OPS}.txt").write_text(table)
+        # A step whose GPU time is well under its wall time waits on the host: the ops that hold the CPU longest.
+        cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
+        args.out.with_name(f"{args.out.stem}-cpu-top{TOP_OPS}.txt").write_text(cpu_table)
     return {"backend": args.backend, "profiled_step_s": steps[-1]["seconds"],
             "unprofiled_step_s": steps[-2]["seconds"], "noncontiguous_gdn_inputs": sorted(noncontiguous),
             **_gdn_share(profiler.events()),
@@ -423,7 +427,9 @@ def _gdn_share(events) -> dict:
     gdn: dict[str, float] = {}
     for event in cpu_ops:
         name = event.name.lower()
-        if event.name == GDN_RANGE or ("backward" in name and "gateddelta" in name):
+        # The backward node appears twice: as itself and inside autograd's evaluate_function wrapper; count it once.
+        wrapper = name.startswith("autograd::engine::evaluate_function")
+        if event.name == GDN_RANGE or ("backward" in name and "gateddelta" in name and not wrapper):
             gdn[event.name] = gdn.get(event.name, 0.0) + event.device_time_total
     return {"step_gpu_ms": total / 1e3, "gdn_gpu_ms": {name: us / 1e3 for name, us in gdn.items()},
             "gdn_share": sum(gdn.values()) / total if total else None}
