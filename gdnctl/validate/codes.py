@@ -105,6 +105,7 @@ CODES: dict[str, str] = {
     "TRN009": "fp8_needs_sm89",
     "TRN010": "lora_not_trained",
     "TRN011": "fp8_padded_row_length",
+    "TRN012": "context_parallel_untested",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.
