@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import traceback
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -438,18 +439,26 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
     raise typer.Exit(1 if result.failed else 0)
 
 
+class GdnBackendChoice(str, Enum):
+    fla = "fla"
+    flashqla = "flashqla"
+
+
 @app.command()
 def prewarm(preset: PresetArg, set_: SetOpt = None,
             cache_dir: Annotated[Optional[Path], typer.Option("--cache-dir", help="Kernel cache to fill (default: "
                                                               "the preset's launch.kernel_cache_dir).")] = None,
             verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh "
                                                  "process afterwards.")] = True,
+            backend: Annotated[Optional[GdnBackendChoice], typer.Option(
+                "--backend", help="GDN kernel to compile (default: the preset's kernels.gdn_backend).")] = None,
             json_output: JsonOpt = False) -> None:
-    """Compile the FlashQLA kernels for every per-rank shape of the preset into the shared kernel cache.
+    """Compile the GDN kernels for every per-rank shape of the preset into the shared kernel cache.
 
-    Says up front what the compile will cost (minutes per shape from a cold cache), prints a line per kernel
-    while TileLang compiles, and appends the compiler's own output to gdnctl-compile.log in the cache. With
-    --json the progress goes to stderr."""
+    FlashQLA (TileLang) goes into the kernel cache directory, FLA (Triton) into its triton/ folder, where the
+    rendered scripts point TILELANG_CACHE_DIR and TRITON_CACHE_DIR. For FlashQLA it says up front what the compile
+    will cost (minutes per shape from a cold cache), prints a line per kernel while TileLang compiles, and appends
+    the compiler's own output to gdnctl-compile.log in the cache. With --json the progress goes to stderr."""
     from gdnctl.launch import prewarm as warmer
     from gdnctl.plan import DEFAULT_KERNEL_CACHE
     from gdnctl.validate import validate as run_validation
@@ -460,12 +469,12 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
 
         raise PresetHasErrors(result, "nothing was compiled")
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
-    report = warmer.prewarm(result.run, directory, verify=verify,
+    report = warmer.prewarm(result.run, directory, verify=verify, backend=backend.value if backend else None,
                             progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
     if json_output:
         _emit_json(report)
         return
-    typer.echo(f"kernel cache: {report['cache_dir']}")
+    typer.echo(f"{report['backend']} kernel cache: {report['compiler_cache']}")
     for timing in report.get("fresh_process", []):
         ratio = report["first_over_warm"][timing["shape"]]
         typer.echo(f"  {timing['shape']}: first call in a fresh process {timing['first_call_s'] * 1000:.1f} ms, "

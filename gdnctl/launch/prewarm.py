@@ -1,10 +1,13 @@
-"""`gdnctl prewarm`: compile the FlashQLA (TileLang) kernels a preset's ranks will call, into a shared cache.
+"""`gdnctl prewarm`: compile the GDN kernels a preset's ranks will call, into the shared kernel cache.
 
-TileLang compiles each kernel on first use (minutes for one head configuration on an H100); without a warm
-cache every rank of every job pays that at start-up. Prewarm runs forward and backward once per per-rank
-shape with TILELANG_CACHE_DIR pointing at the cache the rendered scripts use, then checks in a fresh process
-that a first call is now about as fast as a warm one. It says up front what the compile will cost, prints a line
-per kernel while TileLang compiles, and sends the compiler's own output to gdnctl-compile.log in the cache.
+FlashQLA's TileLang kernels compile on first use (minutes per head configuration on an H100), FLA's Triton kernels
+too (98.5 s at the 35B-A3B proxy's shape, BENCHMARKS.md session 9); without a warm cache every rank of every job
+pays that at start-up. Prewarm runs forward and backward once per per-rank shape with the backend the preset
+trains with (kernels.gdn_backend, or --backend), its compiler cache pointing where the rendered scripts point it
+(plan.kernel_cache_env: TileLang in the kernel cache directory, Triton in its triton/ folder), then checks in a
+fresh process that a first call is now about as fast as a warm one. For FlashQLA it says up front what the compile
+will cost, prints a line per kernel while TileLang compiles, and sends the compiler's own output to
+gdnctl-compile.log in the cache.
 """
 
 from __future__ import annotations
@@ -19,18 +22,23 @@ from typing import Callable
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import RankShape
+from gdnctl.plan import kernel_cache_env
 from gdnctl.runtime.kernels import ShapeTiming, compile_quietly, time_shapes
 
-CACHE_ENV = "TILELANG_CACHE_DIR"
+
+def _cache_env(cache_dir: Path) -> dict[str, str]:
+    return {name: value for name, value, _ in kernel_cache_env(str(cache_dir))}
 
 
-def _verify_in_fresh_process(shapes: list[RankShape], cache_dir: Path) -> list[ShapeTiming]:
+def _verify_in_fresh_process(shapes: list[RankShape], cache_dir: Path, backend: str) -> list[ShapeTiming]:
     payload = json.dumps([asdict(s) for s in shapes])
-    code = ("import json, sys\nfrom gdnctl.knowledge import RankShape\nfrom gdnctl.runtime.kernels import time_shapes\n"
+    code = ("import json, sys\nfrom gdnctl.knowledge import RankShape\n"
+            "from gdnctl.runtime.kernels import resolve_backend, time_shapes\n"
             "shapes = [RankShape(**{**s, 'seq_lens': tuple(s['seq_lens'])}) for s in json.loads(sys.argv[1])]\n"
-            "print(json.dumps([t.__dict__ for t in time_shapes(shapes)]))")
-    env = {**os.environ, CACHE_ENV: str(cache_dir)}
-    proc = subprocess.run([sys.executable, "-c", code, payload], capture_output=True, text=True, env=env,
+            "kernel = resolve_backend(sys.argv[2], training=True)\n"
+            "print(json.dumps([t.__dict__ for t in time_shapes(shapes, kernel=kernel)]))")
+    env = {**os.environ, **_cache_env(cache_dir)}
+    proc = subprocess.run([sys.executable, "-c", code, payload, backend], capture_output=True, text=True, env=env,
                           check=False)
     if proc.returncode != 0:
         raise GdnctlError(f"the verification run failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -38,30 +46,43 @@ def _verify_in_fresh_process(shapes: list[RankShape], cache_dir: Path) -> list[S
 
 
 def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
-            verify: bool = True) -> dict:
+            verify: bool = True, backend: str | None = None) -> dict:
+    """Compile `backend` (default: the preset's kernels.gdn_backend) at every per-rank shape into `cache_dir`."""
     if run.gpu.sm is None:
         raise GdnctlError("this preset runs on CPU: there are no GPU kernels to prewarm.")
+    backend = backend or run.preset.kernels.gdn_backend
     cache_dir = cache_dir.expanduser().resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # TileLang reads its cache location when it is imported: set it before anything imports tilelang.
-    if "tilelang" in sys.modules and os.environ.get(CACHE_ENV) != str(cache_dir):
-        raise GdnctlError(f"tilelang was imported before {CACHE_ENV} was set; run prewarm in a fresh process.")
-    os.environ[CACHE_ENV] = str(cache_dir)
+    env = _cache_env(cache_dir)
+    # TileLang reads its cache location when it is imported; Triton and inductor read theirs at each compile.
+    if "tilelang" in sys.modules and os.environ.get("TILELANG_CACHE_DIR") != env["TILELANG_CACHE_DIR"]:
+        raise GdnctlError("tilelang was imported before TILELANG_CACHE_DIR was set; run prewarm in a fresh process.")
+    os.environ.update(env)
     shapes = run.gdn_rank_shapes()
     from gdnctl.runtime.kernels import GdnBackendUnavailable, resolve_backend
 
     try:
-        kernel = resolve_backend("flashqla", training=True)
+        kernel = resolve_backend(backend, training=True)
     except GdnBackendUnavailable as err:
-        raise GdnctlError(f"cannot prewarm FlashQLA here: {err}") from None
-    # Resolved first, so that a machine that cannot run FlashQLA gets the reason and no compile estimate.
-    with compile_quietly(shapes, progress, header=f"gdnctl prewarm {run.preset.name}") as say:
-        compiled = time_shapes(shapes, say, kernel=kernel)
-    report = {"cache_dir": str(cache_dir), "compile": [asdict(t) for t in compiled]}
+        raise GdnctlError(f"cannot prewarm {backend} here: {err}") from None
+    # Resolved first, so that a machine that cannot run the kernel gets the reason and no compile estimate.
+    if backend == "flashqla":
+        with compile_quietly(shapes, progress, header=f"gdnctl prewarm {run.preset.name}") as say:
+            compiled = time_shapes(shapes, say, kernel=kernel)
+    else:
+        if progress:
+            progress(f"FLA's Triton kernels for {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} into "
+                     f"{env['TRITON_CACHE_DIR']}: about 1.5-2 min per shape on an H100 from a cold cache")
+        compiled = time_shapes(shapes, progress, kernel=kernel)
+    report = {"backend": backend, "cache_dir": str(cache_dir), "compiler_cache": env[_CACHE_VARIABLE[backend]],
+              "compile": [asdict(t) for t in compiled]}
     if verify:
         if progress:
             progress("checking in a fresh process that the first call no longer compiles ...")
-        fresh = _verify_in_fresh_process(shapes, cache_dir)
+        fresh = _verify_in_fresh_process(shapes, cache_dir, backend)
         report["fresh_process"] = [asdict(t) for t in fresh]
         report["first_over_warm"] = {t.shape: round(t.first_call_s / t.warm_call_s, 3) for t in fresh}
     return report
+
+
+_CACHE_VARIABLE = {"flashqla": "TILELANG_CACHE_DIR", "fla": "TRITON_CACHE_DIR"}

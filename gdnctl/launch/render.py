@@ -23,7 +23,7 @@ import jinja2
 
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
-from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment
+from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment, kernel_cache_env
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
 from gdnctl.validate import PresetHasErrors, ValidationResult, validate
@@ -99,7 +99,7 @@ class RenderedRun:
 
 def _env_table(run, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     rows = [(name, value, reason) for name, value, reason in environment(run.preset, run.gpu)]
-    rows.append(("TILELANG_CACHE_DIR", kernel_cache_dir, "shared TileLang kernel cache (gdnctl prewarm fills it)"))
+    rows += kernel_cache_env(kernel_cache_dir)
     compiler_names = {row[0] for row in rows}
     for name, value in run.preset.launch.env.items():
         source = "launch.env (overrides the compiler)" if name in compiler_names else "launch.env"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from gdnctl import __version__
-from gdnctl.plan.decisions import environment
+from gdnctl.plan.decisions import environment, kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
@@ -29,7 +29,7 @@ from gdnctl.schema import (
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
     values = {name: value for name, value, _ in environment(run.preset, run.gpu)}
     if kernel_cache_dir:
-        values["TILELANG_CACHE_DIR"] = kernel_cache_dir
+        values.update((name, value) for name, value, _ in kernel_cache_env(kernel_cache_dir))
     values.update(run.preset.launch.env)
     return values
 

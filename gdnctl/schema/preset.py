@@ -274,7 +274,8 @@ class LaunchSpec(_Section):
     env: dict[str, str] = Field(default_factory=dict, description="environment values written into the scripts")
     pass_env: list[str] = Field(default_factory=list, description="names passed through from the submitting "
                                                                   "shell, never written (secrets)")
-    kernel_cache_dir: str | None = Field(None, description="shared TileLang kernel cache (default: under the run dir)")
+    kernel_cache_dir: str | None = Field(None, description="shared kernel cache: TileLang (FlashQLA), and Triton (FLA) "
+                                                           "and inductor under it (default: ~/.cache/gdnctl/tilelang)")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
 
     @field_validator("env")

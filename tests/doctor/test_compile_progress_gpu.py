@@ -67,3 +67,28 @@ def test_doctor_from_the_warm_cache_compiles_nothing_and_keeps_stdout_json(cache
     assert f"FlashQLA kernels for {SHAPE} ready in" in proc.stderr
     assert "compiling FlashQLA kernels" not in proc.stderr
     assert_no_compile_chatter(proc.stdout + proc.stderr)
+
+
+def test_fla_prewarm_fills_the_triton_cache_the_trainer_then_starts_from(tmp_path):
+    """FLA's Triton kernels compile into the kernel cache's triton/ folder, a fresh process starts from it, and a
+    launch with that kernel_cache_dir warms up from it and fills the inductor cache beside it."""
+    cache = tmp_path / "kernel-cache"
+    proc = gdnctl("prewarm", PRESET, "--backend", "fla", "--cache-dir", str(cache), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["backend"], report["compiler_cache"]) == ("fla", str(cache / "triton"))
+    assert any((cache / "triton").iterdir())
+    cold = {t["shape"]: t["first_call_s"] for t in report["compile"]}
+    fresh = {t["shape"]: t["first_call_s"] for t in report["fresh_process"]}
+    print(json.dumps({"cold_first_call_s": cold, "fresh_process_first_call_s": fresh}))
+    # Triton still autotunes in a fresh process (seconds), but compiles nothing: far below the cold first call.
+    assert all(fresh[shape] < 0.25 * cold[shape] for shape in cold), (cold, fresh)
+
+    run_dir = tmp_path / "run"
+    launch = gdnctl("launch", PRESET, "-o", str(run_dir), "--force", "--set", "kernels.gdn_backend=fla",
+                    "--set", "runtime.transformer_engine=none", "--set", "train.train_iters=2",
+                    "--set", f"launch.kernel_cache_dir={cache}")
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    warm_up = json.loads((run_dir / "kernel_warm_up.json").read_text())
+    assert warm_up["kernel"] == "fla" and warm_up["first_call_s"] < 0.25 * max(cold.values()), warm_up
+    assert any((cache / "inductor").rglob("*")), "the trainer's torch.compile'd functions did not reach the cache"

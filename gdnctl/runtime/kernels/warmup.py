@@ -39,7 +39,10 @@ def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
 def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None,
                 kernel=None) -> list[ShapeTiming]:
     """First and second forward+backward call per shape, in this process, with a progress line per kernel the
-    first call compiles. `kernel`: the FlashQLA GdnKernel when the caller has resolved it already."""
+    first call compiles (FlashQLA: TileLang says which; FLA's Triton compiles say nothing, so the first call's time
+    is all there is). `kernel`: the GdnKernel to time (default: FlashQLA)."""
+    import contextlib
+
     from gdnctl.runtime.kernels.backends import resolve_backend
     from gdnctl.runtime.kernels.compile_progress import expected_kernels, watch_compiles
 
@@ -49,7 +52,9 @@ def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None 
         if progress:
             progress(f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
                      f"{shape.tokens} tokens{' packed' if shape.packed else ''}")
-        with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress):
+        watching = (watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress)
+                    if kernel.name == "flashqla" else contextlib.nullcontext())
+        with watching:
             first = fwd_bwd_seconds(kernel, shape)
         warm = min(fwd_bwd_seconds(kernel, shape) for _ in range(3))
         timings.append(ShapeTiming(shape.name, round(first, 4), round(warm, 4)))

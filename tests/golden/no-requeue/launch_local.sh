@@ -11,6 +11,8 @@ mkdir -p -- logs
 export FLA_FLASH_QLA=0
 export OMP_NUM_THREADS=2
 export TILELANG_CACHE_DIR=/shared/tilelang
+export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
+export TRITON_CACHE_DIR=/shared/tilelang/triton
 export GDNCTL_JOB_NAME=selftest-cpu
 
 # `bash launch_local.sh --smoke` runs the job's smoke run instead: a few steps of this layout in RUN_DIR/smoke,

@@ -13,7 +13,9 @@ export FLA_FLASH_QLA=0
 export OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang
+export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export TRITON_CACHE_DIR=/shared/tilelang/triton
 export GDNCTL_JOB_NAME=qwen3.5-4b-sft
 
 # `bash launch_local.sh --smoke` runs the job's smoke run instead: a few steps of this layout in RUN_DIR/smoke,

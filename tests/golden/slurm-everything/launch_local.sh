@@ -13,7 +13,9 @@ export FLA_FLASH_QLA=0
 export OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang
+export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export TRITON_CACHE_DIR=/shared/tilelang/triton
 export WANDB_PROJECT=q35
 export GDNCTL_JOB_NAME=qwen3.5-35b-a3b-sft
 [[ -n "${WANDB_API_KEY+set}" ]] || echo "gdnctl: WANDB_API_KEY is not set in this shell; the job runs without it" >&2
