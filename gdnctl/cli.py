@@ -469,8 +469,10 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
 
         raise PresetHasErrors(result, "nothing was compiled")
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
-    report = warmer.prewarm(result.run, directory, verify=verify, backend=backend.value if backend else None,
-                            progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
+    # Kernel libraries print to stdout while they compile; with --json, stdout must carry the one JSON object only.
+    with _stdout_to_stderr(json_output):
+        report = warmer.prewarm(result.run, directory, verify=verify, backend=backend.value if backend else None,
+                                progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
     if json_output:
         _emit_json(report)
         return
