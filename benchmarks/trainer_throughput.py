@@ -80,7 +80,7 @@ BUILDERS = {"te-free": ["runtime.transformer_engine=none"], "megatron-bridge": [
 def builders(args, work: Path) -> dict:
     """The proxy on each model builder, one launch after the other on the same GPU and the same FLA kernel: tokens/s,
     model TFLOPS/GPU and MFU, and the peak memory against `gdnctl explain`'s estimate for the preset."""
-    estimate = explain_memory([])
+    estimate = explain_memory()
     results = {"explain_estimate_gib": estimate}
     for builder, sets in BUILDERS.items():
         steps = launch(work / builder, [*sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}"])
@@ -90,12 +90,10 @@ def builders(args, work: Path) -> dict:
     return results
 
 
-def explain_memory(sets: list[str]) -> dict:
+def explain_memory() -> dict:
     """`gdnctl explain`'s training-phase memory table for the preset: total and the part torch allocates (the
     estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see)."""
     command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json"]
-    for value in sets:
-        command += ["--set", value]
     memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["memory"]
     overhead = sum(row["gib"] for row in memory["rows"] if row["name"] == "overhead")
     return {"total_gib": memory["total_gib"], "allocated_gib": round(memory["total_gib"] - overhead, 3)}

@@ -25,6 +25,9 @@ from gdnctl.knowledge import RankShape
 from gdnctl.plan import kernel_cache_env
 from gdnctl.runtime.kernels import ShapeTiming, compile_quietly, time_shapes
 
+# The variable (of plan.kernel_cache_env) naming where each backend's compiler keeps its kernels.
+_CACHE_VARIABLE = {"flashqla": "TILELANG_CACHE_DIR", "fla": "TRITON_CACHE_DIR"}
+
 
 def _cache_env(cache_dir: Path) -> dict[str, str]:
     return {name: value for name, value, _ in kernel_cache_env(str(cache_dir))}
@@ -84,5 +87,3 @@ def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
         report["first_over_warm"] = {t.shape: round(t.first_call_s / t.warm_call_s, 3) for t in fresh}
     return report
 
-
-_CACHE_VARIABLE = {"flashqla": "TILELANG_CACHE_DIR", "fla": "TRITON_CACHE_DIR"}

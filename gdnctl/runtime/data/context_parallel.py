@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from gdnctl.runtime.data.layout import positions_within_segments
+
 
 def context_parallel_positions(segment_lengths: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
     """Positions in the row (int64, ascending within each chunk) of the tokens CP rank `cp_rank` holds.
@@ -38,6 +40,4 @@ def context_parallel_positions(segment_lengths: torch.Tensor, cp_size: int, cp_r
     mirror = starts + (chunks - 1 - cp_rank) * chunk_lengths
     chunk_starts = torch.stack([first, mirror], dim=1).reshape(-1)
     chunk_sizes = chunk_lengths.repeat_interleave(2)
-    within = torch.arange(int(chunk_sizes.sum())) - torch.repeat_interleave(
-        torch.cat([chunk_sizes.new_zeros(1), chunk_sizes.cumsum(0)[:-1]]), chunk_sizes)
-    return torch.repeat_interleave(chunk_starts, chunk_sizes) + within
+    return torch.repeat_interleave(chunk_starts, chunk_sizes) + positions_within_segments(chunk_sizes)

@@ -139,6 +139,11 @@ def _segment_positions(cu_seqlens_padded: torch.Tensor, padded_seq_lens: torch.T
     return torch.arange(total, dtype=torch.int64, device=segment_starts.device) - segment_starts
 
 
+def positions_within_segments(lengths: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2, ... restarting at each of consecutive segments of these lengths (int64)."""
+    return _segment_positions(_cumulative(lengths), lengths)
+
+
 def _thd_coordinates(cu_seqlens_padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, column) in BSHD of every packed token."""
     padded_seq_lens = cu_seqlens_padded.diff().long()
