@@ -8,7 +8,7 @@ no reasoning.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -278,13 +278,27 @@ class LaunchSpec(_Section):
                                                            "and inductor under it (default: ~/.cache/gdnctl/tilelang)")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_numbers_as_text(cls, value: Any) -> Any:
+        """YAML reads `CUDA_DEVICE_MAX_CONNECTIONS: 1` as a number; the environment only holds text, so a number
+        is written as YAML spelled it. true/false are refused: the shell would see Python's True, which no
+        program reads as set."""
+        if not isinstance(value, dict):
+            return value
+        for name, item in value.items():
+            if isinstance(item, bool):
+                raise ValueError(f"the value of {name} is {str(item).lower()}, and environment values are text: "
+                                 f"quote it ('1', '0', 'true' or 'false', as the program reading {name} expects)")
+        return {name: str(item) if isinstance(item, int | float) else item for name, item in value.items()}
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
             if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"'{name}' is not a valid environment variable name")
-        return {name: str(v) for name, v in value.items()}
+        return value
 
     @field_validator("pass_env")
     @classmethod

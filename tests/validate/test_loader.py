@@ -111,3 +111,18 @@ def test_missing_checkpoint_config(tmp_path):
 def test_unreadable_yaml(tmp_path, text, match):
     with pytest.raises(PresetLoadError, match=match):
         load_preset(write(tmp_path / "p.yaml", text))
+
+
+def test_a_number_in_launch_env_is_written_as_yaml_spelled_it(tmp_path):
+    path = write(tmp_path / "p.yaml", "base: tiny-qwen3.5-sft\nname: p\nlaunch:\n  env:\n"
+                                      "    CUDA_DEVICE_MAX_CONNECTIONS: 1\n    NCCL_TIMEOUT_SCALE: 1.5\n")
+    result = validate(path)
+    assert not [f for f in result.findings if f.code.startswith("PRE")]
+    assert result.run.preset.launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_TIMEOUT_SCALE": "1.5"}
+
+
+def test_true_in_launch_env_is_refused_with_the_quote_to_write():
+    result = validate("tiny-qwen3.5-sft", ["launch.env.TORCHDYNAMO_DISABLE=true"])
+    (finding,) = [f for f in result.findings if f.code == "PRE002"]
+    assert finding.path == "launch.env"
+    assert "TORCHDYNAMO_DISABLE is true" in finding.message and "quote it" in finding.message
