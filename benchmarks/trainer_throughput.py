@@ -68,11 +68,16 @@ def summarise(steps: list[dict], run_dir: Path) -> dict:
         "step_s": statistics.median(s["seconds"] for s in measured),
         "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),
         "peak_memory_gib": max(s["peak_memory_gib"] for s in measured),
+        # What a step holds at rest (weights, gradient buffers, optimizer state) and what it adds on top.
+        "resident_memory_gib": max(s["resident_memory_gib"] for s in measured),
+        "step_added_memory_gib": max(s["peak_memory_gib"] - s["resident_memory_gib"] for s in measured),
         "first_step_s": steps[0]["seconds"],
         "losses": [round(s["loss"], 4) for s in steps],
     }
 
 
+# explain's memory rows that stay allocated between steps; the others (activations, logits) a step adds.
+RESIDENT_ROWS = ("weights", "gradients", "optimizer")
 # The trainer's two model builders (runtime/model/builders.py), by the preset's runtime.transformer_engine.
 BUILDERS = {"te-free": ["runtime.transformer_engine=none"], "megatron-bridge": []}
 
@@ -91,12 +96,16 @@ def builders(args, work: Path) -> dict:
 
 
 def explain_memory() -> dict:
-    """`gdnctl explain`'s training-phase memory table for the preset: total and the part torch allocates (the
-    estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see)."""
+    """`gdnctl explain`'s training-phase memory table for the preset: total, the part torch allocates (the
+    estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see), and that part split
+    as the trainer's metrics split it: resident between steps, and what a step adds."""
     command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json"]
     memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["memory"]
-    overhead = sum(row["gib"] for row in memory["rows"] if row["name"] == "overhead")
-    return {"total_gib": memory["total_gib"], "allocated_gib": round(memory["total_gib"] - overhead, 3)}
+    rows = {row["name"]: row["gib"] for row in memory["rows"]}
+    resident = sum(rows.get(name, 0.0) for name in RESIDENT_ROWS)
+    allocated = memory["total_gib"] - rows.get("overhead", 0.0)
+    return {"total_gib": memory["total_gib"], "allocated_gib": round(allocated, 3), "resident_gib": round(resident, 3),
+            "step_added_gib": round(allocated - resident, 3)}
 
 
 def kernels(args, work: Path) -> dict:

@@ -84,7 +84,8 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             tokenizer_path=preset.model.tokenizer or preset.model.path, save_dir=t.save_dir,
             save_interval=t.save_interval,
         ),
-        kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend),
+        kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
+                              torch_compile=preset.kernels.torch_compile),
         comm=EngineComm(
             memory_guard=preset.comm.memory_guard, free_gb_threshold=preset.comm.free_gb_threshold,
             skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir=DEFAULT_PROFILE_SUBDIR,

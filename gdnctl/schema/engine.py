@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 6  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
-# 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport
+ENGINE_CONFIG_VERSION = 7  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+# 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
+# 7: kernels.torch_compile
 
 
 class _Frozen(BaseModel):
@@ -74,6 +75,8 @@ class EngineComm(_Frozen):
 
 class EngineKernels(_Frozen):
     gdn_backend: Literal["fla", "flashqla"]
+    # False: the trainer process runs torch.compile'd functions eagerly (torch.compiler.set_stance("force_eager")).
+    torch_compile: bool
 
 
 class EngineRollout(_Frozen):

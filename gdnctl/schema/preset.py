@@ -128,6 +128,10 @@ class TrainSpec(_Section):
 
 class KernelsSpec(_Section):
     gdn_backend: Literal["fla", "flashqla"] = "fla"
+    torch_compile: bool = Field(False, description="torch.compile the trainer's fused elementwise functions "
+                                                   "(Megatron-Core's, Transformer Engine's, FLA's); off, they run "
+                                                   "eagerly: the same step time, a shorter first step, less memory "
+                                                   "(BENCHMARKS.md, session 10)")
 
 
 class CommSpec(_Section):

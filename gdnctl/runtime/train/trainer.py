@@ -59,6 +59,9 @@ class StepStats:
     sequences: int
     seconds: float
     peak_memory_gib: float
+    # Allocated when the step began: weights, gradient buffers and (from step 2) the optimizer state. The peak less
+    # this is what the step itself added: activations, logits, transients.
+    resident_memory_gib: float
     tokens_per_second: float
     tflops_per_gpu: float
     mfu: float | None  # against the GPU's dense bf16 peak (engine config metrics.peak_bf16_tflops)
@@ -146,9 +149,10 @@ class Trainer:
         from megatron.core import parallel_state, tensor_parallel
 
         from gdnctl.runtime.comm import guard as comm_guard
-        from gdnctl.runtime.kernels import patch_megatron_gdn_kernel, resolve_backend
+        from gdnctl.runtime.kernels import apply_torch_compile, patch_megatron_gdn_kernel, resolve_backend
 
         config = self.config
+        torch_compile = apply_torch_compile(config.kernels.torch_compile)
         self.kernel = resolve_backend(config.kernels.gdn_backend, training=True)
         patch_megatron_gdn_kernel(self.kernel)
         if config.comm.memory_guard:
@@ -164,6 +168,7 @@ class Trainer:
         self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
                   f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}; "
                   f"comm guard {'on' if config.comm.memory_guard else 'off'}")
+        self._log(torch_compile)
 
     def _build(self) -> None:
         from megatron.core.distributed import (
@@ -293,6 +298,7 @@ class Trainer:
         train = self.config.train
         while self.iteration < train.train_iters:
             batches = [next(stream) for _ in range(pipeline.num_microbatches)]
+            resident_gib = torch.cuda.memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -307,7 +313,7 @@ class Trainer:
             seconds = time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += train.global_batch_size
-            stats = self._stats(losses, batches, grad_norm, seconds, not updated)
+            stats = self._stats(losses, batches, grad_norm, seconds, not updated, resident_gib)
             self._report(stats)
             self.step_stats.append(stats)
             self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
@@ -315,7 +321,8 @@ class Trainer:
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
 
-    def _stats(self, losses, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool) -> StepStats:
+    def _stats(self, losses, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool,
+               resident_gib: float) -> StepStats:
         device = torch.device("cuda")
         loss_sum = torch.zeros(2, device=device)
         if self.ps.is_pipeline_last_stage():
@@ -335,7 +342,8 @@ class Trainer:
         return StepStats(
             iteration=self.iteration, loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
             grad_norm=float(grad_norm or 0.0), tokens=tokens, sequences=sequences, seconds=seconds,
-            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, tokens_per_second=tokens / seconds,
+            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, resident_memory_gib=resident_gib,
+            tokens_per_second=tokens / seconds,
             tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
             lr=self.config.train.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped)
 

@@ -12,6 +12,7 @@ export FLA_FLASH_QLA=0
 export OMP_NUM_THREADS=2
 export TILELANG_CACHE_DIR=/shared/tilelang
 export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
+export TRITON_CACHE_AUTOTUNING=1
 export TRITON_CACHE_DIR=/shared/tilelang/triton
 export GDNCTL_JOB_NAME=tiny-qwen3.5-rl-cpu
 

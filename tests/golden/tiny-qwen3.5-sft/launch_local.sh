@@ -13,6 +13,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang
 export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export TRITON_CACHE_AUTOTUNING=1
 export TRITON_CACHE_DIR=/shared/tilelang/triton
 export GDNCTL_JOB_NAME=tiny-qwen3.5-sft
 
