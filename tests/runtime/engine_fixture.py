@@ -41,7 +41,7 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
             "data_path": None,
             "tokenizer_path": None, "save_dir": None, "save_interval": None,
         },
-        "kernels": {"gdn_backend": "flashqla"},
+        "kernels": {"gdn_backend": "flashqla", "torch_compile": False},
         "comm": {"memory_guard": True, "free_gb_threshold": 3.0, "skip_ops": list(DEFAULT_SKIP_OPS),
                  "profile": True, "profile_dir": "comm_profile"},
         "rollout": None,
