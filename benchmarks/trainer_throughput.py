@@ -76,8 +76,6 @@ def summarise(steps: list[dict], run_dir: Path) -> dict:
     }
 
 
-# explain's memory rows that stay allocated between steps; the others (activations, logits) a step adds.
-RESIDENT_ROWS = ("weights", "gradients", "optimizer")
 # The trainer's two model builders (runtime/model/builders.py), by the preset's runtime.transformer_engine.
 BUILDERS = {"te-free": ["runtime.transformer_engine=none"], "megatron-bridge": []}
 
@@ -99,6 +97,8 @@ def explain_memory() -> dict:
     """`gdnctl explain`'s training-phase memory table for the preset: total, the part torch allocates (the
     estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see), and that part split
     as the trainer's metrics split it: resident between steps, and what a step adds."""
+    from gdnctl.plan import RESIDENT_ROWS
+
     command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json"]
     memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["memory"]
     rows = {row["name"]: row["gib"] for row in memory["rows"]}

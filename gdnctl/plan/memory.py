@@ -26,6 +26,9 @@ from gdnctl.knowledge import ModelArch
 
 GIB = 1024**3
 OVERHEAD_GIB = 3.0  # CUDA context (~0.5 GiB), NCCL communicators and buffers, allocator fragmentation
+# The training rows that stay allocated between steps (the rest, activations and logits, each step adds and frees):
+# what a colocated trainer keeps while vLLM generates, and what the trainer's resident_memory_gib measures.
+RESIDENT_ROWS = ("weights", "gradients", "optimizer")
 RECOMPUTE_KEEP = {"none": 1.0, "selective": 0.85}  # share of activations kept; "full" keeps layer inputs only
 
 
@@ -225,7 +228,7 @@ def estimate_rollout_phase(run) -> MemoryEstimate | None:
     if run.preset.job != "rl" or rollout is None or not rollout.colocate or run.gpu.sm is None or run.dp is None:
         return None
     training = estimate_training(run)
-    kept = ("weights", "gradients", "optimizer", "overhead")
+    kept = (*RESIDENT_ROWS, "overhead")
     rows = [MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
             for row in training.rows if row.name in kept]
     share = rollout.gpu_memory_utilization * run.gpu.memory_gib

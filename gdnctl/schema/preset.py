@@ -8,6 +8,7 @@ no reasoning.
 from __future__ import annotations
 
 import re
+from types import UnionType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -36,6 +37,12 @@ MAX_CPUS = 65_536  # CPUs on one host
 MAX_LORA_RANK = 65_536  # past every hidden size: a LoRA rank cannot exceed the width it adapts
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64; Megatron adds small per-rank offsets to the seed
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: no rollout request legitimately takes longer
+
+
+def _number_as_text(value: object, kinds: type | UnionType) -> object:
+    """A YAML number where a text field expects one (`mem: 0`, `CUDA_DEVICE_MAX_CONNECTIONS: 1`) as YAML spelled it;
+    bools are not numbers here."""
+    return str(value) if isinstance(value, kinds) and not isinstance(value, bool) else value
 
 
 class _Section(BaseModel):
@@ -246,7 +253,7 @@ class SlurmSpec(_Section):
     @field_validator("mem", mode="before")
     @classmethod
     def _mem_number(cls, value: object) -> object:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        return _number_as_text(value, int)
 
     @field_validator("partition", "account", "qos", "constraint", "mem")
     @classmethod
@@ -290,11 +297,13 @@ class LaunchSpec(_Section):
         program reads as set."""
         if not isinstance(value, dict):
             return value
+        text = {}
         for name, item in value.items():
             if isinstance(item, bool):
                 raise ValueError(f"the value of {name} is {str(item).lower()}, and environment values are text: "
                                  f"quote it ('1', '0', 'true' or 'false', as the program reading {name} expects)")
-        return {name: str(item) if isinstance(item, int | float) else item for name, item in value.items()}
+            text[name] = _number_as_text(item, int | float)
+        return text
 
     @field_validator("env")
     @classmethod
