@@ -29,6 +29,8 @@ from gdnctl.schema import EngineConfig
 # reads `model.` names, so the loader renames on the fly (no copy of the checkpoint is written).
 VL_LANGUAGE_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
+# The HF tensors whose rows are the vocabulary.
+VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 # Export shards of at most this many bytes: rank 0 holds one shard in host memory at a time.
 SHARD_BYTES = 4 * 2**30
 # TE's FP8 recipe on Hopper. Delayed scaling is TE's longest-standing recipe and the one Megatron-Core's
@@ -72,6 +74,13 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
         # gdnctl does not train the MTP head (TRN004); the bridge would build it from mtp_num_hidden_layers.
         mtp_num_layers=None,
     )
+    if config.model.vocab_size % parallel.tp:
+        # Megatron's vocab-parallel embedding needs the rows divisible by TP, and the provider keeps the HF
+        # vocabulary as it is unless told to pad (measured on an H100: a 257-token model at TP 2 stops in
+        # VocabParallelEmbedding with "257 is not divisible by 2"). Pad to the next multiple of TP, as the TE-free
+        # builder does (hf_weights.padded_vocab_size); the bridge's loader fills the extra rows with zeros
+        # (ColumnParallelMapping.hf_to_megatron) and `as_stored_in_hf` cuts them from the export.
+        overrides.update(should_pad_vocab=True, make_vocab_size_divisible_by=1)
     if config.model.is_moe:
         overrides.update(expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
                          moe_grouped_gemm=True, moe_router_dtype="fp32")
@@ -138,22 +147,13 @@ class BridgeModel:
     def export(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model, gathered over the parallel groups (collective: all ranks iterate;
         every rank receives every tensor, on the CPU)."""
-        yield from self._stored_once(self.bridge.export_hf_weights([_unwrapped(model)], cpu=True,
-                                                                   show_progress=False))
+        yield from as_stored_in_hf(self.config.model,
+                                   self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False))
 
     def hf_tensors(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model on this rank's GPU (collective: every rank receives every tensor)."""
-        yield from self._stored_once(self.bridge.export_hf_weights([_unwrapped(model)], cpu=False,
-                                                                   show_progress=False))
-
-    def _stored_once(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """The export without `lm_head.weight` when the embeddings are tied: megatron-bridge 0.6.2 yields the
-        tied output layer under that name too (measured on an H100: the checkpoint of a tied source gained an
-        `lm_head.weight` its source never had), and HF stores a tied embedding once."""
-        tied = self.config.model.tie_word_embeddings
-        for name, tensor in tensors:
-            if not (tied and name == "lm_head.weight"):
-                yield name, tensor
+        yield from as_stored_in_hf(self.config.model,
+                                   self.bridge.export_hf_weights([_unwrapped(model)], cpu=False, show_progress=False))
 
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
         """An HF checkpoint of the model in `directory`, shaped like `source` (passthrough.py; collective, rank 0
@@ -166,6 +166,19 @@ class BridgeModel:
             if writer is not None:
                 writer.add(name, tensor)
         return writer.close() if writer is not None else {}
+
+
+def as_stored_in_hf(arch, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The bridge's export as HF stores it: without `lm_head.weight` when the embeddings are tied (megatron-bridge
+    0.6.2 yields the tied output layer under that name too; measured on an H100: the checkpoint of a tied source
+    gained an `lm_head.weight` its source never had), and the vocabulary rows without the TP padding (the bridge
+    exports the padded rows as they are)."""
+    for name, tensor in tensors:
+        if arch.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        if name in VOCAB_ROWS and tensor.shape[0] > arch.vocab_size:
+            tensor = tensor[: arch.vocab_size]
+        yield name, tensor
 
 
 def _unwrapped(model):
