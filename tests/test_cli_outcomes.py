@@ -15,7 +15,8 @@ from gdnctl import cli
 from gdnctl.cli import INTERNAL_ERROR_EXIT, app
 
 runner = CliRunner()
-TP4 = ["--set", "parallel.tp=4"]  # qwen3.5-35b-a3b-grpo has 2 KV heads: HEAD002, an error
+# TP 4 over qwen3.5-35b-a3b-grpo's 2 KV heads, which megatron-bridge 0.4's Qwen3.5 provider refuses: HEAD002, an error
+TP4 = ["--set", "parallel.tp=4", "--set", "runtime.megatron_bridge=0.4.1"]
 
 
 def _one_json_object(stdout: str) -> dict:

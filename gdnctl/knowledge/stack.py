@@ -31,6 +31,7 @@ DEFAULT_STACK: dict[str, str | None] = {
 # --- Megatron-Core (megatron/core/ssm/gated_delta_net*) ----------------------------------------------
 MCORE_GDN = "0.16.0"  # first release with GatedDeltaNet
 MCORE_GDN_PACKED_AND_CP = "0.18.0"  # THD packed sequences (PR #2645) and all-to-all CP (PR #2642)
+MCORE_KV_HEAD_REPLICATION = "0.16.0"  # TP a multiple of the query groups (Megatron-LM PR #2565); before: divisors
 MCORE_GDN_FUSED_CP_A2A = "0.19.0"  # one fused all-to-all per forward (PR #4913: 7-10% iteration speedup)
 # cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
 CUDNN_HOPPER_THD_MIN = "9.19.0"
@@ -46,6 +47,7 @@ MCORE_GDN_FEATURES: tuple[tuple[str, str], ...] = (
 # --- Megatron-Bridge ------------------------------------------------------------------------------------
 BRIDGE_QWEN35_VL = "0.4.0"  # Qwen35VLBridge / Qwen35VLMoEBridge
 BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classes)
+BRIDGE_QWEN35_TP_ABOVE_KV_HEADS = "0.5.0"  # 0.4.x's Qwen3.5 providers refuse TP > query groups (PR #3238)
 BRIDGE_MTP_SEQUENCE_PARALLEL_FIX = "0.5.0"  # MTP shadow-embedding bug with SP (PR #3143)
 BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
 BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (

@@ -62,7 +62,7 @@ def test_run_dir_contents(tmp_path):
 
 def test_refuses_preset_with_errors(tmp_path):
     out = tmp_path / "run"
-    result = render("qwen3.5-35b-a3b-grpo", out, "parallel.tp=4")
+    result = render("qwen3.5-35b-a3b-grpo", out, "parallel.tp=3")
     assert result.exit_code == 1 and "HEAD002" in result.stderr and "nothing was rendered" in result.stderr
     assert not out.exists()
 

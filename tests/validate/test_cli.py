@@ -30,7 +30,7 @@ def test_shipped_presets_are_valid(name):
 
 
 def test_validate_json_shape():
-    result = invoke("validate", "qwen3.5-35b-a3b-grpo", "--set", "parallel.tp=4", "--json")
+    result = invoke("validate", "qwen3.5-35b-a3b-grpo", "--set", "parallel.tp=3", "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert set(data) == {"preset", "ok", "findings", "resolved"} and data["ok"] is False
@@ -41,7 +41,7 @@ def test_validate_json_shape():
 
 
 def test_validate_text_groups_by_severity():
-    result = invoke("validate", "qwen3.5-35b-a3b-grpo", "--set", "parallel.tp=4", "--set", "rollout.python=null")
+    result = invoke("validate", "qwen3.5-35b-a3b-grpo", "--set", "parallel.tp=3", "--set", "rollout.python=null")
     out = result.stdout
     assert result.exit_code == 1
     assert out.index("errors (") < out.index("notes (")
@@ -82,7 +82,7 @@ def test_rules_list_and_doc():
     listing = invoke("rules", "--json")
     assert {r["code"] for r in json.loads(listing.stdout)} == set(RULES)
     doc = invoke("rules", "head002")
-    assert doc.exit_code == 0 and "TP <= 2" in " ".join(doc.stdout.split()) and "Fix:" in doc.stdout
+    assert doc.exit_code == 0 and "megatron-bridge >= 0.5" in " ".join(doc.stdout.split()) and "Fix:" in doc.stdout
     missing = invoke("rules", "HEAD02")
     assert missing.exit_code == 2 and "Did you mean" in missing.stderr
 

@@ -54,7 +54,7 @@ def test_override_values_parse_as_yaml(text, expected):
 
 
 def test_overrides_apply_and_are_located():
-    result = validate("qwen3.5-35b-a3b-grpo", ["parallel.tp=4", "parallel.ep=2"])
+    result = validate("qwen3.5-35b-a3b-grpo", ["parallel.tp=3", "parallel.ep=2"])
     head = [f for f in result.findings if f.code == "HEAD002"]
     assert head and head[0].location == "--set"
 

@@ -32,7 +32,7 @@ CASES = {
                {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1}}),
     "HEAD001": ({"model": {"id": "Qwen/Qwen3.5-27B"}, "cluster": {"nodes": 2}, "parallel": {"tp": 16, "ep": 1}},
                 {"model": {"id": "Qwen/Qwen3.5-27B"}, "parallel": {"tp": 4, "ep": 1}}),
-    "HEAD002": ({"parallel": {"tp": 4, "ep": 2}}, {"parallel": {"tp": 2}}),
+    "HEAD002": ({"parallel": {"tp": 3}}, {"parallel": {"tp": 4, "ep": 2}}),
     "HEAD003": ({"cluster": {"nodes": 4}, "parallel": {"tp": 1, "cp": 32}}, {"parallel": {"tp": 2, "cp": 4}}),
     "HEAD004": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
                     tmp / "c", linear_num_key_heads=16, linear_num_value_heads=24))},
@@ -156,9 +156,23 @@ def test_rule_stays_quiet(code, tmp_path):
     assert code not in found, found.get(code)
 
 
-def test_two_kv_heads_say_tp_at_most_two():
-    message = codes({"parallel": {"tp": 4, "ep": 2}})["HEAD002"][0].message
-    assert "2 KV heads, so TP <= 2" in message
+def test_tp_neither_divisor_nor_multiple_of_the_kv_heads_names_megatron_core():
+    message = codes({"parallel": {"tp": 3}})["HEAD002"][0].message
+    assert "neither a divisor nor a multiple of the 2 KV heads" in message and "Megatron-Core refuses it" in message
+
+
+def test_tp_above_the_kv_heads_is_refused_only_by_the_versions_that_refuse_it():
+    """TP 4 over Qwen3.5-35B-A3B's 2 KV heads: built by megatron-core >= 0.16 and megatron-bridge >= 0.5 (run on
+    an H100: tests/gpu/test_tp_above_kv_heads_gpu.py); megatron-core 0.15 and megatron-bridge 0.4's Qwen3.5
+    providers refuse it, and each message names the one that does."""
+    tp4 = {"parallel": {"tp": 4, "ep": 2}}
+    assert "HEAD002" not in codes(tp4)
+    core = codes({**tp4, "runtime": {"megatron_core": "0.15.0"}})["HEAD002"][0].message
+    assert "megatron-core 0.15.0 refuses that" in core
+    bridge = codes({**tp4, "runtime": {"megatron_bridge": "0.4.1"}})["HEAD002"][0].message
+    assert "megatron-bridge 0.4.1's Qwen3.5 provider refuses that" in bridge
+    # The TE-free builder does not go through the bridge's provider.
+    assert "HEAD002" not in codes({**tp4, "runtime": {"megatron_bridge": "0.4.1", "transformer_engine": "none"}})
 
 
 def test_weight_sync_fallback_says_what_the_runtime_exports_through():

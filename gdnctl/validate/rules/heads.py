@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gdnctl.knowledge import stack, versions
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
@@ -29,52 +30,73 @@ def tp_divides_attention_heads(run):
                     f"Use tp in {{{_divisors(heads)}}}.")
 
 
-@rule("HEAD002", Severity.ERROR, "TP divides the KV heads (query groups)")
+@rule("HEAD002", Severity.ERROR, "TP divides the KV heads, or is a multiple of them where the stack takes it")
 def tp_divides_kv_heads(run):
     """
-    What it checks: parallel.tp divides the KV heads (`num_key_value_heads`, Megatron's query groups).
+    What it checks: parallel.tp divides the KV heads (`num_key_value_heads`, Megatron's query groups), or is a
+    multiple of them on a stack that builds that: megatron-core >= 0.16 and, for the megatron-bridge builder on
+    Qwen3.5, megatron-bridge >= 0.5.
 
-    Why: this is stricter than Megatron-Core. Megatron-Core >= 0.16 accepts a TP that is a multiple or a divisor
-    of the query groups: with TP above the KV heads its SelfAttention all-gathers the QKV activations, and each
-    rank takes its KV group and its share of the query heads (Megatron-LM PR #2565). It refuses only a TP that is
-    neither (`num_query_groups (..) must be a multiple or divisor of tensor_model_parallel_size`); megatron-core
-    0.15 refused everything but a divisor ("must be a multiple of tensor_model_parallel_size", ms-swift #8219),
-    and LAY001 asks for >= 0.16 anyway.
-    What is known to refuse a TP above the KV heads is megatron-bridge 0.4.0 and 0.4.1: their Qwen3.5 providers
-    (`Qwen35VLModelProvider` and `Qwen35VLMoEModelProvider.validate_parallelism`) raise "TP size .. should be less
-    than or equal to num_query_groups" (verl #6681: Qwen3.5-35B-A3B at TP 4); Megatron-Bridge PR #3238 removed the
-    guard, and 0.5.0 and 0.6.2 do not have it. slime PR #1662 moved 35B-A3B from TP 4 to TP 2 stating that
-    "Megatron needs num_query_groups % tensor_model_parallel_size == 0" (on slime's own Qwen3.5 stack; versions not
-    given). gdnctl's trainer does not build through megatron-bridge: it builds Megatron-Core's SelfAttention and
-    cuts linear_qkv evenly over TP as Megatron-Core lays it out (runtime/model/hf_weights.py), but it has not run a
-    TP above the KV heads on GPUs, so this rule keeps refusing it until that run shows which component, if any,
-    refuses it. Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B and Qwen3-Next-80B have 2 KV heads, so TP <= 2 here.
+    Why: a TP that is neither a multiple nor a divisor is refused by Megatron-Core itself (`num_query_groups (..)
+    must be a multiple or divisor of tensor_model_parallel_size`). A multiple is taken since megatron-core 0.16
+    (Megatron-LM PR #2565): SelfAttention all-gathers the QKV activations over TP and each rank takes its KV head
+    and its share of the query heads, and it hands Transformer Engine's attention a config with one group per
+    rank; megatron-core 0.15 refused it ("must be a multiple of tensor_model_parallel_size", ms-swift #8219).
+    megatron-bridge 0.4.0 and 0.4.1 refuse it in their Qwen3.5 providers (`validate_parallelism`: "TP size ..
+    should be less than or equal to num_query_groups"; verl #6681: Qwen3.5-35B-A3B at TP 4); Megatron-Bridge
+    PR #3238 removed the guard, and 0.5.0 and 0.6.2 do not have it (0.6.2's param_mapping.py shards such a layout
+    as replicated copies of the KV heads). slime PR #1662's "Megatron needs num_query_groups %
+    tensor_model_parallel_size == 0" (35B-A3B from TP 4 to TP 2) describes its own stack; the versions above
+    build it. The rollout's vLLM replicates KV heads over its own TP (RLT rules), whatever the trainer's TP.
+
+    Run: tests/gpu/test_tp_above_kv_heads_gpu.py builds tiny Qwen3.5 (2 KV heads) at TP 4 through both builders
+    and tiny Qwen3-Next (1 KV head) at TP 2 through megatron-bridge (megatron-core 0.19.2, TE 2.20.2,
+    megatron-bridge 0.6.2), writes the HF checkpoint over TP, matches transformers' logits, reloads it and runs a
+    backward pass (BENCHMARKS.md, "TP above the KV heads").
 
     Where it was read: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines
     939-946 of megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:
-    tests/runtime/model/test_config_agreement.py) and lines 1338-1345 of 0.19.2 (read in the 0.19.2 wheel), with
-    megatron/core/transformer/attention.py (0.19.2 lines 353-366 and 1838-1856, 0.16.1 lines 289-301: the gather
-    and the slice); megatron-bridge 0.4.1 wheel megatron/bridge/models/qwen_vl/qwen35_vl_provider.py lines 194-198
-    (dense) and 375-379 (MoE), the same in 0.4.0.
+    tests/runtime/model/test_config_agreement.py) and lines 1338-1345 of 0.19.2, with
+    megatron/core/transformer/attention.py (0.19.2 lines 353-381 and 1838-1859, 0.16.1 lines 289-301: the gather,
+    the slice and the config handed to TE); megatron-bridge 0.4.1 wheel megatron/bridge/models/qwen_vl/
+    qwen35_vl_provider.py lines 194-198 (dense) and 375-379 (MoE), the same in 0.4.0; megatron-bridge 0.6.2
+    megatron/bridge/models/conversion/param_mapping.py `_get_shard_spec` (lines 533-576).
 
     Source: megatron/core/transformer/transformer_config.py and attention.py (megatron-core 0.16.1, 0.19.2);
-    megatron-bridge 0.4.0/0.4.1 qwen_vl/qwen35_vl_provider.py; verl-project/verl #6681; NVIDIA-NeMo/Megatron-Bridge
-    PR #3238; modelscope/ms-swift #8219 and PR #8253; THUDM/slime PR #1662.
+    megatron-bridge 0.4.0/0.4.1 qwen_vl/qwen35_vl_provider.py and 0.6.2 conversion/param_mapping.py;
+    verl-project/verl #6681; NVIDIA-NeMo/Megatron-Bridge PR #3238; modelscope/ms-swift #8219 and PR #8253;
+    THUDM/slime PR #1662; the GPU run above.
 
-    Fix: use tp 1 or 2 on 2-KV-head models and scale with ep, cp, pp or dp instead.
+    Fix: a TP that divides the KV heads or is a multiple of them; for a multiple, megatron-core >= 0.16 (and
+    megatron-bridge >= 0.5 for Qwen3.5 through the bridge).
     """
     kv = run.model.num_key_value_heads
     tp = run.preset.parallel.tp
     if kv % tp == 0:
         return
-    if tp % kv == 0:
-        why = ("Megatron-Core >= 0.16 accepts a TP that is a multiple of the KV heads, but megatron-bridge 0.4's "
-               "Qwen3.5 providers refuse it and gdnctl's trainer has not run it on GPUs")
-    else:
-        why = "Megatron-Core refuses it too: the query groups must be a multiple or a divisor of the TP size"
-    yield Issue("parallel.tp", f"tp={tp} does not divide the {kv} KV heads of {run.model.label}: this model has "
-                               f"{kv} KV heads, so TP <= {kv} (TP must divide {kv}); {why}.",
-                f"Use tp in {{{_divisors(kv)}}}; scale with ep/cp/pp/dp instead.")
+    model = run.model.label
+    if tp % kv:
+        yield Issue("parallel.tp", f"tp={tp} is neither a divisor nor a multiple of the {kv} KV heads of {model}: "
+                                   "Megatron-Core refuses it (the query groups must be a multiple or a divisor "
+                                   "of the TP size).",
+                    f"Use tp in {{{_divisors(kv)}}} or a multiple of {kv} that divides the attention heads.")
+        return
+    mcore = run.stack.get("megatron_core")
+    if versions.below(mcore, stack.MCORE_KV_HEAD_REPLICATION):
+        yield Issue("parallel.tp", f"tp={tp} is above the {kv} KV heads of {model}, and megatron-core {mcore} "
+                                   "refuses that (it takes only a TP that divides the query groups; "
+                                   f"{stack.MCORE_KV_HEAD_REPLICATION} replicates KV heads over TP).",
+                    f"Use tp in {{{_divisors(kv)}}}, or megatron-core >= {stack.MCORE_KV_HEAD_REPLICATION} "
+                    "(runtime.megatron_core).")
+        return
+    bridge = run.stack.get("megatron_bridge")
+    if (run.model_builder.value == "megatron-bridge" and run.model.is_qwen35
+            and versions.below(bridge, stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS)):
+        yield Issue("parallel.tp", f"tp={tp} is above the {kv} KV heads of {model}, and megatron-bridge {bridge}'s "
+                                   "Qwen3.5 provider refuses that (\"TP size should be less than or equal to "
+                                   "num_query_groups\"; Megatron-Core itself takes it).",
+                    f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= "
+                    f"{stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS} (runtime.megatron_bridge).")
 
 
 @rule("HEAD003", Severity.ERROR, "TP x CP divides the GDN key heads")
