@@ -1,6 +1,9 @@
 """Run by test_rl_policy_gpu.py in its own process (Megatron's parallel state is process-global).
 
-The rl job's GPU policy (MegatronPolicy: TE-free Megatron-Core model, bf16) against its CPU policy's code
+    python tests/gpu/rl_policy_check.py OUT_DIR [BUILDER] [OVERRIDE ...]    (BUILDER: te-free | megatron-bridge;
+                                                                           OVERRIDE: like --set, key=value)
+
+The rl job's GPU policy (MegatronPolicy: the named builder's Megatron-Core model, bf16) against its CPU policy's code
 (TorchPolicy: transformers' Qwen3.5 class, fp32, here on the same GPU), both loaded from one random HF
 checkpoint of the byte-level tiny Qwen3.5 with the KL term on: the probe log-probs, the exported HF tensors,
 two GRPO steps' loss, grad norm and KL on the same rows, then a MegatronPolicy resumed from the step-2
@@ -36,7 +39,7 @@ def _samples():
     return samples
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29534")
     torch.cuda.set_device(0)
@@ -52,10 +55,13 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     loaded = random_checkpoint(out / "weights", seed=7, init_std=0.2)
     run_dir = out / "run"
+    te = "none" if builder == "te-free" else "2.20.2"
     render("tiny-qwen3.5-rl-cpu", run_dir, ["cluster.gpu=h100", f"model.path={out / 'weights'}",
                                             "kernels.gdn_backend=fla", "comm.memory_guard=false",
-                                            f"grpo.kl_coef={KL_COEF}", f"train.save_dir={out / 'ckpt'}"])
+                                            f"grpo.kl_coef={KL_COEF}", f"train.save_dir={out / 'ckpt'}",
+                                            f"runtime.transformer_engine={te}", *sets])
     config = EngineConfig.from_file(run_dir / "engine.yaml")
+    assert config.train.model_builder == builder, config.train.model_builder
     megatron = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
     reference = TorchPolicy(config, device="cuda")
 
@@ -82,7 +88,11 @@ def main(out_dir: str) -> None:
     resumed = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
     resumed_params = {name: param.detach().float().cpu()
                       for name, param in resumed.trainer.model.module.named_parameters()}
+    # Which parameters did not come back bit-identical: [max |difference|, max |value|] each.
+    inexact = {name: [(resumed_params[name] - t).abs().max().item(), t.abs().max().item()]
+               for name, t in trained.items() if not torch.equal(resumed_params[name], t)}
     print(json.dumps({
+        "builder": builder,
         "probe_mean_abs_diff": probe_gap.abs().mean().item(),
         "exported_names_match": sorted(exported) == sorted(loaded),
         "export_max_abs_diff": export_max_diff,
@@ -94,6 +104,7 @@ def main(out_dir: str) -> None:
         "loss_step2": [megatron_steps[1]["loss"], reference_steps[1]["loss"]],
         "resumed_step": resumed.step,
         "resumed_weights_max_abs_diff": max((resumed_params[n] - t).abs().max().item() for n, t in trained.items()),
+        "resumed_inexact": inexact,
         "resumed_reference_max_abs_diff": max((resumed.reference[n].float() - t).abs().max().item()
                                               for n, t in initial.items()),
         "trained_moved_from_reference": max((trained[n] - t).abs().max().item() for n, t in initial.items()),
@@ -102,4 +113,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

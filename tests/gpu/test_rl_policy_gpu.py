@@ -25,18 +25,30 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def check_result(tmp_path_factory):
-    """One run of rl_policy_check.py (Megatron's parallel state is process-global) for every test here."""
-    out = tmp_path_factory.mktemp("rl_policy")
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(out)],
+BRIDGE_MISSING = (importlib.util.find_spec("transformer_engine") is None
+                  or importlib.util.find_spec("megatron.bridge") is None)
+# The bridge maps the GDN output norm between HF's plain weight and Megatron's zero-centered one (w - 1 and back),
+# so a checkpoint round trip may move those weights by one bf16 rounding of 1 + w (at most 2^-8 (1 + |w|)); every
+# other parameter comes back bit-identical, as with the TE-free builder.
+ZERO_CENTERED_NORM = "out_norm.weight"
+BF16_ROUNDING = 2.0 ** -8
+
+
+@pytest.fixture(scope="module", params=["te-free", pytest.param("megatron-bridge", marks=pytest.mark.skipif(
+    BRIDGE_MISSING, reason="needs Transformer Engine and megatron-bridge"))])
+def check_result(request, tmp_path_factory):
+    """One run of rl_policy_check.py per builder (Megatron's parallel state is process-global)."""
+    builder = request.param
+    out = tmp_path_factory.mktemp(f"rl_policy_{builder}")
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(out), builder],
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["builder"] == builder
     log_dir = os.environ.get("GDNCTL_GPU_LOG_DIR")
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        (Path(log_dir) / "rl_policy.json").write_text(json.dumps(result, indent=1))
+        (Path(log_dir) / f"rl_policy_{builder}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -62,6 +74,11 @@ def test_kl_reference_is_the_starting_policy_also_after_a_resume(check_result):
     # One Adam step apart from the reference; bf16 log-probs vs fp32 ones: same size, not the same digits.
     assert 0.5 < megatron_kl / torch_kl < 2.0
     assert result["resumed_step"] == 2
-    assert result["resumed_weights_max_abs_diff"] == 0.0
+    if result["builder"] == "te-free":
+        assert result["resumed_weights_max_abs_diff"] == 0.0
+    else:
+        inexact = result["resumed_inexact"]
+        assert all(name.endswith(ZERO_CENTERED_NORM) for name in inexact), inexact
+        assert all(diff <= BF16_ROUNDING * (1 + size) for diff, size in inexact.values()), inexact
     assert result["resumed_reference_max_abs_diff"] == 0.0
     assert result["trained_moved_from_reference"] > 0.0
