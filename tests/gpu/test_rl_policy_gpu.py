@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.gpu.test_trainer_gpu import NEEDS_BRIDGE_STACK
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -25,8 +27,6 @@ pytestmark = [
 ]
 
 
-BRIDGE_MISSING = (importlib.util.find_spec("transformer_engine") is None
-                  or importlib.util.find_spec("megatron.bridge") is None)
 # The bridge maps the GDN output norm between HF's plain weight and Megatron's zero-centered one (w - 1 and back),
 # so a checkpoint round trip may move those weights by one bf16 rounding of 1 + w (at most 2^-8 (1 + |w|)); every
 # other parameter comes back bit-identical, as with the TE-free builder.
@@ -34,8 +34,7 @@ ZERO_CENTERED_NORM = "out_norm.weight"
 BF16_ROUNDING = 2.0 ** -8
 
 
-@pytest.fixture(scope="module", params=["te-free", pytest.param("megatron-bridge", marks=pytest.mark.skipif(
-    BRIDGE_MISSING, reason="needs Transformer Engine and megatron-bridge"))])
+@pytest.fixture(scope="module", params=["te-free", pytest.param("megatron-bridge", marks=NEEDS_BRIDGE_STACK)])
 def check_result(request, tmp_path_factory):
     """One run of rl_policy_check.py per builder (Megatron's parallel state is process-global)."""
     builder = request.param

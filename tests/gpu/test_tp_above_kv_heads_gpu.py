@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from tests.gpu.test_trainer_gpu import HERE, _record
+from tests.gpu.test_trainer_gpu import HERE, NEEDS_BRIDGE_STACK, _record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,15 +29,12 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core"),
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers"),
 ]
-NEEDS_BRIDGE = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
-                                  or importlib.util.find_spec("megatron.bridge") is None,
-                                  reason="needs Transformer Engine and megatron-bridge")
 
 CASES = [
     pytest.param("te-free", "gdnctl/tiny-qwen3.5", 4, id="te-free-qwen3.5-tp4-kv2"),
-    pytest.param("megatron-bridge", "gdnctl/tiny-qwen3.5", 4, id="bridge-qwen3.5-tp4-kv2", marks=NEEDS_BRIDGE),
+    pytest.param("megatron-bridge", "gdnctl/tiny-qwen3.5", 4, id="bridge-qwen3.5-tp4-kv2", marks=NEEDS_BRIDGE_STACK),
     pytest.param("megatron-bridge", "gdnctl/tiny-qwen3-next-bytes", 2, id="bridge-qwen3-next-tp2-kv1",
-                 marks=NEEDS_BRIDGE),
+                 marks=NEEDS_BRIDGE_STACK),
 ]
 
 

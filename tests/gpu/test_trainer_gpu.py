@@ -31,6 +31,10 @@ pytestmark = [
 ]
 
 HERE = Path(__file__).parent
+# The megatron-bridge builder's stack, for the GPU tests that also run it.
+NEEDS_BRIDGE_STACK = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
+                                        or importlib.util.find_spec("megatron.bridge") is None,
+                                        reason="needs Transformer Engine and megatron-bridge")
 PRESET = "tiny-qwen3.5-sft"
 TWO_GPU_PRESET = "tiny-qwen3.5-sft-2gpu"
 STEPS = 20
