@@ -7,7 +7,9 @@ The rl job's GPU policy (MegatronPolicy: the named builder's Megatron-Core model
 (TorchPolicy: transformers' Qwen3.5 class, fp32, here on the same GPU), both loaded from one random HF
 checkpoint of the byte-level tiny Qwen3.5 with the KL term on: the probe log-probs, the exported HF tensors,
 two GRPO steps' loss, grad norm and KL on the same rows, then a MegatronPolicy resumed from the step-2
-checkpoint, whose KL reference must still be the starting weights. Prints one JSON line with what it measured.
+checkpoint, whose KL reference must still be the starting weights. The same transformers class in bf16 takes
+step 1 as well: its grad norm is how far bf16 alone moves this step's gradient. Prints one JSON line with what it
+measured.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def _samples():
         samples.append(Sample(index // 4, tuple(prompt), tuple(response), tuple(-5.5 for _ in response), "stop",
                               0.0, [1.0, -1.0, 0.5, -0.5][index % 4]))
     return samples
+
+
+def _bf16_policy(config):
+    """The CPU policy's code with its weights (and KL reference) cast to bf16, on the GPU."""
+    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+
+    policy = TorchPolicy(config, device="cuda")
+    policy.module.to(torch.bfloat16)
+    if policy.reference is not None:
+        policy.reference.to(torch.bfloat16)
+    return policy
 
 
 def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
@@ -76,6 +89,7 @@ def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
     megatron_steps = [megatron.train_step(rows, config.grpo) for _ in range(2)]
     reference_steps = [reference.train_step(rows, config.grpo) for _ in range(2)]
     megatron_stats, reference_stats = megatron_steps[0], reference_steps[0]
+    bf16_stats = _bf16_policy(config).train_step(rows, config.grpo)
 
     # Resume from step 2: the trained weights come back, the KL reference stays the starting checkpoint.
     megatron.save(out / "ckpt", 2)
@@ -97,7 +111,8 @@ def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
         "exported_names_match": sorted(exported) == sorted(loaded),
         "export_max_abs_diff": export_max_diff,
         "loss": [megatron_stats["loss"], reference_stats["loss"]],
-        "grad_norm": [megatron_stats["grad_norm"], reference_stats["grad_norm"]],
+        # Step 1: [Megatron (bf16), transformers fp32, transformers bf16].
+        "grad_norm": [megatron_stats["grad_norm"], reference_stats["grad_norm"], bf16_stats["grad_norm"]],
         "tokens": [megatron_stats["tokens"], reference_stats["tokens"]],
         "kl_step1": [megatron_steps[0]["kl"], reference_steps[0]["kl"]],
         "kl_step2": [megatron_steps[1]["kl"], reference_steps[1]["kl"]],
