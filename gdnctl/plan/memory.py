@@ -105,6 +105,19 @@ def _activation_bytes_per_token(m: ModelArch) -> tuple[float, float]:
     return mixer, mlp
 
 
+def _gathered_qkv_bytes_per_token(m: ModelArch, tp: int) -> float:
+    """bf16 bytes per token, averaged over layers, that every TP rank keeps beyond its share when TP exceeds the
+    KV heads: Megatron-Core then all-gathers the whole QKV-and-gate projection on each rank and slices its query
+    group out of it (megatron/core/transformer/attention.py, get_query_key_value_tensors: "Assemble the full ...
+    through an AG", 0.19.2 lines 1840-1859), and the value and gate kept for backward are views of that gathered
+    tensor, so its storage stays alive until the layer's backward (about 1.5 GiB per rank for Qwen3.5-35B-A3B at
+    TP 4 with 8k tokens; read from the code, not measured)."""
+    if tp <= m.num_key_value_heads:
+        return 0.0
+    width = 2 * m.num_attention_heads * m.head_dim + 2 * m.num_key_value_heads * m.head_dim  # q, gate, k, v
+    return 2 * width * m.num_full_attention_layers / max(m.num_layers, 1)
+
+
 @dataclass(frozen=True)
 class MemoryRow:
     name: str
@@ -173,7 +186,8 @@ def _estimate_training(run) -> MemoryEstimate:
 
     tokens = t.micro_batch_size * t.seq_length / p.cp
     mixer, mlp = _activation_bytes_per_token(m)
-    per_layer = tokens * (mixer + mlp) / p.tp
+    gathered = _gathered_qkv_bytes_per_token(m, p.tp)
+    per_layer = tokens * ((mixer + mlp) / p.tp + gathered)
     num_microbatches = max(1, t.global_batch_size // (t.micro_batch_size * dp))
     in_flight = min(p.pp, num_microbatches)
     if t.recompute == "full":
@@ -182,6 +196,9 @@ def _estimate_training(run) -> MemoryEstimate:
     else:
         kept = per_layer * layers_per_stage * in_flight * RECOMPUTE_KEEP[t.recompute]
         act_note = f"{t.recompute} recompute, {layers_per_stage:g} layers x {in_flight} micro-batch(es) in flight"
+    if gathered:
+        act_note += (f"; tp {p.tp} above {m.num_key_value_heads} KV heads: each rank keeps the whole gathered QKV "
+                     "projection")
     logits = tokens * (m.vocab_size / p.tp) * (2 + 4)
     logits_note = f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"
     rl_rows: tuple[MemoryRow, ...] = ()
