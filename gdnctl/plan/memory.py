@@ -110,8 +110,8 @@ def _gathered_qkv_bytes_per_token(m: ModelArch, tp: int) -> float:
     KV heads: Megatron-Core then all-gathers the whole QKV-and-gate projection on each rank and slices its query
     group out of it (megatron/core/transformer/attention.py, get_query_key_value_tensors: "Assemble the full ...
     through an AG", 0.19.2 lines 1840-1859), and the value and gate kept for backward are views of that gathered
-    tensor, so its storage stays alive until the layer's backward (about 1.5 GiB per rank for Qwen3.5-35B-A3B at
-    TP 4 with 8k tokens; read from the code, not measured)."""
+    tensor, so its storage stays alive until the layer's backward (about 1.4 GiB per rank for Qwen3.5-35B-A3B at
+    TP 4 with 8k tokens and no recompute; read from the code, not measured)."""
     if tp <= m.num_key_value_heads:
         return 0.0
     width = 2 * m.num_attention_heads * m.head_dim + 2 * m.num_key_value_heads * m.head_dim  # q, gate, k, v
