@@ -216,21 +216,12 @@ def test_tp_above_the_kv_heads_keeps_the_whole_gathered_qkv_on_every_rank(monkey
     """35B-A3B (16 query heads of 256, 2 KV heads, 10 attention layers of 40) at tp 4 without recompute: each rank
     keeps the all-gathered q, gate, k and v of every attention layer, (2 x 16 + 2 x 2) x 256 bf16 values a token,
     on top of its own share; at tp 2 nothing is gathered."""
-    changes = {"parallel": {"tp": 4}, "train": {"recompute": "none"}}
-    run = run_of(changes)
-    with_gather = memory.estimate_training(run)
+    run = run_of({"parallel": {"tp": 4}, "train": {"recompute": "none"}})
+    with_gather = _rows(run)
+    note = next(row.note for row in memory.estimate_training(run).rows if row.name == "activations")
     monkeypatch.setattr(memory, "_gathered_qkv_bytes_per_token", lambda model, tp: 0.0)
-    without = memory.estimate_training(run)
-    extra = _rows_of(with_gather)["activations"] - _rows_of(without)["activations"]
+    extra = with_gather["activations"] - _rows(run)["activations"]
     assert extra == pytest.approx(8192 * 10 * (2 * 16 + 2 * 2) * 256 * 2 / memory.GIB)  # 1.41 GiB
-    assert "each rank keeps the whole gathered QKV" in _notes_of(with_gather)["activations"]
+    assert "each rank keeps the whole gathered QKV" in note
     monkeypatch.undo()
     assert memory._gathered_qkv_bytes_per_token(run_of({"parallel": {"tp": 2}}).model, 2) == 0.0
-
-
-def _rows_of(estimate) -> dict[str, float]:
-    return {row.name: row.gib for row in estimate.rows}
-
-
-def _notes_of(estimate) -> dict[str, str]:
-    return {row.name: row.note for row in estimate.rows}
