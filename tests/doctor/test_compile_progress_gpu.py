@@ -44,6 +44,7 @@ def gdnctl(*args: str) -> subprocess.CompletedProcess:
                           env=env)
 
 
+@pytest.mark.xdist_group("compile-progress")  # the second test reads the cache the first compiled (pytest -n)
 def test_prewarm_from_a_cold_cache_says_each_kernel_and_keeps_tilelang_in_the_log(cache_dir):
     proc = gdnctl("prewarm", PRESET, "--cache-dir", str(cache_dir), "--no-verify")
     print(proc.stdout)
@@ -58,6 +59,7 @@ def test_prewarm_from_a_cold_cache_says_each_kernel_and_keeps_tilelang_in_the_lo
     assert "TileLang begins to compile kernel" in (cache_dir / COMPILE_LOG_NAME).read_text()
 
 
+@pytest.mark.xdist_group("compile-progress")
 def test_doctor_from_the_warm_cache_compiles_nothing_and_keeps_stdout_json(cache_dir):
     proc = gdnctl("doctor", PRESET, "--kernels", "--bench", "--json", "--set", f"launch.kernel_cache_dir={cache_dir}")
     print(proc.stderr)

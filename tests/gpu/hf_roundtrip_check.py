@@ -25,6 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+# Run as a script: the repository root (for tests.gpu) is not on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.gpu.process_group import init_check_process_group  # noqa: E402
+
 
 def _engine_config(run_dir: Path, model_id: str, builder: str, tp: int):
     from gdnctl.launch.render import render
@@ -40,11 +44,10 @@ def _engine_config(run_dir: Path, model_id: str, builder: str, tp: int):
 
 
 def main(out_dir: str, model_id: str = "gdnctl/tiny-qwen3.5", builder_name: str = "te-free") -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    rank, tp = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if tp == 1 else "gloo", rank=rank, world_size=tp)
+    # One rank per GPU talks NCCL; ranks sharing GPU 0 under torchrun talk gloo (the docstring says why).
+    backend = "nccl" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
+    rank, tp = init_check_process_group(Path(out_dir), backend)
     from megatron.core import parallel_state, tensor_parallel
 
     from gdnctl.runtime.kernels.backends import install_kernel_on_layers, patch_megatron_gdn_kernel, resolve_backend

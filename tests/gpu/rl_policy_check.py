@@ -15,7 +15,6 @@ measured.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -24,8 +23,9 @@ import torch.distributed as dist
 
 KL_COEF = 0.05
 
-# Run as a script: the repository root (for tests.rl) is not on sys.path by itself.
+# Run as a script: the repository root (for tests.gpu and tests.runtime.rl) is not on sys.path by itself.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.gpu.process_group import init_check_process_group  # noqa: E402
 
 
 def _samples():
@@ -53,10 +53,8 @@ def _bf16_policy(config):
 
 
 def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29534")
     torch.cuda.set_device(0)
-    dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+    init_check_process_group(Path(out_dir), "cpu:gloo,cuda:nccl")
     from gdnctl.launch.render import render
     from gdnctl.runtime.comm.guard import CommGuardPolicy
     from gdnctl.runtime.rl import batch as rl_batch

@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from tests.gpu.test_trainer_gpu import HERE, STEPS, _launch, _patterned_data, _record
+from tests.gpu.test_trainer_gpu import HERE, STEPS, _finish_all, _launch, _patterned_data, _record, _start
 
 BRIDGE = "megatron-bridge"
 pytestmark = [
@@ -59,19 +59,23 @@ def test_bridge_hf_round_trip_matches_transformers_and_reloads(tmp_path, model):
 
 @pytest.fixture(scope="module")
 def precision_curves(tmp_path_factory, data_file) -> dict[str, list[dict]]:
+    """The same 20 steps in bf16 and in FP8, launched side by side (one GPU holds both)."""
     runs = tmp_path_factory.mktemp("bridge-runs")
-    found = {precision: _launch(runs / precision, "kernels.gdn_backend=fla", f"train.precision={precision}",
-                                f"train.data_path={data_file}", f"train.train_iters={STEPS}", builder=BRIDGE)
-             for precision in ("bf16", "fp8")}
+    found = _finish_all({precision: _start(runs / precision, "kernels.gdn_backend=fla", f"train.precision={precision}",
+                                           f"train.data_path={data_file}", f"train.train_iters={STEPS}",
+                                           builder=BRIDGE)
+                         for precision in ("bf16", "fp8")})
     _record("bridge_precision_curves", {p: [step["loss"] for step in steps] for p, steps in found.items()})
     return found
 
 
+@pytest.mark.xdist_group("bridge-precision")  # one worker launches the curves once for both tests (pytest -n)
 def test_bridge_loss_falls(precision_curves):
     losses = [step["loss"] for step in precision_curves["bf16"]]
     assert len(losses) == STEPS and losses[-1] < 0.5 * losses[0], losses
 
 
+@pytest.mark.xdist_group("bridge-precision")
 def test_fp8_tracks_bf16(precision_curves):
     bf16, fp8 = ([step["loss"] for step in precision_curves[p]] for p in ("bf16", "fp8"))
     worst = max(abs(a - b) / b for a, b in zip(fp8, bf16))

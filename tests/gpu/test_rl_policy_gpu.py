@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core"),
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers"),
+    pytest.mark.xdist_group("rl-policy"),  # one worker runs each builder's check once for both tests (pytest -n)
 ]
 
 

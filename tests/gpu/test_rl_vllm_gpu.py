@@ -34,6 +34,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core"),
     pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no GPU vLLM environment)"),
+    # One at a time (pytest -n): each engine takes rollout.gpu_memory_utilization of the GPU, and the tests read
+    # the GPU's memory in use as a whole while vLLM sleeps and wakes.
+    pytest.mark.xdist_group("gpu-vllm"),
 ]
 
 

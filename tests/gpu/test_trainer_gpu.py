@@ -17,8 +17,10 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,17 +57,64 @@ def _patterned_data(path: Path, documents: int = 512, vocab: int = 4096) -> Path
     return path
 
 
-def _launch(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-free") -> list[dict]:
-    """`gdnctl launch` the preset; builder "te-free" pins gdnctl's TE-free spec (runtime.transformer_engine: none),
-    "megatron-bridge" leaves the preset's Transformer Engine."""
+@dataclass
+class _Started:
+    """A `gdnctl launch` running in the background; its console goes to files beside the run directory, so two
+    launches never block on a full pipe while the test waits for the other."""
+
+    process: subprocess.Popen
+    run_dir: Path
+    log_name: str
+
+
+def _start(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-free") -> _Started:
+    """Start `gdnctl launch` of the preset; builder "te-free" pins gdnctl's TE-free spec
+    (runtime.transformer_engine: none), "megatron-bridge" leaves the preset's Transformer Engine."""
     te_free = ["--set", "runtime.transformer_engine=none"] if builder == "te-free" else []
     command = [sys.executable, "-m", "gdnctl", "launch", preset, "-o", str(run_dir), "--force", *te_free,
                *(arg for value in sets for arg in ("--set", value))]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
-    _record_log(f"{preset}-{run_dir.name}", proc.stdout + proc.stderr)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _console(run_dir, "stdout").open("w") as stdout, _console(run_dir, "stderr").open("w") as stderr:
+        # Its own session: a failed wait stops torchrun and the trainer ranks with it (_stop).
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+    return _Started(process, run_dir, f"{preset}-{run_dir.name}")
+
+
+def _finish(started: _Started, timeout: float = 1200) -> list[dict]:
+    """Wait for a started launch; its metrics, one dict a step, after asserting it succeeded."""
+    try:
+        started.process.wait(timeout=timeout)
+    finally:
+        _stop(started.process)
+    stdout, stderr = (_console(started.run_dir, stream).read_text() for stream in ("stdout", "stderr"))
+    _record_log(started.log_name, stdout + stderr)
+    assert started.process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    assert "Traceback" not in stderr
+    return [json.loads(line) for line in (started.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _finish_all(started: dict[str, _Started]) -> dict[str, list[dict]]:
+    """Wait for launches started side by side; if one fails, the others are stopped before the failure shows."""
+    try:
+        return {name: _finish(run) for name, run in started.items()}
+    finally:
+        for run in started.values():
+            _stop(run.process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _launch(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-free") -> list[dict]:
+    """`gdnctl launch` the preset and wait for it (see _start)."""
+    return _finish(_start(run_dir, *sets, preset=preset, builder=builder))
+
+
+def _console(run_dir: Path, stream: str) -> Path:
+    return run_dir.parent / f"{run_dir.name}.{stream}"
 
 
 def _record(name: str, document: dict) -> None:
@@ -105,17 +154,17 @@ def test_hf_checkpoint_matches_transformers_and_reloads(tmp_path):
 
 @pytest.fixture(scope="module")
 def curves(tmp_path_factory, data_file) -> dict[str, list[dict]]:
+    """The same 20 steps with each installed GDN kernel, launched side by side (one GPU holds both)."""
     runs = tmp_path_factory.mktemp("runs")
-    found = {}
-    for backend in ("fla", "flashqla"):
-        if backend == "flashqla" and importlib.util.find_spec("flash_qla") is None:
-            continue
-        found[backend] = _launch(runs / backend, f"kernels.gdn_backend={backend}",
-                                 f"train.data_path={data_file}", f"train.train_iters={STEPS}")
+    backends = ["fla"] + (["flashqla"] if importlib.util.find_spec("flash_qla") is not None else [])
+    found = _finish_all({backend: _start(runs / backend, f"kernels.gdn_backend={backend}",
+                                         f"train.data_path={data_file}", f"train.train_iters={STEPS}")
+                         for backend in backends})
     _record("loss_curves", {backend: [step["loss"] for step in steps] for backend, steps in found.items()})
     return found
 
 
+@pytest.mark.xdist_group("trainer-curves")  # one worker launches the curves once for the three tests (pytest -n)
 @pytest.mark.parametrize("backend", ["fla", "flashqla"])
 def test_loss_falls(curves, backend):
     if backend not in curves:
@@ -125,6 +174,7 @@ def test_loss_falls(curves, backend):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+@pytest.mark.xdist_group("trainer-curves")
 def test_fla_and_flashqla_curves_agree(curves):
     if "flashqla" not in curves:
         pytest.skip("flash-qla is not installed")
