@@ -47,6 +47,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         rollout = EngineRollout(
             engine=r.engine, tp=r.tp, num_gpus=run.rollout_gpus.value, colocate=r.colocate,
             gdn_prefill_backend=r.gdn_prefill_backend, gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_gib=r.kv_cache_gib,
             max_model_len=r.max_model_len or t.seq_length, n_samples_per_prompt=r.n_samples_per_prompt,
             prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
             max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,

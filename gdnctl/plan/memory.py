@@ -236,11 +236,25 @@ def rollout_weights_gib(run) -> float:
     return _real(2 * counts.total(run.model, with_mtp=False)) / run.preset.rollout.tp / GIB
 
 
+def rollout_share(run) -> MemoryRow:
+    """What vLLM holds on one of its GPUs: rollout.gpu_memory_utilization of the GPU (weights, then the KV cache
+    in what profiling leaves), or with rollout.kv_cache_gib the weights plus that fixed KV cache (vLLM skips the
+    profiling: vllm/v1/worker/gpu_worker.py determine_available_memory, 0.26.0)."""
+    rollout = run.preset.rollout
+    weights = rollout_weights_gib(run)
+    if rollout.kv_cache_gib is not None:
+        return MemoryRow("vLLM", weights + rollout.kv_cache_gib,
+                         f"{weights:.1f} GiB of weights + kv_cache_gib {rollout.kv_cache_gib:g}")
+    return MemoryRow("vLLM", rollout.gpu_memory_utilization * run.gpu.memory_gib,
+                     f"gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB: "
+                     f"{weights:.1f} GiB of weights, the rest KV cache")
+
+
 def estimate_rollout_phase(run) -> MemoryEstimate | None:
     """Per-GPU memory while a colocated vLLM generates: the trainer keeps its weights, gradients and optimizer
     state (it frees only its activations and cached blocks, runtime/rl/job.py), and vLLM wakes into the
-    share it took at start-up, rollout.gpu_memory_utilization of the GPU (weights + KV cache: vLLM's sleep
-    mode re-allocates exactly what it released). None when the rollout has GPUs of its own."""
+    share it took at start-up (rollout_share: vLLM's sleep mode re-allocates exactly what it released). None
+    when the rollout has GPUs of its own."""
     rollout = run.preset.rollout
     if run.preset.job != "rl" or rollout is None or not rollout.colocate or run.gpu.sm is None or run.dp is None:
         return None
@@ -248,8 +262,5 @@ def estimate_rollout_phase(run) -> MemoryEstimate | None:
     kept = (*RESIDENT_ROWS, "overhead")
     rows = [MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
             for row in training.rows if row.name in kept]
-    share = rollout.gpu_memory_utilization * run.gpu.memory_gib
-    rows.insert(-1, MemoryRow("vLLM", share, f"gpu_memory_utilization {rollout.gpu_memory_utilization} x "
-                                             f"{run.gpu.memory_gib:g} GiB: {rollout_weights_gib(run):.1f} GiB of "
-                                             "weights, the rest KV cache"))
+    rows.insert(-1, rollout_share(run))
     return MemoryEstimate(tuple(rows), run.gpu.memory_gib)

@@ -86,6 +86,8 @@ class EngineRollout(_Frozen):
     colocate: bool
     gdn_prefill_backend: str | None
     gpu_memory_utilization: float
+    # vLLM's KV cache per GPU in GiB (kv_cache_memory_bytes; no memory profiling); None: sized by profiling.
+    kv_cache_gib: float | None
     max_model_len: int
     n_samples_per_prompt: int
     prompts_per_step: int

@@ -37,6 +37,7 @@ MAX_CPUS = 65_536  # CPUs on one host
 MAX_LORA_RANK = 65_536  # past every hidden size: a LoRA rank cannot exceed the width it adapts
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64; Megatron adds small per-rank offsets to the seed
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: no rollout request legitimately takes longer
+MAX_GPU_MEMORY_GIB = 4_096.0  # 4 TiB: past any one accelerator's memory (MEM002 checks the preset's GPU)
 
 
 def _number_as_text(value: object, kinds: type | UnionType) -> object:
@@ -164,6 +165,12 @@ class RolloutSpec(_Section):
     colocate: bool = Field(True, description="trainer and rollout share GPUs, offloading between phases")
     gdn_prefill_backend: str | None = Field(None, description="vLLM --gdn-prefill-backend; null emits no flag")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    kv_cache_gib: float | None = Field(
+        None, gt=0, le=MAX_GPU_MEMORY_GIB,
+        description="vLLM's KV cache per GPU in GiB (its kv_cache_memory_bytes): a fixed size instead of what "
+                    "memory profiling leaves of gpu_memory_utilization. vLLM then skips the profiling, which "
+                    "fails when another process on the GPU frees memory meanwhile; it still wants "
+                    "gpu_memory_utilization of the GPU free at start-up. null: profile")
     max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="default: train.seq_length (at most "
                                                                           f"{MAX_TOKENS:,})")
     n_samples_per_prompt: int = Field(8, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")

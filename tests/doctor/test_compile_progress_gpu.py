@@ -73,7 +73,8 @@ def test_doctor_from_the_warm_cache_compiles_nothing_and_keeps_stdout_json(cache
 
 def test_fla_prewarm_fills_the_triton_cache_the_trainer_then_starts_from(tmp_path):
     """FLA's Triton kernels compile into the kernel cache's triton/ folder, a fresh process starts from it, and a
-    launch with that kernel_cache_dir warms up from it and fills the inductor cache beside it."""
+    launch with that kernel_cache_dir warms up from it and, with kernels.torch_compile on (it is off by default),
+    fills the inductor cache beside it."""
     cache = tmp_path / "kernel-cache"
     proc = gdnctl("prewarm", PRESET, "--backend", "fla", "--cache-dir", str(cache), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -89,7 +90,7 @@ def test_fla_prewarm_fills_the_triton_cache_the_trainer_then_starts_from(tmp_pat
     run_dir = tmp_path / "run"
     launch = gdnctl("launch", PRESET, "-o", str(run_dir), "--force", "--set", "kernels.gdn_backend=fla",
                     "--set", "runtime.transformer_engine=none", "--set", "train.train_iters=2",
-                    "--set", f"launch.kernel_cache_dir={cache}")
+                    "--set", "kernels.torch_compile=true", "--set", f"launch.kernel_cache_dir={cache}")
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     warm_up = json.loads((run_dir / "kernel_warm_up.json").read_text())
     assert warm_up["kernel"] == "fla" and warm_up["first_call_s"] < 0.25 * max(cold.values()), warm_up

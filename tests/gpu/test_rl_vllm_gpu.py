@@ -24,10 +24,12 @@ from tests.runtime.rl.test_rl_vllm import first_and_last_rewards
 
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
 PRESET = "tiny-qwen3.5-rl-cpu"
-# The CPU preset's tiny byte-level models and toy task, on an H100 with the TE-free trainer and FLA.
+# The CPU preset's tiny byte-level models and toy task, on an H100 with the TE-free trainer and FLA. A fixed KV
+# cache: vLLM's memory profiling fails when another process frees GPU memory meanwhile (the other GPU tests under
+# pytest -n); 16 GiB keeps what sleep frees far above what the others move.
 ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0",
-          "kernels.gdn_backend=fla", "rollout.gpu_memory_utilization=0.3", "rollout.enforce_eager=true",
-          "rollout.gdn_prefill_backend=triton")
+          "kernels.gdn_backend=fla", "rollout.gpu_memory_utilization=0.3", "rollout.kv_cache_gib=16",
+          "rollout.enforce_eager=true", "rollout.gdn_prefill_backend=triton")
 
 pytestmark = [
     pytest.mark.gpu,

@@ -98,7 +98,7 @@ def test_rl_ranks_wait_longer_than_the_rollout_server_may_take():
     base = tiny_engine_config()
     assert collective_timeout(base) == timedelta(minutes=5)  # the selftest fixture
     rollout = {"engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": True, "gdn_prefill_backend": None,
-               "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2,
+               "gpu_memory_utilization": 0.5, "kv_cache_gib": None, "max_model_len": 256, "n_samples_per_prompt": 2,
                "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 1200.0,
                "probe_tolerance": 0.1, "max_step0_logprob_gap": 0.05,
                "python": None,

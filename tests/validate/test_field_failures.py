@@ -211,6 +211,32 @@ def test_optimizer_state_is_in_the_estimate_from_the_start():
     assert rows["optimizer"] > 0 and offloaded["optimizer"] == 0
 
 
+# --- a fixed vLLM KV cache (rollout.kv_cache_gib: vLLM's kv_cache_memory_bytes) ----------------------------------
+def test_a_fixed_kv_cache_is_what_vllm_holds_in_the_rollout_phase():
+    run = run_of({"rollout": {"kv_cache_gib": 12}})
+    share = memory.rollout_share(run)
+    assert share.gib == pytest.approx(memory.rollout_weights_gib(run) + 12)
+    phase = {row.name: row.gib for row in memory.estimate_rollout_phase(run).rows}
+    assert phase["vLLM"] == pytest.approx(share.gib)
+    profiled = run_of()
+    assert memory.rollout_share(profiled).gib == pytest.approx(
+        profiled.preset.rollout.gpu_memory_utilization * profiled.gpu.memory_gib)
+
+
+def test_a_kv_cache_larger_than_the_gpu_is_refused_at_its_field():
+    found = codes({"rollout": {"kv_cache_gib": 90}})
+    (mem002,) = found["MEM002"]
+    assert mem002.severity is Severity.ERROR and mem002.path == "rollout.kv_cache_gib"
+    assert "Lower rollout.kv_cache_gib" in mem002.hint
+    assert {f.path for f in found["MEM003"]} == {"rollout.kv_cache_gib"}
+    assert "MEM002" not in codes({"rollout": {"kv_cache_gib": 8}})
+
+
+def test_kv_cache_gib_must_be_positive():
+    with pytest.raises(ValidationError):
+        run_of({"rollout": {"kv_cache_gib": 0}})
+
+
 # --- TP above the KV heads: the gathered QKV projection (megatron/core/transformer/attention.py) -----------------
 def test_tp_above_the_kv_heads_keeps_the_whole_gathered_qkv_on_every_rank(monkeypatch):
     """35B-A3B (16 query heads of 256, 2 KV heads, 10 attention layers of 40) at tp 4 without recompute: each rank

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
 import socket
 import struct
@@ -267,7 +268,8 @@ class RolloutClient:
             raise RolloutError(f"the rollout server closed the connection during '{op}'; "
                                f"{_see_log(self._log_path)}") from None
         if "error" in reply:
-            raise RolloutError(f"the rollout server failed '{op}': {reply['error']}")
+            raise RolloutError(f"the rollout server failed '{op}': {reply['error']}"
+                               f"{_cause_in_log(self._log_path, reply['error'])}")
         return reply
 
     def close(self, timeout: float = 60.0) -> None:
@@ -300,6 +302,32 @@ def _try_connect(address_file: Path) -> Connection | None:
         return Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
     except ConnectionRefusedError:
         return None
+
+
+# "SomeError: text" anywhere on a line: Python's last traceback line, also behind vLLM's "(EngineCore pid=N)"
+# and "ERROR <date> [core.py:N]" prefixes.
+_EXCEPTION_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (\S.*)$")
+# Read this much of the log's end: the engine's traceback is the last thing it wrote.
+_LOG_TAIL_BYTES = 256 << 10
+
+
+def _cause_in_log(log_path: Path | None, reported: str) -> str:
+    """The log's last exception line other than the one the server reported, as a clause to append: vLLM's
+    engine core fails its start-up with "Engine core initialization failed. See root cause above.", and the
+    root cause is in the engine core process's output, which only the log has."""
+    if log_path is None:
+        return ""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(max(0, log.seek(0, 2) - _LOG_TAIL_BYTES))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return f"; its log is {log_path}"
+    for line in reversed(tail.splitlines()):
+        match = _EXCEPTION_LINE.search(line.strip())
+        if match and match.group(2) not in reported:
+            return f"; its log {log_path} says: {match.group(0)}"
+    return f"; its log is {log_path}"
 
 
 def _see_log(log_path: Path | None) -> str:

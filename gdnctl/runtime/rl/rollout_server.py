@@ -51,12 +51,17 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
         "model": model, "skip_tokenizer_init": True, "dtype": "bfloat16", "seed": config.train.seed,
         "tensor_parallel_size": rollout.tp, "max_model_len": rollout.max_model_len,
     }
+    kv_cache_bytes = None if rollout.kv_cache_gib is None else int(rollout.kv_cache_gib * 2**30)
     if config.device == "cpu":
         # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model) and a
         # fixed KV cache.
-        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or CPU_KV_CACHE_BYTES)
     else:
         kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager)
+        if kv_cache_bytes is not None:
+            # vLLM reserves exactly this and skips its memory profiling (gpu_worker.determine_available_memory),
+            # whose check fails when another process on the GPU frees memory while it profiles.
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
     if rollout.sleep_between_phases:
         kwargs["enable_sleep_mode"] = True
     if rollout.vision_language_class:

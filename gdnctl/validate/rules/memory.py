@@ -45,19 +45,31 @@ def rollout_weights_fit(run):
     """
     What it checks: the bf16 weights on one rollout GPU (all parameters / rollout.tp) against
     rollout.gpu_memory_utilization x GPU memory: error when they exceed it, warning above 80% of it
-    (little room left for the KV cache).
+    (little room left for the KV cache). With rollout.kv_cache_gib: the weights plus that KV cache against the
+    GPU's memory (error above it).
 
-    Why: vLLM fails at start-up ("No available memory for the cache blocks") after the trainer has loaded.
+    Why: vLLM fails at start-up ("No available memory for the cache blocks") after the trainer has loaded; with
+    a fixed KV cache it allocates kv_cache_gib whatever gpu_memory_utilization says, and a GPU without that much
+    room fails the allocation.
 
     Source: vLLM's start-up KV-cache allocation ("No available memory for the cache blocks"); gdnctl/plan/memory.py
-    rollout_weights_gib (bf16 weights / rollout.tp).
+    rollout_weights_gib (bf16 weights / rollout.tp); vllm/v1/worker/gpu_worker.py determine_available_memory
+    returns kv_cache_memory_bytes unprofiled (vLLM 0.26.0).
 
-    Fix: raise rollout.tp or rollout.gpu_memory_utilization.
+    Fix: raise rollout.tp or rollout.gpu_memory_utilization; with kv_cache_gib, lower it or raise rollout.tp.
     """
     rollout = run.preset.rollout
     if run.preset.job != "rl" or rollout is None or run.gpu.sm is None:
         return
     weights = memory.rollout_weights_gib(run)
+    if rollout.kv_cache_gib is not None:
+        share = memory.rollout_share(run)
+        if share.gib > run.gpu.memory_gib:
+            yield Issue("rollout.kv_cache_gib",
+                        f"vLLM cannot allocate its KV cache: {share.note} = {share.gib:.1f} GiB per rollout GPU "
+                        f"(tp={rollout.tp}) vs {run.gpu.memory_gib:g} GiB on a {run.gpu.description}.",
+                        "Lower rollout.kv_cache_gib or raise rollout.tp.")
+        return
     budget = rollout.gpu_memory_utilization * run.gpu.memory_gib
     text = (f"{weights:.1f} GiB of weights per rollout GPU (tp={rollout.tp}) vs {budget:.1f} GiB "
             f"(gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB)")
@@ -74,8 +86,8 @@ def colocated_rollout_fits(run):
     """
     What it checks: an rl job whose vLLM shares the trainer's GPUs, in the phase where vLLM is awake (`gdnctl
     explain` prints its table): the trainer's weights, gradients and optimizer state, which stay on the GPU
-    while vLLM generates, plus vLLM's share (rollout.gpu_memory_utilization of the GPU) and the overhead,
-    against the GPU's memory: error above 100%, warning above 90%.
+    while vLLM generates, plus vLLM's share (rollout.gpu_memory_utilization of the GPU, or its weights plus
+    rollout.kv_cache_gib) and the overhead, against the GPU's memory: error above 100%, warning above 90%.
 
     Why: vLLM takes its share as a fraction of the whole GPU at start-up and its sleep mode re-allocates
     exactly that share on every wake-up (CuMemAllocator, vllm/device_allocator/cumem.py), so a share that leaves
@@ -84,17 +96,18 @@ def colocated_rollout_fits(run):
 
     Source: vllm/v1/worker/gpu_worker.py sleep/wake_up and vllm/device_allocator/cumem.py (vLLM 0.26.0).
 
-    Fix: lower rollout.gpu_memory_utilization (rollout.tp shards the weights it must hold), or shard the
-    trainer further (ep/tp/pp, distributed optimizer, train.optimizer_cpu_offload: true).
+    Fix: lower rollout.gpu_memory_utilization or rollout.kv_cache_gib (rollout.tp shards the weights it must
+    hold), or shard the trainer further (ep/tp/pp, distributed optimizer, train.optimizer_cpu_offload: true).
     """
     estimate = memory.estimate_rollout_phase(run)
     if estimate is None:
         return
     summary = (f"while vLLM generates, the trainer's resident state and vLLM's share come to "
                f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
-    fix = ("Lower rollout.gpu_memory_utilization, or shard the trainer further (ep/tp/pp, "
+    share = "kv_cache_gib" if run.preset.rollout.kv_cache_gib is not None else "gpu_memory_utilization"
+    fix = (f"Lower rollout.{share}, or shard the trainer further (ep/tp/pp, "
            "train.optimizer_cpu_offload: true); gdnctl explain shows both phases.")
-    yield from _fit("rollout.gpu_memory_utilization", "the colocated rollout", estimate, summary, fix)
+    yield from _fit(f"rollout.{share}", "the colocated rollout", estimate, summary, fix)
 
 
 def _fit(path: str, subject: str, estimate, summary: str, fix: str):

@@ -172,3 +172,24 @@ def test_the_vision_language_rollout_source_names_the_language_model_as_that_cla
     assert source.stored_name("model.layers.0.mlp.up_proj.weight") == "model.language_model.layers.0.mlp.up_proj.weight"
     assert source.stored_name("lm_head.weight") == "lm_head.weight"
     assert rollout_source(arch, vision_language=False).stored_name("model.norm.weight") == "model.norm.weight"
+
+
+@pytest.mark.parametrize("gpu, kv_cache_gib, expected", [
+    ("h100", None, None),                   # GPUs: vLLM sizes its KV cache by memory profiling
+    ("h100", 16, 16 * 2**30),               # ... or takes the fixed size and skips the profiling
+    ("cpu", None, 512 << 20),               # CPU: always a fixed KV cache, 512 MiB unless the preset says
+    ("cpu", 1, 2**30),
+])
+def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cache_gib, expected):
+    from gdnctl.launch.render import render
+    from gdnctl.runtime.rl.rollout_server import engine_kwargs
+    from gdnctl.schema.engine import EngineConfig
+
+    sets = [f"cluster.gpu={gpu}", "rollout.gpu_memory_utilization=0.3"]
+    if kv_cache_gib is not None:
+        sets.append(f"rollout.kv_cache_gib={kv_cache_gib}")
+    render("tiny-qwen3.5-rl-cpu", tmp_path / "run", sets)
+    kwargs = engine_kwargs(EngineConfig.from_file(tmp_path / "run" / "engine.yaml"), "model-dir")
+    assert kwargs.get("kv_cache_memory_bytes") == expected
+    # On GPUs vLLM still checks gpu_memory_utilization of the GPU is free at start-up (request_memory).
+    assert kwargs.get("gpu_memory_utilization") == (0.3 if gpu == "h100" else None)

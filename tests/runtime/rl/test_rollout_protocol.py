@@ -44,6 +44,9 @@ with listen(Path(sys.argv[1]), local=True, handshake_seconds=float(sys.argv[3]))
             connection.send({"echo": request["value"]} if request["op"] == "echo" else {"error": "no such op"})
         elif behaviour == "die":
             sys.exit(3)
+        elif behaviour == "engine":  # as vLLM's engine core fails: the cause in its own output, a summary answered
+            print("(EngineCore pid=7) ERROR [core.py:1330] AssertionError: Error in memory profiling.", flush=True)
+            connection.send({"error": "RuntimeError: Engine core initialization failed. See root cause above."})
         else:  # hang
             time.sleep(3600)
 """
@@ -65,6 +68,17 @@ def test_requests_are_answered_and_errors_become_rollout_errors(tmp_path):
         client.request("generate", timeout=10)
     client.close()
     assert process.returncode == 0
+
+
+def test_an_error_answer_quotes_the_root_cause_the_servers_log_holds(tmp_path):
+    process, log = start(tmp_path, "engine")
+    client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
+    with pytest.raises(RolloutError) as failed:
+        client.request("start", timeout=10)
+    assert str(failed.value) == (
+        "the rollout server failed 'start': RuntimeError: Engine core initialization failed. See root cause above.; "
+        f"its log {log} says: AssertionError: Error in memory profiling.")
+    client.close()
 
 
 def test_the_address_file_is_private(tmp_path):
@@ -208,8 +222,8 @@ def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(
 
     rollout = EngineRollout.model_validate({
         "engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": colocate, "gdn_prefill_backend": None,
-        "gpu_memory_utilization": 0.5, "max_model_len": 256, "n_samples_per_prompt": 2, "prompts_per_step": 1,
-        "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 60.0, "probe_tolerance": 0.1,
+        "gpu_memory_utilization": 0.5, "kv_cache_gib": None, "max_model_len": 256, "n_samples_per_prompt": 2,
+        "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 60.0, "probe_tolerance": 0.1,
         "max_step0_logprob_gap": 0.05, "python": None,
         "enforce_eager": False, "weight_transport": "disk", "weight_transport_reason": "CPU",
         "sleep_between_phases": False, "vision_language_class": False})
