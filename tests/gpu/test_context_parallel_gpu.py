@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gdnctl.runtime.data.context_parallel import context_parallel_positions
-from tests.gpu.test_trainer_gpu import STEPS, _launch, _patterned_data, _record
+from tests.gpu.test_trainer_gpu import STEPS, _finish_all, _patterned_data, _record, _start
 
 pytestmark = [
     pytest.mark.gpu,
@@ -66,8 +66,10 @@ def test_megatron_gdn_all_to_all_restores_the_natural_order(cp):
 def test_cp2_trains_the_cp1_loss_curve(tmp_path):
     data = _patterned_data(tmp_path / "progressions.jsonl")
     common = ["kernels.gdn_backend=fla", f"train.data_path={data}", f"train.train_iters={STEPS}"]
-    cp1 = _launch(tmp_path / "cp1", *common, builder="megatron-bridge")
-    cp2 = _launch(tmp_path / "cp2", *common, "cluster.gpus_per_node=2", "parallel.cp=2", builder="megatron-bridge")
+    runs = _finish_all({"cp1": _start(tmp_path / "cp1", *common, builder="megatron-bridge"),
+                        "cp2": _start(tmp_path / "cp2", *common, "cluster.gpus_per_node=2", "parallel.cp=2",
+                                      builder="megatron-bridge")})
+    cp1, cp2 = runs["cp1"], runs["cp2"]
     one, two = ([step["loss"] for step in run] for run in (cp1, cp2))
     worst = max(abs(b - a) / a for a, b in zip(one, two, strict=True))
     _record("bridge_cp2_vs_cp1", {"cp1": one, "cp2": two, "max_relative_difference": worst,
