@@ -64,7 +64,8 @@ def test_megatron_gdn_all_to_all_restores_the_natural_order(cp):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for cp 2")
 def test_cp2_trains_the_cp1_loss_curve(tmp_path):
-    data = _patterned_data(tmp_path / "progressions.jsonl")
+    # Positions a multiple of 2 x cp: CP=2 pads nothing, so both runs train the same rows step for step.
+    data = _patterned_data(tmp_path / "progressions.jsonl", positions_multiple=4)
     common = ["kernels.gdn_backend=fla", f"train.data_path={data}", f"train.train_iters={STEPS}"]
     runs = _finish_all({"cp1": _start(tmp_path / "cp1", *common, builder="megatron-bridge"),
                         "cp2": _start(tmp_path / "cp2", *common, "cluster.gpus_per_node=2", "parallel.cp=2",

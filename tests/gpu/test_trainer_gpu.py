@@ -44,13 +44,16 @@ STEPS = 20
 CURVE_TOLERANCE = 0.02  # max |a - b| / b per step
 
 
-def _patterned_data(path: Path, documents: int = 512, vocab: int = 4096) -> Path:
+def _patterned_data(path: Path, documents: int = 512, vocab: int = 4096, positions_multiple: int = 1) -> Path:
     """Token sequences a model can learn: arithmetic progressions modulo 512 with a random start and stride,
-    so each next token follows from the two before it."""
+    so each next token follows from the two before it. positions_multiple > 1 shortens each document so its
+    positions (length - 1) are a multiple of it: the pipeline's per-sequence padding (2 x cp under context
+    parallel) is then a no-op, and runs that differ only in cp pack the same rows."""
     rng = random.Random(0)
     with path.open("w") as handle:
         for _ in range(documents):
             start, stride, length = rng.randrange(512), rng.randrange(1, 9), rng.randrange(64, 512)
+            length -= (length - 1) % positions_multiple
             ids = [1000 + (start + i * stride) % 512 for i in range(length)]
             assert max(ids) < vocab
             handle.write(json.dumps({"input_ids": ids}) + "\n")

@@ -125,7 +125,6 @@ CASES = {
                lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
     "TRN007": ({"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
     "TRN008": ({"parallel": {"cp": 2}}, {"job": "sft", "rollout": None, "parallel": {"cp": 2}}),
-    "TRN012": ({"job": "sft", "rollout": None, "parallel": {"cp": 2}}, {"job": "sft", "rollout": None}),
     "TRN009": ({"cluster": {"gpu": "a100"}, "train": {"precision": "fp8"}}, {"train": {"precision": "fp8"}}),
     "TRN010": ({"train": {"lora": {"rank": 8, "alpha": 16}}}, {}),
     "TRN011": ({"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},

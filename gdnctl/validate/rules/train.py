@@ -291,28 +291,3 @@ def fp8_padded_row_length(run):
                                         f"{p.train.seq_length}.",
                     f"Set train.seq_length to {p.train.seq_length + 16 - p.train.seq_length % 16}, or use "
                     "train.layout: thd.")
-
-
-@rule("TRN012", Severity.WARNING, "context-parallel training gdnctl's GPU tests have not run end to end")
-def context_parallel_untested(run):
-    """
-    What it checks: an sft or pretrain job on GPUs with parallel.cp > 1 (the rl job is refused by TRN008).
-
-    Why: the trainer hands each CP rank its load-balanced chunks of every packed sequence
-    (runtime/data/context_parallel.py), and on an H100 those positions equal Transformer Engine's
-    thd_get_partitioned_indices and the order Megatron-Core 0.19's GDN all-to-all restores
-    (tests/gpu/test_context_parallel_gpu.py). The whole run, CP=2 against CP=1 over 20 steps, needs two GPUs and
-    has not run yet: the model's other CP paths (rotary positions, the loss and gradient reduction over the CP
-    group) are Megatron-Core's and unchecked inside gdnctl.
-
-    Source: runs: tests/gpu/test_context_parallel_gpu.py on an H100 (BENCHMARKS.md "Context parallel positions
-    against Transformer Engine and Megatron-Core").
-
-    Fix: compare the first steps' loss against a cp 1 run of the same preset before a long job.
-    """
-    p = run.preset
-    if p.job in ("sft", "pretrain") and run.gpu.sm is not None and p.parallel.cp > 1:
-        yield Issue("parallel.cp", f"cp={p.parallel.cp}: context-parallel training has passed gdnctl's position "
-                                   "checks against Transformer Engine and Megatron-Core, but not yet a CP=2 vs CP=1 "
-                                   "training run on GPUs.",
-                    "Compare the first steps' loss against a parallel.cp: 1 run of the same preset before a long job.")
