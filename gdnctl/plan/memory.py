@@ -250,11 +250,21 @@ def rollout_share(run) -> MemoryRow:
                      f"{weights:.1f} GiB of weights, the rest KV cache")
 
 
-def estimate_rollout_phase(run) -> MemoryEstimate | None:
+def rollout_startup_free(run) -> MemoryRow:
+    """What vLLM wants free when it starts, fixed KV cache or not: gpu_memory_utilization of the GPU
+    (vllm/v1/worker/utils.py request_memory, 0.26.0)."""
+    rollout = run.preset.rollout
+    return MemoryRow("vLLM start-up", rollout.gpu_memory_utilization * run.gpu.memory_gib,
+                     f"gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB free "
+                     "when vLLM starts")
+
+
+def estimate_rollout_phase(run, vllm: MemoryRow | None = None) -> MemoryEstimate | None:
     """Per-GPU memory while a colocated vLLM generates: the trainer keeps its weights, gradients and optimizer
     state (it frees only its activations and cached blocks, runtime/rl/job.py), and vLLM wakes into the
-    share it took at start-up (rollout_share: vLLM's sleep mode re-allocates exactly what it released). None
-    when the rollout has GPUs of its own."""
+    share it took at start-up (rollout_share: vLLM's sleep mode re-allocates exactly what it released); `vllm`
+    replaces that row (rollout_startup_free: the moment vLLM starts). None when the rollout has GPUs of its
+    own."""
     rollout = run.preset.rollout
     if run.preset.job != "rl" or rollout is None or not rollout.colocate or run.gpu.sm is None or run.dp is None:
         return None
@@ -262,5 +272,5 @@ def estimate_rollout_phase(run) -> MemoryEstimate | None:
     kept = (*RESIDENT_ROWS, "overhead")
     rows = [MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
             for row in training.rows if row.name in kept]
-    rows.insert(-1, rollout_share(run))
+    rows.insert(-1, vllm or rollout_share(run))
     return MemoryEstimate(tuple(rows), run.gpu.memory_gib)

@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 def init_check_process_group(out_dir: Path, backend: str) -> tuple[int, int]:
     """Start the default group; returns (rank, world size)."""
-    if "MASTER_PORT" in os.environ:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun's ranks (it sets MASTER_ADDR/PORT too)
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(backend, rank=rank, world_size=world_size)
         return rank, world_size
     out_dir.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group(backend, init_method=f"file://{out_dir / 'process-group-store'}", rank=0, world_size=1)
+    store = (out_dir / "process-group-store").resolve()  # file:// wants an absolute path
+    dist.init_process_group(backend, init_method=store.as_uri(), rank=0, world_size=1)
     return 0, 1

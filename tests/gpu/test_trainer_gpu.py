@@ -106,9 +106,13 @@ def _finish_all(started: dict[str, _Started]) -> dict[str, list[dict]]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
+    """Kill what is left of the launch's session: `gdnctl launch`, torchrun and the ranks (any may outlive the
+    others)."""
+    try:
         os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    except ProcessLookupError:
+        pass  # the whole session has exited
+    process.wait()
 
 
 def _launch(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-free") -> list[dict]:

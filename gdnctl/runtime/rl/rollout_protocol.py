@@ -304,6 +304,8 @@ def _try_connect(address_file: Path) -> Connection | None:
         return None
 
 
+# The rollout server's first line in its log (rollout_server.serve), once it listens.
+LISTENING_LINE = "gdnctl rollout: listening on "
 # "SomeError: text" anywhere on a line: Python's last traceback line, also behind vLLM's "(EngineCore pid=N)"
 # and "ERROR <date> [core.py:N]" prefixes.
 _EXCEPTION_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (\S.*)$")
@@ -324,6 +326,8 @@ def _cause_in_log(log_path: Path | None, reported: str) -> str:
     except OSError:
         return f"; its log is {log_path}"
     for line in reversed(tail.splitlines()):
+        if line.startswith(LISTENING_LINE):
+            break  # the log is appended to: what came before this server started is an earlier server's
         match = _EXCEPTION_LINE.search(line.strip())
         if match and match.group(2) not in reported:
             return f"; its log {log_path} says: {match.group(0)}"

@@ -259,7 +259,7 @@ class VllmRollout:
 def serve(config: EngineConfig, run_dir: Path) -> int:
     listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout))
     host, port = listener.address
-    print(f"gdnctl rollout: listening on {host}:{port}", flush=True)
+    print(f"{rollout_protocol.LISTENING_LINE}{host}:{port}", flush=True)
     with listener, listener.accept() as connection:
         return _serve_connection(VllmRollout(config), connection)
 

@@ -94,7 +94,11 @@ def colocated_rollout_fits(run):
     too little for the trainer's resident state fails at the first wake-up after the optimizer state exists,
     or at start-up, not before.
 
-    Source: vllm/v1/worker/gpu_worker.py sleep/wake_up and vllm/device_allocator/cumem.py (vLLM 0.26.0).
+    With rollout.kv_cache_gib, vLLM holds its weights plus that cache but still refuses to start unless
+    gpu_memory_utilization of the GPU is free, so that start is checked the same way.
+
+    Source: vllm/v1/worker/gpu_worker.py sleep/wake_up and vllm/device_allocator/cumem.py; the start-up check is
+    vllm/v1/worker/utils.py request_memory (vLLM 0.26.0).
 
     Fix: lower rollout.gpu_memory_utilization or rollout.kv_cache_gib (rollout.tp shards the weights it must
     hold), or shard the trainer further (ep/tp/pp, distributed optimizer, train.optimizer_cpu_offload: true).
@@ -104,10 +108,20 @@ def colocated_rollout_fits(run):
         return
     summary = (f"while vLLM generates, the trainer's resident state and vLLM's share come to "
                f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
-    share = "kv_cache_gib" if run.preset.rollout.kv_cache_gib is not None else "gpu_memory_utilization"
+    fixed_kv_cache = run.preset.rollout.kv_cache_gib is not None
+    share = "kv_cache_gib" if fixed_kv_cache else "gpu_memory_utilization"
     fix = (f"Lower rollout.{share}, or shard the trainer further (ep/tp/pp, "
            "train.optimizer_cpu_offload: true); gdnctl explain shows both phases.")
     yield from _fit(f"rollout.{share}", "the colocated rollout", estimate, summary, fix)
+    if fixed_kv_cache:
+        # With a fixed KV cache vLLM holds less than gpu_memory_utilization, but still wants that much free to start.
+        startup = memory.estimate_rollout_phase(run, memory.rollout_startup_free(run))
+        summary = (f"vLLM wants gpu_memory_utilization of the GPU free when it starts beside the trainer's "
+                   f"resident state: {startup.total_gib:.1f} GiB per GPU vs {startup.capacity_gib:g} GiB "
+                   f"({startup.usage:.0%})")
+        fix = ("Lower rollout.gpu_memory_utilization: with rollout.kv_cache_gib set it only sets what vLLM wants "
+               "free at start-up.")
+        yield from _fit("rollout.gpu_memory_utilization", "the colocated rollout's start", startup, summary, fix)
 
 
 def _fit(path: str, subject: str, estimate, summary: str, fix: str):

@@ -19,6 +19,7 @@ import pytest
 
 from gdnctl.runtime.rl.rollout_protocol import (
     ADDRESS_FILE,
+    LISTENING_LINE,
     LOCAL,
     ROLLOUT_ENV,
     RolloutClient,
@@ -47,14 +48,19 @@ with listen(Path(sys.argv[1]), local=True, handshake_seconds=float(sys.argv[3]))
         elif behaviour == "engine":  # as vLLM's engine core fails: the cause in its own output, a summary answered
             print("(EngineCore pid=7) ERROR [core.py:1330] AssertionError: Error in memory profiling.", flush=True)
             connection.send({"error": "RuntimeError: Engine core initialization failed. See root cause above."})
+        elif behaviour == "refuse":  # an error that is its own cause
+            connection.send({"error": "ValueError: unknown request"})
         else:  # hang
             time.sleep(3600)
 """
 
 
-def start(tmp_path: Path, behaviour: str) -> tuple[subprocess.Popen, Path]:
+def start(tmp_path: Path, behaviour: str, earlier_log: str = "") -> tuple[subprocess.Popen, Path]:
+    """The server, its output appended to rollout.log after `earlier_log` (an earlier server's output) and the
+    line a real server writes once it listens."""
     log = tmp_path / "rollout.log"
-    with log.open("w") as handle:
+    log.write_text(f"{earlier_log}{LISTENING_LINE}127.0.0.1:1\n")
+    with log.open("a") as handle:
         process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS)],
                                    stdout=handle, stderr=subprocess.STDOUT)
     return process, log
@@ -78,6 +84,15 @@ def test_an_error_answer_quotes_the_root_cause_the_servers_log_holds(tmp_path):
     assert str(failed.value) == (
         "the rollout server failed 'start': RuntimeError: Engine core initialization failed. See root cause above.; "
         f"its log {log} says: AssertionError: Error in memory profiling.")
+    client.close()
+
+
+def test_an_error_that_is_its_own_cause_quotes_nothing_an_earlier_server_logged(tmp_path):
+    process, log = start(tmp_path, "refuse", earlier_log="Traceback (most recent call last):\nOSError: an old run\n")
+    client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
+    with pytest.raises(RolloutError) as failed:
+        client.request("start", timeout=10)
+    assert str(failed.value) == f"the rollout server failed 'start': ValueError: unknown request; its log is {log}"
     client.close()
 
 
