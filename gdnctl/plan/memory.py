@@ -240,23 +240,26 @@ def rollout_share(run) -> MemoryRow:
     """What vLLM holds on one of its GPUs: rollout.gpu_memory_utilization of the GPU (weights, then the KV cache
     in what profiling leaves), or with rollout.kv_cache_gib the weights plus that fixed KV cache (vLLM skips the
     profiling: vllm/v1/worker/gpu_worker.py determine_available_memory, 0.26.0)."""
-    rollout = run.preset.rollout
+    kv_cache_gib = run.preset.rollout.kv_cache_gib
     weights = rollout_weights_gib(run)
-    if rollout.kv_cache_gib is not None:
-        return MemoryRow("vLLM", weights + rollout.kv_cache_gib,
-                         f"{weights:.1f} GiB of weights + kv_cache_gib {rollout.kv_cache_gib:g}")
-    return MemoryRow("vLLM", rollout.gpu_memory_utilization * run.gpu.memory_gib,
-                     f"gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB: "
-                     f"{weights:.1f} GiB of weights, the rest KV cache")
+    if kv_cache_gib is not None:
+        return MemoryRow("vLLM", weights + kv_cache_gib,
+                         f"{weights:.1f} GiB of weights + kv_cache_gib {kv_cache_gib:g}")
+    gib, share = _utilization_share(run)
+    return MemoryRow("vLLM", gib, f"{share}: {weights:.1f} GiB of weights, the rest KV cache")
 
 
 def rollout_startup_free(run) -> MemoryRow:
     """What vLLM wants free when it starts, fixed KV cache or not: gpu_memory_utilization of the GPU
     (vllm/v1/worker/utils.py request_memory, 0.26.0)."""
-    rollout = run.preset.rollout
-    return MemoryRow("vLLM start-up", rollout.gpu_memory_utilization * run.gpu.memory_gib,
-                     f"gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB free "
-                     "when vLLM starts")
+    gib, share = _utilization_share(run)
+    return MemoryRow("vLLM start-up", gib, f"{share} free when vLLM starts")
+
+
+def _utilization_share(run) -> tuple[float, str]:
+    """rollout.gpu_memory_utilization of the GPU, in GiB, and how it was reckoned."""
+    utilization, capacity = run.preset.rollout.gpu_memory_utilization, run.gpu.memory_gib
+    return utilization * capacity, f"gpu_memory_utilization {utilization} x {capacity:g} GiB"
 
 
 def estimate_rollout_phase(run, vllm: MemoryRow | None = None) -> MemoryEstimate | None:

@@ -61,7 +61,6 @@ def rollout_weights_fit(run):
     rollout = run.preset.rollout
     if run.preset.job != "rl" or rollout is None or run.gpu.sm is None:
         return
-    weights = memory.rollout_weights_gib(run)
     if rollout.kv_cache_gib is not None:
         share = memory.rollout_share(run)
         if share.gib > run.gpu.memory_gib:
@@ -70,6 +69,7 @@ def rollout_weights_fit(run):
                         f"(tp={rollout.tp}) vs {run.gpu.memory_gib:g} GiB on a {run.gpu.description}.",
                         "Lower rollout.kv_cache_gib or raise rollout.tp.")
         return
+    weights = memory.rollout_weights_gib(run)
     budget = rollout.gpu_memory_utilization * run.gpu.memory_gib
     text = (f"{weights:.1f} GiB of weights per rollout GPU (tp={rollout.tp}) vs {budget:.1f} GiB "
             f"(gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB)")
