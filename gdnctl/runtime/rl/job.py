@@ -95,6 +95,14 @@ class RlStepStats:
                 + (f" | kl {self.kl:.4f}" if self.kl is not None else ""))
 
 
+def engine_start_steps(config: EngineConfig) -> str:
+    """What vLLM's engine start does, for its progress line: with a fixed KV cache (rollout.kv_cache_gib, and always
+    on vLLM's CPU build) it skips the memory profiling that sizes the cache."""
+    if config.device == "cpu" or config.rollout.kv_cache_gib is not None:
+        return "loads the weights, then allocates a fixed KV cache"
+    return "loads the weights, then profiles memory to size the KV cache"
+
+
 class RlJob:
     def __init__(self, config: EngineConfig, config_path: Path, comm_policy) -> None:
         self.config = config
@@ -159,7 +167,7 @@ class RlJob:
         if os.environ.get(ROLLOUT_ENV) != EXTERNAL:
             process, log_path = self._spawn_server()
         self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
-        with progress("starting the rollout's vLLM engine (loads the weights, then profiles memory)", self._log):
+        with progress(f"starting the rollout's vLLM engine ({engine_start_steps(self.config)})", self._log):
             reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
 

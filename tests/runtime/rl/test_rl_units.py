@@ -182,6 +182,7 @@ def test_the_vision_language_rollout_source_names_the_language_model_as_that_cla
 ])
 def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cache_gib, expected):
     from gdnctl.launch.render import render
+    from gdnctl.runtime.rl.job import engine_start_steps
     from gdnctl.runtime.rl.rollout_server import engine_kwargs
     from gdnctl.schema.engine import EngineConfig
 
@@ -189,7 +190,11 @@ def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cac
     if kv_cache_gib is not None:
         sets.append(f"rollout.kv_cache_gib={kv_cache_gib}")
     render("tiny-qwen3.5-rl-cpu", tmp_path / "run", sets)
-    kwargs = engine_kwargs(EngineConfig.from_file(tmp_path / "run" / "engine.yaml"), "model-dir")
+    config = EngineConfig.from_file(tmp_path / "run" / "engine.yaml")
+    kwargs = engine_kwargs(config, "model-dir")
     assert kwargs.get("kv_cache_memory_bytes") == expected
     # On GPUs vLLM still checks gpu_memory_utilization of the GPU is free at start-up (request_memory).
     assert kwargs.get("gpu_memory_utilization") == (0.3 if gpu == "h100" else None)
+    # The engine start's progress line says which of the two the user waits for.
+    assert engine_start_steps(config) == ("loads the weights, then profiles memory to size the KV cache"
+                                          if expected is None else "loads the weights, then allocates a fixed KV cache")
