@@ -8,11 +8,17 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py builders [--steps 10] [--out results.json]
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
+    python benchmarks/trainer_throughput.py context-parallel --gpus 2 [--seq-length 32768] [--steps 6]
+
+Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, e.g. `--set cluster.gpu=h200
+--set cluster.gpus_per_node=2` for the builders on 2 H200s; `gdnctl explain`'s estimates get the same overrides.
 
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
-after the first WARMUP_STEPS (those include allocator growth). Separate runs differ by 10-20% in step time
+after the first WARMUP_STEPS (those include allocator growth). `context-parallel` runs the proxy with packed
+sequences (THD) at --seq-length tokens per sequence on --gpus GPUs, CP=1 (data parallel) and then CP=2, the same
+tokens per step: tokens/s and peak memory of each beside explain's estimate. Separate runs differ by 10-20% in step time
 from machine and start-up alone, so `interleaved` is the comparison to trust: one training run on --gpus GPUs
 (data parallel) switches the GDN kernel and the comm guard policy between steps and rotates through the
 variants (BACKEND/POLICY[/pressure]): the guard checking every collective (guard-always), slime PR #1947's
@@ -46,10 +52,12 @@ GDN_INPUTS = ("q", "k", "v", "g", "beta")
 GDN_RANGE = "gdn forward (adapter + kernel)"
 
 
+def _set_options(sets: list[str]) -> list[str]:
+    return [option for value in sets for option in ("--set", value)]
+
+
 def launch(run_dir: Path, sets: list[str]) -> list[dict]:
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force"]
-    for value in sets:
-        command += ["--set", value]
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force", *_set_options(sets)]
     print("$ " + " ".join(command), flush=True)
     proc = subprocess.run(command, text=True, capture_output=True, check=False)
     log = run_dir.parent / f"{run_dir.name}.log"
@@ -83,23 +91,23 @@ BUILDERS = {"te-free": ["runtime.transformer_engine=none"], "megatron-bridge": [
 def builders(args, work: Path) -> dict:
     """The proxy on each model builder, one launch after the other on the same GPU and the same FLA kernel: tokens/s,
     model TFLOPS/GPU and MFU, and the peak memory against `gdnctl explain`'s estimate for the preset."""
-    estimate = explain_memory()
+    estimate = explain_memory(args.set)
     results = {"explain_estimate_gib": estimate}
     for builder, sets in BUILDERS.items():
-        steps = launch(work / builder, [*sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}"])
+        steps = launch(work / builder, [*args.set, *sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}"])
         results[builder] = summarise(steps, work / builder)
         results[builder]["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
     results["bridge_speedup"] = (results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"])
     return results
 
 
-def explain_memory() -> dict:
+def explain_memory(sets: list[str]) -> dict:
     """`gdnctl explain`'s training-phase memory table for the preset: total, the part torch allocates (the
     estimate less its CUDA-context/NCCL overhead row, which max_memory_allocated does not see), and that part split
     as the trainer's metrics split it: resident between steps, and what a step adds."""
     from gdnctl.plan import RESIDENT_ROWS
 
-    command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json"]
+    command = [sys.executable, "-m", "gdnctl", "explain", PRESET, "--json", *_set_options(sets)]
     memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["memory"]
     rows = {row["name"]: row["gib"] for row in memory["rows"]}
     resident = sum(rows.get(name, 0.0) for name in RESIDENT_ROWS)
@@ -111,9 +119,28 @@ def explain_memory() -> dict:
 def kernels(args, work: Path) -> dict:
     results = {}
     for backend in ("fla", "flashqla"):
-        steps = launch(work / backend, [f"kernels.gdn_backend={backend}", f"train.train_iters={args.steps}"])
+        steps = launch(work / backend, [*args.set, f"kernels.gdn_backend={backend}", f"train.train_iters={args.steps}"])
         results[backend] = summarise(steps, work / backend)
     results["flashqla_speedup"] = results["flashqla"]["tokens_per_s"] / results["fla"]["tokens_per_s"]
+    return results
+
+
+def context_parallel_sets(args, cp: int) -> list[str]:
+    """One arm of `context-parallel`: packed sequences (CP needs THD: LAY004), the same global batch for both CP
+    sizes, so each step trains the same number of tokens."""
+    return [*args.set, "train.layout=thd", f"parallel.cp={cp}", f"cluster.gpus_per_node={args.gpus}",
+            f"train.seq_length={args.seq_length}", f"train.train_iters={args.steps}"]
+
+
+def context_parallel(args, work: Path) -> dict:
+    """CP=1 against CP=2 at --seq-length tokens per sequence on --gpus GPUs: tokens/s and peak memory of each
+    beside explain's estimate for it."""
+    results = {}
+    for cp in (1, 2):
+        sets = context_parallel_sets(args, cp)
+        results[f"cp{cp}"] = {**summarise(launch(work / f"cp{cp}", sets), work / f"cp{cp}"),
+                              "explain_estimate_gib": explain_memory(sets)}
+    results["cp2_tokens_per_s_ratio"] = results["cp2"]["tokens_per_s"] / results["cp1"]["tokens_per_s"]
     return results
 
 
@@ -353,7 +380,7 @@ def profile(args, work: Path) -> dict:
     from gdnctl.runtime import __main__ as runtime
 
     run_dir = work / f"profile-{args.backend}"
-    render(run_dir, [f"kernels.gdn_backend={args.backend}", f"train.train_iters={args.steps}"])
+    render(run_dir, [*args.set, f"kernels.gdn_backend={args.backend}", f"train.train_iters={args.steps}"])
     config_path = run_dir / "engine.yaml"
     config = runtime.load_config(config_path)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
@@ -392,9 +419,7 @@ def profile(args, work: Path) -> dict:
 
 
 def render(run_dir: Path, sets: list[str]) -> None:
-    command = [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--force"]
-    for value in sets:
-        command += ["--set", value]
+    command = [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--force", *_set_options(sets)]
     subprocess.run(command, check=True, capture_output=True)
 
 
@@ -455,10 +480,12 @@ def _variant_list(text: str) -> list[Variant]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "rank"),
+    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "rank"),
                         help="rank: one torchrun rank of `interleaved` (started by it)")
-    parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile: steps per run")
-    parser.add_argument("--gpus", type=int, default=2, help="interleaved: GPUs, data parallel")
+    parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps "
+                                                             "per run")
+    parser.add_argument("--gpus", type=int, default=2, help="interleaved: GPUs, data parallel; context-parallel: GPUs")
+    parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
     parser.add_argument("--variants", type=_variant_list, default=DEFAULT_VARIANTS,
@@ -471,7 +498,7 @@ def main() -> None:
                         help="interleaved: after the measured rounds, one more step per variant under torch.profiler; "
                              "reports each one's GDN kernel time and how much of FlashQLA's win reaches the step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="interleaved: a preset override, as gdnctl's --set (repeatable)")
+                        help="a preset override, as gdnctl's --set (repeatable)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
@@ -481,8 +508,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        results = {"kernels": kernels, "builders": builders, "interleaved": interleaved,
-                   "profile": profile}[args.what](args, work)
+        results = {"kernels": kernels, "builders": builders, "interleaved": interleaved, "profile": profile,
+                   "context-parallel": context_parallel}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:
