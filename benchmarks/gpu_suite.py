@@ -130,6 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     args.cache_dir = args.cache_dir.expanduser().resolve()
+    if Path(args.tests.split("::")[0]).exists():  # pytest runs from the repository: a path given from here
+        path, _, node = args.tests.partition("::")
+        args.tests = str(Path(path).resolve()) + (f"::{node}" if node else "")
     if args.cold and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
         parser.error(f"--cold needs an empty --cache-dir, and {args.cache_dir} holds files; name a new directory "
                      "(the suite fills it) or leave out --cold")
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                           stderr=subprocess.STDOUT) as proc, log.open("w", buffering=1) as kept:
         for line in proc.stdout:
             sys.stdout.write(line)
+            sys.stdout.flush()
             kept.write(line)
     wall = time.monotonic() - started
     tests = test_records(report)
