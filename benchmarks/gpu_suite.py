@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -61,13 +63,9 @@ def versions(vllm_python: str | None) -> dict[str, str | None]:
 
 def device_name() -> str | None:
     proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], text=True,
-                          capture_output=True, check=False) if _on_path("nvidia-smi") else None
+                          capture_output=True, check=False) if shutil.which("nvidia-smi") else None
     names = proc.stdout.strip().splitlines() if proc and proc.returncode == 0 else []
     return f"{len(names)} x {names[0]}" if names else None
-
-
-def _on_path(program: str) -> bool:
-    return any((Path(d) / program).is_file() for d in os.environ.get("PATH", "").split(os.pathsep) if d)
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -78,26 +76,34 @@ def pytest_runtest_logreport(report) -> None:
     if node is None or not target:
         return
     with open(target, "a") as out:
-        out.write(json.dumps({"test": report.nodeid.split("@")[0], "worker": node.gateway.id, "when": report.when,
+        out.write(json.dumps({"test": _without_group(report.nodeid), "worker": node.gateway.id, "when": report.when,
                               "seconds": report.duration, "outcome": report.outcome}) + "\n")
 
 
+def _without_group(nodeid: str) -> str:
+    """pytest-xdist's loadgroup names a grouped test "nodeid@group" (remote.py); the test's own id has no '@'
+    outside its parameters' brackets."""
+    test, at, group = nodeid.rpartition("@")
+    return test if at and "]" not in group and "::" in test else nodeid
+
+
 def test_records(report: Path) -> dict[str, dict]:
-    """test -> {seconds (setup, call and teardown), outcome, worker} from the plugin's lines."""
+    """test -> {seconds (setup, call and teardown), outcome, worker} from the plugin's lines. A failed setup or
+    teardown is an error, as pytest counts it; a failed call a failure."""
     tests: dict[str, dict] = {}
     for line in report.read_text().splitlines() if report.is_file() else []:
         phase = json.loads(line)
         test = tests.setdefault(phase["test"], {"seconds": 0.0, "outcome": "passed", "worker": phase["worker"]})
         test["seconds"] += phase["seconds"]
         if phase["outcome"] == "failed":
-            test["outcome"] = "failed"
+            test["outcome"] = "failed" if phase["when"] == "call" else "error"
         elif phase["outcome"] == "skipped" and test["outcome"] == "passed":
             test["outcome"] = "skipped"
     return tests
 
 
 def summarise(wall_s: float, exit_code: int, tests: dict[str, dict]) -> dict:
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
     busy: dict[str, float] = {}
     for test in tests.values():
         counts[test["outcome"]] += 1
@@ -124,7 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-dir", type=Path, default=Path("gpu-suite-logs"),
                         help="pytest's output, each test's record and the GPU tests' launch logs "
                              "(default gpu-suite-logs)")
-    parser.add_argument("--tests", default="tests", help="what pytest collects (default tests)")
+    parser.add_argument("--tests", default=str(REPO / "tests"),
+                        help="what pytest collects: a path or node id (default this repository's tests)")
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     args = parser.parse_args(argv)
     if args.workers < 1:
@@ -133,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if Path(args.tests.split("::")[0]).exists():  # pytest runs from the repository: a path given from here
         path, _, node = args.tests.partition("::")
         args.tests = str(Path(path).resolve()) + (f"::{node}" if node else "")
+    if args.cache_dir.exists() and not args.cache_dir.is_dir():
+        parser.error(f"--cache-dir {args.cache_dir} is a file; name a directory (the suite fills it)")
     if args.cold and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
         parser.error(f"--cold needs an empty --cache-dir, and {args.cache_dir} holds files; name a new directory "
                      "(the suite fills it) or leave out --cold")
@@ -143,17 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.log_dir = args.log_dir.resolve()
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    report, log = args.log_dir / "tests.jsonl", args.log_dir / "pytest.log"
+    report, log, launches = args.log_dir / "tests.jsonl", args.log_dir / "pytest.log", args.log_dir / "launches"
     report.unlink(missing_ok=True)
+    shutil.rmtree(launches, ignore_errors=True)  # this run's launch logs only
     here = str(Path(__file__).resolve().parent)
-    env = {**os.environ, **cache_env(args.cache_dir), "GDNCTL_GPU_LOG_DIR": str(args.log_dir / "launches"),
+    env = {**os.environ, **cache_env(args.cache_dir), "GDNCTL_GPU_LOG_DIR": str(launches),
            REPORT_ENV: str(report), "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     if args.vllm_python:
         env["GDNCTL_TEST_VLLM_PYTHON"] = args.vllm_python
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rA", "-m", "gpu",
                "-n", str(args.workers), "--dist", "loadgroup", "-p", "gpu_suite", args.tests]
     cache_before = tree_bytes(args.cache_dir)
-    print("$ " + " ".join(command), flush=True)
+    print("$ " + shlex.join(command), flush=True)
     started = time.monotonic()
     with subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT) as proc, log.open("w", buffering=1) as kept:
@@ -169,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "device": device_name(),
         "versions": versions(args.vllm_python),
-        "command": " ".join(command),
+        "command": shlex.join(command),
         "workers": args.workers,
         "cache": {"dir": str(args.cache_dir), "cold": args.cold, "bytes_before": cache_before,
                   "bytes_after": tree_bytes(args.cache_dir)},

@@ -8,10 +8,12 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py builders [--steps 10] [--out results.json]
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
-    python benchmarks/trainer_throughput.py context-parallel --gpus 2 [--seq-length 32768] [--steps 6]
+    python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
 
-Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, e.g. `--set cluster.gpu=h200
---set cluster.gpus_per_node=2` for the builders on 2 H200s; `gdnctl explain`'s estimates get the same overrides.
+Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, applied after the mode's own
+settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2` for the builders on 2 H200s;
+`gdnctl explain`'s estimates get the same overrides. (The proxy's CP=1 arm at 32k needs an H200: on an H100
+validate refuses it, MEM001 115.7 GiB.)
 
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -58,7 +61,7 @@ def _set_options(sets: list[str]) -> list[str]:
 
 def launch(run_dir: Path, sets: list[str]) -> list[dict]:
     command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force", *_set_options(sets)]
-    print("$ " + " ".join(command), flush=True)
+    print("$ " + shlex.join(command), flush=True)
     proc = subprocess.run(command, text=True, capture_output=True, check=False)
     log = run_dir.parent / f"{run_dir.name}.log"
     log.write_text(proc.stdout + proc.stderr)
@@ -94,7 +97,7 @@ def builders(args, work: Path) -> dict:
     estimate = explain_memory(args.set)
     results = {"explain_estimate_gib": estimate}
     for builder, sets in BUILDERS.items():
-        steps = launch(work / builder, [*args.set, *sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}"])
+        steps = launch(work / builder, [*sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}", *args.set])
         results[builder] = summarise(steps, work / builder)
         results[builder]["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
     results["bridge_speedup"] = (results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"])
@@ -119,7 +122,7 @@ def explain_memory(sets: list[str]) -> dict:
 def kernels(args, work: Path) -> dict:
     results = {}
     for backend in ("fla", "flashqla"):
-        steps = launch(work / backend, [*args.set, f"kernels.gdn_backend={backend}", f"train.train_iters={args.steps}"])
+        steps = launch(work / backend, [f"kernels.gdn_backend={backend}", f"train.train_iters={args.steps}", *args.set])
         results[backend] = summarise(steps, work / backend)
     results["flashqla_speedup"] = results["flashqla"]["tokens_per_s"] / results["fla"]["tokens_per_s"]
     return results
@@ -128,8 +131,8 @@ def kernels(args, work: Path) -> dict:
 def context_parallel_sets(args, cp: int) -> list[str]:
     """One arm of `context-parallel`: packed sequences (CP needs THD: LAY004), the same global batch for both CP
     sizes, so each step trains the same number of tokens."""
-    return [*args.set, "train.layout=thd", f"parallel.cp={cp}", f"cluster.gpus_per_node={args.gpus}",
-            f"train.seq_length={args.seq_length}", f"train.train_iters={args.steps}"]
+    return ["train.layout=thd", f"parallel.cp={cp}", f"cluster.gpus_per_node={args.gpus}",
+            f"train.seq_length={args.seq_length}", f"train.train_iters={args.steps}", *args.set]
 
 
 def context_parallel(args, work: Path) -> dict:
@@ -221,7 +224,7 @@ def interleaved(args, work: Path) -> dict:
                                                    "recommended_skip_ops": recommended}))
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.gpus}",
                f"--master-port={_free_port()}", __file__, "rank", "--work-dir", str(run_dir)]
-    print("$ " + " ".join(command), flush=True)
+    print("$ " + shlex.join(command), flush=True)
     log = work / "interleaved.log"
     with log.open("w") as handle:
         proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
@@ -380,7 +383,7 @@ def profile(args, work: Path) -> dict:
     from gdnctl.runtime import __main__ as runtime
 
     run_dir = work / f"profile-{args.backend}"
-    render(run_dir, [*args.set, f"kernels.gdn_backend={args.backend}", f"train.train_iters={args.steps}"])
+    render(run_dir, [f"kernels.gdn_backend={args.backend}", f"train.train_iters={args.steps}", *args.set])
     config_path = run_dir / "engine.yaml"
     config = runtime.load_config(config_path)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
@@ -498,7 +501,7 @@ def main() -> None:
                         help="interleaved: after the measured rounds, one more step per variant under torch.profiler; "
                              "reports each one's GDN kernel time and how much of FlashQLA's win reaches the step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a preset override, as gdnctl's --set (repeatable)")
+                        help="a preset override, as gdnctl's --set (repeatable; wins over the mode's own)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()

@@ -36,6 +36,15 @@ def test_skipped():
 
 def test_failing():
     assert False
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup fails")
+
+
+def test_erroring(broken):
+    pass
 '''
 
 
@@ -52,7 +61,9 @@ def test_the_result_names_each_workers_time_and_the_outcomes(tmp_path):
                      str(tmp_path / "cache"), "--cold", "--out", str(out))
     assert done.returncode == 1, done.stdout + done.stderr  # pytest's own exit code: one test failed
     result = json.loads(out.read_text())
-    assert (result["passed"], result["failed"], result["skipped"]) == (4, 1, 1)
+    assert (result["passed"], result["failed"], result["error"], result["skipped"]) == (4, 1, 1, 1)
+    tests = [entry["test"] for entry in result["slowest"]]
+    assert any(name.endswith("test_small.py::test_grouped") for name in tests), tests  # no "@shared" group suffix
     assert set(result["worker_busy_s"]) <= {"gw0", "gw1"}
     assert max(result["worker_busy_s"].values()) >= 0.5
     slowest = result["slowest"][0]
@@ -72,3 +83,5 @@ def test_cold_refuses_a_cache_that_holds_files(tmp_path):
     assert done.returncode == 2
     assert f"--cold needs an empty --cache-dir, and {cache} holds files" in done.stderr
     assert not (tmp_path / "logs").exists()  # refused before anything ran
+    done = run_suite(tmp_path, "--cache-dir", str(cache / "kernel.so"))
+    assert done.returncode == 2 and "is a file; name a directory" in done.stderr

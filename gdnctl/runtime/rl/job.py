@@ -154,7 +154,8 @@ class RlJob:
         if synced is not None:
             checked, gap = synced
             unreadable = "" if checked.checked == checked.total else \
-                " (the rest are packed by vLLM's kernels or tensor-parallel shards, so not readable)"
+                " (the rest are not visible whole in the rollout, e.g. packed by vLLM's kernels or tensor-parallel " \
+                "shards; the probe covers them)"
             self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
                       f"probe log-probs within {gap:.4f} nats/token")
         return synced

@@ -133,13 +133,13 @@ def checkpoint_round_trip(checkpoint: str, weights: int, optimizer: int, step: i
 
 def weight_sync(syncs: Sequence[tuple[int, int, float]], tolerance: float) -> SmokeCheck:
     """Each sync's (parameters checked, parameters sent, probe gap): the job has already failed on a mismatch.
-    Parameters the rollout does not show whole (packed into its kernels' own layout, or tensor-parallel shards)
-    cannot be checksummed; the probe's log-probs cover them."""
+    Parameters the rollout does not show whole (packed into its kernels' own layout, tensor-parallel shards, or
+    not shown under the trainer's names) cannot be checksummed; the probe's log-probs cover them."""
     checked = min(sync[0] for sync in syncs)
     total = max(sync[1] for sync in syncs)
     gap = max(sync[2] for sync in syncs)
-    unseen = (f" (the other {total - checked} are packed by vLLM's kernels or sharded, so the probe covers them)"
-              if checked < total else "")
+    unseen = (f" (the other {total - checked} are not visible whole in the rollout, e.g. packed by vLLM's kernels "
+              "or tensor-parallel shards; the probe covers them)" if checked < total else "")
     return SmokeCheck(name=WEIGHT_SYNC, status="ok",
                       detail=f"{len(syncs)} sync{'s' if len(syncs) != 1 else ''} checked: {checked} of {total} "
                              f"parameters match{unseen}, probe gap {gap:.4f} <= {tolerance:g} nats/token")

@@ -68,8 +68,9 @@ def test_a_round_trip_with_differences_fails_and_names_the_first_ones():
 
 def test_weight_sync_reports_the_worst_sync():
     check = verdicts.weight_sync([(43, 43, 0.0017), (40, 43, 0.0021), (43, 43, 0.0012)], 0.1)
-    assert check.detail == ("3 syncs checked: 40 of 43 parameters match (the other 3 are packed by vLLM's kernels or "
-                            "sharded, so the probe covers them), probe gap 0.0021 <= 0.1 nats/token")
+    assert check.detail == ("3 syncs checked: 40 of 43 parameters match (the other 3 are not visible whole in the "
+                            "rollout, e.g. packed by vLLM's kernels or tensor-parallel shards; the probe covers them), "
+                            "probe gap 0.0021 <= 0.1 nats/token")
     whole = verdicts.weight_sync([(43, 43, 0.0017)], 0.1)
     assert whole.detail == "1 sync checked: 43 of 43 parameters match, probe gap 0.0017 <= 0.1 nats/token"
 
