@@ -5,6 +5,7 @@ run's (CPU: the torch policy in fp32 and vLLM's CPU build, both deterministic fo
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,8 +15,10 @@ import pytest
 
 from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, launch, metrics, needs_vllm
 
-STEPS = 4
-# Small steps: the test pays three vLLM engine starts (uninterrupted run, first start, requeued start).
+# Small steps: the test pays three vLLM engine starts (uninterrupted run, first start, requeued start). Enough of
+# them that the requeue lands before the end: a step takes ~0.3 s on a fast CI machine (2026-11-25: an AMD EPYC ran
+# steps 1-4 of a 4-step run within 1 s, so the requeue after step 3 found the job done and it resumed at step 4).
+STEPS = 12
 COMMON = [f"train.train_iters={STEPS}", "train.save_interval=2", "train.global_batch_size=16",
           "train.micro_batch_size=16", "rollout.n_samples_per_prompt=4"]
 COMPARED = ("step", "reward_mean", "reward_std", "response_length", "loss", "grad_norm", "rollout_logprob_abs_diff")
@@ -56,7 +59,8 @@ def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slu
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]
 
-    # Kill it after step 3 is logged: step 2's checkpoint is the last one, step 3 was taken and must be redone.
+    # Kill it after step 3 is logged: the last checkpoint is step 2's (or a later one, if steps ran on while the
+    # requeue was on its way), and the steps taken after it must be redone.
     _wait_for(lambda: 3 in _logged_steps(run_dir), 600, "step 3 of the first start")
     requeue = subprocess.run(["scontrol", "requeue", job_id], text=True, capture_output=True, env=env, check=False)
     assert requeue.returncode == 0, requeue.stderr
@@ -64,7 +68,9 @@ def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slu
     assert (state, code) == ("COMPLETED", 0), (state, code, _job_logs(run_dir))
 
     logs = _job_logs(run_dir)
-    assert "at step 2" in logs and "resumed from" in logs, logs[-3000:]
+    resumed = re.search(r"resumed from \S+ at step (\d+)", logs)
+    assert resumed, logs[-3000:]
+    assert 2 <= int(resumed.group(1)) < STEPS and int(resumed.group(1)) % 2 == 0, resumed.group(0)
     # One history, as if never interrupted: each step once, in order, with the uninterrupted run's values.
     assert _curve(run_dir) == _curve(tmp_path / "whole"), (_curve(run_dir), _curve(tmp_path / "whole"))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{STEPS:07d}"
