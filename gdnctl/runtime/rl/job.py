@@ -31,7 +31,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, weight_sync
+from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
 from gdnctl.runtime.rl.logprob_gap import check_step0_gap
@@ -39,7 +39,7 @@ from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
-from gdnctl.runtime.smoke import FirstMinuteWatch
+from gdnctl.runtime.smoke import FirstMinuteWatch, verdicts
 from gdnctl.runtime.train import MetricsLog, eta_text, mfu, progress
 from gdnctl.schema import EngineConfig
 
@@ -96,9 +96,10 @@ class RlStepStats:
 
 
 def engine_start_steps(config: EngineConfig) -> str:
-    """What vLLM's engine start does, for its progress line: with a fixed KV cache (rollout.kv_cache_gib, and always
-    on vLLM's CPU build) it skips the memory profiling that sizes the cache."""
-    if config.device == "cpu" or config.rollout.kv_cache_gib is not None:
+    """What vLLM's engine start does, for its progress line: given a fixed KV cache (kv_cache_memory_bytes, which
+    the rollout server passes for rollout.kv_cache_gib and always on vLLM's CPU build) it skips the memory
+    profiling that sizes the cache."""
+    if "kv_cache_memory_bytes" in rollout_server.engine_kwargs(config, model=""):
         return "loads the weights, then allocates a fixed KV cache"
     return "loads the weights, then profiles memory to size the KV cache"
 
@@ -153,10 +154,8 @@ class RlJob:
         synced = self.sync(self.step)
         if synced is not None:
             checked, gap = synced
-            unreadable = "" if checked.checked == checked.total else \
-                " (the rest are not visible whole in the rollout, e.g. packed by vLLM's kernels or tensor-parallel " \
-                "shards; the probe covers them)"
-            self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unreadable}; "
+            unchecked = verdicts.unchecked_parameters(checked.checked, checked.total)
+            self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unchecked}; "
                       f"probe log-probs within {gap:.4f} nats/token")
         return synced
 

@@ -131,18 +131,25 @@ def checkpoint_round_trip(checkpoint: str, weights: int, optimizer: int, step: i
                              f"memory after loading it back, step {step}")
 
 
+def unchecked_parameters(checked: int, total: int) -> str:
+    """What the weight-sync reports (this verdict and the rl job's log) say of the parameters they could not
+    checksum: ones the rollout does not show whole (packed into its kernels' own layout, tensor-parallel shards, or
+    not shown under the trainer's names), which the probe's log-probs cover."""
+    if checked >= total:
+        return ""
+    return (f" (the other {total - checked} are not visible whole in the rollout, e.g. packed by vLLM's kernels or "
+            "tensor-parallel shards; the probe covers them)")
+
+
 def weight_sync(syncs: Sequence[tuple[int, int, float]], tolerance: float) -> SmokeCheck:
-    """Each sync's (parameters checked, parameters sent, probe gap): the job has already failed on a mismatch.
-    Parameters the rollout does not show whole (packed into its kernels' own layout, tensor-parallel shards, or
-    not shown under the trainer's names) cannot be checksummed; the probe's log-probs cover them."""
+    """Each sync's (parameters checked, parameters sent, probe gap): the job has already failed on a mismatch."""
     checked = min(sync[0] for sync in syncs)
     total = max(sync[1] for sync in syncs)
     gap = max(sync[2] for sync in syncs)
-    unseen = (f" (the other {total - checked} are not visible whole in the rollout, e.g. packed by vLLM's kernels "
-              "or tensor-parallel shards; the probe covers them)" if checked < total else "")
     return SmokeCheck(name=WEIGHT_SYNC, status="ok",
                       detail=f"{len(syncs)} sync{'s' if len(syncs) != 1 else ''} checked: {checked} of {total} "
-                             f"parameters match{unseen}, probe gap {gap:.4f} <= {tolerance:g} nats/token")
+                             f"parameters match{unchecked_parameters(checked, total)}, probe gap {gap:.4f} <= "
+                             f"{tolerance:g} nats/token")
 
 
 def step0_logprob_gap(gap: float, threshold: float | None) -> SmokeCheck:
