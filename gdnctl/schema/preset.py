@@ -253,7 +253,10 @@ class SlurmSpec(_Section):
     mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
     constraint: str | None = None
     exclusive: bool = True
-    requeue: bool = Field(True, description="requeue on preemption (--signal=USR1@90)")
+    requeue: bool = Field(True, description="requeue on preemption (--requeue; USR1 with more than 180 s left)")
+    time_limit_requeues: int = Field(0, ge=0, le=100, description="times the job requeues itself at its time "
+                                     "limit (USR1 90 s before it) to go on from its last checkpoint; 0: it ends "
+                                     "TIMEOUT. Needs requeue: true")
     container_image: str | None = Field(None, description="trainer container image (pyxis --container-image)")
     extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --reservation=x")
 
@@ -261,6 +264,12 @@ class SlurmSpec(_Section):
     @classmethod
     def _mem_number(cls, value: object) -> object:
         return _number_as_text(value, int)
+
+    @model_validator(mode="after")
+    def _time_limit_requeues_need_requeue(self) -> SlurmSpec:
+        if self.time_limit_requeues and not self.requeue:
+            raise ValueError("requeueing at the time limit (time_limit_requeues) needs requeue: true")
+        return self
 
     @field_validator("partition", "account", "qos", "constraint", "mem")
     @classmethod
