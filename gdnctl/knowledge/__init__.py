@@ -4,7 +4,7 @@ GPUs, the software stack's versions and thresholds, model FLOPs and the GDN kern
 The bottom layer: plain data and pure functions, importing nothing of gdnctl's but the base modules.
 """
 
-from gdnctl.knowledge import catalog, flops, hardware, stack, versions
+from gdnctl.knowledge import catalog, flops, hardware, slurm, stack, versions
 from gdnctl.knowledge.catalog import HF_CONFIG_KEYS, ROPE_KEYS, ModelNotFound
 from gdnctl.knowledge.gdn_shapes import RankShape, kernel_heads, per_rank_shapes
 from gdnctl.knowledge.hardware import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, GPUS, GpuSpec, sm_label
@@ -13,4 +13,4 @@ from gdnctl.knowledge.stack import DEFAULT_STACK
 
 __all__ = ["DEFAULT_STACK", "FLASHQLA_FORWARD_ONLY_SMS", "FLASHQLA_SMS", "GPUS", "HF_CONFIG_KEYS", "ROPE_KEYS",
            "GpuSpec", "ModelArch", "ModelNotFound", "RankShape", "catalog", "flops", "hardware", "kernel_heads",
-           "per_rank_shapes", "sm_label", "stack", "versions"]
+           "per_rank_shapes", "slurm", "sm_label", "stack", "versions"]

@@ -401,13 +401,22 @@ def deep_merge(base: dict, override: dict) -> dict:
 PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path"), ("train", "save_dir"))
 
 
+# Interpreters a preset names: `~` is expanded (a per-user environment such as ~/.cache/gdnctl/vllm-cpu needs no
+# machine's home written into a shared preset), anything else is left as written: a bare name is looked up in
+# PATH where the script runs.
+INTERPRETER_FIELDS = (("launch", "python"), ("rollout", "python"))
+
+
 def _absolute_paths(data: dict, base: Path) -> None:
-    for section, key in PATH_FIELDS:
+    for section, key in PATH_FIELDS + INTERPRETER_FIELDS:
         node = data.get(section)
         # A path with a NUL byte stays as written: the OS cannot take it, and the schema refuses it.
         if isinstance(node, dict) and isinstance(node.get(key), str) and node[key] and "\0" not in node[key]:
             path = _expand_user(Path(node[key]))
-            node[key] = str(path if path.is_absolute() else _resolved(base / path))
+            if (section, key) in INTERPRETER_FIELDS:
+                node[key] = str(path) if node[key].startswith("~") else node[key]
+            else:
+                node[key] = str(path if path.is_absolute() else _resolved(base / path))
 
 
 def _read_layer(path: Path) -> tuple[dict, dict[tuple, str], Any, str]:
@@ -495,7 +504,7 @@ def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str
                                       "no sub-keys.")
             node = child
         node[keys[-1]] = value
-        if keys in PATH_FIELDS:
+        if keys in PATH_FIELDS + INTERPRETER_FIELDS:
             _absolute_paths({keys[0]: node}, Path.cwd())
         positions[keys] = SET_SOURCE
     return data

@@ -197,8 +197,10 @@ def test_dry_run_prints_scripts_and_env_and_writes_nothing(tmp_path):
 
 def _normalised(text: str) -> str:
     # Hashes in manifest.json cover content with the checkout's absolute path in it (presets with local data
-    # paths), so they differ per checkout; the hashed files themselves are compared with paths normalised.
-    return re.sub(r'"([a-z_]*sha256)": "[0-9a-f]{64}"', r'"\1": "<sha256>"', text.replace(str(REPO), "<repo>"))
+    # paths), so they differ per checkout; the hashed files themselves are compared with paths normalised. A
+    # preset's `~/` (the CPU rl preset's rollout.python) is expanded to this user's home, written back as `~/`.
+    text = text.replace(str(REPO), "<repo>").replace(f"{Path.home()}/", "~/")
+    return re.sub(r'"([a-z_]*sha256)": "[0-9a-f]{64}"', r'"\1": "<sha256>"', text)
 
 
 @pytest.mark.parametrize("name", SHIPPED + sorted(VARIANTS))

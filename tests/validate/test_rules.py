@@ -10,6 +10,20 @@ from tests.validate.helpers import codes, write_checkpoint
 OLD_STACK = {"megatron_core": "0.17.0", "megatron_bridge": "0.4.0"}
 
 
+def _world_writable(tmp_path):
+    """A directory every user can write, without the sticky bit."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    return shared
+
+
+def _existing_data(tmp_path):
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "tokenizer").mkdir()
+    return {"model": {"tokenizer": str(tmp_path / "tokenizer")}, "train": {"data_path": str(tmp_path / "prompts.jsonl")}}
+
+
 def _text_only(tmp_path, **extra):
     path = write_checkpoint(tmp_path / "ckpt", architectures=["Qwen3_5MoeForCausalLM"], **extra)
     return {"model": {"id": None, "path": str(path)}, "parallel": {"ep": 8, "tp": 2}}
@@ -104,6 +118,13 @@ CASES = {
     "LCH002": ({"launch": {"env": {"PS4": "$(touch /tmp/pwned)"}}},
                {"launch": {"env": {"WANDB_PROJECT": "math"}, "pass_env": ["WANDB_API_KEY"]}}),
     "LCH003": ({"launch": {"env": {"LD_LIBRARY_PATH": "/opt/other/lib"}}}, {"launch": {"env": {"NCCL_DEBUG": "INFO"}}}),
+    "LCH004": ({"launch": {"slurm": {"extra_sbatch": ["--output=/etc/cron.d/x"]}}},
+               {"launch": {"slurm": {"extra_sbatch": ["--reservation=big", "--comment=x"]}}}),
+    "LCH005": ({"launch": {"env": {"HF_TOKEN": "hf_abc"}}}, {"launch": {"pass_env": ["HF_TOKEN"]}}),
+    "LCH006": (lambda tmp: {"rollout": {"python": str(_world_writable(tmp) / "venv/bin/python")}},
+               lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}}),
+    "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}},
+               lambda tmp: _existing_data(tmp)),
     "COM001": ({"comm": {"skip_ops": ["all_gather_into_tnesor"]}}, {"comm": {"skip_ops": ["all_gather_into_tensor"]}}),
     "COM002": ({"comm": {"free_gb_threshold": 100}}, {"comm": {"free_gb_threshold": 3}}),
     "COM003": ({"comm": {"add_skip_ops": ["barrier"]}}, {"comm": {"add_skip_ops": ["all_reduce"]}}),
