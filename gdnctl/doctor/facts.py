@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, read_text
 
 # Distributions the doctor looks up (by metadata, without importing them).
 PACKAGES = ("torch", "triton", "flash-qla", "tilelang", "fla-core", "flash-linear-attention", "megatron-core",
@@ -19,6 +24,12 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 # plugin chose to call its variables.
 CREDENTIAL_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 REDACTED = "<redacted>"
+# A facts file is a few KiB; this bounds what --facts reads (a device or a huge file is refused, not read).
+MAX_FACTS_BYTES = 16 * 1024**2
+
+
+class FactsFileError(GdnctlError):
+    """A --facts file that is not what --save-facts writes."""
 
 
 def looks_like_credential(name: str) -> bool:
@@ -47,6 +58,16 @@ class RolloutEnvFact:
 
 
 @dataclass(frozen=True)
+class InterpreterFact:
+    """An interpreter the preset makes gdnctl run (launch.python, rollout.python), and whether another user could
+    replace it (gdnctl/validate/filesystem.py: the same judgement as validate's LCH006)."""
+
+    field: str
+    command: str
+    replaceable: str | None  # why another user could replace it; None: only you or root can
+
+
+@dataclass(frozen=True)
 class KernelCacheFact:
     path: str
     exists: bool
@@ -69,6 +90,7 @@ class MachineFacts:
     env: dict[str, str] = field(default_factory=dict)
     kernel_cache: KernelCacheFact | None = None
     rollout_env: RolloutEnvFact | None = None  # probed only for a preset that names rollout.python
+    interpreters: tuple[InterpreterFact, ...] = ()  # probed only with a preset
 
     def __post_init__(self):
         # Here rather than in the probe: facts loaded with --facts (written by an older gdnctl, or by hand) and
@@ -82,13 +104,27 @@ class MachineFacts:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "MachineFacts":
-        gpus = tuple(GpuFact(g["name"], tuple(g["sm"]), g["memory_gib"]) for g in data.get("gpus", ()))
-        cache = data.get("kernel_cache")
-        rollout = data.get("rollout_env")
-        return cls(**{**data, "gpus": gpus, "kernel_cache": KernelCacheFact(**cache) if cache else None,
-                      "rollout_env": RolloutEnvFact(**rollout) if rollout else None})
+    def from_json(cls, data: object) -> "MachineFacts":
+        return _adapter().validate_python(data)
 
     @classmethod
     def load(cls, path: Path) -> "MachineFacts":
-        return cls.from_json(json.loads(path.read_text()))
+        """Facts saved with --save-facts, every field of its type (strictly: a number is no version, an env value
+        is text); FactsFileError with the field otherwise."""
+        fix = "save them again with `gdnctl doctor --save-facts FILE`"
+        try:
+            data = read_text(path, MAX_FACTS_BYTES)
+        except UnreadableFile as error:
+            raise FactsFileError(f"{error}; {fix}.") from None
+        try:
+            return _adapter().validate_json(data, strict=True)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the top level"
+            raise FactsFileError(f"{path} is not a facts file written by --save-facts ({where}: "
+                                 f"{first['msg'].lower()}); {fix}.") from None
+
+
+@cache
+def _adapter() -> TypeAdapter:
+    return TypeAdapter(MachineFacts)

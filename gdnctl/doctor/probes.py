@@ -19,12 +19,14 @@ from gdnctl.doctor.facts import (
     ENV_PREFIXES,
     PACKAGES,
     GpuFact,
+    InterpreterFact,
     KernelCacheFact,
     MachineFacts,
     RolloutEnvFact,
 )
 from gdnctl.plan import DEFAULT_KERNEL_CACHE
 from gdnctl.runtime.kernels import cached_kernel_files
+from gdnctl.validate import replaceable_by_others
 
 IMPORT_TIMEOUT_S = 120
 
@@ -101,7 +103,11 @@ def _kernel_cache(path: str) -> KernelCacheFact:
 
 
 def rollout_env(python: str) -> RolloutEnvFact:
-    """vLLM's version in another interpreter: imported there, in a child process with a time limit."""
+    """vLLM's version in another interpreter: imported there, in a child process with a time limit. Not run when
+    another user could have put that interpreter there: the doctor would run their code as you."""
+    replaceable = replaceable_by_others(python)
+    if replaceable is not None:
+        return RolloutEnvFact(python, None, f"not run: another user could replace it ({replaceable})")
     try:
         proc = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                               text=True, timeout=IMPORT_TIMEOUT_S, check=False)
@@ -115,7 +121,10 @@ def rollout_env(python: str) -> RolloutEnvFact:
     return RolloutEnvFact(python, proc.stdout.strip().splitlines()[-1])
 
 
-def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = None) -> MachineFacts:
+def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = None,
+           interpreters: list[tuple[str, str]] = ()) -> MachineFacts:
+    """`interpreters`: (field, command) of the interpreters a preset makes gdnctl run, judged for who could
+    replace them."""
     env = {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
     cache = kernel_cache_dir or os.environ.get("TILELANG_CACHE_DIR") or DEFAULT_KERNEL_CACHE
     return MachineFacts(
@@ -126,5 +135,7 @@ def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = Non
         env=env,
         kernel_cache=_kernel_cache(cache),
         rollout_env=rollout_env(rollout_python) if rollout_python else None,
+        interpreters=tuple(InterpreterFact(field, command, replaceable_by_others(command))
+                           for field, command in interpreters),
         **_torch_facts(),
     )

