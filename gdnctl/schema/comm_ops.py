@@ -1,10 +1,11 @@
 """Names of the communication calls the runtime's memory guard wraps.
 
 This is the single source of truth shared by the `comm` rules (which run without torch) and by
-`gdnctl.runtime.comm_guard` (which patches these names). The names are the public
-`torch.distributed` function names and the `torch.distributed.ProcessGroup` method names: the same
-surface slime's `reloadable_process_group.py` wraps. Both kinds may appear in a skip set, exactly as in
-slime PR #1947, whose skip set mixes them (`all_gather_into_tensor` is a function,
+`gdnctl/runtime/comm/guard.py` (which patches these names). The names are the public
+`torch.distributed` function names and the `torch.distributed.ProcessGroup` method names: the surface
+slime's `slime/utils/reloadable_process_group.py` wraps, plus the object collectives it leaves out
+(`gather_object`, `scatter_object_list`, `send_object_list`, `recv_object_list`). Both kinds may appear in
+a skip set, exactly as in slime PR #1947, whose skip set mixes them (`all_gather_into_tensor` is a function,
 `allgather_into_tensor_coalesced` a method, `barrier` both).
 """
 
@@ -24,10 +25,14 @@ DIST_FUNCTIONS: tuple[str, ...] = (
     "reduce_scatter",
     "reduce_scatter_tensor",
     "scatter",
+    "scatter_object_list",
     "gather",
+    "gather_object",
     "barrier",
     "send",
+    "send_object_list",
     "recv",
+    "recv_object_list",
     "isend",
     "irecv",
 )
