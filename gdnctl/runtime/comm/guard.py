@@ -1,8 +1,8 @@
 """Communication memory guard: check free GPU memory before collectives, with a configurable skip set.
 
 Modelled on slime's `slime/utils/reloadable_process_group.py`. `install(policy)` replaces the
-`torch.distributed` functions named in `gdnctl.comm_ops.DIST_FUNCTIONS` with wrappers, wraps the groups
-`dist.new_group` returns (and `dist.group.WORLD`) so their `PROCESS_GROUP_METHODS` go through the same
+`torch.distributed` functions named in `gdnctl/schema/comm_ops.py` DIST_FUNCTIONS with wrappers, wraps the
+groups `dist.new_group` returns (and `dist.group.WORLD`) so their PROCESS_GROUP_METHODS go through the same
 guard, and makes `dist.P2POp` accept the wrapped `isend`/`irecv`. Before a checked call the guard reads
 driver-visible free memory and, below `free_gb_threshold`, synchronizes, collects garbage and empties the
 allocator cache. An op in `skip_ops` is forwarded without reading memory: the read alone costs ~10 us on an
@@ -10,8 +10,12 @@ H100, which is what made the per-call check a 5x MFU regression (slime issue #17
 
 Only the `torch.distributed` package attributes are replaced, never `distributed_c10d`'s: torch's own
 helpers (e.g. `all_gather_object` calling `all_gather`) keep calling the originals, so one public call is
-one check. Install before importing code that does `from torch.distributed import all_reduce`, which
-would keep the unguarded function. Groups created while the guard is installed are only valid while it
+one check. A module that bound a function at import (`from torch.distributed import _coalescing_manager`,
+`dist_reduce_scatter_func = torch.distributed.reduce_scatter_tensor`) keeps the object it bound, so
+replacing the package attribute does not reach it: install also rebinds the names of MEGATRON_BINDINGS in
+the modules already imported, and uninstall puts the originals back, so Megatron's collectives are guarded
+whether the guard is installed before or after `import megatron.core`. Other code that binds a function at
+import must be imported after install. Groups created while the guard is installed are only valid while it
 is: the original functions do not know the wrapper.
 """
 
@@ -22,6 +26,7 @@ import functools
 import gc
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,9 +43,44 @@ from gdnctl.schema import PROFILE_FILE_PATTERN, PROFILE_FORMAT, PROFILE_VERSION,
 GIB = 1024**3
 
 # Functions that take a group but do not communicate: like the query functions they must see the real
-# group. Megatron's distributed optimizer passes its data-parallel group to `_coalescing_manager`.
+# group. Megatron's distributed optimizer passes its data-parallel group to `_coalescing_manager`, and a
+# collective inside the manager only queues itself when its (unwrapped) group is the one the manager was given.
+# The queued call is the one the guard counts and checks; torch issues the coalesced collective at the manager's
+# exit on the real group, past the guard, so the profile has no `*_coalesced` count (or memory drop) for it.
 _GROUP_ARGUMENT_FUNCTIONS = ("_coalescing_manager", "destroy_process_group")
 _PROCESS_GROUP_METHOD_NAMES = frozenset(comm_ops.PROCESS_GROUP_METHODS)
+
+# The names megatron-core binds from torch.distributed when a module is imported, per module: each is rebound to
+# the guard's wrapper of the object it holds. Surveyed in megatron-core 0.19.2, megatron/core/<file>:<line of the
+# binding>, then where a training step calls it; 0.16.1 binds the same names in the same modules. A module not
+# imported, a name it lacks, or a value that is not a wrapped function (torch < 1.13's `_all_gather_base`, or
+# the `reduce_scatter_with_fp32_accumulation` that param_and_grad_buffer.py:249 assigns when
+# ddp_config.reduce_scatter_with_fp32_accumulation is on) is left alone. transformer/multi_token_prediction.py:48
+# binds dist_all_gather_func and never calls it. Every other collective under megatron/core (parallel_state, the
+# distributed optimizer, finalize_model_grads, clip_grads, the MoE token dispatchers and router, pipeline P2POps)
+# is looked up as `torch.distributed.<name>` when called, which the package attribute covers.
+MEGATRON_BINDINGS: dict[str, tuple[str, ...]] = {
+    # distributed/param_and_grad_buffer.py:15 `from torch.distributed import _coalescing_manager` and :50-51:
+    # the gradient reduce-scatter (:712) and the parameter all-gather (:515) of the distributed optimizer, each
+    # inside a _coalescing_manager (:702, :504).
+    "megatron.core.distributed.param_and_grad_buffer": (
+        "_coalescing_manager", "dist_all_gather_func", "dist_reduce_scatter_func"),
+    # distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:33: Megatron-FSDP's coalesced bucket
+    # collectives (:4038, :4132, :4542, :4561).
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer": ("_coalescing_manager",),
+    # tensor_parallel/mappings.py:12-13: the sequence-parallel gathers (:96 _gather_along_last_dim, :146
+    # _gather_along_first_dim) and reduce-scatter (:186 _reduce_scatter_along_first_dim).
+    "megatron.core.tensor_parallel.mappings": ("dist_all_gather_func", "dist_reduce_scatter_func"),
+    # tensor_parallel/layers.py:85-86: the sequence-parallel linear layer's input all-gather (forward :571,
+    # backward :617) and its input-gradient reduce-scatter (:650).
+    "megatron.core.tensor_parallel.layers": ("dist_all_gather_func", "dist_reduce_scatter_func"),
+    # tensor_parallel/utils.py:15: gather_split_1d_tensor (:93).
+    "megatron.core.tensor_parallel.utils": ("dist_all_gather_func",),
+    # utils.py:1227: drain_embedding_wgrad_compute's all-gathers (:1260, :1298).
+    "megatron.core.utils": ("dist_all_gather_func",),
+    # timers.py:26: Timers gathering every rank's times (:314).
+    "megatron.core.timers": ("dist_all_gather_func",),
+}
 
 
 class CommPolicyError(GdnctlError, ValueError):
@@ -416,12 +456,14 @@ class _Installation:
     replaced: dict[str, Any] = field(default_factory=dict)  # torch.distributed attribute -> original
     replaced_p2p: dict[str, Any] = field(default_factory=dict)  # P2POp.__dict__ entry -> original
     original_by_wrapper_id: dict[int, Callable] = field(default_factory=dict)
+    wrapper_by_original_id: dict[int, Any] = field(default_factory=dict)
     world: tuple[Any, GuardedProcessGroup] | None = None
 
     def replace(self, name: str, wrapper: Any) -> None:
         original = getattr(dist, name)
         self.replaced[name] = original
         self.original_by_wrapper_id[id(wrapper)] = original
+        self.wrapper_by_original_id[id(original)] = wrapper
         setattr(dist, name, wrapper)
 
     def guarded_world(self) -> Any:
@@ -455,7 +497,24 @@ def install(policy: CommGuardPolicy, probe: MemoryProbe | None = None) -> None:
     installation.replace("new_group", _group_guarding_callable(dist.new_group))
     installation.replace("group", _GuardedGroupNamespace)
     _patch_p2p_op(installation)
+    _rebind_imported(installation.wrapper_by_original_id)
     _installation = installation
+
+
+def _rebind_imported(replacements: dict[int, Any]) -> None:
+    """Rebind each MEGATRON_BINDINGS name of an imported module whose value is a key of `replacements` (by id).
+
+    By identity rather than by name: the object a name holds depends on the torch and Megatron versions and on
+    Megatron's own reassignments, and only an object the guard wrapped has a counterpart to swap in.
+    """
+    for module_name, names in MEGATRON_BINDINGS.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name in names:
+            replacement = replacements.get(id(getattr(module, name, None)))
+            if replacement is not None:
+                setattr(module, name, replacement)
 
 
 def _patch_p2p_op(installation: _Installation) -> None:
@@ -488,6 +547,8 @@ def uninstall() -> None:
             setattr(dist, name, original)
         for name, original in installation.replaced_p2p.items():
             setattr(dist.P2POp, name, original)
+        # Also reaches the modules imported while the guard was installed, which bound the wrappers themselves.
+        _rebind_imported(installation.original_by_wrapper_id)
         _installation = None
 
 
