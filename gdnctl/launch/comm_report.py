@@ -9,15 +9,24 @@ counted only an op's first call as first use, so a later group's set-up read as 
 
 from __future__ import annotations
 
-import json
+import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
 from gdnctl.errors import GdnctlError
-from gdnctl.schema import DEFAULT_PROFILE_SUBDIR, PROFILE_FILE_PATTERN, PROFILE_FORMAT, PROFILE_VERSION
+from gdnctl.files import UnreadableFile, read_json, read_yaml
+from gdnctl.schema import (
+    DEFAULT_PROFILE_SUBDIR,
+    PROFILE_FILE_PATTERN,
+    PROFILE_FORMAT,
+    PROFILE_VERSION,
+    CommProfile,
+    ProfiledOp,
+)
 
 # An op is skip-safe when its steady-state calls move free memory by less than this. The driver and the
 # caching allocator work in 2 MiB pages and 2/20 MiB segments, so a few segments of movement is bookkeeping,
@@ -27,12 +36,15 @@ from gdnctl.schema import DEFAULT_PROFILE_SUBDIR, PROFILE_FILE_PATTERN, PROFILE_
 SKIP_SAFE_THRESHOLD_MIB = 64.0
 
 MIB = 1024**2
+# A rank's profile is a few KiB (one entry per op), an engine.yaml a few; these bound what is read.
+MAX_PROFILE_BYTES = 16 * MIB
+MAX_ENGINE_YAML_BYTES = 16 * MIB
 SKIP_SAFE = "skip-safe"
 KEEP_CHECKED = "keep-checked"
 
 
 class CommReportError(GdnctlError):
-    """The run dir holds no readable comm profile."""
+    """The run dir holds no readable comm profile, or the threshold is not a number of MiB."""
 
 
 @dataclass(frozen=True)
@@ -86,41 +98,80 @@ def _configured_profile_dir(run_dir: Path) -> Path | None:
     engine_yaml = run_dir / "engine.yaml"
     if not engine_yaml.is_file():
         return None
-    document = yaml.safe_load(engine_yaml.read_text()) or {}
-    profile_dir = (document.get("comm") or {}).get("profile_dir")
+    try:
+        document = read_yaml(engine_yaml, MAX_ENGINE_YAML_BYTES)
+    except UnreadableFile as error:
+        raise CommReportError(f"{error}; render the run dir again with `gdnctl render`, or move engine.yaml away "
+                              "to read the profiles in RUN_DIR/comm_profile.") from None
+    comm = document.get("comm") if isinstance(document, dict) else None
+    profile_dir = comm.get("profile_dir") if isinstance(comm, dict) else None
+    if profile_dir is not None and not isinstance(profile_dir, str):
+        raise CommReportError(f"{engine_yaml}: comm.profile_dir is {profile_dir!r}, not a directory name; render "
+                              "the run dir again with `gdnctl render`.")
     return None if profile_dir is None else run_dir / profile_dir
 
 
-def load_profiles(profile_dir: Path) -> list[dict[str, Any]]:
-    profiles = []
-    for path in sorted(profile_dir.glob(PROFILE_FILE_PATTERN.format(rank="*"))):
-        try:
-            document = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise CommReportError(f"{path} is not valid JSON ({error}); delete it and profile the run again.") \
-                from error
-        if document.get("format") != PROFILE_FORMAT or document.get("version") != PROFILE_VERSION:
-            raise CommReportError(f"{path} is not a version {PROFILE_VERSION} gdnctl comm profile; profile the run "
-                                  "again with this gdnctl version.")
-        profiles.append(document)
-    return profiles
+_RANK_FILE = re.compile(re.escape(PROFILE_FILE_PATTERN).replace(re.escape("{rank}"), r"(\d+)"))
+
+
+def load_profile(path: Path) -> CommProfile:
+    """One rank's profile, every field of the type the runtime writes; CommReportError naming the file and the
+    field otherwise."""
+    fix = "delete it and profile the run again"
+    try:
+        document = read_json(path, MAX_PROFILE_BYTES)
+    except UnreadableFile as error:
+        raise CommReportError(f"{error}; {fix}.") from None
+    if not isinstance(document, dict) or document.get("format") != PROFILE_FORMAT or \
+            document.get("version") != PROFILE_VERSION:
+        raise CommReportError(f"{path} is not a version {PROFILE_VERSION} gdnctl comm profile; profile the run "
+                              "again with this gdnctl version.")
+    try:
+        profile = CommProfile.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        raise CommReportError(f"{path} is not a comm profile gdnctl wrote ({where}: {first['msg'].lower()}); "
+                              f"{fix}.") from None
+    named = _RANK_FILE.fullmatch(path.name)
+    if named is None or int(named.group(1)) != profile.rank:
+        raise CommReportError(f"{path} holds the profile of rank {profile.rank}, not of the rank its name says; "
+                              f"{fix}.")
+    return profile
+
+
+def load_profiles(profile_dir: Path) -> list[CommProfile]:
+    return [load_profile(path) for path in sorted(profile_dir.glob(PROFILE_FILE_PATTERN.format(rank="*")))]
 
 
 def build_report(run_dir: str | Path, threshold_mib: float = SKIP_SAFE_THRESHOLD_MIB) -> CommReport:
+    _check_threshold(threshold_mib)
     profile_dir = find_profile_dir(run_dir)
     return merge_profiles(load_profiles(profile_dir), profile_dir, threshold_mib)
 
 
-def merge_profiles(profiles: list[dict[str, Any]], profile_dir: Path,
+def _check_threshold(threshold_mib: float) -> None:
+    """A NaN threshold would call every op skip-safe: every comparison with NaN is false."""
+    if not math.isfinite(threshold_mib) or threshold_mib < 0:
+        raise CommReportError(f"--threshold-mib is {threshold_mib}; give a finite number of MiB, 0 or more (the "
+                              f"default is {SKIP_SAFE_THRESHOLD_MIB:g}).")
+
+
+def merge_profiles(profiles: list[CommProfile], profile_dir: Path,
                    threshold_mib: float = SKIP_SAFE_THRESHOLD_MIB) -> CommReport:
-    """Merge per-rank profile documents into one verdict per op."""
+    """Merge per-rank profiles (of one run: one world size) into one verdict per op."""
+    _check_threshold(threshold_mib)
     if not profiles:
         raise CommReportError(f"No comm profiles to merge from {profile_dir}; run the job with comm.profile: true.")
-    world_size = max(profile["world_size"] for profile in profiles)
-    ranks = tuple(sorted(profile["rank"] for profile in profiles))
-    skip_ops = tuple(sorted({op for profile in profiles for op in profile["skip_ops"]}))
-    names = sorted({op for profile in profiles for op in profile["ops"]})
-    verdicts = tuple(_merge_op(op, [profile["ops"][op] for profile in profiles if op in profile["ops"]],
+    sizes = sorted({profile.world_size for profile in profiles})
+    if len(sizes) > 1:
+        raise CommReportError(f"The profiles in {profile_dir} come from runs of {' and '.join(map(str, sizes))} "
+                              "ranks; keep one run's profiles there (or profile the run again).")
+    world_size = sizes[0]
+    ranks = tuple(sorted(profile.rank for profile in profiles))
+    skip_ops = tuple(sorted({op for profile in profiles for op in profile.skip_ops}))
+    names = sorted({op for profile in profiles for op in profile.ops})
+    verdicts = tuple(_merge_op(op, [profile.ops[op] for profile in profiles if op in profile.ops],
                                threshold_mib) for op in names)
     safe = {verdict.op for verdict in verdicts if verdict.verdict == SKIP_SAFE}
     # Skipped ops this run never called keep their place: the profile says nothing against them.
@@ -128,17 +179,16 @@ def merge_profiles(profiles: list[dict[str, Any]], profile_dir: Path,
     return CommReport(
         profile_dir=profile_dir, ranks=ranks, world_size=world_size,
         missing_ranks=tuple(sorted(set(range(world_size)) - set(ranks))),
-        probe=", ".join(sorted({profile["probe"] for profile in profiles})), threshold_mib=threshold_mib,
+        probe=", ".join(sorted({profile.probe for profile in profiles})), threshold_mib=threshold_mib,
         skip_ops=skip_ops, ops=verdicts, recommended_skip_ops=tuple(sorted(safe | unobserved_skips)),
     )
 
 
-def _merge_op(op: str, per_rank: list[dict[str, Any]], threshold_mib: float) -> OpVerdict:
-    steady = [stats["steady_state_max"] for stats in per_rank if stats["steady_state_max"] is not None]
-    steady_drop = max((s["driver_drop_bytes"] for s in steady), default=None)
-    steady_allocator = max((max(s["allocated_delta_bytes"], s["reserved_delta_bytes"]) for s in steady),
-                           default=None)
-    first_drop = max(stats["first_use_max"]["driver_drop_bytes"] for stats in per_rank)
+def _merge_op(op: str, per_rank: list[ProfiledOp], threshold_mib: float) -> OpVerdict:
+    steady = [stats.steady_state_max for stats in per_rank if stats.steady_state_max is not None]
+    steady_drop = max((s.driver_drop_bytes for s in steady), default=None)
+    steady_allocator = max((max(s.allocated_delta_bytes, s.reserved_delta_bytes) for s in steady), default=None)
+    first_drop = max(stats.first_use_max.driver_drop_bytes for stats in per_rank)
     steady_drop_mib = None if steady_drop is None else steady_drop / MIB
     steady_allocator_mib = None if steady_allocator is None else steady_allocator / MIB
     if steady_drop_mib is None:
@@ -150,11 +200,11 @@ def _merge_op(op: str, per_rank: list[dict[str, Any]], threshold_mib: float) -> 
     else:
         verdict, reason = SKIP_SAFE, f"steady state below {threshold_mib:g} MiB"
     return OpVerdict(
-        op=op, calls=sum(stats["calls"] for stats in per_rank), checks=sum(stats["checks"] for stats in per_rank),
-        clears=sum(stats["clears"] for stats in per_rank),
-        guard_seconds=sum(stats["guard_seconds"] for stats in per_rank),
+        op=op, calls=sum(stats.calls for stats in per_rank), checks=sum(stats.checks for stats in per_rank),
+        clears=sum(stats.clears for stats in per_rank),
+        guard_seconds=sum(stats.guard_seconds for stats in per_rank),
         steady_state_max_drop_mib=steady_drop_mib, steady_state_max_allocator_mib=steady_allocator_mib,
-        first_use_drop_mib=first_drop / MIB, groups=max(stats["groups"] for stats in per_rank),
+        first_use_drop_mib=first_drop / MIB, groups=max(stats.groups for stats in per_rank),
         verdict=verdict, reason=reason,
     )
 

@@ -3,7 +3,14 @@ runtime reads), the communication ops the guard knows, the comm guard's profile 
 report."""
 
 from gdnctl.schema import comm_ops
-from gdnctl.schema.comm_profile import DEFAULT_PROFILE_SUBDIR, PROFILE_FILE_PATTERN, PROFILE_FORMAT, PROFILE_VERSION
+from gdnctl.schema.comm_profile import (
+    DEFAULT_PROFILE_SUBDIR,
+    PROFILE_FILE_PATTERN,
+    PROFILE_FORMAT,
+    PROFILE_VERSION,
+    CommProfile,
+    ProfiledOp,
+)
 from gdnctl.schema.engine import (
     ENGINE_CONFIG_VERSION,
     EngineComm,
@@ -20,7 +27,8 @@ from gdnctl.schema.engine import (
 from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
 from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured, SmokeReport
 
-__all__ = ["DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig", "EngineEstimate",
-           "EngineGrpo", "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout", "EngineSelftest",
-           "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset", "SBATCH_SAFE",
-           "SBATCH_SAFE_TEXT", "SMOKE_DIR", "SMOKE_FILE", "SmokeCheck", "SmokeMeasured", "SmokeReport", "comm_ops"]
+__all__ = ["CommProfile", "DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig",
+           "EngineEstimate", "EngineGrpo", "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout",
+           "EngineSelftest", "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset",
+           "ProfiledOp", "SBATCH_SAFE", "SBATCH_SAFE_TEXT", "SMOKE_DIR", "SMOKE_FILE", "SmokeCheck", "SmokeMeasured",
+           "SmokeReport", "comm_ops"]
