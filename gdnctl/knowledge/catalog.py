@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import json
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from gdnctl.files import UnreadableFile, read_json
 from gdnctl.knowledge.model_arch import ModelArch
 
 _CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
@@ -77,14 +77,41 @@ HF_CONFIG_KEYS = {
 }
 # transformers >= 5 writes the rope settings under `rope_parameters` instead of the top level.
 ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
+# HF keys whose value is a real number; every other key of HF_CONFIG_KEYS holds an integer.
+_FLOAT_KEYS = frozenset({"rms_norm_eps", "rope_theta", "partial_rotary_factor"})
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "linear_num_key_heads", "linear_num_value_heads")
+# A config.json is a few KiB (a vision-language one with its vision config included); a file past this, a FIFO or
+# a device is not one, and reading it would block or take the machine's memory.
+MAX_CONFIG_BYTES = 4 * 1024**2
 
 
-def _full_attention_interval(text: dict) -> int | None:
-    layer_types = text.get("layer_types")
+class _WrongType(ValueError):
+    """A config.json value of a type its key never has: `num_hidden_layers: true`, `tie_word_embeddings: "no"`."""
+
+
+def _typed(value: object, key: str, kind: str) -> object:
+    """`value` when it is of `kind` as JSON writes it, checked strictly: a bool is no integer, a string no bool."""
+    fits = {"an integer": isinstance(value, int) and not isinstance(value, bool),
+            "a number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "true or false": isinstance(value, bool), "a string": isinstance(value, str),
+            "an object": isinstance(value, dict),
+            "a list of strings": isinstance(value, list) and all(isinstance(item, str) for item in value)}[kind]
+    if not fits:
+        raise _WrongType(f"{key} is {value!r}, not {kind}")
+    return value
+
+
+def _value(config: dict, key: str, kind: str, where: str = "") -> object:
+    """config[key] of `kind`, or None when absent or null."""
+    value = config.get(key)
+    return None if value is None else _typed(value, f"{where}{key}", kind)
+
+
+def _full_attention_interval(text: dict, where: str) -> int | None:
+    layer_types = _value(text, "layer_types", "a list of strings", where)
     if not layer_types:
-        return text.get("full_attention_interval")
+        return _value(text, "full_attention_interval", "an integer", where)
     full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
     if not full:
         return None
@@ -95,19 +122,21 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     """Read `<path>/config.json`; fields it lacks come from the catalog entry of `fallback_id`."""
     config_file = Path(path).expanduser() / "config.json"
     try:
-        raw = json.loads(config_file.read_text())
-    except FileNotFoundError:
-        raise ModelNotFound(f"{config_file} does not exist: model.path must be a checkpoint directory "
-                            "with a config.json") from None
-    except (OSError, ValueError) as err:  # ValueError: bad JSON, bad UTF-8, an integer of thousands of digits
-        raise ModelNotFound(f"{config_file} cannot be read as JSON ({err}).") from None
+        raw = read_json(config_file, MAX_CONFIG_BYTES)
+    except UnreadableFile as err:
+        if not config_file.exists():
+            raise ModelNotFound(f"{config_file} does not exist: model.path must be a checkpoint directory "
+                                "with a config.json") from None
+        raise ModelNotFound(f"{err}: model.path must be a checkpoint directory with its config.json.") from None
     if not isinstance(raw, dict):
         raise ModelNotFound(f"{config_file} is not a JSON object.")
     base = from_catalog(fallback_id).model_dump() if fallback_id is not None else dict(_catalog()[0])
     try:
         fields = _fields_of(raw, base)
-    except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError) as err:
-        # a hand-edited or hostile config.json (a count of 0, a list where a number belongs): a sentence, no trace
+    except _WrongType as err:
+        raise ModelNotFound(f"{config_file} has values gdnctl cannot use: {err}.") from None
+    except (ValueError, ArithmeticError) as err:
+        # a hand-edited or hostile config.json (a count of 0): a sentence, no trace
         raise ModelNotFound(f"{config_file} has values gdnctl cannot use ({type(err).__name__}: {err}).") from None
     missing = [name for name in _REQUIRED if fields.get(name) is None]
     if missing:
@@ -122,27 +151,34 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
 
 
 def _fields_of(raw: dict, base: dict) -> dict:
-    """ModelArch's fields from a config.json (its text_config when nested) over `base` (catalog values)."""
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    """ModelArch's fields from a config.json (its text_config when nested) over `base` (catalog values). Every
+    value is taken as its key's JSON type or refused (_WrongType): pydantic's coercion would read `"no"` as
+    true and `true` as one layer."""
+    nested = _value(raw, "text_config", "an object")
+    text, where = (nested, "text_config.") if nested is not None else (raw, "")
     fields = dict(base)
     for hf_key, field in HF_CONFIG_KEYS.items():
-        if text.get(hf_key) is not None:
-            fields[field] = text[hf_key]
-    rope = text.get("rope_parameters")
-    if isinstance(rope, dict):
-        for key in ROPE_KEYS:
-            if rope.get(key) is not None:
-                fields[key] = rope[key]
-    interval = _full_attention_interval(text)
+        value = _value(text, hf_key, "a number" if hf_key in _FLOAT_KEYS else "an integer", where)
+        if value is not None:
+            fields[field] = value
+    rope = _value(text, "rope_parameters", "an object", where)
+    for key in ROPE_KEYS if rope is not None else ():
+        value = _value(rope, key, "a number", f"{where}rope_parameters.")
+        if value is not None:
+            fields[key] = value
+    interval = _full_attention_interval(text, where)
     if interval:
         fields["full_attention_interval"] = interval
     if "head_dim" not in text and text.get("hidden_size") and text.get("num_attention_heads"):
         fields.setdefault("head_dim", text["hidden_size"] // text["num_attention_heads"])
-    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+    tie = _value(raw, "tie_word_embeddings", "true or false")
+    if tie is None:
+        tie = _value(text, "tie_word_embeddings", "true or false", where)
     if tie is not None:
-        fields["tie_word_embeddings"] = bool(tie)
+        fields["tie_word_embeddings"] = tie
     fields.setdefault("tie_word_embeddings", False)
-    architectures = raw.get("architectures") or []
+    architectures = _value(raw, "architectures", "a list of strings") or []
     fields["architecture"] = architectures[0] if architectures else fields.get("architecture", "unknown")
-    fields["model_type"] = text.get("model_type", raw.get("model_type", fields.get("model_type", "unknown")))
+    model_type = _value(text, "model_type", "a string", where) or _value(raw, "model_type", "a string")
+    fields["model_type"] = model_type or fields.get("model_type", "unknown")
     return fields
