@@ -17,10 +17,13 @@ from typer.core import TyperGroup
 
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
+from gdnctl.files import os_error_sentence
 
 # sysexits' EX_SOFTWARE: a bug in gdnctl. Never 1 (the preset has errors) or 2 (unreadable input, bad arguments),
 # so a script can tell a crash from an invalid preset.
 INTERNAL_ERROR_EXIT = 70
+# What a shell reports for a program killed by SIGPIPE (128 + 13): the status `yes | head` leaves `yes` with.
+BROKEN_PIPE_EXIT = 141
 
 
 def _wants_json(ctx) -> bool:
@@ -29,15 +32,21 @@ def _wants_json(ctx) -> bool:
 
 
 class _Group(TyperGroup):
-    """Turns a GdnctlError (bad input, not a bug) into one line on stderr and its exit code, and any other
-    exception (a bug) into a traceback, a request for a bug report and INTERNAL_ERROR_EXIT. With --json, stdout
-    carries one JSON object for every outcome."""
+    """Turns a GdnctlError (bad input, not a bug) into one line on stderr and its exit code, and so an OSError
+    the machine caused (a full disk, a read-only filesystem: files.os_error_sentence); any other exception (a
+    bug) into a traceback, a request for a bug report and INTERNAL_ERROR_EXIT. With --json, stdout carries one
+    JSON object for every outcome. A reader of stdout that went away ends the command quietly."""
 
     def parse_args(self, ctx, args):
         ctx.meta.setdefault("gdnctl.argv", tuple(args))  # the outermost group sees the whole command line
-        return super().parse_args(ctx, args)
+        with _quiet_on_broken_pipe():  # --help
+            return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
+        with _quiet_on_broken_pipe():
+            return self._invoke_reporting(ctx)
+
+    def _invoke_reporting(self, ctx):
         try:
             return super().invoke(ctx)
         except GdnctlError as err:
@@ -47,11 +56,37 @@ class _Group(TyperGroup):
             if _wants_json(ctx):
                 _emit_json({"ok": False, "error": err.format_message(), "exit_code": err.exit_code})
             raise
-        except (typer.Exit, typer.Abort):
+        except (typer.Exit, typer.Abort, BrokenPipeError):
             raise
+        except OSError as err:
+            sentence = os_error_sentence(err)
+            if sentence is None:
+                _report_crash(err, _wants_json(ctx))
+                raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+            error = GdnctlError(sentence)
+            _report_error(error, _wants_json(ctx))
+            raise typer.Exit(error.exit_code) from None
         except Exception as err:  # whatever it is, it is a bug: report it as one
             _report_crash(err, _wants_json(ctx))
             raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+
+
+@contextlib.contextmanager
+def _quiet_on_broken_pipe():
+    """`gdnctl explain | head`: when the reader of stdout (or stderr) has gone, stop as other programs do, with no
+    traceback and no word, and with BROKEN_PIPE_EXIT. The streams are pointed at /dev/null first, so flushing
+    what is still buffered at exit cannot fail again."""
+    try:
+        yield
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):  # a stream without a descriptor (an in-memory one in tests)
+                continue
+        os.close(devnull)
+        raise typer.Exit(BROKEN_PIPE_EXIT) from None
 
 
 def _report_error(err: GdnctlError, as_json: bool) -> None:

@@ -23,6 +23,7 @@ import jinja2
 
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
+from gdnctl.files import write_text
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment, kernel_cache_env
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
@@ -163,8 +164,7 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
     manifest = {
         "gdnctl_version": __version__,
         "preset": {"path": result.loaded.source,
-                   "files": [{"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
-                             for path in result.loaded.chain],
+                   "files": [{"path": path, "sha256": result.loaded.sha256[path]} for path in result.loaded.chain],
                    "overrides": [],
                    "resolved_sha256": _sha256(json.dumps(preset.model_dump(mode="json"), sort_keys=True))},
         "engine_config_sha256": _sha256(engine_yaml),
@@ -200,8 +200,8 @@ def write(rendered: RenderedRun, force: bool = False) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.rendering-", dir=run_dir.parent))
     try:
         for name, content in rendered.files.items():
-            (staging / name).write_text(content)
-        (staging / "manifest.json").write_text(json.dumps(rendered.manifest, indent=2) + "\n")
+            write_text(staging / name, content)
+        write_text(staging / "manifest.json", json.dumps(rendered.manifest, indent=2) + "\n")
         for script in TEMPLATES:
             (staging / script).chmod(0o755)
         (staging / "logs").mkdir()

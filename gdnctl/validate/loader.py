@@ -10,6 +10,7 @@ stack, the memory or the time, and pydantic only ever sees a structure of bounde
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import re
 import types
@@ -282,6 +283,8 @@ class LoadedPreset:
     findings: list[Finding]
     sources: SourceMap
     chain: list[str]  # the files merged, base first
+    # file -> sha256 of the bytes parsed: what was used, also when a second read would differ (/dev/stdin)
+    sha256: dict[str, str] = field(default_factory=dict)
 
 
 def _positions(node: yaml.Node, file: str, prefix: tuple, out: dict[tuple, str]) -> None:
@@ -306,8 +309,9 @@ def _positions(node: yaml.Node, file: str, prefix: tuple, out: dict[tuple, str])
             _positions(item, file, prefix + (index,), out)
 
 
-def _read_text(path: Path) -> str:
-    """The file's text, read no further than MAX_BYTES (a device such as /dev/zero never ends)."""
+def _read_text(path: Path) -> tuple[str, str]:
+    """The file's text and the sha256 of its bytes, read no further than MAX_BYTES (a device such as /dev/zero
+    never ends). Read once: a pipe (/dev/stdin) gives its bytes to the first reader only."""
     try:
         with path.open("rb") as stream:
             raw = stream.read(MAX_BYTES + 1)
@@ -321,13 +325,13 @@ def _read_text(path: Path) -> str:
         raise _TooComplex((), f"{path} is larger than {MAX_BYTES // 1024} KiB.",
                           "Check that this is the preset you meant; a real one is a few KiB.", str(path))
     try:
-        return raw.decode()
+        return raw.decode(), hashlib.sha256(raw).hexdigest()
     except UnicodeDecodeError as err:
         raise PresetLoadError(f"{path} cannot be read: {err}.") from None
 
 
-def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
-    text = _read_text(path)
+def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str], str]:
+    text, digest = _read_text(path)
     try:  # one parse gives both the values and their positions
         node, data = _parse(text, str(path))
     except yaml.MarkedYAMLError as err:
@@ -344,7 +348,7 @@ def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
                               f"not a {type(data).__name__}.")
     positions: dict[tuple, str] = {}
     _positions(node, str(path), (), positions)
-    return data, positions
+    return data, positions, digest
 
 
 def _expand_user(path: Path) -> Path:
@@ -419,14 +423,15 @@ def _absolute_paths(data: dict, base: Path) -> None:
                 node[key] = str(path if path.is_absolute() else _resolved(base / path))
 
 
-def _read_layer(path: Path) -> tuple[dict, dict[tuple, str], Any, str]:
-    """One preset file of a base: chain: its values, their positions, its base: reference and where that is."""
-    data, positions = _read_yaml(path)
+def _read_layer(path: Path) -> tuple[dict, dict[tuple, str], Any, str, str]:
+    """One preset file of a base: chain: its values, their positions, its base: reference, where that is, and
+    the sha256 of the file's bytes."""
+    data, positions, digest = _read_yaml(path)
     _absolute_paths(data, path.parent)
     base_ref = data.pop("base", None)
     base_location = positions.get(("base",), str(path))
     positions = {k: v for k, v in positions.items() if k[:1] != ("base",)}
-    return data, positions, base_ref, base_location
+    return data, positions, base_ref, base_location, digest
 
 
 def _base_path(path: Path, base_ref: Any) -> Path:
@@ -439,10 +444,11 @@ def _base_path(path: Path, base_ref: Any) -> Path:
     return base_path
 
 
-def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str]]:
-    """Read `path` and the presets it builds on, then merge them base first. A loop, not recursion: the chain
-    is bounded by MAX_BASE_CHAIN, not by Python's stack."""
+def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str], dict[str, str]]:
+    """Read `path` and the presets it builds on, then merge them base first; also each file's sha256. A loop,
+    not recursion: the chain is bounded by MAX_BASE_CHAIN, not by Python's stack."""
     layers: list[tuple[dict, dict[tuple, str], str]] = []  # the given file first
+    digests: dict[str, str] = {}
     visited: list[Path] = []
     base_location = str(path)
     while True:
@@ -455,7 +461,7 @@ def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str]]:
                                          f"to {path}).", "Point base: at a preset nearer the root of the chain, "
                                                          "or merge presets of the chain into one.", base_location)
         visited.append(resolved)
-        data, positions, base_ref, base_location = _read_layer(path)
+        data, positions, base_ref, base_location, digests[str(path)] = _read_layer(path)
         layers.append((data, positions, str(path)))
         if base_ref is None:
             break
@@ -465,7 +471,7 @@ def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str]]:
     for layer_data, layer_positions, _ in reversed(layers):
         data = deep_merge(data, layer_data)
         positions.update(layer_positions)
-    return data, positions, [file for _, _, file in reversed(layers)]
+    return data, positions, [file for _, _, file in reversed(layers)], digests
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -577,7 +583,7 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
 def load_preset(reference: str | Path, overrides: list[str] | None = None) -> LoadedPreset:
     path = resolve_preset_path(str(reference))
     try:
-        data, positions, chain = _load_chain(path)
+        data, positions, chain, digests = _load_chain(path)
         data = apply_overrides(data, list(overrides or []), positions)
     except _TooComplex as err:
         finding = Finding(TOO_COMPLEX.code, Severity.ERROR, dotted(err.path), err.message, err.hint, err.location)
@@ -586,5 +592,5 @@ def load_preset(reference: str | Path, overrides: list[str] | None = None) -> Lo
     try:
         preset = Preset.model_validate(data)
     except ValidationError as err:
-        return LoadedPreset(str(path), data, None, _schema_findings(err, sources), sources, chain)
-    return LoadedPreset(str(path), data, preset, [], sources, chain)
+        return LoadedPreset(str(path), data, None, _schema_findings(err, sources), sources, chain, digests)
+    return LoadedPreset(str(path), data, preset, [], sources, chain, digests)
