@@ -646,12 +646,30 @@ def _write_file(path: Path, write: Callable[[Path], object], durable: bool = Tru
     when not `durable`). The temporary name is fixed, so a save that a crash interrupted is cleaned up by the
     next save of the same file rather than left behind."""
     temporary = path.with_name(f".{path.name}.tmp")
+    _claim_temporary(temporary)
     write(temporary)
     record = _sync_and_describe(temporary) if durable else {"size": temporary.stat().st_size}
     os.replace(temporary, path)
     if durable:
         _fsync_directory(path.parent)
     return record
+
+
+def _claim_temporary(temporary: Path) -> None:
+    """Create `temporary` as a new, empty file of this save. What a crashed save left there (a regular file) is
+    removed first; a link there is refused, never written through: the writers below open the name and would
+    truncate the file it points to. `latest` and the checkpoint's files themselves are safe from links: os.replace
+    renames over a link, it does not follow it."""
+    if temporary.is_symlink() or (temporary.exists() and not temporary.is_file()):
+        raise CheckpointError(f"{temporary} is a symbolic link or not a regular file, which gdnctl does not write "
+                              f"through (it would overwrite what it points to); remove it (rm {temporary}) and "
+                              "start the job again.")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    except FileExistsError:  # created between the check and the open: by another writer, so not this save's
+        raise CheckpointError(f"{temporary} appeared while this save was writing it: another job writes into "
+                              f"{temporary.parent}; give each job its own train.save_dir.") from None
 
 
 def _sync_and_describe(path: Path) -> dict:
