@@ -296,22 +296,22 @@ def schema() -> None:
 
 
 RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Run dir to write (default: "
-                                                   "runs/NAME-TIMESTAMP).")]
+                                                   "runs/NAME-TIMESTAMP-XXXX, a new one).")]
 TemplatesOpt = Annotated[Optional[Path], typer.Option("--templates", help="Directory with your own copies of "
                                                       "gdnctl's templates.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace a non-empty run dir.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the files gdnctl rendered into a non-empty run "
+                                        "dir; what else is there stays. Refused while a job uses the run dir.")]
 
 
 def _render(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
             templates: Optional[Path], dry_run: bool = False):
-    from gdnctl.launch import default_run_dir, render
+    from gdnctl.launch import render
 
-    if run_dir is None:
-        from gdnctl.validate import load_preset
-
-        loaded = load_preset(preset, overrides)
-        run_dir = default_run_dir(loaded.preset.name if loaded.preset else "run")
-    return render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
+    rendered = render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
+    if rendered.kept:
+        typer.echo(f"gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it "
+                   f"was: {', '.join(rendered.kept)}", err=True)
+    return rendered
 
 
 def _print_dry_run(rendered) -> None:
@@ -334,7 +334,7 @@ def render(preset: PresetArg,
     rendered = _render(preset, output, set_ or [], force, templates)
     if json_output:
         _emit_json({"run_dir": str(rendered.run_dir), "files": sorted([*rendered.files, "manifest.json"]),
-                    "manifest": rendered.manifest})
+                    "kept": rendered.kept, "manifest": rendered.manifest})
         return
     typer.echo(f"rendered {rendered.run_dir}")
     for name in sorted([*rendered.files, "manifest.json"]):

@@ -118,7 +118,7 @@ def test_force_replaces_a_run_dir_gdnctl_rendered(tmp_path):
     again = runner.invoke(app, ["render", "selftest-cpu", "-o", str(run_dir), "--force", "--set", "name=renamed"])
     assert again.exit_code == 0, again.output
     assert json.loads((run_dir / "manifest.json").read_text())["resolved"]["name"] == "renamed"
-    assert not (run_dir / "logs" / "old.out").exists()
+    assert (run_dir / "logs" / "old.out").read_text() == "from the last job\n"  # the job's, not gdnctl's to delete
 
 
 def test_force_refuses_a_forged_manifest_that_is_not_gdnctls(tmp_path):

@@ -4,11 +4,13 @@ Every `{{ expression }}` in a template is shell-quoted by the environment's fina
 can only reach a script as literal data; templates mark trusted values (integers the compiler computed,
 names it validated) with `| raw`, and `#SBATCH` values go through `| sbatch`, which refuses anything outside
 a safe alphabet (sbatch reads those lines itself, not bash). The run dir is written to a temporary sibling
-and renamed into place, so a failed render leaves nothing half-written.
+and renamed into place, so a failed render leaves nothing half-written; `--force` on a run dir gdnctl rendered
+replaces only the files its manifest lists (run_dir.py says what it refuses and why).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -16,7 +18,7 @@ import re
 import shlex
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -24,16 +26,15 @@ import jinja2
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
 from gdnctl.files import write_text
+from gdnctl.launch import run_dir as run_dirs
+from gdnctl.launch import submit
+from gdnctl.launch.run_dir import RunDirNotEmpty
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment, kernel_cache_env
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
 from gdnctl.validate import PresetHasErrors, ValidationResult, validate
 
 TEMPLATES = {"launch_local.sh": "launch_local.sh.j2", "launch_slurm.sbatch": "launch_slurm.sbatch.j2"}
-
-
-class RunDirNotEmpty(GdnctlError):
-    pass
 
 
 class TemplateError(GdnctlError):
@@ -96,6 +97,7 @@ class RenderedRun:
     env_table: list[tuple[str, str, str]]  # name, value shown, source
     result: ValidationResult
     manifest: dict
+    kept: list[str] = field(default_factory=list)  # what --force left in the run dir: not gdnctl's to replace
 
 
 def _env_table(run, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
@@ -171,57 +173,128 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         "resolved": result.resolved(),
         "findings": [f.to_json() for f in result.findings],
         "commands": {"local": "bash launch_local.sh", "slurm": "sbatch launch_slurm.sbatch"},
+        # What gdnctl wrote into the run dir, the only files `render --force` replaces (run_dir.py).
+        "files": run_dirs.manifest_files(files),
     }
     return RenderedRun(run_dir, files, _env_table(run, kernel_cache_dir), result, manifest)
 
 
-def is_gdnctl_run_dir(directory: Path) -> bool:
-    """Whether `directory` holds the manifest.json that `write` puts into every run dir it renders."""
-    try:
-        manifest = json.loads((directory / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and {"gdnctl_version", "engine_config_sha256"} <= manifest.keys()
+def _stage(rendered: RenderedRun, staging: Path) -> None:
+    """Write every rendered file into `staging`, a directory just made for it (so nothing there is a link)."""
+    for name, content in rendered.files.items():
+        write_text(staging / name, content)
+    write_text(staging / run_dirs.MANIFEST, json.dumps(rendered.manifest, indent=2) + "\n")
+    for script in TEMPLATES:
+        (staging / script).chmod(0o755)
 
 
-def write(rendered: RenderedRun, force: bool = False) -> None:
+def _create(rendered: RenderedRun) -> None:
+    """A new (or empty) run dir: staged beside it and renamed into place whole."""
     run_dir = rendered.run_dir
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirNotEmpty(f"{run_dir} exists and is not a directory; choose another run dir.")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        if not force:
-            raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace it, or choose another run dir.")
-        # --force replaces the whole directory, so only one that gdnctl rendered: `-o .` in a source tree
-        # must never take the tree with it.
-        if not is_gdnctl_run_dir(run_dir):
-            raise RunDirNotEmpty(f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
-                                 "--force will not replace it; choose another run dir, or empty it yourself.")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.rendering-", dir=run_dir.parent))
     try:
-        for name, content in rendered.files.items():
-            write_text(staging / name, content)
-        write_text(staging / "manifest.json", json.dumps(rendered.manifest, indent=2) + "\n")
-        for script in TEMPLATES:
-            (staging / script).chmod(0o755)
-        (staging / "logs").mkdir()
-        if run_dir.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.replaced-", dir=run_dir.parent))
-            run_dir.rename(retired / run_dir.name)
-            staging.rename(run_dir)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(run_dir)
+        _stage(rendered, staging)
+        (staging / run_dirs.LOGS).mkdir()
+        try:
+            staging.rename(run_dir)  # replaces an empty directory; fails on one that has filled meanwhile
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise run_dirs.RunDirTaken(f"{run_dir} was created by someone else while gdnctl rendered it; choose "
+                                       "another run dir.") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
-def render(preset: str, run_dir: Path, overrides: list[str] | None = None, force: bool = False,
+def _replace(rendered: RenderedRun, manifest: dict) -> list[str]:
+    """--force on a run dir gdnctl rendered: replace the files its manifest lists, under the run dir's lock and
+    only when no Slurm job submitted from it is still queued or running; returns what was kept."""
+    run_dir = rendered.run_dir
+    listed = run_dirs.listed_files(manifest)
+    with run_dirs.hold(run_dir):
+        recorded = run_dirs.recorded_slurm_jobs(run_dir)
+        unfinished = submit.unfinished_jobs(recorded) if recorded else []
+        if unfinished:
+            jobs = ", ".join(f"{job_id} ({state})" for job_id, state in unfinished)
+            raise run_dirs.RunDirInUse(f"{run_dir} belongs to Slurm job {jobs}, which would run with the new "
+                                       f"engine.yaml; scancel {' '.join(job for job, _ in unfinished)} or wait "
+                                       "for it to end, or choose another run dir.")
+        edited = run_dirs.edited_files(run_dir, listed, rendered.files)
+        if edited:
+            raise RunDirNotEmpty(f"{', '.join(str(run_dir / name) for name in edited)} changed since gdnctl rendered "
+                                 "it, so --force will not replace it; move your copy out of the run dir (or delete "
+                                 "it) and run again.")
+        kept = run_dirs.kept_entries(run_dir, listed)
+        # Staged inside the run dir, so that each file is renamed over its old copy on one file system.
+        staging = Path(tempfile.mkdtemp(prefix=".gdnctl-rendering-", dir=run_dir))
+        try:
+            _stage(rendered, staging)
+            for name in listed.keys() - rendered.files.keys() - {run_dirs.MANIFEST}:
+                (run_dir / name).unlink(missing_ok=True)
+            # manifest.json last: until it moves, the old one still describes the files of the old render.
+            for name in [*rendered.files, run_dirs.MANIFEST]:
+                os.replace(staging / name, run_dir / name)  # replaces a link at that name, never its target
+            if not os.path.lexists(run_dir / run_dirs.LOGS):
+                (run_dir / run_dirs.LOGS).mkdir()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return kept
+
+
+def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False) -> list[str]:
+    """Write the run dir: a new one whole, or with `force` the files of one gdnctl rendered. `exclusive`: the
+    run dir must not exist at all (a default name). Returns the entries --force kept."""
+    run_dir = rendered.run_dir
+    run_dirs.refuse_link(run_dir)
+    if exclusive and os.path.lexists(run_dir):
+        raise run_dirs.RunDirTaken(f"{run_dir} exists; choose another run dir.")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirNotEmpty(f"{run_dir} exists and is not a directory; choose another run dir.")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not force:
+            raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace the files gdnctl rendered "
+                                 "there, or choose another run dir.")
+        # Only a directory gdnctl rendered, and in it only what gdnctl wrote: `-o .` in a source tree must never
+        # take the tree with it, and a job's checkpoints, logs and W&B runs stay where they are.
+        manifest = run_dirs.read_manifest(run_dir)
+        if manifest is None:
+            raise RunDirNotEmpty(f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
+                                 "--force will not write into it; choose another run dir, or empty it yourself.")
+        return _replace(rendered, manifest)
+    _create(rendered)
+    return []
+
+
+def _absolute(path: Path) -> Path:
+    """`path` made absolute with its parent resolved and its last component as given, so that a link there is
+    refused rather than followed."""
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name if path.name else path
+
+
+# Draws of a default run dir name before giving up: each collides only with a launch in the same second that
+# drew the same four hex digits.
+DEFAULT_NAME_DRAWS = 5
+
+
+def render(preset: str, run_dir: Path | None, overrides: list[str] | None = None, force: bool = False,
            templates: Path | None = None, dry_run: bool = False) -> RenderedRun:
+    """Validate, render and (unless `dry_run`) write the run dir; `run_dir` None: a new one under runs/."""
     result = validate(preset, overrides)
-    rendered = build(result, run_dir.resolve(), templates)
+    default = run_dir is None
+    name = result.run.preset.name if result.run is not None else "run"  # build refuses a preset without a run
+    rendered = build(result, _absolute(run_dir or submit.default_run_dir(name)), templates)
     rendered.manifest["preset"]["overrides"] = list(overrides or [])
-    if not dry_run:
-        write(rendered, force=force)
+    draws = 1
+    while not dry_run:
+        try:
+            rendered.kept = write(rendered, force=force and not default, exclusive=default)
+            break
+        except run_dirs.RunDirTaken:
+            if not default or draws == DEFAULT_NAME_DRAWS:
+                raise
+            draws += 1
+            rendered.run_dir = _absolute(submit.default_run_dir(name))
     return rendered

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from gdnctl.errors import GdnctlError
+from gdnctl.launch import run_dir as run_dirs
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -24,9 +26,11 @@ class SubmitError(GdnctlError):
 
 
 def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    """runs/NAME-YYYYMMDD-HHMMSS-XXXX: readable, sorted by time, and apart for launches in the same second (the
+    four random hex digits; render also creates the run dir exclusively and draws again on a collision)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "run"
-    return root / f"{safe}-{stamp}"
+    return root / f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
 def run_local(run_dir: Path, args: tuple[str, ...] = (), stdout: IO | None = None) -> int:
@@ -63,7 +67,33 @@ def submit(run_dir: Path, args: tuple[str, ...] = ()) -> SlurmJob:
     job_id = proc.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise SubmitError(f"sbatch did not print a job id (got {proc.stdout.strip()!r}).")
+    run_dirs.record_slurm_job(run_dir, job_id)
     return SlurmJob(job_id)
+
+
+def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
+    """(job id, state) of each of `job_ids` that squeue still knows and that has not ended (pending, running,
+    suspended, requeued ...): a job that may still read its run dir."""
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        raise SubmitError(f"Slurm job(s) {', '.join(job_ids)} were submitted from this run dir and squeue is not on "
+                          "PATH to tell whether they have ended; run this where the Slurm client is installed, or "
+                          "choose another run dir.")
+    unfinished = []
+    for job_id in job_ids:
+        proc = subprocess.run([squeue, "--noheader", "--states=all", "--format=%T", "--jobs", job_id],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:  # slurmctld no longer knows it: it ended long ago
+                continue
+            reason = (proc.stderr or proc.stdout).strip().splitlines()
+            raise SubmitError(f"squeue could not say whether Slurm job {job_id}, submitted from this run dir, has "
+                              f"ended ({reason[-1] if reason else f'exit {proc.returncode}'}); try again when "
+                              "slurmctld answers, or choose another run dir.")
+        state = proc.stdout.strip().split()
+        if state and state[0] not in TERMINAL_STATES:
+            unfinished.append((job_id, state[0]))
+    return unfinished
 
 
 def job_status(job_id: str) -> tuple[str | None, int | None]:

@@ -1,10 +1,13 @@
-"""Presets with hostile values, and a stand-in interpreter that records how it was called."""
+"""Presets with hostile values, a stand-in interpreter that records how it was called, and one that stands in for a
+long-running torchrun job."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -53,3 +56,46 @@ def recorded_calls(directory: Path) -> list[dict]:
 def write_preset(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def fake_torchrun(directory: Path, *, ignore_term: bool = False) -> Path:
+    """An executable to use as `launch.python` that stands in for torchrun and its ranks: it starts two ranks,
+    each in a session of its own as torch's elastic agent starts them, each with a worker process of its own,
+    appends every pid it started (itself included) to `pids` beside it, and waits. With `ignore_term` every one
+    of them ignores SIGTERM and SIGINT."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fake torchrun"
+    pids = directory / "pids"
+    trap = "trap '' TERM INT; " if ignore_term else ""
+    path.write_text(
+        "#!/usr/bin/env bash\n"
+        f"{trap}\n"
+        "for rank in 0 1; do\n"
+        f"  setsid bash -c '{trap}sleep 300 & echo $! >>\"$0\"; echo $$ >>\"$0\"; wait' {shlex.quote(str(pids))} &\n"
+        "done\n"
+        f"echo $$ >>{shlex.quote(str(pids))}\n"
+        "wait\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def started_pids(directory: Path, count: int = 5, timeout: float = 30) -> list[int]:
+    """The pids a fake_torchrun in `directory` started, once all `count` of them are there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = directory / "pids"
+        pids = [int(line) for line in path.read_text().split()] if path.exists() else []
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"the fake torchrun in {directory} did not start its {count} processes")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie has ended: it only waits to be reaped)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line[stat_line.rindex(")") + 2] != "Z"

@@ -26,5 +26,22 @@ if [[ $# -gt 1 || ( $# -eq 1 && $1 != --smoke ) ]]; then
   exit 2
 fi
 
+# The job holds the run dir: an flock on .gdnctl-run.lock that torchrun inherits through exec, so it lasts as long
+# as the job. A second launch here, or `gdnctl render --force`, is refused meanwhile. Never through a link.
+lock="$RUN_DIR/.gdnctl-run.lock"
+if [[ -L $lock || ( -e $lock && ! -f $lock ) ]]; then
+  echo "gdnctl: $lock is not a regular file (a symbolic link?); remove it and launch again" >&2
+  exit 2
+fi
+exec {lock_fd}>>"$lock"
+lock_status=0
+flock --nonblock --conflict-exit-code 75 "$lock_fd" || lock_status=$?
+if [[ $lock_status -eq 75 ]]; then
+  echo "gdnctl: another job is running in $RUN_DIR (it holds $lock); stop it or wait for it to end, or render into another run dir" >&2
+  exit 75
+elif [[ $lock_status -ne 0 ]]; then
+  echo "gdnctl: this file system does not lock $lock; the job runs without holding its run dir" >&2
+fi
+
 exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 \
   -m gdnctl.runtime --config "$RUN_DIR/engine.yaml" "$@"

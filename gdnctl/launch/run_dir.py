@@ -1,0 +1,172 @@
+"""What in a run dir is gdnctl's, and whether a job still uses it.
+
+gdnctl renders four files into a run dir (RENDERED), and its manifest.json lists them with their sha256
+(`files`). Everything else there is the job's or yours: logs, metrics, TensorBoard events, checkpoints, W&B
+offline runs, a run dir nested inside; `render --force` replaces the listed files and nothing else.
+
+A job holds its run dir while it runs. launch_local.sh takes an flock on LOCK_FILE before it execs torchrun,
+which keeps the descriptor, so the lock lasts exactly as long as the job; `--force` takes the same lock while it
+replaces the files. `gdnctl launch --slurm` records each job id it submits in SLURM_JOBS_FILE, so that `--force`
+can ask squeue whether the job has ended: a queued job would read the new engine.yaml when it starts.
+
+Nothing here follows a symbolic link: a run dir given as a link, and a link planted as the lock file or the job
+record, are refused with a sentence naming the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gdnctl.errors import GdnctlError
+
+MANIFEST = "manifest.json"
+RENDERED = ("engine.yaml", "launch_local.sh", "launch_slurm.sbatch", MANIFEST)
+LOGS = "logs"
+LOCK_FILE = ".gdnctl-run.lock"  # not save_lock's .gdnctl-lock: a save_dir may be the run dir itself
+SLURM_JOBS_FILE = ".gdnctl-slurm-jobs"
+BOOKKEEPING = (LOCK_FILE, SLURM_JOBS_FILE)
+
+
+class RunDirNotEmpty(GdnctlError):
+    pass
+
+
+class RunDirTaken(RunDirNotEmpty):
+    """A default run dir name another launch took first (render draws another)."""
+
+
+class RunDirInUse(RunDirNotEmpty):
+    pass
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise RunDirNotEmpty(f"{path} is a symbolic link (to {os.readlink(path)}); gdnctl never renders through a "
+                             f"link, which would replace what it points to: pass the directory itself "
+                             f"({path.resolve()}), or remove the link.")
+
+
+def _open(path: Path, flags: int) -> int:
+    """os.open without following a link at `path`; a link, or anything but a regular file, is refused."""
+    try:
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise RunDirNotEmpty(f"{path} is a symbolic link; gdnctl does not write through links in a run dir: "
+                                 f"remove it (rm {path}) and run again.") from None
+        raise RunDirNotEmpty(f"{path} cannot be opened ({error.strerror}); fix its permissions, or choose another "
+                             "run dir.") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise RunDirNotEmpty(f"{path} is not a regular file; remove it and run again.")
+    return descriptor
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    """The manifest.json that gdnctl writes into every run dir it renders; None where there is none of gdnctl's."""
+    path = run_dir / MANIFEST
+    if path.is_symlink():  # a link is not a manifest gdnctl wrote, whatever it points to
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(manifest, dict) and {"gdnctl_version", "engine_config_sha256"} <= manifest.keys():
+        return manifest
+    return None
+
+
+def manifest_files(files: dict[str, str]) -> list[dict]:
+    """The manifest's `files`: each rendered file with its sha256, and manifest.json itself."""
+    return [*({"path": name, "sha256": sha256(text.encode())} for name, text in files.items()), {"path": MANIFEST}]
+
+
+def listed_files(manifest: dict) -> dict[str, str | None]:
+    """name -> sha256 (None: not recorded) of the files `manifest` says gdnctl wrote. Only the names gdnctl
+    renders count, so an edited manifest cannot point --force at anything else; manifests written before the
+    list existed name the four files."""
+    entries = manifest.get("files")
+    if not isinstance(entries, list):
+        return dict.fromkeys(RENDERED)
+    listed: dict[str, str | None] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("path") in RENDERED:
+            listed[entry["path"]] = entry.get("sha256") if isinstance(entry.get("sha256"), str) else None
+    listed.setdefault(MANIFEST, None)
+    return listed
+
+
+def edited_files(run_dir: Path, listed: dict[str, str | None], new: dict[str, str]) -> list[str]:
+    """Listed files whose content is neither what gdnctl wrote nor what it is about to write: someone's edits."""
+    edited = []
+    for name, recorded in listed.items():
+        path = run_dir / name
+        if recorded is None or path.is_symlink() or not path.is_file():
+            continue
+        current = sha256(path.read_bytes())
+        if current != recorded and (name not in new or current != sha256(new[name].encode())):
+            edited.append(name)
+    return edited
+
+
+def kept_entries(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
+    """The entries of `run_dir` that --force leaves as they are: all but the listed files, gdnctl's bookkeeping
+    and an empty logs/ (directories end in /)."""
+    kept = []
+    for entry in sorted(os.scandir(run_dir), key=lambda entry: entry.name):
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if entry.name in listed or entry.name in BOOKKEEPING or entry.name.startswith(".gdnctl-rendering-"):
+            continue
+        if entry.name == LOGS and is_dir and not any(os.scandir(entry.path)):
+            continue
+        kept.append(entry.name + ("/" if is_dir else ""))
+    return kept
+
+
+@contextmanager
+def hold(run_dir: Path) -> Iterator[None]:
+    """Hold the run dir's lock for the duration, as a running job does; RunDirInUse when a job holds it."""
+    path = run_dir / LOCK_FILE
+    descriptor = _open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUse(f"{run_dir} is in use by a running job (launch_local.sh holds {path}); stop the job "
+                              "or wait for it to end, or choose another run dir.") from None
+        except OSError:  # a file system without flock: launch_local.sh then runs without the lock as well
+            pass
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def record_slurm_job(run_dir: Path, job_id: str) -> None:
+    path = run_dir / SLURM_JOBS_FILE
+    try:
+        descriptor = _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except RunDirNotEmpty as error:
+        raise RunDirNotEmpty(f"Slurm job {job_id} was submitted, but gdnctl could not record it, so --force will "
+                             f"not see that it runs: {error}") from None
+    with os.fdopen(descriptor, "a") as handle:
+        handle.write(job_id + "\n")
+
+
+def recorded_slurm_jobs(run_dir: Path) -> list[str]:
+    """The Slurm job ids submitted from this run dir, oldest first."""
+    if not os.path.lexists(run_dir / SLURM_JOBS_FILE):
+        return []
+    with os.fdopen(_open(run_dir / SLURM_JOBS_FILE, os.O_RDONLY)) as handle:
+        return [job_id for job_id in dict.fromkeys(handle.read().split()) if job_id.isdigit()]
