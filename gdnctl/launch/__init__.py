@@ -1,5 +1,7 @@
-"""From a valid preset to a running job: the run dir (`render`), running it here or on Slurm (`submit`), the smoke
-run before it (`smoke`), the kernel cache (`prewarm`) and reading a finished run's comm profiles (`comm_report`)."""
+"""From a valid preset to a running job: the run dir (`render`; what in it is gdnctl's and whether a job holds it,
+`run_dir`), running it here or on Slurm (`submit`; a local job's whole process tree stopped with gdnctl,
+`process_tree`), the smoke run before it (`smoke`), the kernel cache (`prewarm`) and reading a finished run's comm
+profiles (`comm_report`)."""
 
 from gdnctl.launch import comm_report, prewarm, smoke, submit
 from gdnctl.launch.render import RenderedRun, render, slurm_job_name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import IO, Callable
 
 from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
+from gdnctl.launch.process_tree import JobStopped, run_job, stop_requests
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -35,9 +37,9 @@ def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 def run_local(run_dir: Path, args: tuple[str, ...] = (), stdout: IO | None = None) -> int:
     """Run launch_local.sh (with `args`, e.g. --smoke) on this process's stderr and on `stdout`, by default this
-    process's stdout; returns the run's exit code."""
-    return subprocess.run(["bash", str(run_dir / "launch_local.sh"), *args], cwd=run_dir, stdout=stdout,
-                          check=False).returncode
+    process's stdout; returns the run's exit code. SIGTERM, SIGINT or SIGHUP stop the job's whole process tree
+    and raise JobStopped (process_tree.run_job)."""
+    return run_job(["bash", str(run_dir / "launch_local.sh"), *args], run_dir, stdout)
 
 
 @dataclass
@@ -113,7 +115,14 @@ def job_status(job_id: str) -> tuple[str | None, int | None]:
 
 def follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None],
            poll: float = POLL_SECONDS) -> SlurmJob:
-    """Tail the job's log until it ends; the job's exit code lands in `job.exit_code`."""
+    """Tail the job's log until it ends; the job's exit code lands in `job.exit_code`. SIGTERM, SIGINT or
+    SIGHUP stop the following, not the job (it belongs to Slurm now), and raise JobStopped saying so."""
+    with stop_requests() as received:
+        return _follow(run_dir, job, job_name, echo, poll, received)
+
+
+def _follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float,
+            received: list[int]) -> SlurmJob:
     log = run_dir / "logs" / f"{job_name}-{job.job_id}.out"
     offset = 0
 
@@ -130,6 +139,10 @@ def follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], No
 
     last_state = None
     while True:
+        if received:
+            name = signal.Signals(received[0]).name
+            raise JobStopped(f"stopped following Slurm job {job.job_id} on {name}; the job goes on (scancel "
+                             f"{job.job_id} stops it) and its log is {log}.", received[0])
         state, exit_code = job_status(job.job_id)
         drain()
         if state != last_state and state is not None:
