@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, read_text
 from gdnctl.schema import ENGINE_CONFIG_VERSION, EngineConfig
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -24,6 +25,9 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 # default (30 minutes) would hide it.
 SELFTEST_COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # torch's default for gloo and NCCL process groups
+# An engine.yaml is a few KiB; a file past this, a FIFO or a device is not one (reading it would block or take
+# the node's memory).
+MAX_ENGINE_CONFIG_BYTES = 16 * 1024**2
 
 
 class RuntimeSetupError(GdnctlError):
@@ -32,11 +36,17 @@ class RuntimeSetupError(GdnctlError):
 
 def load_config(path: Path) -> EngineConfig:
     try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise RuntimeSetupError(f"engine config {path} does not exist; pass the engine.yaml that `gdnctl render` "
-                                "wrote into the run dir.") from None
-    except (OSError, yaml.YAMLError) as error:
+        text = read_text(path, MAX_ENGINE_CONFIG_BYTES)
+    except UnreadableFile as error:
+        if not path.exists():
+            raise RuntimeSetupError(f"engine config {path} does not exist; pass the engine.yaml that `gdnctl "
+                                    "render` wrote into the run dir.") from None
+        raise RuntimeSetupError(f"engine config {error}; render the run dir again with `gdnctl render`.") from None
+    try:
+        document = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, KeyError, AttributeError) as error:
+        # Beside YAML's own errors: nesting deeper than PyYAML's recursion, and the plain errors its scalar
+        # constructors raise on some malformed scalars (`!!int x`, `0b_`).
         raise RuntimeSetupError(f"engine config {path} cannot be read ({type(error).__name__}); render the run "
                                 "dir again with `gdnctl render`.") from None
     version = document.get("version") if isinstance(document, dict) else None
@@ -166,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         apply_env(config.env)
         return run_job(config, args.config.resolve(), smoke=args.smoke)
     except GdnctlError as error:
-        # Every rank finds the same problem; one copy of the sentence is enough.
-        if os.environ.get("RANK", "0") == "0":
-            print(f"gdnctl runtime: {error}", file=sys.stderr)
+        # Every rank says what stopped it: a problem one node alone has (its copy of the run dir, its GPU, its
+        # checkpoint files) shows on that rank only. The other ranks name themselves; rank 0's line stays plain.
+        rank = os.environ.get("RANK", "0")
+        print(f"gdnctl runtime{'' if rank == '0' else f' (rank {rank})'}: {error}", file=sys.stderr)
         return error.exit_code
 
 
