@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, read_json, read_text
 from gdnctl.runtime.data.context_parallel import context_parallel_positions
 from gdnctl.runtime.data.layout import IGNORE_INDEX, BshdBatch, ThdBatch, TokenSequence, pack, to_bshd
 
@@ -59,6 +60,10 @@ EOS_FALLBACK_TOKENS = ("<|endoftext|>", "</s>", "<eos>")
 # (median ~1100 tokens) into 8192-token rows it fills 99% of the rows where next fit (one open row) fills
 # 82%, at most 16 comparisons per sequence (1-2 s per epoch of a million sequences).
 PACKING_WINDOW = 16
+# Past any tokenizer.json (Qwen's is 11 MiB) or tokenizer_config.json (chat templates included): bounds on what
+# is read of them, so a device or a wrong file is refused rather than read into memory.
+MAX_TOKENIZER_BYTES = 1024**3
+MAX_TOKENIZER_CONFIG_BYTES = 64 * 1024**2
 
 
 class DataError(GdnctlError):
@@ -103,15 +108,19 @@ def load_tokenizer(path: str | Path) -> LocalTokenizer:
     """The tokenizer in `path` (a directory holding tokenizer.json, or the file itself)."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise DataError(f"tokenizer {file} does not exist; set train.tokenizer_path to a local tokenizer "
-                        "directory or tokenizer.json (nothing is downloaded).")
+    fix = "set train.tokenizer_path to a local tokenizer directory or tokenizer.json (nothing is downloaded)"
+    if not file.exists():
+        raise DataError(f"tokenizer {file} does not exist; {fix}.")
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise DataError("reading text records needs the `tokenizers` package; pip install tokenizers.") from None
     try:
-        backend = Tokenizer.from_file(str(file))
+        text = read_text(file, MAX_TOKENIZER_BYTES)
+    except UnreadableFile as error:
+        raise DataError(f"tokenizer {error}; {fix}.") from None
+    try:
+        backend = Tokenizer.from_str(text)
     except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
         raise DataError(f"tokenizer {file} cannot be read ({error}); point train.tokenizer_path at a "
                         "tokenizers-format tokenizer.json.") from None
@@ -132,17 +141,20 @@ def _eos_id(backend: Any, directory: Path) -> int | None:
 
 def _configured_eos_token(directory: Path) -> str | None:
     config_file = directory / "tokenizer_config.json"
-    if not config_file.is_file():
+    if not config_file.exists():
         return None
+    fix = f"fix it or remove it (EOS then comes from the tokens {', '.join(EOS_FALLBACK_TOKENS)})"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        config = None
+        config = read_json(config_file, MAX_TOKENIZER_CONFIG_BYTES)
+    except UnreadableFile as error:
+        raise DataError(f"{error}; {fix}.") from None
     if not isinstance(config, dict):
-        raise DataError(f"{config_file} is not a JSON object; fix it or remove it (EOS then comes from the "
-                        f"tokens {', '.join(EOS_FALLBACK_TOKENS)}).")
+        raise DataError(f"{config_file} is not a JSON object; {fix}.")
     eos = config.get("eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos  # HF writes a string or an AddedToken dict
+    eos = eos.get("content") if isinstance(eos, dict) else eos  # HF writes a string or an AddedToken dict
+    if eos is not None and not isinstance(eos, str):
+        raise DataError(f"{config_file} names eos_token {eos!r}, which is not a token's text; {fix}.")
+    return eos
 
 
 class _TokenizerOnFirstUse:
@@ -168,9 +180,11 @@ def read_documents(path: str | Path, *, vocab_size: int, tokenizer_path: str | P
     Read eagerly, so a bad record stops the job at start-up instead of hours into training; every rank
     holds the whole dataset (4 bytes per token), which suits SFT- and RL-sized data."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist; set train.data_path to a local .jsonl or .parquet "
-                        "file.")
+    fix = "set train.data_path to a local .jsonl or .parquet file"
+    if not path.exists():
+        raise DataError(f"data file {path} does not exist; {fix}.")
+    if not path.is_file():  # a FIFO would block the reading rank; a device never ends
+        raise DataError(f"data file {path} is not a regular file; {fix}.")
     tokenizer = _TokenizerOnFirstUse(tokenizer_path)
     documents = [_document(record, where, tokenizer, vocab_size) for where, record in _records(path)]
     if not documents:
@@ -188,19 +202,28 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open("rb") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue  # a blank line (an editor's trailing one, say) holds no record
-            where = f"{path} line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{where} is not valid JSON ({error.msg} at column {error.colno}); write one "
-                                "JSON object per line.") from None
-            except UnicodeDecodeError:
-                raise DataError(f"{where} is not UTF-8 text; write the file as UTF-8.") from None
-            yield where, record
+    try:
+        with path.open("rb") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():  # a blank line (an editor's trailing one, say) holds no record
+                    yield f"{path} line {number}", _json_record(line, f"{path} line {number}")
+    except OSError as error:
+        raise DataError(f"data file {path} cannot be read ({error.strerror or error}); check the file and its "
+                        "permissions.") from None
+
+
+def _json_record(line: bytes, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{where} is not valid JSON ({error.msg} at column {error.colno}); write one JSON object "
+                        "per line.") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{where} is not UTF-8 text; write the file as UTF-8.") from None
+    except RecursionError:
+        raise DataError(f"{where} nests its JSON deeper than a reader can follow; write flat records.") from None
+    except ValueError as error:  # an integer of more than 4,300 digits
+        raise DataError(f"{where} is not usable JSON ({error}); write token ids as ordinary integers.") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -209,13 +232,14 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
         import pyarrow.parquet
     except ImportError:
         raise DataError(f"reading {path} needs pyarrow, which is not installed; pip install pyarrow.") from None
+    # iter_batches reads lazily: a damaged row group fails while the rows are read, not when the file is opened.
     try:
         batches = pyarrow.parquet.ParquetFile(path).iter_batches()
-    except pyarrow.ArrowException as error:
+        rows = (record for batch in batches for record in batch.to_pylist())
+        for number, record in enumerate(rows, start=1):
+            yield f"{path} row {number}", record
+    except (pyarrow.ArrowException, OSError) as error:
         raise DataError(f"{path} cannot be read as parquet ({error}); write it with pyarrow or pandas.") from None
-    rows = (record for batch in batches for record in batch.to_pylist())
-    for number, record in enumerate(rows, start=1):
-        yield f"{path} row {number}", record
 
 
 def _document(record: Any, where: str, tokenizer: _TokenizerOnFirstUse, vocab_size: int) -> Document:
@@ -236,7 +260,11 @@ def _document(record: Any, where: str, tokenizer: _TokenizerOnFirstUse, vocab_si
     if len(ids) < 2:
         raise DataError(f"{where} has {len(ids)} token(s); a training sequence needs at least 2 (one to read, "
                         "the next to predict).")
-    token_ids = torch.tensor(ids, dtype=torch.int64)
+    try:
+        token_ids = torch.tensor(ids, dtype=torch.int64)
+    except (ValueError, RuntimeError, OverflowError):  # an id past int64: outside every vocabulary
+        raise DataError(f"{where} has a token id beyond 64-bit integers (from {source}), outside the model's "
+                        f"vocabulary [0, {vocab_size}); use ids (or a tokenizer) made for this model.") from None
     _check_vocabulary(token_ids, where, vocab_size, source)
     return Document(token_ids.to(torch.int32), torch.tensor(trained, dtype=torch.bool))
 
