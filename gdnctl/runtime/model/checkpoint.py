@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, read_json
 from gdnctl.knowledge import ModelArch
 from gdnctl.runtime.model.hf_weights import (
     VL_PREFIX,
@@ -71,6 +72,11 @@ CHECKSUM = "sha256"
 STATE_CHECKSUM = "state_sha256"  # trainer_state.json's own checksum, over its other keys
 
 Files = dict[str, dict]  # path inside a checkpoint -> {"size": bytes, "sha256": hex digest}
+# Bounds on the JSON files of a checkpoint a resume reads: config.json is a few KiB, the index of a 397B-A17B
+# checkpoint (one line per tensor, about 100k tensors) about 10 MiB, trainer_state.json one line per file.
+MAX_CONFIG_BYTES = 16 * 1024**2
+MAX_INDEX_BYTES = 256 * 1024**2
+MAX_STATE_BYTES = 256 * 1024**2
 
 
 class CheckpointError(GdnctlError):
@@ -243,29 +249,67 @@ class HFReader:
         self._handles: dict[str, object] = {}
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         if name not in self.locations:
             raise CheckpointError(f"{self.directory} has no tensor {name}; is it a Qwen3.5 checkpoint of the "
                                   "architecture the preset names?")
         file, stored = self.locations[name]
-        if file not in self._handles:
-            self._handles[file] = safe_open(str(self.directory / file), framework="pt")
-        return self._handles[file].get_tensor(stored)
+        try:
+            if file not in self._handles:
+                self._handles[file] = safe_open(str(self.directory / file), framework="pt")
+            return self._handles[file].get_tensor(stored)
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{self.directory / file} cannot give tensor {stored} ({error}); "
+                                  f"{_RESTORE}") from None
+
+
+# The fix for a checkpoint directory whose files do not read back.
+_RESTORE = "restore the checkpoint's files, or point model.path (or save_dir/latest) at a whole checkpoint"
 
 
 def _weight_map(directory: Path) -> dict[str, str]:
-    """Every tensor of an HF checkpoint directory by its stored name -> the safetensors file holding it."""
+    """Every tensor of an HF checkpoint directory by its stored name -> the safetensors file holding it, a file
+    of the directory itself (a name with a path in it would read from elsewhere)."""
+    from safetensors import SafetensorError, safe_open
+
     index = directory / INDEX_FILE
     if index.exists():
-        return json.loads(index.read_text())["weight_map"]
+        try:
+            document = read_json(index, MAX_INDEX_BYTES)
+        except UnreadableFile as error:
+            raise CheckpointError(f"{error}; {_RESTORE}.") from None
+        weight_map = document.get("weight_map") if isinstance(document, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(name, str) and isinstance(file, str) and _plain_file_name(file)
+                for name, file in weight_map.items()):
+            raise CheckpointError(f"{index} has no weight_map of tensor names to safetensors files of "
+                                  f"{directory}; {_RESTORE}.")
+        return weight_map
     if (directory / SINGLE_FILE).exists():
-        from safetensors import safe_open
-
-        with safe_open(str(directory / SINGLE_FILE), framework="pt") as handle:
-            return {name: SINGLE_FILE for name in handle.keys()}
+        try:
+            with safe_open(str(directory / SINGLE_FILE), framework="pt") as handle:
+                return {name: SINGLE_FILE for name in handle.keys()}
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{directory / SINGLE_FILE} cannot be read as safetensors ({error}); "
+                                  f"{_RESTORE}.") from None
     raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
                           "an HF checkpoint directory with safetensors weights.")
+
+
+def _plain_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
+def _read_object(path: Path, limit: int) -> dict:
+    """A JSON object file of a checkpoint; CheckpointError naming it otherwise."""
+    try:
+        document = read_json(path, limit)
+    except UnreadableFile as error:
+        raise CheckpointError(f"{error}; {_RESTORE}.") from None
+    if not isinstance(document, dict):
+        raise CheckpointError(f"{path} is not a JSON object; {_RESTORE}.")
+    return document
 
 
 def run_source(arch: ModelArch, directory: Path | None) -> HFSource:
@@ -273,7 +317,8 @@ def run_source(arch: ModelArch, directory: Path | None) -> HFSource:
     one it resumes from, else model.path), or for random weights the text-only class with nothing carried over."""
     if directory is None:
         return text_only_source(arch)
-    return source_checkpoint(directory, json.loads((directory / CONFIG_FILE).read_text()), _weight_map(directory))
+    return source_checkpoint(directory, _read_object(directory / CONFIG_FILE, MAX_CONFIG_BYTES),
+                             _weight_map(directory))
 
 
 def text_only_source(arch: ModelArch) -> HFSource:
@@ -310,7 +355,12 @@ def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
         for name, param, rule in _parameter_rules(model, arch, place):
             rank, size = group_rank_and_size(rule, place)
             source = {hf_name: reader.get(hf_name) for hf_name in rule.hf_names}
-            shard = rule.to_local(source, rank, size)
+            try:
+                shard = rule.to_local(source, rank, size)
+            except (RuntimeError, IndexError, ValueError):  # a tensor too small to cut, or of another shape
+                shapes = ", ".join(f"{hf_name} {tuple(tensor.shape)}" for hf_name, tensor in source.items())
+                raise CheckpointError(f"{directory}: {shapes} cannot make {name} of shape {tuple(param.shape)}; "
+                                      "the checkpoint's architecture differs from the preset's.") from None
             if shard.shape != param.shape:
                 raise CheckpointError(f"{directory}: {', '.join(rule.hf_names)} gives {name} the shape "
                                       f"{tuple(shard.shape)}, but the model has {tuple(param.shape)}; the "
@@ -429,7 +479,12 @@ def mark_latest(save_dir: Path, name: str) -> None:
 
 
 def read_training_state(directory: Path, world_size: int) -> dict:
-    state = json.loads((directory / STATE_FILE).read_text())
+    state = _read_object(directory / STATE_FILE, MAX_STATE_BYTES)
+    for key in ("iteration", "consumed_samples"):
+        value = state.get(key)
+        if (key == "iteration" or value is not None) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CheckpointError(f"{directory / STATE_FILE} has {key} {value!r}, not a count; {_RESTORE}.")
     if state.get("world_size") != world_size:
         raise CheckpointError(f"{directory} was saved by {state.get('world_size')} ranks but this run has "
                               f"{world_size}; resume with the same parallel settings.")
@@ -452,10 +507,19 @@ def load_training_state(directory: Path, optimizer, device: str = "cuda") -> Non
         # that shape built with torch here.) torch.serialization.get_unsafe_globals_in_checkpoint finds nothing
         # outside the default allow-list in either, so no add_safe_globals is needed.
         states = torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as error:
-        raise CheckpointError(f"{path} cannot be loaded ({str(error).splitlines()[0]}); point "
-                              f"{directory.parent / LATEST} at an earlier checkpoint of {directory.parent}.") from None
-    load_optimizer_state(optimizer, states)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as error:
+        reason = (str(error).splitlines() or [type(error).__name__])[0] or type(error).__name__
+        raise CheckpointError(f"{path} cannot be loaded ({reason}); point {directory.parent / LATEST} at an earlier "
+                              f"checkpoint of {directory.parent}.") from None
+    if not isinstance(states, list) or not all(isinstance(entry, dict) and "state_dict" in entry
+                                               for entry in states):
+        raise CheckpointError(f"{path} holds no optimizer states of gdnctl's; point {directory.parent / LATEST} at "
+                              f"an earlier checkpoint of {directory.parent}.")
+    try:
+        load_optimizer_state(optimizer, states)
+    except (KeyError, ValueError, TypeError, IndexError) as error:  # torch's load_state_dict on another layout
+        raise CheckpointError(f"{path} does not fit this run's optimizer ({type(error).__name__}: {error}); resume "
+                              "with the model and parallel settings the checkpoint was saved with.") from None
 
 
 def checkpoint_name(iteration: int) -> str:
