@@ -83,10 +83,11 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             optimizer_cpu_offload=t.optimizer_cpu_offload, distributed_optimizer=t.distributed_optimizer,
             data_path=t.data_path,
             tokenizer_path=preset.model.tokenizer or preset.model.path, save_dir=t.save_dir,
-            save_interval=t.save_interval,
+            save_interval=t.save_interval, skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
         kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
-                              torch_compile=preset.kernels.torch_compile),
+                              torch_compile=preset.kernels.torch_compile, attention=run.attention.value,
+                              attention_reason=run.attention.reason),
         comm=EngineComm(
             memory_guard=preset.comm.memory_guard, free_gb_threshold=preset.comm.free_gb_threshold,
             skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir=DEFAULT_PROFILE_SUBDIR,

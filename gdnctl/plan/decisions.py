@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gdnctl.knowledge import GpuSpec, stack, versions
+from gdnctl.knowledge import GpuSpec, ModelArch, stack, versions
 from gdnctl.schema import Preset
 
 # Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
@@ -64,6 +64,34 @@ def model_builder(software: dict[str, str | None]) -> Decision:
     return Decision("megatron-bridge", f"Transformer Engine {te}: megatron-bridge "
                                        f"{software.get('megatron_bridge')}'s provider builds TE layers, TE attention "
                                        "and grouped-GEMM experts")
+
+
+# The widest head TE's cuDNN fused attention trained right on packed rows in gdnctl's check
+# (runtime/model/core_attention.py: at 256 its THD backward was 15-19% off on an H100 with TE 2.20.2 and its cuDNN
+# 9.14, NaN in dK/dV; the same kernel on full rows, SBHD, was within 0.3%).
+TE_PACKED_ATTENTION_MAX_HEAD_DIM = 128
+
+
+def attention(preset: Preset, model: ModelArch, software: dict[str, str | None]) -> Decision:
+    """The full-attention layers' core attention: Transformer Engine's, or torch's SDPA and varlen FlashAttention.
+    Rests on benchmarks/attention_check.py run on an H100 (BENCHMARKS.md, "Packed rows trained on NaN")."""
+    requested = preset.kernels.attention
+    if model_builder(software).value == "te-free":
+        return Decision("torch", "the TE-free builder has only torch's attention (SDPA, varlen FlashAttention for "
+                                 "packed rows)")
+    if requested != "auto":
+        return Decision(requested, f"set in the preset (kernels.attention: {requested})")
+    if preset.parallel.cp > 1:
+        return Decision("te", "parallel.cp > 1: only Transformer Engine's attention splits a sequence over the "
+                              "context-parallel ranks")
+    packed = layout(preset, software).value == "thd"
+    if packed and model.head_dim > TE_PACKED_ATTENTION_MAX_HEAD_DIM:
+        return Decision("torch", f"packed rows at head_dim {model.head_dim}: Transformer Engine's cuDNN fused "
+                                 "attention computes wrong gradients there on an H100 (dQ 15-19% off fp32, NaN "
+                                 "dK/dV; TE 2.20.2, cuDNN 9.14); torch's varlen FlashAttention is within 0.3% "
+                                 "(benchmarks/attention_check.py)")
+    return Decision("te", "Transformer Engine's fused attention" + (
+        f" (full rows at head_dim {model.head_dim}: within 0.3% of fp32 on an H100)" if not packed else ""))
 
 
 def sequence_parallel(preset: Preset) -> Decision:

@@ -50,6 +50,8 @@ def derived_values(run: Run) -> list[Derived]:
                            "process" if preset.kernels.torch_compile else
                            "kernels.torch_compile is off: the fused functions run eagerly (torch's force_eager "
                            "stance); same step time, shorter first step, less memory on the H100 runs"))
+    if run.is_training and run.gpu.sm is not None:
+        out.append(Derived("attention", run.attention.value, run.attention.reason))
     comm = preset.comm
     out.append(Derived("comm.skip_ops", list(comm.effective_skip_ops()),
                        ("guard off: nothing is checked" if not comm.memory_guard else

@@ -60,6 +60,10 @@ class Run:
         return decide.model_builder(self.stack)
 
     @cached_property
+    def attention(self) -> decide.Decision:
+        return decide.attention(self.preset, self.model, self.stack)
+
+    @cached_property
     def rollout_weight_transport(self) -> decide.Decision:
         return decide.rollout_weight_transport(self.preset, self.gpu, self.stack)
 

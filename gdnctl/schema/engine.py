@@ -63,6 +63,8 @@ class EngineTrain(_Frozen):
     tokenizer_path: str | None
     save_dir: str | None
     save_interval: int | None
+    # Non-finite steps skipped before the job stops (runtime/train/nonfinite.py).
+    skip_nonfinite_steps: int = 0
 
 
 class EngineComm(_Frozen):
@@ -77,6 +79,9 @@ class EngineKernels(_Frozen):
     gdn_backend: Literal["fla", "flashqla"]
     # False: the trainer process runs torch.compile'd functions eagerly (torch.compiler.set_stance("force_eager")).
     torch_compile: bool
+    # The full-attention layers' core attention (plan/decisions.attention), and why.
+    attention: Literal["te", "torch"] = "te"
+    attention_reason: str = ""
 
 
 class EngineRollout(_Frozen):

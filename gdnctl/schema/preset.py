@@ -132,6 +132,11 @@ class TrainSpec(_Section):
     data_path: str | None = Field(None, description="local jsonl/parquet; synthetic tokens when unset")
     save_dir: str | None = None
     save_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
+    skip_nonfinite_steps: int = Field(
+        0, ge=0, le=MAX_STEPS,
+        description="steps whose loss or gradient is not finite that the job may skip (not apply) before it stops; 0 "
+                    "stops at the first: in bf16 there is no loss scale to back off, so a non-finite step means bad "
+                    "data, a divergence or a kernel bug, and skipping hides which")
 
 
 class KernelsSpec(_Section):
@@ -140,6 +145,9 @@ class KernelsSpec(_Section):
                                                    "(Megatron-Core's, Transformer Engine's, FLA's); off, they run "
                                                    "eagerly: the same step time, a shorter first step, less memory "
                                                    "(BENCHMARKS.md, session 10)")
+    attention: Literal["auto", "te", "torch"] = Field(
+        "auto", description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
+                            "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")
 
 
 class CommSpec(_Section):

@@ -348,6 +348,9 @@ class MicroBatch:
 
     batch: ThdBatch | BshdBatch
     cp_positions: torch.Tensor | None = None
+    # Indices into the pipeline's documents (train.data_path's records in file order), for messages about this
+    # micro-batch such as a non-finite step.
+    documents: tuple[int, ...] = ()
 
     @property
     def is_packed(self) -> bool:
@@ -360,7 +363,8 @@ class MicroBatch:
         if not self.is_packed:
             raise ValueError("context parallelism is built for packed (THD) micro-batches; use layout thd with "
                              "cp > 1 (validate's LAY004 says the same).")
-        return MicroBatch(self.batch, context_parallel_positions(self.batch.padded_seq_lens, cp_size, cp_rank))
+        return MicroBatch(self.batch, context_parallel_positions(self.batch.padded_seq_lens, cp_size, cp_rank),
+                          self.documents)
 
     def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.cp_positions is not None:
@@ -573,14 +577,15 @@ class DataPipeline:
             offset = 0
 
     def _micro_batch(self, samples: list[tuple[int, ...]]) -> MicroBatch:
-        sequences = [self._token_sequence(index) for sample in samples for index in sample]
+        documents = tuple(index for sample in samples for index in sample)
+        sequences = [self._token_sequence(index) for index in documents]
         packed = pack(sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of,
                       pad_token_id=PAD_TOKEN_ID)
         if self.layout == "thd":
-            return MicroBatch(packed)
+            return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:
         # the fixed shape Megatron's seq_length (and pipeline-parallel transfers) expect.
-        return MicroBatch(to_bshd(packed, pad_to_multiple_of=self.seq_length))
+        return MicroBatch(to_bshd(packed, pad_to_multiple_of=self.seq_length), documents=documents)
 
     def _token_sequence(self, index: int) -> TokenSequence:
         document, positions = self.documents[index], self._positions[index]

@@ -134,7 +134,12 @@ class BridgeModel:
                                   "set runtime.transformer_engine: none to use gdnctl's TE-free builder.")
 
     def build(self, *, pre_process: bool, post_process: bool):
-        return self.transformer.provide(pre_process=pre_process, post_process=post_process).cuda()
+        model = self.transformer.provide(pre_process=pre_process, post_process=post_process).cuda()
+        if self.config.kernels.attention == "torch":
+            from gdnctl.runtime.model.core_attention import replace_core_attention
+
+            replace_core_attention(model)
+        return model
 
     # --- HF weights ---------------------------------------------------------------------------------------
     def load(self, model, directory: Path) -> int:

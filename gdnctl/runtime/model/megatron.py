@@ -16,19 +16,16 @@ Norm semantics follow the HF modules one to one, so HF weights load without arit
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
-from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import (
@@ -38,6 +35,7 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 from gdnctl.knowledge import ModelArch
+from gdnctl.runtime.model.core_attention import TorchCoreAttention
 from gdnctl.runtime.model.hf_weights import padded_vocab_size
 from gdnctl.runtime.model.megatron_config import (  # noqa: F401 (INIT_METHOD_STD: re-exported)
     INIT_METHOD_STD,
@@ -81,46 +79,6 @@ class GatedOutputRMSNorm(_RMSNorm):
     """The norm inside Qwen3_5RMSNormGated: y = x_hat * w (GatedDeltaNet multiplies by silu(z) after it)."""
 
 
-class SDPACoreAttention(MegatronModule):
-    """Causal attention with torch's scaled_dot_product_attention, for padded (sbhd) and packed (thd) input.
-
-    Megatron-Core's local DotProductAttention rejects packed sequences and materialises the full score matrix;
-    SDPA picks a flash/memory-efficient kernel. Packed rows are attended sequence by sequence (each from its
-    padded start), so no token sees another document.
-    """
-
-    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
-                 attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: ProcessGroupCollection | None = None) -> None:
-        super().__init__(config=config)
-        if pg_collection is not None and pg_collection.cp.size() > 1:
-            raise ModelBuildError("context parallel full attention needs Transformer Engine; without it set "
-                                  "parallel.cp: 1")
-        self.softmax_scale = softmax_scale
-
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None, **unused):
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            return self._packed(query, key, value, packed_seq_params)
-        # [s, b, heads, d] -> [b, heads, s, d]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
-        seq, batch = query.shape[0], query.shape[1]
-        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)
-
-    def _packed(self, query, key, value, params):
-        cu_seqlens = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
-        bounds = cu_seqlens.tolist()
-        outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            # [t, heads, d] -> [1, heads, t, d]
-            q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                 enable_gqa=True)
-            outputs.append(out.squeeze(0).transpose(0, 1))
-        return torch.cat(outputs, dim=0)
-
-
 class _Provider(LocalSpecProvider):
     """Megatron-Core's local modules, with the zero-centered RMSNorm everywhere a norm is asked for."""
 
@@ -136,7 +94,7 @@ def gated_delta_net_spec() -> ModuleSpec:
 def gated_attention_spec() -> ModuleSpec:
     return ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                       submodules=SelfAttentionSubmodules(
-                          linear_qkv=ColumnParallelLinear, core_attention=SDPACoreAttention,
+                          linear_qkv=ColumnParallelLinear, core_attention=TorchCoreAttention,
                           linear_proj=RowParallelLinear, q_layernorm=ZeroCenteredRMSNorm,
                           k_layernorm=ZeroCenteredRMSNorm))
 

@@ -41,6 +41,7 @@ from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
 from gdnctl.runtime.smoke import FirstMinuteWatch, verdicts
 from gdnctl.runtime.train import MetricsLog, eta_text, mfu, progress
+from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict
 from gdnctl.schema import EngineConfig
 
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
@@ -144,6 +145,7 @@ class RlJob:
         self.client: RolloutClient | None = None
         self.weight_group: broadcast.TrainerEnd | None = None  # rank 0, once the first broadcast sync built it
         self.first_minute = FirstMinuteWatch(config, self._log)
+        self.nonfinite = NonFiniteGuard(train.skip_nonfinite_steps)
         self.reported: list[RlStepStats] = []  # rank 0: every step's stats (the smoke run's verdicts read them)
 
     # --- rollout server ------------------------------------------------------------------------------------
@@ -384,6 +386,7 @@ class RlJob:
             samples, rollout_seconds, generated, phases = payload[0]
             started = time.perf_counter()
             stats = self._update(samples)
+            self._check_finite(stats)
             train_seconds = time.perf_counter() - started
             if self.sleeps:  # every process's use of the GPU while vLLM sleeps and the trainer steps
                 free, capacity = torch.cuda.mem_get_info()
@@ -425,6 +428,19 @@ class RlJob:
         parts = rl_batch.micro_batches(mine, self.config.train.micro_batch_size)
         batches = [rl_batch.build_batch(part, self.pad_id, multiple=self.row_multiple) for part in parts]
         return self.policy.train_step(batches, self.config.grpo)
+
+    def _check_finite(self, stats: dict) -> None:
+        """Stop (or, within train.skip_nonfinite_steps, log and go on) after a step whose loss or gradients were not
+        finite; the policy did not apply it. Every rank takes the same branch (the policy's checks are reduced)."""
+        records = self.schedule.batch(self.step).records
+        lines = ", ".join(str(record.line) for record in records[:8]) + (
+            f" and {len(records) - 8} more" if len(records) > 8 else "")
+        line = self.nonfinite.after_step(StepVerdict(
+            step=self.step + 1, applied=stats["applied"], loss_finite=stats["loss_finite"],
+            grad_finite=stats["grad_finite"], inputs=f"the rollouts of the prompts at lines {lines} of train.data_path",
+            bad_parameters=stats["bad_parameters"], parameter_count=stats["parameter_count"]))
+        if line is not None:
+            self._log(line)
 
     def _train_tflops(self, tokens: int, sequences: int, seconds: float) -> float:
         """Model TFLOP/s per GPU of the policy update (all ranks' tokens; `tokens` is the global count)."""

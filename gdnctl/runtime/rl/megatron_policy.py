@@ -130,7 +130,6 @@ class MegatronPolicy:
             model=[trainer.model], num_microbatches=len(micro_batches),
             seq_length=max(b.tokens.shape[1] for b in micro_batches),
             micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
         # [loss sum, loss count, |logp diff| sum, response tokens, kl sum, tokens] over this rank's micro-batches.
         totals = torch.zeros(6, dtype=torch.float64, device="cuda")
         if trainer.ps.is_pipeline_last_stage():
@@ -138,7 +137,20 @@ class MegatronPolicy:
                 totals[:5] += report["rl"].double()
         totals[5] = sum(b.num_tokens for b in micro_batches)
         dist.all_reduce(totals, group=trainer.ps.get_data_parallel_group())
-        stats = {"loss": float(totals[0] / totals[1].clamp(min=1)), "grad_norm": float(grad_norm or 0.0),
+        # Only the last pipeline stage has losses (the others add zeros): every stage must take the same branch below.
+        dist.all_reduce(totals[:5], group=trainer.ps.get_pipeline_model_parallel_group())
+        # Checked before the step: a non-finite loss is never applied. Megatron's optimizer refuses non-finite
+        # gradients itself (its loss scale of 1.0: runtime/train/nonfinite.py).
+        loss_finite = bool(torch.isfinite(totals[0]))
+        updated, grad_norm = False, None
+        if loss_finite:
+            updated, grad_norm, _ = self.optimizer.step()
+        grad_finite = updated or not loss_finite
+        stats = {"loss": float(totals[0] / totals[1].clamp(min=1)),
+                 "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
+                 "loss_finite": loss_finite, "grad_finite": grad_finite, "applied": updated,
+                 "bad_parameters": [] if grad_finite else _nonfinite_main_gradients(trainer.model),
+                 "parameter_count": sum(1 for _ in trainer.model.parameters()),
                  "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)), "tokens": int(totals[5])}
         if self.reference is not None:
             # kl sums are count-weighted like the loss, so this is the batch's KL, aggregated like the loss.
@@ -191,3 +203,9 @@ def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, settings, token_l
     kl = stats["kl"].detach() * count if "kl" in stats else torch.zeros((), device=mask.device)
     report = torch.stack([total.detach().double(), count.double(), gap.double(), tokens.double(), kl.double()])
     return total, count.to(torch.int), {"rl": report}
+
+
+def _nonfinite_main_gradients(model) -> list[str]:
+    """Names of the parameters whose main gradient holds a non-finite value, in the model's order."""
+    return [name.removeprefix("module.") for name, param in model.named_parameters()
+            if getattr(param, "main_grad", None) is not None and not bool(torch.isfinite(param.main_grad).all())]

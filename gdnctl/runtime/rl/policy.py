@@ -28,7 +28,10 @@ class Policy(Protocol):
         """log p of tokens[1:] given their prefix: what the weight-sync probe compares with the rollout's."""
 
     def train_step(self, micro_batches: list["RlBatch"], settings) -> dict[str, float]:
-        """One GRPO optimizer step over this rank's micro-batches; returns the step's statistics."""
+        """One GRPO optimizer step over this rank's micro-batches; returns the step's statistics: loss, grad_norm,
+        rollout_logprob_abs_diff, tokens (and kl), and the finiteness verdict the job's NonFiniteGuard reads:
+        loss_finite, grad_finite, applied (False: the update was not applied), bad_parameters (names of the
+        parameters whose gradient is not finite) and parameter_count."""
 
     def hf_tensors(self) -> "Iterator[tuple[str, torch.Tensor]]":
         """Every HF tensor of the policy under the text model's names, on this rank's device (collective on

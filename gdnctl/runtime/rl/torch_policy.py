@@ -138,9 +138,15 @@ class TorchPolicy:
             sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
                                   float(stats.get("kl", 0.0)) * weight, batch.num_tokens], dtype=torch.float64)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
-        self.optimizer.step()
         dist.all_reduce(sums)
-        stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm),
+        # Every rank sees the same norm (DDP averaged the gradients) and the same sums, so all skip together.
+        loss_finite, grad_finite = bool(torch.isfinite(sums[0])), bool(torch.isfinite(grad_norm))
+        if loss_finite and grad_finite:
+            self.optimizer.step()
+        stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm), "loss_finite": loss_finite,
+                 "grad_finite": grad_finite, "applied": loss_finite and grad_finite,
+                 "bad_parameters": [] if grad_finite else _nonfinite_gradients(self.module),
+                 "parameter_count": sum(1 for _ in self.module.parameters()),
                  "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4])}
         if self.reference is not None:
             # Weighted like the loss: the KL of the whole step's batch, aggregated as grpo.aggregation says.
@@ -210,3 +216,9 @@ def _load(model: torch.nn.Module, directory: Path) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(_read(reader, name, param).to(param.dtype))
+
+
+def _nonfinite_gradients(module) -> list[str]:
+    """Names of the parameters whose gradient holds a non-finite value, in the model's order."""
+    return [name for name, param in module.named_parameters()
+            if param.grad is not None and not bool(torch.isfinite(param.grad).all())]

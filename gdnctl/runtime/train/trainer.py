@@ -34,6 +34,7 @@ from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthe
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.smoke import FirstMinuteWatch
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
+from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents
 from gdnctl.schema import EngineConfig
 
 KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
@@ -68,12 +69,15 @@ class StepStats:
     lr: float
     gdn_backend: str
     skipped: bool
+    # Share of the step's token slots that were padding (BSHD rows, or THD sequences padded to a multiple).
+    padding_share: float = 0.0
 
     def line(self, total: int, eta: str) -> str:
         mfu = f" ({self.mfu:.1%} MFU)" if self.mfu is not None else ""
         return (f"step {self.iteration}/{total} | loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
                 f"lr {self.lr:.2e} | {self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU{mfu} | "
                 f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s | {eta}"
+                + (f" | padding {self.padding_share:.0%} of the slots" if self.padding_share >= 0.005 else "")
                 + (" | update skipped" if self.skipped else ""))
 
 
@@ -143,6 +147,7 @@ class Trainer:
         self.recent_step_seconds: list[float] = []  # the pace behind each step line's ETA
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.step_stats: list[StepStats] = []  # every step of this start (the smoke run's verdicts read them)
+        self.nonfinite = NonFiniteGuard(config.train.skip_nonfinite_steps)
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -165,6 +170,7 @@ class Trainer:
         self.ps = parallel_state
         self._build()
         self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
+        self._log(f"attention: {config.kernels.attention} ({config.kernels.attention_reason})")
         self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
                   f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}; "
                   f"comm guard {'on' if config.comm.memory_guard else 'off'}")
@@ -211,7 +217,10 @@ class Trainer:
             optimizer="adam", lr=train.lr, min_lr=train.lr, weight_decay=WEIGHT_DECAY,
             adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], clip_grad=CLIP_GRAD, bf16=True,
             params_dtype=torch.bfloat16, use_distributed_optimizer=train.distributed_optimizer,
-            optimizer_cpu_offload=train.optimizer_cpu_offload), [self.model])
+            optimizer_cpu_offload=train.optimizer_cpu_offload,
+            # A constant scale of 1.0 (exact) turns on Megatron's own inf/NaN check of the main gradients: such a
+            # step returns update_successful=False before the optimizer state changes (runtime/train/nonfinite.py).
+            loss_scale=1.0), [self.model])
         self.transformer.grad_scale_func = self.optimizer.scale_loss
         self.transformer.no_sync_func = self.model.no_sync
         self.transformer.finalize_model_grads_func = finalize_model_grads
@@ -308,44 +317,83 @@ class Trainer:
                 forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
                 num_microbatches=len(batches), seq_length=batches[0].row_length,
                 micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1, forward_only=False)
-            updated, grad_norm, _ = self.optimizer.step()
+            micro_losses, loss_sum = self._reduced_loss(losses)
+            # Checked before the step: a non-finite loss is never applied, whatever its gradients look like.
+            loss_finite = bool(torch.isfinite(loss_sum).all())
+            updated, grad_norm = False, None
+            if loss_finite:
+                updated, grad_norm, _ = self.optimizer.step()
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += train.global_batch_size
-            stats = self._stats(losses, batches, grad_norm, seconds, not updated, resident_gib)
+            stats = self._stats(loss_sum, batches, grad_norm, seconds, not updated, resident_gib)
             self._report(stats)
+            self._check_finite(loss_finite, updated, micro_losses, batches)
             self.step_stats.append(stats)
             self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
             if save_dir and (self.iteration == train.train_iters
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
 
-    def _stats(self, losses, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool,
-               resident_gib: float) -> StepStats:
-        device = torch.device("cuda")
-        loss_sum = torch.zeros(2, device=device)
-        if self.ps.is_pipeline_last_stage():
-            for item in losses:
-                loss_sum += item["lm loss"].float()
-        counts = torch.tensor([sum(b.num_real_tokens for b in batches), sum(self._sequences(b) for b in batches)],
-                              device=device, dtype=torch.float64)
-        dp_group = self.ps.get_data_parallel_group(with_context_parallel=True)
-        dist.all_reduce(loss_sum, group=dp_group)
+    def _reduced_loss(self, losses) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """This rank's [sum, count] per micro-batch (last pipeline stage; empty elsewhere), and the step's [sum,
+        count] over every data-parallel and pipeline rank."""
+        micro = [item["lm loss"].float() for item in losses] if self.ps.is_pipeline_last_stage() else []
+        loss_sum = torch.stack(micro).sum(0) if micro else torch.zeros(2, device="cuda")
+        dist.all_reduce(loss_sum, group=self.ps.get_data_parallel_group(with_context_parallel=True))
         # Only the last pipeline stage has losses; the others add zeros.
         dist.all_reduce(loss_sum, group=self.ps.get_pipeline_model_parallel_group())
+        return micro, loss_sum
+
+    def _check_finite(self, loss_finite: bool, updated: bool, micro_losses: list[torch.Tensor],
+                      batches: list[MicroBatch]) -> None:
+        """Stop (or, within train.skip_nonfinite_steps, log and go on) after a step that was not finite. The branch
+        is the same on every rank: the loss is reduced over all of them and Megatron's gradient check too."""
+        grad_finite = updated or not loss_finite  # a finite loss whose step was refused had non-finite gradients
+        if loss_finite and grad_finite:
+            return
+        # The micro-batches whose own loss was not finite, where the loss names them; else the whole step's.
+        suspects = [batch for batch, loss in zip(batches, micro_losses, strict=False)
+                    if not bool(torch.isfinite(loss).all())] if not loss_finite else []
+        mine = [index for batch in (suspects or batches) for index in batch.documents]
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        bad, count = [], 0
+        if not grad_finite:
+            for name, param in self.model.named_parameters():
+                count += 1
+                grad = getattr(param, "main_grad", None)
+                if grad is not None and not bool(torch.isfinite(grad).all()):
+                    bad.append(name.removeprefix("module."))
+        verdict = StepVerdict(step=self.iteration, applied=updated, loss_finite=loss_finite, grad_finite=grad_finite,
+                              inputs=describe_documents([i for part in gathered for i in part],
+                                                        self.config.train.data_path),
+                              bad_parameters=bad, parameter_count=count)
+        line = self.nonfinite.after_step(verdict)
+        if line is not None:
+            self._log(line)
+
+    def _stats(self, loss_sum: torch.Tensor, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool,
+               resident_gib: float) -> StepStats:
+        counts = torch.tensor([sum(b.num_real_tokens for b in batches), sum(self._sequences(b) for b in batches),
+                               sum(b.batch.input_ids.numel() for b in batches)],
+                              device=loss_sum.device, dtype=torch.float64)
         dist.all_reduce(counts, group=self.ps.get_data_parallel_group())
-        tokens, sequences = int(counts[0]), int(counts[1])
+        tokens, sequences, slots = int(counts[0]), int(counts[1]), int(counts[2])
         mean_length = tokens / max(sequences, 1)
         model_flops = flops.train_flops_per_token(self.config.model, mean_length) * tokens
         tflops_per_gpu = model_flops / seconds / dist.get_world_size() / 1e12
         return StepStats(
             iteration=self.iteration, loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-            grad_norm=float(grad_norm or 0.0), tokens=tokens, sequences=sequences, seconds=seconds,
+            # None: the optimizer refused the step (non-finite gradients) or it was never asked (non-finite loss).
+            grad_norm=float("nan") if grad_norm is None else float(grad_norm), tokens=tokens, sequences=sequences,
+            seconds=seconds,
             peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, resident_memory_gib=resident_gib,
             tokens_per_second=tokens / seconds,
             tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
-            lr=self.config.train.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped)
+            lr=self.config.train.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped,
+            padding_share=1.0 - tokens / max(slots, 1))
 
     @staticmethod
     def _sequences(batch: MicroBatch) -> int:

@@ -213,3 +213,26 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
     # refreshed them after the reload.
     assert probe_gap(_transformers_logprobs(second, probe, model), served) < 0.01
     assert probe_gap(_transformers_logprobs(first, probe, model), served) > 0.1  # the default probe_tolerance
+
+
+@needs_vllm
+def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_good_checkpoint(tmp_path):
+    """lr 1e30: Adam's first update moves every weight by ~1e30, so the second step's forward overflows fp32 and its
+    loss and gradients are NaN. The job stops there with a sentence; the update and no checkpoint are written."""
+    save_dir = tmp_path / "checkpoints"
+    done = launch(tmp_path / "run", "train.lr=1e30", "train.train_iters=4", f"train.save_dir={save_dir}",
+                  "train.save_interval=1")
+    assert done.returncode != 0
+    sentence = next(line for line in done.stderr.splitlines() if line.startswith("gdnctl runtime:"))
+    assert "Stopped at step 2:" in sentence and "was not finite" in sentence, sentence
+    assert "prompts at lines" in sentence and "train.skip_nonfinite_steps" in sentence, sentence
+    assert (save_dir / "latest").read_text().strip() == "iter_0000001"
+    assert not (save_dir / "iter_0000002").exists()
+    assert "gdnctl/runtime/" not in done.stderr
+
+    # A bound lets that many steps pass as skipped (logged, not applied) before the job stops.
+    allowed = launch(tmp_path / "allowed", "train.lr=1e30", "train.train_iters=4", "train.skip_nonfinite_steps=1")
+    assert allowed.returncode != 0
+    assert "update skipped (1 of 1 allowed by train.skip_nonfinite_steps)" in allowed.stdout
+    sentence = next(line for line in allowed.stderr.splitlines() if line.startswith("gdnctl runtime:"))
+    assert "Stopped at step 3:" in sentence and "more than train.skip_nonfinite_steps 1" in sentence, sentence

@@ -133,3 +133,23 @@ def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path
         update={"path": str(tmp_path / "weights")})}))
     for name, tensor in policy.module.state_dict().items():
         torch.testing.assert_close(reloaded.module.state_dict()[name], tensor.bfloat16().float(), rtol=0, atol=0)
+
+
+def test_a_step_whose_gradients_are_not_finite_is_not_applied(engine, gloo):
+    """Adam's first step moves every weight by about lr: at 1e30 the next forward overflows fp32 and the loss and
+    gradients are NaN. That step must leave the weights as they were and say what was not finite."""
+    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+
+    config = engine.model_copy(update={"train": engine.train.model_copy(update={"lr": 1e30})})
+    policy = TorchPolicy(config)
+    parts = [rl_batch.build_batch(samples(), pad_id=256)]
+    first = policy.train_step(parts, config.grpo)
+    assert first["applied"] and first["loss_finite"] and first["grad_finite"]
+    before = {name: tensor.clone() for name, tensor in policy.module.state_dict().items()}
+    second = policy.train_step(parts, config.grpo)
+    assert not second["applied"]
+    assert not (second["loss_finite"] and second["grad_finite"])
+    assert second["parameter_count"] == len(list(policy.module.parameters()))
+    assert second["grad_finite"] or second["bad_parameters"]
+    for name, tensor in policy.module.state_dict().items():
+        assert torch.equal(tensor, before[name]), name

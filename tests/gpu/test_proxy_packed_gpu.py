@@ -1,0 +1,51 @@
+"""The 35B-A3B proxy on the megatron-bridge builder with packed rows (THD), the shape that trained on NaN when
+Transformer Engine's cuDNN attention ran its backward at head_dim 256 (runtime/model/core_attention.py):
+
+- 20 steps with the defaults (attention: torch): every loss and gradient norm finite, no update skipped, the loss
+  falls;
+- a non-finite step stops the Megatron trainer with the sentence, and `latest` stays on the last good checkpoint.
+
+Needs a CUDA GPU with ~60 GiB free, Transformer Engine, megatron-bridge and FLA.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.gpu.test_trainer_gpu import NEEDS_BRIDGE_STACK, _console, _launch, _start, _stop, pytestmark  # noqa: F401
+
+PROXY = "qwen3.5-35b-a3b-proxy-bench"
+STEPS = 20
+
+
+@NEEDS_BRIDGE_STACK
+def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
+    steps = _launch(tmp_path / "run", "kernels.gdn_backend=fla", f"train.train_iters={STEPS}", preset=PROXY,
+                    builder="megatron-bridge")
+    assert len(steps) == STEPS
+    assert all(math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"]) for s in steps), steps
+    assert not any(s["skipped"] for s in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.5, [round(s["loss"], 3) for s in steps]
+    # Packed rows: no slot is padding at cp = 1 and bf16.
+    assert all(s["padding_share"] == 0.0 for s in steps)
+
+
+@NEEDS_BRIDGE_STACK
+def test_a_non_finite_step_stops_the_trainer_and_keeps_latest(tmp_path: Path):
+    save_dir = tmp_path / "checkpoints"
+    started = _start(tmp_path / "run", "kernels.gdn_backend=fla", "train.train_iters=4", "train.lr=1e30",
+                     "train.seq_length=2048", f"train.save_dir={save_dir}", "train.save_interval=1", preset=PROXY,
+                     builder="megatron-bridge")
+    try:
+        started.process.wait(timeout=900)
+    finally:
+        _stop(started.process)
+    stderr = _console(started.run_dir, "stderr").read_text()
+    assert started.process.returncode != 0
+    sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
+    assert "Stopped at step 2:" in sentence and "was not finite" in sentence, sentence
+    assert "of the synthetic data" in sentence and "train.skip_nonfinite_steps" in sentence, sentence
+    assert (save_dir / "latest").read_text().strip() == "iter_0000001"
