@@ -1,5 +1,6 @@
 """What gdnctl knows about the world, with sources: the model architectures (catalog and checkpoint config.json),
-GPUs, the software stack's versions and thresholds, model FLOPs and the GDN kernel shapes a rank calls.
+GPUs, the software stack's versions and thresholds, sbatch's options, model FLOPs and the GDN kernel shapes a
+rank calls.
 
 The bottom layer: plain data and pure functions, importing nothing of gdnctl's but the base modules.
 """
