@@ -225,3 +225,18 @@ def test_missing_local_files_warn_only_for_the_local_executor(tmp_path):
     found = codes({**missing, "launch": {"executor": "local"}})["LCH007"]
     assert sorted(f.path for f in found) == ["model.tokenizer", "train.data_path"]
     assert "LCH007" not in codes({**missing, "launch": {"executor": "slurm"}})
+
+
+@pytest.mark.parametrize("preset", sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "presets")
+                                          .glob("*.yaml")))
+def test_no_shipped_preset_runs_or_reads_from_a_shared_scratch_directory(preset):
+    """Checked by name, not by owner: where the tests run as root, /tmp/x made by root looks safe to LCH006, but
+    on a user's machine another user could have made it first."""
+    from gdnctl.validate import load_preset
+    from gdnctl.validate.loader import INTERPRETER_FIELDS, PATH_FIELDS
+
+    loaded = load_preset(preset).data
+    for section, key in INTERPRETER_FIELDS + PATH_FIELDS:
+        value = (loaded.get(section) or {}).get(key)
+        if isinstance(value, str):
+            assert not value.startswith(("/tmp/", "/var/tmp/", "/dev/shm/")), f"{preset}: {section}.{key} {value}"
