@@ -9,12 +9,17 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
     python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
+    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--steps 12] [--out results.json]
 
 Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, applied after the mode's own
 settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2` for the builders on 2 H200s;
 `gdnctl explain`'s estimates get the same overrides. (The proxy's CP=1 arm at 32k needs an H200: on an H100
 validate refuses it, MEM001 115.7 GiB.)
 
+`compare` runs gdnctl's launch of the proxy with its defaults, then Megatron-Bridge's own training loop
+(benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch and
+sequence length: step time, real tokens/s, TFLOPS/GPU and MFU on real tokens, peak memory, and gdnctl's ratio to it;
+for gdnctl also its first step and the wall time from the launch to the end of the first step.
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
@@ -43,8 +48,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 PRESET = "qwen3.5-35b-a3b-proxy-bench"
 WARMUP_STEPS = 2
@@ -102,6 +110,43 @@ def builders(args, work: Path) -> dict:
         results[builder]["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
     results["bridge_speedup"] = (results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"])
     return results
+
+
+PEER_SCRIPT = Path(__file__).with_name("megatron_bridge_loop.py")
+
+
+def compare(args, work: Path) -> dict:
+    """gdnctl's launch of the proxy, then Megatron-Bridge's own loop at the same shape, back to back."""
+    sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
+    started = time.time()
+    steps = launch(work / "gdnctl", sets)
+    ours = summarise(steps, work / "gdnctl")
+    ours["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
+    ours["launch_to_first_step_s"] = round(steps[0]["time"] - started, 1)
+    ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in steps[WARMUP_STEPS:])
+    engine = yaml.safe_load((work / "gdnctl" / "engine.yaml").read_text())
+    train = engine["train"]
+    peer_out = work / "megatron-bridge.json"
+    command = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"] if args.gpus > 1
+               else [sys.executable]) + [
+        str(PEER_SCRIPT), "--mode", args.peer_mode, "--steps", str(args.steps), "--skip", str(WARMUP_STEPS),
+        "--gbs", str(train["global_batch_size"]), "--seq", str(train["seq_length"]),
+        "--mbs", str(train["micro_batch_size"]), "--ep", str(engine["parallel"]["ep"]),
+        "--peak-tflops", str(engine["metrics"]["peak_bf16_tflops"]), "--out", str(peer_out)]
+    print("$ " + shlex.join(command), flush=True)
+    proc = subprocess.run(command, text=True, capture_output=True, check=False)
+    (work / "megatron-bridge.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
+                         f"\n{proc.stderr[-3000:]}")
+    timer = json.loads(peer_out.read_text())["train_step_timer"]
+    peer = {"mode": args.peer_mode, "step_s": timer["median_step_s"],
+            "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
+            "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
+            "peak_memory_gib": timer["max_peak_memory_gib"]}
+    return {"gdnctl": ours, "megatron_bridge": peer,
+            "tokens_per_s_ratio": ours["tokens_per_s"] / peer["tokens_per_s"],
+            "peak_memory_ratio": ours["peak_memory_gib"] / peer["peak_memory_gib"]}
 
 
 def explain_memory(sets: list[str]) -> dict:
@@ -483,11 +528,16 @@ def _variant_list(text: str) -> list[Variant]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "rank"),
+    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "compare",
+                                         "rank"),
                         help="rank: one torchrun rank of `interleaved` (started by it)")
     parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps "
                                                              "per run")
-    parser.add_argument("--gpus", type=int, default=2, help="interleaved: GPUs, data parallel; context-parallel: GPUs")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="interleaved: GPUs, data parallel (default 2); context-parallel: GPUs (default 2); "
+                             "compare: GPUs of both runs (default 1)")
+    parser.add_argument("--peer-mode", choices=("tuned", "matched"), default="tuned",
+                        help="compare: Megatron-Bridge's performance-recipe options, or the options gdnctl sets")
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
@@ -505,6 +555,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
+    if args.gpus is None:
+        args.gpus = 1 if args.what == "compare" else 2
     if args.what == "rank":
         rank(args)
         return
@@ -512,7 +564,7 @@ def main() -> None:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
         results = {"kernels": kernels, "builders": builders, "interleaved": interleaved, "profile": profile,
-                   "context-parallel": context_parallel}[args.what](args, work)
+                   "context-parallel": context_parallel, "compare": compare}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -60,6 +60,7 @@ CODES: dict[str, str] = {
     "LAY007": "thd_micro_batch",
     "LAY008": "thd_hopper_cudnn",
     "LAY009": "seq_length_cp",
+    "LAY010": "te_packed_attention_head_dim",
     "LCH001": "local_single_node",
     "LCH002": "obeyed_env_names",
     "LCH003": "search_path_override",

@@ -66,6 +66,7 @@ CASES = {
     "LAY007": ({"train": {"layout": "thd", "micro_batch_size": 2}}, {"train": {"layout": "thd"}}),
     "LAY008": ({"runtime": {"cudnn": "9.18.0"}}, {"runtime": {"cudnn": "9.19.0"}}),
     "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
+    "LAY010": ({"kernels": {"attention": "te"}}, {"kernels": {"attention": "auto"}}),
     "BRG001": ({"train": {"bridge": "mbridge"}}, {"train": {"bridge": "megatron-bridge"}}),
     "BRG002": ({"runtime": {"transformer_engine": "none"}}, {"runtime": {"transformer_engine": "2.20.2"}}),
     "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
@@ -268,3 +269,10 @@ def test_every_rule_states_its_source():
             continue
         assert info.source, f"{info.code} has no Source: section"
         assert info.doc.index("\n\nSource:") < info.doc.index("\n\nFix:"), f"{info.code}: Source: goes before Fix:"
+
+
+def test_lay010_is_an_error_with_a_stated_old_cudnn_and_quiet_from_9_19(tmp_path):
+    stated = codes({"parallel": {"cp": 2}, "runtime": {"cudnn": "9.14.0"}})["LAY010"]
+    assert [(f.severity, f.path) for f in stated] == [(Severity.ERROR, "parallel.cp")]
+    assert [f.severity for f in codes({"parallel": {"cp": 2}})["LAY010"]] == [Severity.WARNING]
+    assert "LAY010" not in codes({"parallel": {"cp": 2}, "runtime": {"cudnn": "9.19.0"}})

@@ -40,8 +40,7 @@ from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
 from gdnctl.runtime.smoke import FirstMinuteWatch, verdicts
-from gdnctl.runtime.train import MetricsLog, eta_text, mfu, progress
-from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict
+from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, mfu, progress
 from gdnctl.schema import EngineConfig
 
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.

@@ -7,7 +7,9 @@ _HOMES = {
     "ADAM_BETAS": "trainer", "CLIP_GRAD": "trainer", "Trainer": "trainer", "WEIGHT_DECAY": "trainer",
     "METRICS_FILE": "metrics", "MetricsLog": "metrics", "TENSORBOARD_DIR": "metrics", "eta_text": "metrics",
     "mfu": "metrics", "progress": "metrics", "wandb_run_id": "metrics",
+    "NonFiniteGuard": "nonfinite", "NonFiniteStep": "nonfinite", "StepVerdict": "nonfinite",
 }
-__all__ = ["ADAM_BETAS", "CLIP_GRAD", "METRICS_FILE", "MetricsLog", "TENSORBOARD_DIR", "Trainer", "WEIGHT_DECAY",
-           "eta_text", "metrics", "mfu", "progress", "trainer", "wandb_run_id"]
+__all__ = ["ADAM_BETAS", "CLIP_GRAD", "METRICS_FILE", "MetricsLog", "NonFiniteGuard", "NonFiniteStep",
+           "StepVerdict", "TENSORBOARD_DIR", "Trainer", "WEIGHT_DECAY", "eta_text", "metrics", "mfu", "nonfinite",
+           "progress", "trainer", "wandb_run_id"]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -186,3 +186,43 @@ def seq_length_cp(run):
     if run.is_training and cp > 1 and seq % (2 * cp):
         yield Issue("train.seq_length", f"seq_length {seq} is not a multiple of 2 x cp = {2 * cp}.",
                     f"Use a multiple of {2 * cp}, e.g. {(seq // (2 * cp) + 1) * 2 * cp}.")
+
+
+@rule("LAY010", Severity.WARNING, "Transformer Engine's packed attention at head_dim 256 on Hopper")
+def te_packed_attention_head_dim(run):
+    """
+    What it checks: packed (THD) training on Hopper whose full-attention layers run Transformer Engine's attention
+    (parallel.cp > 1, which only TE's attention splits, or kernels.attention: te) at a head_dim above 128 (Qwen3.5
+    and Qwen3-Next: 256). An error when runtime.cudnn names a cuDNN below 9.19, a warning when it is unset.
+
+    Why: measured on an H100 (TE 2.20.2, megatron-core 0.19.2, torch 2.11; benchmarks/attention_check.py):
+    TE's DotProductAttention, with no FlashAttention package, runs cuDNN's fused attention, and its THD backward at
+    head_dim 256 with 16 query / 2 KV heads was wrong in every trial: dQ 15-19% off a per-sequence fp32 reference,
+    dK/dV off or NaN in packed rows, while the forward and the same kernel on full rows (SBHD) were within 0.3%.
+    The 35B-A3B proxy trained on it gave a NaN gradient at step 2. TE loaded the system's cuDNN 9.14, not the 9.19
+    torch bundles, so torch's cuDNN version says nothing about it. With cp 1, `kernels.attention: auto` runs packed
+    rows on torch's varlen FlashAttention instead (within 0.3%); context parallel has no such alternative.
+
+    Source: gdnctl's measurement above (BENCHMARKS.md, "Packed rows trained on NaN"); Megatron-LM PR #2644 names
+    cuDNN <= 9.18 for NaN THD gradients on Hopper (LAY008).
+
+    Fix: run parallel.cp 1 with kernels.attention: auto (or torch), or train.layout: bshd; for context parallel,
+    make Transformer Engine load cuDNN >= 9.19 and say so in runtime.cudnn, then check it with
+    `python benchmarks/attention_check.py`.
+    """
+    if not (run.is_training and run.gpu.is_hopper and run.layout.value == "thd"
+            and run.model_builder.value == "megatron-bridge" and run.attention.value == "te"
+            and run.model.head_dim > 128):
+        return
+    cudnn = run.stack.get("cudnn")
+    if cudnn is not None and not versions.below(cudnn, stack.CUDNN_HOPPER_THD_MIN):
+        return
+    known = f"cuDNN {cudnn}" if cudnn else "an unstated cuDNN (runtime.cudnn is unset)"
+    why = ("parallel.cp > 1 needs Transformer Engine's attention" if run.preset.parallel.cp > 1
+           else "kernels.attention is te")
+    yield Issue("kernels.attention" if run.preset.parallel.cp == 1 else "parallel.cp",
+                f"{why}, and its packed-row backward at head_dim {run.model.head_dim} on Hopper computed wrong "
+                f"gradients (NaN in training) with cuDNN 9.14; this run names {known}.",
+                "Use parallel.cp: 1 with kernels.attention: auto, or train.layout: bshd; for context parallel make "
+                "TE load cuDNN >= 9.19, set runtime.cudnn to it and check with benchmarks/attention_check.py.",
+                severity=Severity.ERROR if cudnn else None)
