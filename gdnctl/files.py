@@ -110,6 +110,23 @@ def write_text(path: Path, text: str) -> None:
         raise OSError(error.errno, error.strerror, str(path)) from None
 
 
+def replace_text(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` atomically without following a link planted in the directory: the data goes into a
+    new file of a random name (mkstemp: O_CREAT | O_EXCL, so no existing name, link or not, is ever opened), which
+    then replaces `path` (rename replaces a link at `path` itself, never the file it points to)."""
+    import tempfile
+
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(descriptor, mode)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def _reason(error: BaseException) -> str:
     if isinstance(error, OSError) and error.errno is not None:
         name = errno.errorcode.get(error.errno)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import replace_text
 
 ADDRESS_FILE = "address.json"
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
@@ -76,12 +77,8 @@ def listen(run_dir: Path, *, local: bool, handshake_seconds: float = HANDSHAKE_S
     directory = rollout_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"host": host, "port": listener.address[1], "authkey": authkey.hex(), "pid": os.getpid()})
-    staging = directory / f".{ADDRESS_FILE}.{os.getpid()}"
-    # 0600 from creation: the authkey is what keeps other users on a shared node out of the server.
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(payload)
-    staging.replace(directory / ADDRESS_FILE)
+    # 0600 from creation (mkstemp): the authkey is what keeps other users on a shared node out of the server.
+    replace_text(directory / ADDRESS_FILE, payload, mode=0o600)
     return listener
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import replace_text
 from gdnctl.schema import EngineConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -88,9 +89,7 @@ def wandb_run_id(run_dir: Path) -> str:
             return kept
     path.parent.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(run_id + "\n")
-    temporary.replace(path)
+    replace_text(path, run_id + "\n")
     return run_id
 
 
@@ -120,9 +119,7 @@ class MetricsLog:
         if self.path.is_file():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and _logged_step(json.loads(line)) <= step]
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text("".join(line + "\n" for line in kept))
-            temporary.replace(self.path)
+            replace_text(self.path, "".join(line + "\n" for line in kept))
         from torch.utils.tensorboard import SummaryWriter
 
         self._tensorboard.close()

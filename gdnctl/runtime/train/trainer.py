@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import replace_text
 from gdnctl.knowledge import flops
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
@@ -271,7 +272,7 @@ class Trainer:
         timing = KernelWarmUp(self.kernel.name, heads, length, first, following, warm)
         self._log(timing.line())
         if self.rank == 0:
-            (self.run_dir / KERNEL_WARM_UP_FILE).write_text(json.dumps(timing.__dict__) + "\n")
+            replace_text(self.run_dir / KERNEL_WARM_UP_FILE, json.dumps(timing.__dict__) + "\n")
         return timing
 
     def _first_flashqla_call(self, shape) -> float:
