@@ -9,7 +9,8 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
     python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
-    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--steps 12] [--out results.json]
+    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla] [--out ...]
+    python benchmarks/trainer_throughput.py speed-options [--steps 10] [--out results.json]
 
 Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, applied after the mode's own
 settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2` for the builders on 2 H200s;
@@ -20,6 +21,8 @@ validate refuses it, MEM001 115.7 GiB.)
 (benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch and
 sequence length: step time, real tokens/s, TFLOPS/GPU and MFU on real tokens, peak memory, and gdnctl's ratio to it;
 for gdnctl also its first step and the wall time from the launch to the end of the first step.
+`speed-options` runs the proxy with the speed options as `auto` decides them, with each one off alone, and with all
+off (Megatron-Core's unfused paths): what each option saves, and every arm's peak memory beside explain's estimate.
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
@@ -116,15 +119,19 @@ PEER_SCRIPT = Path(__file__).with_name("megatron_bridge_loop.py")
 
 
 def compare(args, work: Path) -> dict:
-    """gdnctl's launch of the proxy, then Megatron-Bridge's own loop at the same shape, back to back."""
+    """gdnctl's launch of the proxy (once per --kernels GDN kernel), then Megatron-Bridge's own loop at the same
+    shape, back to back."""
     sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
-    started = time.time()
-    steps = launch(work / "gdnctl", sets)
-    ours = summarise(steps, work / "gdnctl")
-    ours["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
-    ours["launch_to_first_step_s"] = round(steps[0]["time"] - started, 1)
-    ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in steps[WARMUP_STEPS:])
-    engine = yaml.safe_load((work / "gdnctl" / "engine.yaml").read_text())
+    ours_by_kernel = {}
+    for kernel in args.kernels:
+        started = time.time()
+        steps = launch(work / f"gdnctl-{kernel}", [f"kernels.gdn_backend={kernel}", *sets])
+        ours = summarise(steps, work / f"gdnctl-{kernel}")
+        ours["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
+        ours["launch_to_first_step_s"] = round(steps[0]["time"] - started, 1)
+        ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in steps[WARMUP_STEPS:])
+        ours_by_kernel[kernel] = ours
+    engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
     train = engine["train"]
     peer_out = work / "megatron-bridge.json"
     command = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"] if args.gpus > 1
@@ -144,9 +151,35 @@ def compare(args, work: Path) -> dict:
             "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
             "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
             "peak_memory_gib": timer["max_peak_memory_gib"]}
-    return {"gdnctl": ours, "megatron_bridge": peer,
-            "tokens_per_s_ratio": ours["tokens_per_s"] / peer["tokens_per_s"],
-            "peak_memory_ratio": ours["peak_memory_gib"] / peer["peak_memory_gib"]}
+    results: dict = {"megatron_bridge": peer}
+    for kernel, ours in ours_by_kernel.items():
+        results[f"gdnctl_{kernel}"] = ours
+        results[f"tokens_per_s_ratio_{kernel}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+        results[f"peak_memory_ratio_{kernel}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
+    return results
+
+
+# The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
+SPEED_OFF = {"router_fusion": "off", "bias_activation_fusion": "off", "rope_fusion": "off", "cross_entropy": "native",
+             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off"}
+
+
+def speed_options(args, work: Path) -> dict:
+    """The proxy with every speed option as `auto` decides it, then with each one turned off alone, then with all of
+    them off: step time, tokens/s and peak memory beside explain's estimate, and each option's share of the step."""
+    base = [f"train.train_iters={args.steps}", *args.set]
+    chosen = SPEED_OFF if args.options is None else {name: SPEED_OFF[name] for name in args.options}
+    arms = {"all-auto": [], **{f"{name}-off": [f"speed.{name}={off}"] for name, off in chosen.items()},
+            "all-off": [f"speed.{name}={off}" for name, off in SPEED_OFF.items()]}
+    results: dict = {}
+    for arm, sets in arms.items():
+        steps = launch(work / arm, [*base, *sets])
+        results[arm] = summarise(steps, work / arm)
+        results[arm]["explain_estimate_gib"] = explain_memory([*base, *sets])
+    auto_step = results["all-auto"]["step_s"]
+    results["step_s_added_when_off"] = {arm.removesuffix("-off"): round(results[arm]["step_s"] - auto_step, 4)
+                                        for arm in arms if arm.endswith("-off")}
+    return results
 
 
 def explain_memory(sets: list[str]) -> dict:
@@ -529,7 +562,7 @@ def _variant_list(text: str) -> list[Variant]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "compare",
-                                         "rank"),
+                                         "speed-options", "rank"),
                         help="rank: one torchrun rank of `interleaved` (started by it)")
     parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps "
                                                              "per run")
@@ -538,6 +571,11 @@ def main() -> None:
                              "compare: GPUs of both runs (default 1)")
     parser.add_argument("--peer-mode", choices=("tuned", "matched"), default="tuned",
                         help="compare: Megatron-Bridge's performance-recipe options, or the options gdnctl sets")
+    parser.add_argument("--kernels", type=lambda text: text.split(","), default=["fla"],
+                        help="compare: gdnctl's GDN kernels, one launch each against the same peer run (fla,flashqla)")
+    parser.add_argument("--options", type=lambda text: [] if text == "none" else text.split(","), default=None,
+                        help="speed-options: the options turned off one at a time (default: every one; none: only "
+                             "all on and all off)")
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
@@ -564,7 +602,8 @@ def main() -> None:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
         results = {"kernels": kernels, "builders": builders, "interleaved": interleaved, "profile": profile,
-                   "context-parallel": context_parallel, "compare": compare}[args.what](args, work)
+                   "context-parallel": context_parallel, "compare": compare,
+                   "speed-options": speed_options}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

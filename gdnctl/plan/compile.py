@@ -11,6 +11,7 @@ from gdnctl.plan.decisions import environment, kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
+from gdnctl.plan.speed import MANUAL_GC_INTERVAL
 from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
@@ -22,6 +23,7 @@ from gdnctl.schema import (
     EngineParallel,
     EngineRollout,
     EngineSelftest,
+    EngineSpeed,
     EngineTrain,
 )
 
@@ -88,6 +90,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
                               torch_compile=preset.kernels.torch_compile, attention=run.attention.value,
                               attention_reason=run.attention.reason),
+        speed=_speed(run),
         comm=EngineComm(
             memory_guard=preset.comm.memory_guard, free_gb_threshold=preset.comm.free_gb_threshold,
             skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir=DEFAULT_PROFILE_SUBDIR,
@@ -105,6 +108,13 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         runtime_versions={k: v for k, v in run.stack.items() if v is not None},
         env=engine_env(run, kernel_cache_dir),
     )
+
+
+def _speed(run: Run) -> EngineSpeed:
+    decided = run.speed
+    values = {name: decision.value for name, decision in decided.items()}
+    return EngineSpeed(**values, manual_gc_interval=MANUAL_GC_INTERVAL if values["manual_gc"] else 0,
+                       reasons={name: decision.reason for name, decision in decided.items()})
 
 
 def _estimate(run: Run) -> EngineEstimate:

@@ -52,6 +52,8 @@ def derived_values(run: Run) -> list[Derived]:
                            "stance); same step time, shorter first step, less memory on the H100 runs"))
     if run.is_training and run.gpu.sm is not None:
         out.append(Derived("attention", run.attention.value, run.attention.reason))
+        for name, decision in run.speed.items():
+            out.append(Derived(f"speed.{name}", _shown(decision.value), decision.reason))
     comm = preset.comm
     out.append(Derived("comm.skip_ops", list(comm.effective_skip_ops()),
                        ("guard off: nothing is checked" if not comm.memory_guard else
@@ -82,3 +84,8 @@ def memory_table(run: Run) -> memory.MemoryEstimate | None:
     if not run.is_training or run.gpu.sm is None or run.dp is None:
         return None
     return memory.estimate_training(run)
+
+
+def _shown(value: object) -> object:
+    """on/off for the speed options that are switches, as the preset spells them."""
+    return ("on" if value else "off") if isinstance(value, bool) else value

@@ -3,8 +3,9 @@
 A coarse, documented model, good to tell "fits / tight / cannot fit" apart, not to the last GiB:
 - parameters counted from the architecture (GDN and gated-attention layers, dense MLP or MoE, embeddings,
   the MTP layer when trained); non-expert weights split over tp and pipeline stages, experts over ep x etp;
-- bf16 weights (2 B/param), fp32 main gradients (4 B/param), Adam in fp32 (master + 2 moments,
-  12 B/param) sharded over the data-parallel group by the distributed optimizer, or on the CPU when offloaded;
+- bf16 weights (2 B/param), main gradients in speed.grad_reduce's dtype (bf16 2 B/param, fp32 4), Adam in fp32
+  (master + 2 moments, 12 B/param) sharded over the data-parallel group by the distributed optimizer, or on the
+  CPU when offloaded;
 - activations of the first pipeline stage: bf16 tensors kept for backward per token per layer (see
   `_activation_bytes_per_token`), times the micro-batches in flight under 1F1B (min(pp, micro-batches)),
   cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage (rl jobs: over a row of
@@ -26,6 +27,10 @@ from gdnctl.knowledge import ModelArch
 
 GIB = 1024**3
 OVERHEAD_GIB = 3.0  # CUDA context (~0.5 GiB), NCCL communicators and buffers, allocator fragmentation
+# Bytes per logit a micro-batch keeps for the loss, by cross-entropy implementation: Megatron-Core's native fused
+# loss keeps the bf16 logits and an fp32 copy; Transformer Engine's keeps the bf16 logits and one bf16 buffer of
+# their size for the gradient (transformer_engine/pytorch/triton/cross_entropy.py, 2.20.2: `saved_input`).
+LOGITS_BYTES_PER_ENTRY = {"native": 2 + 4, "te": 2 + 2}
 # The training rows that stay allocated between steps (the rest, activations and logits, each step adds and frees):
 # what a colocated trainer keeps while vLLM generates, and what the trainer's resident_memory_gib measures.
 RESIDENT_ROWS = ("weights", "gradients", "optimizer")
@@ -199,8 +204,10 @@ def _estimate_training(run) -> MemoryEstimate:
     if gathered:
         act_note += (f"; tp {p.tp} above {m.num_key_value_heads} KV heads: each rank keeps the whole gathered QKV "
                      "projection")
-    logits = tokens * (m.vocab_size / p.tp) * (2 + 4)
-    logits_note = f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"
+    cross_entropy = run.speed["cross_entropy"].value
+    logits = tokens * (m.vocab_size / p.tp) * LOGITS_BYTES_PER_ENTRY[cross_entropy]
+    logits_note = (f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries" if cross_entropy == "native"
+                   else f"bf16 logits and their gradient over {m.vocab_size // p.tp} vocab entries (TE cross entropy)")
     rl_rows: tuple[MemoryRow, ...] = ()
     if run.preset.job == "rl" and run.preset.rollout is not None:
         # An rl micro-batch is rows of prompt + response, up to the rollout's context, scored by the same
@@ -214,10 +221,13 @@ def _estimate_training(run) -> MemoryEstimate:
                              f"fp32 logits: {t.micro_batch_size} x {context} tokens x {m.vocab_size // p.tp} "
                              "vocab entries"),)
 
+    grad_dtype = run.speed["grad_reduce"].value
+    grad_bytes = 2 if grad_dtype == "bf16" else 4
     rows = (
         MemoryRow("weights", 2 * params / GIB, f"bf16, {params / 1e9:.2f}B params on this GPU "
                                                f"(experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"),
-        MemoryRow("gradients", 4 * trainable / GIB, "fp32 main grads" if not t.lora else "LoRA: adapters only"),
+        MemoryRow("gradients", grad_bytes * trainable / GIB,
+                  f"{grad_dtype} main grads" if not t.lora else "LoRA: adapters only"),
         MemoryRow("optimizer", optimizer / GIB,
                   "offloaded to CPU" if t.optimizer_cpu_offload else
                   ("LoRA: adapters only" if t.lora else

@@ -12,6 +12,7 @@ from functools import cached_property
 
 from gdnctl.knowledge import DEFAULT_STACK, GPUS, GpuSpec, ModelArch, RankShape, catalog, per_rank_shapes
 from gdnctl.plan import decisions as decide
+from gdnctl.plan.speed import speed_options
 from gdnctl.schema import Preset
 
 
@@ -62,6 +63,11 @@ class Run:
     @cached_property
     def attention(self) -> decide.Decision:
         return decide.attention(self.preset, self.model, self.stack)
+
+    @cached_property
+    def speed(self) -> dict[str, decide.Decision]:
+        """The trainer's speed options (plan/speed.py)."""
+        return speed_options(self.preset, self.model, self.stack)
 
     @cached_property
     def rollout_weight_transport(self) -> decide.Decision:

@@ -22,6 +22,7 @@ from gdnctl.schema.engine import (
     EngineParallel,
     EngineRollout,
     EngineSelftest,
+    EngineSpeed,
     EngineTrain,
 )
 from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
@@ -29,6 +30,7 @@ from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured
 
 __all__ = ["CommProfile", "DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig",
            "EngineEstimate", "EngineGrpo", "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout",
-           "EngineSelftest", "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT", "PROFILE_VERSION", "Preset",
+           "EngineSelftest", "EngineSpeed", "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT",
+           "PROFILE_VERSION", "Preset",
            "ProfiledOp", "SBATCH_SAFE", "SBATCH_SAFE_TEXT", "SMOKE_DIR", "SMOKE_FILE", "SmokeCheck", "SmokeMeasured",
            "SmokeReport", "comm_ops"]

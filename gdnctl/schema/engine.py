@@ -84,6 +84,20 @@ class EngineKernels(_Frozen):
     attention_reason: str = ""
 
 
+class EngineSpeed(_Frozen):
+    """The speed options as decided (plan/speed.py); the defaults are Megatron-Core's unfused paths."""
+    router_fusion: bool = False
+    bias_activation_fusion: bool = False
+    rope_fusion: bool = False
+    cross_entropy: Literal["te", "native"] = "native"
+    wgrad_fusion: bool = False
+    grad_reduce: Literal["bf16", "fp32"] = "fp32"
+    manual_gc: bool = False
+    manual_gc_interval: int = 0
+    # option -> why it has its value (the trainer logs them at start-up)
+    reasons: dict[str, str] = {}
+
+
 class EngineRollout(_Frozen):
     engine: str
     tp: int
@@ -157,6 +171,7 @@ class EngineConfig(_Frozen):
     layout: Literal["thd", "bshd"]
     train: EngineTrain
     kernels: EngineKernels
+    speed: EngineSpeed = EngineSpeed()
     comm: EngineComm
     rollout: EngineRollout | None
     grpo: EngineGrpo | None

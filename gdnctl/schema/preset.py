@@ -150,6 +150,31 @@ class KernelsSpec(_Section):
                             "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")
 
 
+_AUTO_ON_OFF = Literal["auto", "on", "off"]
+
+
+class SpeedSpec(_Section):
+    """How a training step is computed, not what it computes; `gdnctl explain` says what `auto` picks and why."""
+    router_fusion: _AUTO_ON_OFF = Field("auto", description="Transformer Engine's fused MoE router kernel")
+    bias_activation_fusion: _AUTO_ON_OFF = Field("auto", description="the experts' SwiGLU as one fused function")
+    rope_fusion: _AUTO_ON_OFF = Field("auto", description="Transformer Engine's fused rotary embedding")
+    cross_entropy: Literal["auto", "te", "native"] = Field(
+        "auto", description="te: Transformer Engine's cross entropy on the logits; native: Megatron-Core's")
+    wgrad_fusion: _AUTO_ON_OFF = Field(
+        "auto", description="Transformer Engine's layers add weight gradients straight into the gradient buffer")
+    grad_reduce: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)")
+    manual_gc: _AUTO_ON_OFF = Field(
+        "auto", description="Python's garbage collector runs between steps, not in the middle of one")
+
+    @field_validator("router_fusion", "bias_activation_fusion", "rope_fusion", "wgrad_fusion", "manual_gc",
+                     mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `on`/`off` as true/false: take them as the switch they spell."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class CommSpec(_Section):
     memory_guard: bool = Field(True, description="check free GPU memory before collectives (slime's guard)")
     free_gb_threshold: float = Field(3.0, ge=0, description="below this many free GiB the guard empties the cache")
@@ -373,6 +398,7 @@ class Preset(_Section):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     kernels: KernelsSpec = Field(default_factory=KernelsSpec)
+    speed: SpeedSpec = Field(default_factory=SpeedSpec)
     comm: CommSpec = Field(default_factory=CommSpec)
     rollout: RolloutSpec | None = None
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)

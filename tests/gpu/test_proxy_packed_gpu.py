@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
-
 from tests.gpu.test_trainer_gpu import NEEDS_BRIDGE_STACK, _console, _launch, _start, _stop, pytestmark  # noqa: F401
 
 PROXY = "qwen3.5-35b-a3b-proxy-bench"

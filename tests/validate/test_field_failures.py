@@ -189,9 +189,10 @@ def test_rl_logprob_row_follows_the_rollout_context_and_tp():
 
 
 def test_rl_logprob_row_is_not_counted_twice():
-    """At the training length an rl job's logits and log-prob rows add up to the sft job's logits row."""
+    """At the training length an rl job's logits and log-prob rows add up to the sft job's logits row with
+    Megatron-Core's own cross entropy (bf16 logits and their fp32 copy)."""
     rl = _rows(run_of())
-    sft = _rows(run_of({"job": "sft", "rollout": None}))
+    sft = _rows(run_of({"job": "sft", "rollout": None, "speed": {"cross_entropy": "native"}}))
     assert "rl log-probs" not in sft
     assert rl["logits"] + rl["rl log-probs"] == pytest.approx(sft["logits"])
 

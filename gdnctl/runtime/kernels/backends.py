@@ -30,6 +30,7 @@ from typing import Any
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, sm_label, stack, versions
+from gdnctl.runtime.kernels.host_offsets import host_copy
 
 BACKENDS = ("fla", "flashqla")
 
@@ -194,6 +195,8 @@ class GdnKernel:
         accepted = _accepted_keywords(raw_kernel, _OPTION_DEFAULTS)
         # FlashQLA's signature has no **kwargs, so an option it lacks must not be passed at all.
         self._unsupported_options = frozenset(_OPTION_DEFAULTS) - accepted
+        # FLA builds its chunk index from a host copy of packed offsets when given one (no device synchronisation).
+        self._takes_host_offsets = "cu_seqlens_cpu" in inspect.signature(raw_kernel).parameters
 
     def __call__(self, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, cu_seqlens=None):
@@ -209,6 +212,8 @@ class GdnKernel:
         }
         if self._unsupported_options:
             options = self._drop_unsupported(options)
+        if self._takes_host_offsets and host_copy(cu_seqlens) is not None:
+            options["cu_seqlens_cpu"] = host_copy(cu_seqlens)
         # Tensor.contiguous() returns the tensor itself when it already is contiguous, so this copies only
         # what a kernel would otherwise read with the wrong strides.
         return self.raw_kernel(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),

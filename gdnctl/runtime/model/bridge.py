@@ -9,12 +9,12 @@ it decides itself (parallel sizes, precision, recompute, per-token loss) through
 which refuses a name the provider lacks.
 
 Checked on an H100 (2026-11-22, megatron-bridge 0.6.2, megatron-core 0.19.2, TE 2.20.2): this provider builds
-the TE GDN model; `gradient_accumulation_fusion` must be off where APEX is absent (the fused wgrad kernel is
-APEX's).
+the TE GDN model. Without APEX, `gradient_accumulation_fusion` is fused in TE's layers only (wgrad_fusion.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,13 +61,18 @@ def hf_config(config: EngineConfig):
 
 def provider_overrides(config: EngineConfig) -> dict[str, Any]:
     """What gdnctl decides on the bridge's provider; the architecture is the bridge's, from the HF config."""
-    parallel, train = config.parallel, config.train
+    parallel, train, speed = config.parallel, config.train, config.speed
     overrides: dict[str, Any] = dict(
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
         context_parallel_size=parallel.cp, sequence_parallel=parallel.sequence_parallel,
         pipeline_dtype=torch.bfloat16,
-        # APEX's fused weight-gradient accumulation; the lent images and many clusters have no APEX.
-        gradient_accumulation_fusion=False,
+        # Weight gradients added into the gradient buffer inside TE's GEMM (runtime/model/wgrad_fusion.py says how
+        # this works without APEX).
+        gradient_accumulation_fusion=speed.wgrad_fusion,
+        # The speed options (plan/speed.py): TE's fused RoPE, the experts' fused SwiGLU, TE's or Megatron's
+        # cross entropy.
+        apply_rope_fusion=speed.rope_fusion, bias_activation_fusion=speed.bias_activation_fusion,
+        cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=speed.cross_entropy,
         # The trainer's loss is a per-token sum divided by the global token count (trainer._loss).
         calculate_per_token_loss=True,
         init_method_std=INIT_METHOD_STD,
@@ -83,7 +88,7 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
         overrides.update(should_pad_vocab=True, make_vocab_size_divisible_by=1)
     if config.model.is_moe:
         overrides.update(expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
-                         moe_grouped_gemm=True, moe_router_dtype="fp32")
+                         moe_grouped_gemm=True, moe_router_dtype="fp32", moe_router_fusion=speed.router_fusion)
     if train.recompute == "full":
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif train.recompute == "selective":
@@ -134,7 +139,13 @@ class BridgeModel:
                                   "set runtime.transformer_engine: none to use gdnctl's TE-free builder.")
 
     def build(self, *, pre_process: bool, post_process: bool):
-        model = self.transformer.provide(pre_process=pre_process, post_process=post_process).cuda()
+        from gdnctl.runtime.model import wgrad_fusion
+
+        fuse_without_apex = self.config.speed.wgrad_fusion and not wgrad_fusion.apex_fused_wgrad_available()
+        with wgrad_fusion.building_with_wgrad_fusion() if fuse_without_apex else contextlib.nullcontext():
+            model = self.transformer.provide(pre_process=pre_process, post_process=post_process).cuda()
+        if fuse_without_apex:
+            wgrad_fusion.unfuse_non_te_linears(model)
         if self.config.kernels.attention == "torch":
             from gdnctl.runtime.model.core_attention import replace_core_attention
 

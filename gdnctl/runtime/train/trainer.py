@@ -34,6 +34,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.smoke import FirstMinuteWatch
+from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents
 from gdnctl.schema import EngineConfig
@@ -110,9 +111,13 @@ def _documents(config: EngineConfig):
 def _packed_seq_params(batch: MicroBatch):
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    from gdnctl.runtime.kernels import with_host_copy
+
     if not batch.is_packed:
         return None
-    real, padded = batch.cu_seqlens.cuda(), batch.cu_seqlens_padded.cuda()
+    # The GDN layers read the offsets' host copies (runtime/kernels/host_offsets.py): no synchronisation per layer.
+    real = with_host_copy(_to_gpu(batch.cu_seqlens), batch.cu_seqlens)
+    padded = with_host_copy(_to_gpu(batch.cu_seqlens_padded), batch.cu_seqlens_padded)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=real, cu_seqlens_kv=real, cu_seqlens_q_padded=padded,
                            cu_seqlens_kv_padded=padded, max_seqlen_q=batch.max_seqlen,
                            max_seqlen_kv=batch.max_seqlen)
@@ -127,11 +132,17 @@ def _loss(loss_mask: torch.Tensor, output: torch.Tensor):
     return total, count, {"lm loss": torch.stack([total.detach(), mask.sum().detach()])}
 
 
+def _to_gpu(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor's copy on the GPU, queued without waiting for it: a blocking copy synchronises the stream,
+    and the host tensors of a step live until the step ends."""
+    return tensor.cuda(non_blocking=True)
+
+
 def _forward_step(data_iterator, model):
     batch: MicroBatch = next(data_iterator)
-    output = model(batch.tokens.cuda(), batch.position_ids.cuda(), None, labels=batch.labels.cuda(),
+    output = model(_to_gpu(batch.tokens), _to_gpu(batch.position_ids), None, labels=_to_gpu(batch.labels),
                    packed_seq_params=_packed_seq_params(batch))
-    return output, partial(_loss, batch.loss_mask.cuda())
+    return output, partial(_loss, _to_gpu(batch.loss_mask))
 
 
 class Trainer:
@@ -155,12 +166,18 @@ class Trainer:
         from megatron.core import parallel_state, tensor_parallel
 
         from gdnctl.runtime.comm import guard as comm_guard
-        from gdnctl.runtime.kernels import apply_torch_compile, patch_megatron_gdn_kernel, resolve_backend
+        from gdnctl.runtime.kernels import (
+            apply_torch_compile,
+            install_host_side_checks,
+            patch_megatron_gdn_kernel,
+            resolve_backend,
+        )
 
         config = self.config
         torch_compile = apply_torch_compile(config.kernels.torch_compile)
         self.kernel = resolve_backend(config.kernels.gdn_backend, training=True)
         patch_megatron_gdn_kernel(self.kernel)
+        offsets = install_host_side_checks()
         if config.comm.memory_guard:
             comm_guard.install(self.policy)
         p = config.parallel
@@ -172,10 +189,14 @@ class Trainer:
         self._build()
         self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
         self._log(f"attention: {config.kernels.attention} ({config.kernels.attention_reason})")
+        self._log("speed: " + ", ".join(f"{name} {_shown(getattr(config.speed, name))}"
+                                       for name in config.speed.reasons))
         self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
                   f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}; "
                   f"comm guard {'on' if config.comm.memory_guard else 'off'}")
         self._log(torch_compile)
+        if config.layout == "thd":
+            self._log(offsets)
 
     def _build(self) -> None:
         from megatron.core.distributed import (
@@ -213,7 +234,8 @@ class Trainer:
         self.model = DistributedDataParallel(
             config=self.transformer, module=model,
             ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, use_distributed_optimizer=train.distributed_optimizer))
+                grad_reduce_in_fp32=config.speed.grad_reduce == "fp32",
+                use_distributed_optimizer=train.distributed_optimizer))
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=train.lr, min_lr=train.lr, weight_decay=WEIGHT_DECAY,
             adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], clip_grad=CLIP_GRAD, bf16=True,
@@ -301,7 +323,8 @@ class Trainer:
         save_dir = Path(train.save_dir) if train.save_dir else None
         # A packed micro-batch of a shape the warm-up did not cover can make TileLang compile mid-run: a line on
         # rank 0, the compiler's own records in the kernel cache's log.
-        with compiles_logged("training", self._log if self.rank == 0 else None):
+        with compiles_logged("training", self._log if self.rank == 0 else None), \
+                collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
             self._train_steps(pipeline, stream, forward_backward, save_dir)
 
     def _train_steps(self, pipeline, stream, forward_backward, save_dir: Path | None) -> None:
@@ -336,6 +359,8 @@ class Trainer:
             if save_dir and (self.iteration == train.train_iters
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
+                self.collector.collect()
+            self.collector.after_step(self.iteration)
 
     def _reduced_loss(self, losses) -> tuple[list[torch.Tensor], torch.Tensor]:
         """This rank's [sum, count] per micro-batch (last pipeline stage; empty elsewhere), and the step's [sum,
@@ -427,6 +452,10 @@ class Trainer:
     def _log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[gdnctl trainer] {message}", flush=True)
+
+
+def _shown(value: object) -> object:
+    return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 def run(config: EngineConfig, config_path: Path, policy) -> int:

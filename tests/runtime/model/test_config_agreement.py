@@ -46,6 +46,7 @@ from gdnctl.knowledge import GPUS, catalog  # noqa: E402
 from gdnctl.plan import compile_engine_config  # noqa: E402
 from gdnctl.runtime.model.bridge import provider_overrides  # noqa: E402
 from gdnctl.runtime.model.megatron_config import ModelBuildError, transformer_config_kwargs  # noqa: E402
+from gdnctl.schema import EngineSpeed  # noqa: E402
 from gdnctl.validate import Severity, validate  # noqa: E402
 from tests.validate.helpers import TINY_MOE_TEXT  # noqa: E402
 
@@ -213,6 +214,11 @@ def runtime_kwargs(engine) -> dict:
     # refuses, come from provider_overrides.
     architecture = engine.model_copy(update={"train": engine.train.model_copy(update={"precision": "bf16"}),
                                              "parallel": engine.parallel.model_copy(update={"cp": 1})})
+    if importlib.util.find_spec("transformer_engine") is None:
+        # The speed options run Transformer Engine's kernels (fused RoPE, router, cross entropy), which
+        # TransformerConfig refuses where TE is missing; the GPU runs build the model with them. Here, without TE,
+        # the agreement checked is the parallel arithmetic and the architecture.
+        engine = engine.model_copy(update={"speed": EngineSpeed()})
     return {**transformer_config_kwargs(architecture), **provider_overrides(engine),
             "transformer_impl": "transformer_engine"}
 

@@ -1,0 +1,93 @@
+"""The trainer's speed options: what each one is, when `auto` turns it on, and why.
+
+Each option changes how a step is computed, not what it computes (gradients reduced in bf16 are the one that
+rounds differently, and jobs that need exact accumulation keep fp32). Each is an `explain` line with its reason,
+and BENCHMARKS.md shows the step time of the 35B-A3B proxy with each one on and off.
+
+Where the options come from: Megatron-Bridge's MoE performance recipes turn on the same fusions, bf16 gradient
+reduction and manual garbage collection (megatron-bridge 0.6.2, `recipes/.../perf_recipes/_common.py`
+`_benchmark_common` and the H100 Qwen3 MoE recipe). gdnctl decides them itself from the model builder and the job:
+the fusions live in Transformer Engine (fused top-k router, RoPE, cross entropy, weight-gradient accumulation), so
+the TE-free builder keeps Megatron-Core's unfused paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gdnctl.knowledge import ModelArch
+from gdnctl.plan.decisions import Decision, model_builder
+from gdnctl.schema import Preset
+
+# What a user reads beside each option in `explain` when it is on; the reasons for `off` are built per case.
+_WHAT = {
+    "router_fusion": "Transformer Engine's fused router (scores, top-k and their softmax in one kernel instead of "
+                     "about ten per MoE layer and micro-batch; megatron-core moe_router_fusion)",
+    "bias_activation_fusion": "the MLPs' SwiGLU (experts and shared expert) in one fused function (megatron-core "
+                              "fusions/fused_bias_swiglu.py) instead of split, SiLU and multiply",
+    "rope_fusion": "Transformer Engine's fused rotary embedding kernel (megatron-core apply_rope_fusion)",
+    "cross_entropy": "Transformer Engine's cross entropy on the vocabulary-parallel logits (megatron-core "
+                     "cross_entropy_fusion_impl te): no fp32 copy of the logits",
+    "wgrad_fusion": "Transformer Engine's layers add each weight gradient straight into Megatron's gradient buffer "
+                    "(fuse_wgrad_accumulation) instead of writing it and adding it in a second pass",
+    "grad_reduce": "gradients accumulated and reduced in bf16: half the gradient buffer's memory and traffic "
+                   "(Megatron-Core DDP's own default)",
+    "manual_gc": "Python's garbage collector runs between steps (every {interval} steps and after each save) "
+                 "instead of pausing a step at random",
+}
+MANUAL_GC_INTERVAL = 100
+SPEED_OPTIONS = tuple(_WHAT)
+
+
+def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> dict[str, Decision]:
+    """Every speed option's value (bools, `te`/`native` for cross_entropy, `bf16`/`fp32` for grad_reduce) and
+    reason, in the order `explain` lists them."""
+    te_free = model_builder(dict(software)).value == "te-free"
+    spec = preset.speed
+    decided: dict[str, Decision] = {}
+    for name in SPEED_OPTIONS:
+        requested = getattr(spec, name)
+        if requested != "auto":
+            decided[name] = Decision(_value(name, requested), f"set in the preset (speed.{name}: {requested})")
+            continue
+        decided[name] = _auto(name, preset, model, te_free)
+    return decided
+
+
+def needs_transformer_engine(name: str) -> bool:
+    """Options that exist only in Transformer Engine's layers (the TE-free builder has none of them)."""
+    return name in ("router_fusion", "rope_fusion", "cross_entropy", "wgrad_fusion", "bias_activation_fusion")
+
+
+def option_on(name: str, value: object) -> bool:
+    """Whether a decided value means the faster path is taken."""
+    return value in (True, "te", "bf16")
+
+
+def _value(name: str, requested: str) -> object:
+    if name == "cross_entropy":
+        return requested  # te | native
+    if name == "grad_reduce":
+        return requested  # bf16 | fp32
+    return requested == "on"
+
+
+def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decision:
+    off_value = {"cross_entropy": "native", "grad_reduce": "fp32"}.get(name, False)
+    on_value = {"cross_entropy": "te", "grad_reduce": "bf16"}.get(name, True)
+    what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL)
+    if needs_transformer_engine(name) and te_free:
+        return Decision(off_value, "the TE-free builder has no Transformer Engine layers: Megatron-Core's unfused "
+                                   "path")
+    if name == "router_fusion" and not model.is_moe:
+        return Decision(off_value, "a dense model has no router")
+    if name == "manual_gc" and preset.job == "rl":
+        return Decision(off_value, "rl: the rl loop leaves Python's collector as it is (only the sft and pretrain "
+                                   "trainer collects between steps)")
+    if name == "cross_entropy" and preset.job == "rl":
+        return Decision(off_value, "rl: the policy loss computes its log-probs from the logits itself "
+                                   "(runtime/rl/megatron_policy.py), not through the model's cross entropy")
+    if name == "grad_reduce" and preset.job == "rl":
+        return Decision(off_value, "rl: a policy-gradient step sums many small per-token terms over the "
+                                   "micro-batches, so they are accumulated in fp32")
+    return Decision(on_value, what)

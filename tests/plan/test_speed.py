@@ -1,0 +1,81 @@
+"""The trainer's speed options (gdnctl/plan/speed.py): what `auto` picks for each builder and job, that a preset's
+own value wins, and that the memory estimate follows the gradient dtype and the cross-entropy implementation."""
+
+from __future__ import annotations
+
+from gdnctl.plan import compile_engine_config, resolve
+from gdnctl.plan.memory import estimate_training
+from gdnctl.plan.speed import SPEED_OPTIONS, speed_options
+from gdnctl.validate import load_preset
+
+ALL_ON = {"router_fusion": True, "bias_activation_fusion": True, "rope_fusion": True, "cross_entropy": "te",
+          "wgrad_fusion": True, "grad_reduce": "bf16", "manual_gc": True}
+
+
+def _run(name: str, *overrides: str):
+    loaded = load_preset(name, list(overrides))
+    assert loaded.preset is not None, loaded.findings
+    return resolve(loaded.preset)
+
+
+def _values(run) -> dict:
+    return {name: decision.value for name, decision in run.speed.items()}
+
+
+def test_auto_turns_every_option_on_for_an_moe_sft_on_transformer_engine():
+    run = _run("qwen3.5-35b-a3b-proxy-bench")
+    assert tuple(run.speed) == SPEED_OPTIONS
+    assert _values(run) == ALL_ON
+    assert all(decision.reason for decision in run.speed.values())
+
+
+def test_the_te_free_builder_keeps_megatron_cores_unfused_paths():
+    decided = _values(_run("qwen3.5-35b-a3b-proxy-bench", "runtime.transformer_engine=none"))
+    assert decided == {**ALL_ON, "router_fusion": False, "bias_activation_fusion": False, "rope_fusion": False,
+                       "cross_entropy": "native", "wgrad_fusion": False}
+
+
+def test_a_dense_model_has_no_router_to_fuse():
+    run = _run("tiny-qwen3.5-sft")
+    assert run.speed["router_fusion"].value is False
+    assert "dense" in run.speed["router_fusion"].reason
+
+
+def test_rl_accumulates_gradients_in_fp32_and_keeps_its_own_loss_and_pythons_collector():
+    run = _run("qwen3.5-35b-a3b-grpo")
+    assert run.speed["grad_reduce"].value == "fp32" and "rl" in run.speed["grad_reduce"].reason
+    assert run.speed["cross_entropy"].value == "native" and "log-probs" in run.speed["cross_entropy"].reason
+    assert run.speed["manual_gc"].value is False
+
+
+def test_the_presets_own_value_wins_and_says_so():
+    run = _run("qwen3.5-35b-a3b-proxy-bench", "speed.cross_entropy=native", "speed.grad_reduce=fp32",
+               "speed.router_fusion=off")
+    assert run.speed["cross_entropy"].value == "native"
+    assert run.speed["grad_reduce"].value == "fp32"
+    assert run.speed["router_fusion"].value is False
+    assert run.speed["router_fusion"].reason == "set in the preset (speed.router_fusion: off)"
+
+
+def test_the_engine_config_carries_the_values_and_their_reasons():
+    run = _run("qwen3.5-35b-a3b-proxy-bench", "speed.manual_gc=off")
+    speed = compile_engine_config(run).speed
+    assert speed.manual_gc is False and speed.manual_gc_interval == 0
+    assert speed.cross_entropy == "te" and speed.grad_reduce == "bf16"
+    assert set(speed.reasons) == set(SPEED_OPTIONS)
+    assert compile_engine_config(_run("qwen3.5-35b-a3b-proxy-bench")).speed.manual_gc_interval > 0
+
+
+def test_memory_estimate_follows_gradient_dtype_and_cross_entropy():
+    def rows(*overrides):
+        return {row.name: row.gib for row in estimate_training(_run("qwen3.5-35b-a3b-proxy-bench", *overrides)).rows}
+
+    fast, exact = rows(), rows("speed.grad_reduce=fp32", "speed.cross_entropy=native")
+    assert exact["gradients"] == 2 * fast["gradients"]
+    assert exact["logits"] == fast["logits"] * 6 / 4
+
+
+def test_speed_options_is_a_pure_function_of_preset_model_and_stack():
+    run = _run("qwen3.5-35b-a3b-proxy-bench")
+    again = speed_options(run.preset, run.model, run.stack)
+    assert {name: d.value for name, d in again.items()} == _values(run)
