@@ -171,6 +171,10 @@ def speed_options(args, work: Path) -> dict:
     chosen = SPEED_OFF if args.options is None else {name: SPEED_OFF[name] for name in args.options}
     arms = {"all-auto": [], **{f"{name}-off": [f"speed.{name}={off}"] for name, off in chosen.items()},
             "all-off": [f"speed.{name}={off}" for name, off in SPEED_OFF.items()]}
+    if args.with_torch_compile:
+        # Not a speed option (kernels.torch_compile, off by default): the same step with Megatron-Core's, TE's and
+        # FLA's torch.compile'd functions compiled, as Megatron-Bridge's tuned recipe runs them.
+        arms["torch_compile-on"] = ["kernels.torch_compile=true"]
     results: dict = {}
     for arm, sets in arms.items():
         steps = launch(work / arm, [*base, *sets])
@@ -179,6 +183,8 @@ def speed_options(args, work: Path) -> dict:
     auto_step = results["all-auto"]["step_s"]
     results["step_s_added_when_off"] = {arm.removesuffix("-off"): round(results[arm]["step_s"] - auto_step, 4)
                                         for arm in arms if arm.endswith("-off")}
+    if "torch_compile-on" in results:
+        results["step_s_added_by_torch_compile"] = round(results["torch_compile-on"]["step_s"] - auto_step, 4)
     return results
 
 
@@ -576,6 +582,8 @@ def main() -> None:
     parser.add_argument("--options", type=lambda text: [] if text == "none" else text.split(","), default=None,
                         help="speed-options: the options turned off one at a time (default: every one; none: only "
                              "all on and all off)")
+    parser.add_argument("--with-torch-compile", action="store_true",
+                        help="speed-options: one more arm with kernels.torch_compile: true")
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
