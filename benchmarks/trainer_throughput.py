@@ -10,7 +10,8 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
     python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
     python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla] [--out ...]
-    python benchmarks/trainer_throughput.py speed-options [--steps 10] [--out results.json]
+    python benchmarks/trainer_throughput.py speed-options [--steps 10] [--with-torch-compile] [--out results.json]
+    python benchmarks/trainer_throughput.py memory [--steps 3] [--out results.json]
 
 Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, applied after the mode's own
 settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2` for the builders on 2 H200s;
@@ -21,8 +22,10 @@ validate refuses it, MEM001 115.7 GiB.)
 (benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch and
 sequence length: step time, real tokens/s, TFLOPS/GPU and MFU on real tokens, peak memory, and gdnctl's ratio to it;
 for gdnctl also its first step and the wall time from the launch to the end of the first step.
-`speed-options` runs the proxy with the speed options as `auto` decides them, with each one off alone, and with all
-off (Megatron-Core's unfused paths): what each option saves, and every arm's peak memory beside explain's estimate.
+`memory` runs the proxy in this process and attributes what stays allocated between steps to the code that
+allocated it (torch's allocator history). `speed-options` runs the proxy with the speed options as `auto` decides
+them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
+arm's peak memory beside explain's estimate.
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
@@ -505,6 +508,50 @@ def profile(args, work: Path) -> dict:
             "kernel_warm_up": json.loads((run_dir / KERNEL_WARM_UP_FILE).read_text())}
 
 
+def memory(args, work: Path) -> dict:
+    """What stays allocated between steps, by where it was allocated: the proxy's job in this process, torch's
+    allocator history recorded from the start, a snapshot taken when step N-1 ends (before step N allocates), its
+    live blocks grouped by the innermost gdnctl/megatron/transformer_engine/fla frame that allocated them."""
+    from gdnctl.runtime import __main__ as runtime
+
+    run_dir = work / "memory"
+    render(run_dir, [f"train.train_iters={args.steps}", *args.set])
+    config_path = run_dir / "engine.yaml"
+    config = runtime.load_config(config_path)
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
+    runtime.apply_env(config.env)
+    import torch
+
+    from gdnctl.runtime.train.trainer import Trainer
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    snapshot: dict = {}
+    report = Trainer._report
+
+    def report_and_snapshot(trainer, stats):
+        report(trainer, stats)
+        if stats.iteration == args.steps - 1:
+            snapshot["value"] = torch.cuda.memory._snapshot()
+            snapshot["allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+
+    Trainer._report = report_and_snapshot
+    runtime.run_job(config, config_path)
+    by_site: dict[str, int] = {}
+    for segment in snapshot["value"]["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            frames = block.get("frames") or []
+            site = next((f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
+                         for frame in frames if any(part in frame["filename"] for part in
+                                                    ("gdnctl", "megatron", "transformer_engine", "fla"))),
+                        "(no Python frame)")
+            by_site[site] = by_site.get(site, 0) + block["size"]
+    top = sorted(by_site.items(), key=lambda item: -item[1])[:TOP_OPS]
+    return {"allocated_between_steps_gib": round(snapshot["allocated_gib"], 3),
+            "by_site_gib": {site: round(size / 2**30, 3) for site, size in top}}
+
+
 def render(run_dir: Path, sets: list[str]) -> None:
     command = [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--force", *_set_options(sets)]
     subprocess.run(command, check=True, capture_output=True)
@@ -568,7 +615,7 @@ def _variant_list(text: str) -> list[Variant]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "compare",
-                                         "speed-options", "rank"),
+                                         "speed-options", "memory", "rank"),
                         help="rank: one torchrun rank of `interleaved` (started by it)")
     parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps "
                                                              "per run")
@@ -611,7 +658,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         results = {"kernels": kernels, "builders": builders, "interleaved": interleaved, "profile": profile,
                    "context-parallel": context_parallel, "compare": compare,
-                   "speed-options": speed_options}[args.what](args, work)
+                   "speed-options": speed_options, "memory": memory}[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:
