@@ -539,8 +539,12 @@ def _shipped(name: str) -> Path:
 
     path = resolve_preset_path(name)
     if not path.is_file():
+        import difflib
+
         names = sorted(p.stem for p in presets_dir().glob("*.yaml"))
-        _fail(f"no shipped preset '{name}'. Shipped: {', '.join(names)}.")
+        close = difflib.get_close_matches(name.removesuffix(".yaml"), names, n=3, cutoff=0.6)
+        _fail(f"no shipped preset '{name}'." + (f" Did you mean {' or '.join(close)}?" if close else "")
+              + f" Shipped: {', '.join(names)}.")
     return path
 
 

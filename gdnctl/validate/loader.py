@@ -481,9 +481,10 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as surrogates)
         raise PresetLoadError(f"--set {text!r} is not UTF-8 text.") from None
     key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
+    # `--set 'parallel.tp = 2'` means the key parallel.tp: spaces around a key part are never part of a name.
+    keys = tuple(part.strip() for part in key.split("."))
+    if not sep or not key.strip() or any(not part for part in keys):
         raise PresetLoadError(f"--set '{text}' is not of the form a.b=value (e.g. --set parallel.tp=2).")
-    keys = tuple(key.split("."))
     if len(keys) > MAX_DEPTH:
         raise _TooComplex(keys[:MAX_DEPTH + 1], f"--set {'.'.join(keys[:MAX_DEPTH + 1])}... nests more than "
                                                 f"{MAX_DEPTH} levels deep.",
@@ -492,9 +493,23 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
         return keys, ""
     try:
         _, value = _parse(raw, SET_SOURCE, keys)
-    except yaml.YAMLError:
-        raise PresetLoadError(f"--set '{text}': the value is not valid YAML; quote it.") from None
+    except yaml.YAMLError as err:
+        raise PresetLoadError(_bad_override_value(".".join(keys), raw.strip(), err)) from None
     return keys, value
+
+
+def _bad_override_value(key: str, raw: str, err: yaml.YAMLError) -> str:
+    """Why a --set value is not YAML, and the two ways out: finish the YAML, or make the value a YAML string
+    (quotes the shell strips never reach YAML, hence the ones inside)."""
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or "not valid YAML"
+    as_text = raw.replace("'", "''")
+    text_fix = f"to set it as text, put YAML quotes inside the shell's: --set \"{key}='{as_text}'\""
+    if raw[:1] in "[{":
+        closer = "]" if raw[0] == "[" else "}"
+        return (f"--set {key}={raw}: the value opens a YAML flow {'list' if closer == ']' else 'mapping'} with "
+                f"'{raw[0]}' that is not closed ({problem}); end it with '{closer}' (e.g. --set {key}="
+                f"{'[1, 2]' if closer == ']' else '{a: 1}'}), or {text_fix}.")
+    return f"--set {key}={raw}: the value is not valid YAML ({problem}); {text_fix}."
 
 
 def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str]) -> dict:
@@ -580,8 +595,21 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
     return findings
 
 
+def _missing_preset(reference: str, path: Path) -> str:
+    """No file at `path`: the sentence, with the nearest shipped preset names when `reference` reads as one."""
+    names = sorted(p.stem for p in presets_dir().glob("*.yaml"))
+    stem = reference.removesuffix(".yaml")
+    close = difflib.get_close_matches(stem, names, n=3, cutoff=0.6) if "/" not in reference else []
+    if close:
+        return (f"{path}: no such file, and no shipped preset is named '{stem}'. Did you mean "
+                f"{' or '.join(close)}? (gdnctl presets list shows them all.)")
+    return f"{path}: no such file (nor a shipped preset of that name: gdnctl presets list shows them)."
+
+
 def load_preset(reference: str | Path, overrides: list[str] | None = None) -> LoadedPreset:
     path = resolve_preset_path(str(reference))
+    if not os.path.lexists(path):
+        raise PresetLoadError(_missing_preset(str(reference), path))
     try:
         data, positions, chain, digests = _load_chain(path)
         data = apply_overrides(data, list(overrides or []), positions)

@@ -126,3 +126,31 @@ def test_true_in_launch_env_is_refused_with_the_quote_to_write():
     (finding,) = [f for f in result.findings if f.code == "PRE002"]
     assert finding.path == "launch.env"
     assert "TORCHDYNAMO_DISABLE is true" in finding.message and "quote it" in finding.message
+
+
+def test_override_key_parts_are_stripped():
+    """`--set 'parallel.tp = 2'`: the key is parallel.tp, not 'tp ' (which PRE001 would call unknown)."""
+    assert parse_override("parallel.tp = 2") == (("parallel", "tp"), 2)
+    assert parse_override(" train . lr=1e-3")[0] == ("train", "lr")
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("train.x=[1, 2", "opens a YAML flow list with '[' that is not closed"),
+    ("train.x={a: 1", "opens a YAML flow mapping with '{' that is not closed"),
+    ("train.x=a: b: c", "is not valid YAML (mapping values are not allowed here)")])
+def test_an_unparsable_override_says_why_and_both_ways_out(text, said):
+    with pytest.raises(PresetLoadError) as caught:
+        parse_override(text)
+    message = str(caught.value)
+    assert said in message and "put YAML quotes inside the shell's: --set \"train.x='" in message
+    # The quoted form the message suggests parses, as the text the user typed.
+    suggested = message.split('--set "', 1)[1].rsplit('"', 1)[0]
+    assert parse_override(suggested) == (("train", "x"), text.partition("=")[2])
+
+
+def test_a_mistyped_shipped_preset_name_gets_a_did_you_mean():
+    with pytest.raises(PresetLoadError, match=r"Did you mean tiny-qwen3\.5-sft\b"):
+        load_preset("tiny-qwen3.5-sf")
+    with pytest.raises(PresetLoadError, match="no such file") as caught:
+        load_preset("./nowhere/at-all.yaml")
+    assert "Did you mean" not in str(caught.value)
