@@ -106,52 +106,90 @@ class MegatronPolicy:
             return [None] * len(micro_batches)
         return [report["token_losses"] for report in reports]
 
+    def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor | None]:
+        """log p of every next token `[N, T - 1]` per micro-batch under the current weights (forward only): the
+        behaviour policy's, before a rollout batch's first update; None on ranks before the last pipeline stage."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, model):
+            batch = next(data_iterator)
+            return self._token_losses(model, batch.tokens.cuda()), _keep_token_losses
+
+        self.trainer.model.eval()
+        reports = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.trainer.model],
+            num_microbatches=len(micro_batches), seq_length=max(b.tokens.shape[1] for b in micro_batches),
+            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=True)
+        self.trainer.model.train()
+        if not self.trainer.ps.is_pipeline_last_stage():
+            return [None] * len(micro_batches)
+        return [-report["token_losses"][:, :-1].float() for report in reports]
+
     # --- one step ----------------------------------------------------------------------------------------
-    def train_step(self, micro_batches: list[RlBatch], settings) -> dict[str, float]:
-        """One optimizer step over this data-parallel rank's micro-batches -> stats over the whole step (the
-        same on every rank): loss, grad_norm, rollout_logprob_abs_diff, tokens, and kl when it is on."""
+    def train_step(self, micro_batches: list[RlBatch], settings, *, lr: float | None = None,
+                   old_logprobs: list[torch.Tensor | None] | None = None) -> dict[str, float]:
+        """One optimizer step at `lr` (None: the optimizer's current lr) over this data-parallel rank's
+        micro-batches, the ratio against `old_logprobs` (None: the current weights sampled) -> stats over the whole
+        step (the same on every rank): loss, grad_norm, rollout_logprob_abs_diff, tokens, response_tokens,
+        clip_fraction, approx_kl, ratio_min, ratio_max, and kl / tis_mean when on."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         trainer = self.trainer
         forward_backward = get_forward_backward_func()
+        if lr is not None:
+            set_lr(self.optimizer, lr)
         references = [None] * len(micro_batches)
         if self.reference is not None:
             references = self._reference_token_losses(micro_batches, forward_backward)
+        olds = old_logprobs if old_logprobs is not None else [None] * len(micro_batches)
         trainer.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
         def forward_step(data_iterator, model):
-            batch, reference = next(data_iterator)
+            batch, reference, old = next(data_iterator)
             return (self._token_losses(model, batch.tokens.cuda()),
-                    partial(_grpo_loss, batch, reference, settings))
+                    partial(_grpo_loss, batch, reference, old, settings))
 
         reports = forward_backward(
-            forward_step_func=forward_step, data_iterator=zip(micro_batches, references, strict=True),
+            forward_step_func=forward_step, data_iterator=zip(micro_batches, references, olds, strict=True),
             model=[trainer.model], num_microbatches=len(micro_batches),
             seq_length=max(b.tokens.shape[1] for b in micro_batches),
             micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=False)
-        # [loss sum, loss count, |logp diff| sum, response tokens, kl sum, tokens] over this rank's micro-batches.
-        totals = torch.zeros(6, dtype=torch.float64, device="cuda")
+        # [loss sum, loss count, |logp diff| sum, response tokens, kl sum, clipped tokens, approx-kl sum,
+        #  tis weight sum, capped tokens, tokens] over this rank's micro-batches.
+        totals = torch.zeros(10, dtype=torch.float64, device="cuda")
+        extremes = torch.full((2,), -torch.inf, dtype=torch.float64, device="cuda")  # [-ratio min, ratio max]
         if trainer.ps.is_pipeline_last_stage():
             for report in reports:
-                totals[:5] += report["rl"].double()
-        totals[5] = sum(b.num_tokens for b in micro_batches)
+                totals[:9] += report["rl"][:9].double()
+                extremes = torch.maximum(extremes, report["rl"][9:].double())
+        totals[9] = sum(b.num_tokens for b in micro_batches)
         dist.all_reduce(totals, group=trainer.ps.get_data_parallel_group())
         # Only the last pipeline stage has losses (the others add zeros): every stage must take the same branch below.
-        dist.all_reduce(totals[:5], group=trainer.ps.get_pipeline_model_parallel_group())
+        dist.all_reduce(totals[:9], group=trainer.ps.get_pipeline_model_parallel_group())
+        for group in (trainer.ps.get_data_parallel_group(), trainer.ps.get_pipeline_model_parallel_group()):
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
         # Checked before the step: a non-finite loss is never applied. Megatron's optimizer refuses non-finite
         # gradients itself (its loss scale of 1.0: runtime/train/nonfinite.py).
         loss_finite = bool(torch.isfinite(totals[0]))
         updated, grad_norm = False, None
         if loss_finite:
             updated, grad_norm, _ = self.optimizer.step()
+            # Free the optimizer's fp32 copies of bf16 gradients now: the rollout generates next, on this memory.
+            self.optimizer.zero_grad()
         grad_finite = updated or not loss_finite
         stats = {"loss": float(totals[0] / totals[1].clamp(min=1)),
                  "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
                  "loss_finite": loss_finite, "grad_finite": grad_finite, "applied": updated,
                  "bad_parameters": [] if grad_finite else _nonfinite_main_gradients(trainer.model),
                  "parameter_count": sum(1 for _ in trainer.model.parameters()),
-                 "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)), "tokens": int(totals[5])}
+                 "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)), "tokens": int(totals[9]),
+                 "response_tokens": int(totals[3]), "clip_fraction": float(totals[5] / totals[3].clamp(min=1)),
+                 "approx_kl": float(totals[6] / totals[3].clamp(min=1)),
+                 "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1])}
+        if settings.rollout_correction:
+            stats["tis_mean"] = float(totals[7] / totals[3].clamp(min=1))
+            stats["tis_capped_fraction"] = float(totals[8] / totals[3].clamp(min=1))
         if self.reference is not None:
             # kl sums are count-weighted like the loss, so this is the batch's KL, aggregated like the loss.
             stats["kl"] = float(totals[4] / totals[1].clamp(min=1))

@@ -347,6 +347,10 @@ class Trainer:
             updated, grad_norm = False, None
             if loss_finite:
                 updated, grad_norm, _ = self.optimizer.step()
+                # With bf16 gradient buffers the optimizer steps on fp32 copies of them (4 bytes a parameter):
+                # free those now rather than at the next step's start, so they are not held between steps (when a
+                # colocated rollout or a save wants the memory).
+                self.optimizer.zero_grad()
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             self.iteration += 1
