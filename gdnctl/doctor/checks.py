@@ -115,7 +115,7 @@ def check_cudnn(facts: MachineFacts, run=None) -> Check:
     if hopper and old:
         thd = run is not None and run.is_training and run.layout.value == "thd"
         return Check("cudnn", Status.FAIL if thd else Status.WARN, facts.cudnn_version,
-                     f"cuDNN <= 9.18 gives NaN gradients for packed (THD) GDN training on Hopper; install "
+                     f"cuDNN <= 9.18 gives NaN gradients in packed (THD) fused attention on Hopper (LAY010); install "
                      f"cuDNN >= {stack.CUDNN_HOPPER_THD_MIN}" + (" (this preset trains THD)" if thd else ""))
     return Check("cudnn", Status.OK, facts.cudnn_version)
 

@@ -60,7 +60,8 @@ GPUS: dict[str, GpuSpec] = {
 
 # FlashQLA kernels exist for these compute capabilities (QwenLM/FlashQLA README).
 FLASHQLA_SMS: frozenset[tuple[int, int]] = frozenset({(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)})
-# ...of which SM120/SM121 have a forward kernel only, so they cannot train.
+# ...of which SM120/SM121 had a forward kernel only before flash-qla 0.1.3 (stack.FLASHQLA_SM120_BACKWARD), so
+# those releases cannot train there.
 FLASHQLA_FORWARD_ONLY_SMS: frozenset[tuple[int, int]] = frozenset({(12, 0), (12, 1)})
 
 

@@ -1,7 +1,7 @@
 """What each version of the software stack can do for GDN models: one table per package.
 
 Every version threshold a rule uses lives here, with its source; rules read these tables and never
-hard-code a version. Sources are in ../shared/FACTS.md (sections 2, 3, 4, 7) and the upstream PRs named.
+hard-code a version. Each comment names its upstream source; docs/sources.md states the facts behind them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ MCORE_GDN = "0.16.0"  # first release with GatedDeltaNet
 MCORE_GDN_PACKED_AND_CP = "0.18.0"  # THD packed sequences (PR #2645) and all-to-all CP (PR #2642)
 MCORE_KV_HEAD_REPLICATION = "0.16.0"  # TP a multiple of the query groups (Megatron-LM PR #2565); before: divisors
 MCORE_GDN_FUSED_CP_A2A = "0.19.0"  # one fused all-to-all per forward (PR #4913: 7-10% iteration speedup)
-# cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
+# cuDNN <= 9.18's varlen fused attention gives NaN gradients on Hopper: the full-attention layers of packed
+# (THD) Qwen3.5 training (Megatron-LM PR #2644's description, issue #5044; LAY010).
 CUDNN_HOPPER_THD_MIN = "9.19.0"
 
 # What each threshold gives, as `gdnctl doctor` reports it: (first version, feature).
@@ -77,8 +78,9 @@ FLASHQLA_FORWARD_SINCE: dict[tuple[int, int], str] = {
     (10, 3): "0.1.3",
     (12, 1): "0.1.3",
 }
-# flash-qla 0.1.3 adds an SM120/SM121 backward (its README: "the SM120 backward path"); gdnctl's runtime has not
-# been run with it and still treats SM120/121 as forward-only (KRN002).
+# flash-qla 0.1.3 adds an SM120/SM121 backward: its chunk/__init__.py imports fused_gdr_bwd from
+# blackwell_sm120/fused_bwd.py for compute versions 12.0 and 12.1 (v0.1.2 set it to None on 12.0). Before it
+# those GPUs are forward-only (KRN002 and the runtime refuse training there).
 FLASHQLA_SM120_BACKWARD = "0.1.3"
 
 # --- FLA (fla-core / flash-linear-attention) by Triton and GPU ------------------------------------------------

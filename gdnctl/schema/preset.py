@@ -144,7 +144,7 @@ class KernelsSpec(_Section):
     torch_compile: bool = Field(False, description="torch.compile the trainer's fused elementwise functions "
                                                    "(Megatron-Core's, Transformer Engine's, FLA's); off, they run "
                                                    "eagerly: the same step time, a shorter first step, less memory "
-                                                   "(BENCHMARKS.md, session 10)")
+                                                   "(BENCHMARKS.md, \"Trainer: step 1 and memory\")")
     attention: Literal["auto", "te", "torch"] = Field(
         "auto", description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
                             "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")
@@ -240,7 +240,7 @@ class GrpoSpec(_Section):
     """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
 
     reward: Literal["math_exact", "digit_fraction"] = Field(
-        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rewards)")
+        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.rewards)")
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
     clip_high: float = Field(0.2, ge=0, description="upper ratio clip (1 + clip_high); > clip_low is DAPO's "
                                                     "clip-higher")

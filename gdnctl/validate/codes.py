@@ -58,7 +58,6 @@ CODES: dict[str, str] = {
     "LAY005": "bshd_micro_batch",
     "LAY006": "cp_without_fused_a2a",
     "LAY007": "thd_micro_batch",
-    "LAY008": "thd_hopper_cudnn",
     "LAY009": "seq_length_cp",
     "LAY010": "te_packed_attention_head_dim",
     "LCH001": "local_single_node",
@@ -120,6 +119,10 @@ RETIRED: dict[str, str] = {
               "so PAR011 (error) replaced it",
     "TRN012": "was a warning (context-parallel training had not run CP=2 against CP=1 on GPUs); it ran on 2 H200s "
               "(tests/gpu/test_context_parallel_gpu.py: 20 steps within 0.08%), so nothing replaced it",
+    "LAY008": "was an error (packed GDN training on Hopper needs cuDNN >= 9.19); the NaN gradients of cuDNN <= 9.18 "
+              "are in the full-attention layers' fused attention, not GDN, and packed rows run torch's "
+              "FlashAttention unless Transformer Engine's attention is chosen, so LAY010 (which checks cuDNN when "
+              "TE's attention runs packed rows at head_dim 256) replaced it",
 }
 
 

@@ -22,7 +22,7 @@ MODEL_UNAVAILABLE = register_load_code(
 
     Why: every other rule needs the architecture (layers, heads, experts).
 
-    Source: gdnctl's catalog (gdnctl/knowledge/catalog.yaml, FACTS.md section 1) and the bounds a checkpoint's
+    Source: gdnctl's catalog (gdnctl/knowledge/catalog.yaml, docs/sources.md "Models") and the bounds a checkpoint's
     config.json must meet (gdnctl/knowledge/model_arch.py).
 
     Fix: correct the id (a did-you-mean is given), or point model.path at the checkpoint directory.

@@ -120,18 +120,18 @@ def test_validate_imports_no_heavy_package():
     assert "HEAVY []" in out
 
 
-def test_readme_rule_table_is_the_generated_one():
-    """README's rule table is `gdnctl rules --markdown`'s output, so it cannot drift from the rules' code and
+def test_docs_rule_table_is_the_generated_one():
+    """docs/rules.md's rule table is `gdnctl rules --markdown`'s output, so it cannot drift from the rules' code and
     docs; after changing a rule, paste that output over the table."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
-    start = readme.index("| code | severity | checks | source |")
-    end = next((i for i in range(start, len(readme)) if not readme[i].startswith("|")), len(readme))
+    page = (Path(__file__).resolve().parents[2] / "docs" / "rules.md").read_text().splitlines()
+    start = page.index("| code | severity | checks | source |")
+    end = next((i for i in range(start, len(page)) if not page[i].startswith("|")), len(page))
     result = invoke("rules", "--markdown")
     assert result.exit_code == 0
-    assert "\n".join(readme[start:end]) == result.stdout.strip(), \
-        "README's rules table differs from `gdnctl rules --markdown`: replace it with that output"
+    assert "\n".join(page[start:end]) == result.stdout.strip(), \
+        "docs/rules.md's rules table differs from `gdnctl rules --markdown`: replace it with that output"
 
 
 def test_rules_markdown_table():

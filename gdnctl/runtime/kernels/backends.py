@@ -124,13 +124,17 @@ def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
     if facts.capability not in FLASHQLA_SMS:
         return (f"FlashQLA has no kernels for {gpu}; use a Hopper or Blackwell GPU "
                 f"({_sm_list(FLASHQLA_SMS)}) {_USE_FLA_INSTEAD}.")
-    if training and facts.capability in FLASHQLA_FORWARD_ONLY_SMS:
-        return (f"FlashQLA has only a forward kernel on {gpu}, so it cannot train; train on "
-                f"{_sm_list(_TRAINING_SMS)} {_USE_FLA_INSTEAD}.")
     flash_qla_version = facts.package_versions.get("flash-qla")
     if flash_qla_version is None:
         return (f"flash-qla is not installed; pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' "
                 f"{_USE_FLA_INSTEAD}.")
+    # SM120/SM121 got a backward in flash-qla 0.1.3 (its chunk/__init__.py imports blackwell_sm120's
+    # fused_gdr_bwd); older releases raise NotImplementedError in the first backward, so refuse them up front.
+    if (training and facts.capability in FLASHQLA_FORWARD_ONLY_SMS
+            and versions.below(flash_qla_version, stack.FLASHQLA_SM120_BACKWARD)):
+        return (f"flash-qla {flash_qla_version} has only a forward kernel on {gpu}, so it cannot train; "
+                f"pip install 'flash-qla>={stack.FLASHQLA_SM120_BACKWARD}', train on "
+                f"{_sm_list(_TRAINING_SMS)} {_USE_FLA_INSTEAD}.")
     if training and not versions.at_least(flash_qla_version, stack.FLASHQLA_TRAINING_MIN):
         return (f"flash-qla {flash_qla_version} computes wrong dg gradients (QwenLM/FlashQLA PR #28); "
                 f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}.")

@@ -18,8 +18,8 @@ def qwen35_needs_megatron_bridge(run):
     Why: mbridge substring-matches `qwen3` and emits wrong shapes for the GDN layers of Qwen3.5;
     megatron-bridge has dedicated Qwen3.5 bridges.
 
-    Source: FACTS.md section 3 (mbridge substring-matches `qwen3` and emits wrong GDN shapes; megatron-bridge's
-    Qwen35VLBridge / Qwen35Bridge).
+    Source: docs/sources.md "Megatron-Bridge" (mbridge substring-matches `qwen3` and emits wrong GDN shapes;
+    megatron-bridge's Qwen35VLBridge / Qwen35Bridge).
 
     Fix: set train.bridge: megatron-bridge.
     """
@@ -39,8 +39,9 @@ def weight_sync_fallback(run):
     Why: AReaL PR #1384 falls back silently except for a startup warning; the other path has its own name
     mapping, so you should know before the job starts.
 
-    Source: AReaL PR #1384 (its bridge weight-update fallback and start-up warning, FACTS.md section 6); gdnctl's
-    plan/decisions.py weight_sync_fallback_reasons, the export path runtime/rl/job.py logs.
+    Source: AReaL PR #1384 (its bridge weight-update fallback and start-up warning, docs/sources.md "AReaL's
+    Megatron path"); gdnctl's plan/decisions.py weight_sync_fallback_reasons, the export path runtime/rl/job.py
+    logs.
 
     Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or
     set update_weights_via_bridge: false.
@@ -63,7 +64,7 @@ def bridge_supports_model(run):
     Why: older releases have no Qwen35VLBridge / Qwen35Bridge and AutoBridge fails at start-up.
 
     Source: megatron-bridge releases: Qwen35VLBridge / Qwen35VLMoEBridge from v0.4.0, Qwen35Bridge / Qwen35MoEBridge
-    from v0.5.0 (FACTS.md section 3; gdnctl/knowledge/stack.py).
+    from v0.5.0 (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/stack.py).
 
     Fix: upgrade megatron-bridge (0.6.2 is the pinned stack).
     """
@@ -87,7 +88,7 @@ def bridge_mtp_parallel(run):
     Why: the MTP layer's embedding and shapes are wrong under SP/CP on older bridges.
 
     Source: Megatron-Bridge PR #3143 (MTP shadow embedding under sequence parallel, fixed in v0.5.0) and the MTP +
-    CP shape fix of v0.6.0 (FACTS.md section 3).
+    CP shape fix of v0.6.0 (docs/sources.md "Megatron-Bridge").
 
     Fix: upgrade megatron-bridge, or set train.mtp: false.
     """
@@ -112,8 +113,8 @@ def vpp_tied_embeddings(run):
 
     Why: megatron-bridge's `_broadcast_shared_embeddings` does not support VPP with tied embeddings.
 
-    Source: megatron-bridge's `_broadcast_shared_embeddings` (VPP + tied embeddings unsupported: FACTS.md section
-    3).
+    Source: megatron-bridge's `_broadcast_shared_embeddings` (VPP + tied embeddings unsupported: docs/sources.md
+    "Megatron-Bridge").
 
     Fix: remove parallel.vpp (use plain pp), or pick an untied model size.
     """
@@ -133,8 +134,8 @@ def bridge_core_pairing(run):
     Why: each bridge release pins one megatron-core; a mismatch imports but fails on renamed internals
     (0.19 moved GDN into a package).
 
-    Source: megatron-bridge release pins (FACTS.md section 3; gdnctl/knowledge/stack.py BRIDGE_CORE_PAIRING); the
-    0.19 GDN package move (FACTS.md section 2).
+    Source: megatron-bridge release pins (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/stack.py
+    BRIDGE_CORE_PAIRING); the 0.19 GDN package move (docs/sources.md "Megatron-Core").
 
     Fix: install the megatron-core release that matches the bridge.
     """

@@ -18,7 +18,7 @@ def skip_op_names(run):
     (get_rank, ...) are never checked anyway.
 
     Source: the torch.distributed functions and ProcessGroup methods of gdnctl/schema/comm_ops.py: the surface
-    slime's slime/utils/reloadable_process_group.py wraps (slime PR #1947; FACTS.md section 5).
+    slime's slime/utils/reloadable_process_group.py wraps (slime PR #1947; docs/sources.md "Communication guard").
 
     Fix: use the suggested name; `gdnctl rules COM001` lists the valid ones below.
     """
@@ -50,7 +50,7 @@ def threshold_fits_gpu(run):
     (slime issue #1717: a 5x MFU regression from per-call checks). slime uses 3 GiB.
 
     Source: THUDM/slime #1717 (5x MFU regression from the per-call check) and slime's 3 GB threshold in
-    slime/utils/reloadable_process_group.py (FACTS.md section 5).
+    slime/utils/reloadable_process_group.py (docs/sources.md "Communication guard").
 
     Fix: use a few GiB (3 is slime's value).
     """
@@ -75,8 +75,8 @@ def skip_set_edits(run):
 
     Why: such an edit does nothing, which usually means the intended op was another one.
 
-    Source: gdnctl's own skip set, gdnctl/schema/comm_ops.py DEFAULT_SKIP_OPS (slime PR #1947's list; FACTS.md
-    section 5).
+    Source: gdnctl's own skip set, gdnctl/schema/comm_ops.py DEFAULT_SKIP_OPS (slime PR #1947's list; docs/sources.md
+    "Communication guard").
 
     Fix: remove the entry, or name the op you meant.
     """

@@ -19,7 +19,7 @@ def tp_divides_attention_heads(run):
 
     Source: Megatron-Core's own check: megatron/core/transformer/transformer_config.py
     TransformerConfig.__post_init__ ("num_attention_heads .. must be a multiple of tensor_model_parallel_size",
-    megatron-core 0.16.1); FACTS.md section 2.
+    megatron-core 0.16.1); docs/sources.md "Megatron-Core".
 
     Fix: pick a tp from the divisors of the head count.
     """
@@ -107,8 +107,8 @@ def tp_cp_divide_gdn_key_heads(run):
     Why: Megatron-Core's GDN shards heads over TP and, for context parallel, re-shards sequence to heads
     with an all-to-all over CP, so every TP x CP rank needs whole key heads (0.18+ asserts it).
 
-    Source: Megatron-Core's GDN head constraints (FACTS.md section 2: `linear_num_key_heads % (TP*CP) == 0` from
-    0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
+    Source: Megatron-Core's GDN head constraints (docs/sources.md "Megatron-Core": `linear_num_key_heads % (TP*CP)
+    == 0` from 0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
 
     Fix: lower tp or cp (Qwen3.5 has 16 GDN key heads).
     """
@@ -127,8 +127,8 @@ def tp_cp_divide_gdn_value_heads(run):
 
     Why: as HEAD003, for value heads (0.18+ asserts `linear_num_value_heads % (TP*CP) == 0`).
 
-    Source: Megatron-Core's GDN head constraints (FACTS.md section 2: `linear_num_value_heads % (TP*CP) == 0` from
-    0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
+    Source: Megatron-Core's GDN head constraints (docs/sources.md "Megatron-Core": `linear_num_value_heads % (TP*CP)
+    == 0` from 0.18); megatron/core/transformer/transformer_config.py asserts the TP part in megatron-core 0.16.1.
 
     Fix: lower tp or cp.
     """
@@ -148,7 +148,7 @@ def value_heads_multiple_of_key_heads(run):
     Why: Megatron-Core and the kernels repeat each key head over a whole group of value heads.
 
     Source: megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ ("linear_num_value_heads
-    .. must be a multiple of linear_num_key_heads", megatron-core 0.16.1); FACTS.md section 2.
+    .. must be a multiple of linear_num_key_heads", megatron-core 0.16.1); docs/sources.md "Megatron-Core".
 
     Fix: the checkpoint's config.json is inconsistent; check model.path.
     """

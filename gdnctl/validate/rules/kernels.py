@@ -21,7 +21,7 @@ def flashqla_gpu(run):
     ValueError on any other GPU (QwenLM/FlashQLA).
 
     Source: QwenLM/FlashQLA README (SM90, SM100, SM103, SM120, SM121: gdnctl/knowledge/hardware.py FLASHQLA_SMS);
-    `import flash_qla` raises ValueError on other GPUs (FACTS.md section 4).
+    `import flash_qla` raises ValueError on other GPUs (docs/sources.md "GDN kernels").
 
     Fix: set kernels.gdn_backend: fla, or run on a Hopper/Blackwell GPU.
     """
@@ -31,32 +31,31 @@ def flashqla_gpu(run):
                     "Set kernels.gdn_backend: fla, or use a Hopper or Blackwell GPU.")
 
 
-@rule("KRN002", Severity.ERROR, "FlashQLA training on a forward-only GPU")
+@rule("KRN002", Severity.ERROR, "FlashQLA training on a GPU its release has no backward for")
 def flashqla_forward_only(run):
     """
-    What it checks: FlashQLA training jobs on SM120/SM121 (RTX PRO 6000, RTX 5090, GB10).
+    What it checks: FlashQLA training jobs on SM120/SM121 (RTX PRO 6000, RTX 5090, GB10) with a flash-qla older
+    than 0.1.3.
 
-    Why: flash-qla 0.1.2 ships only a forward kernel for SM120 (its `chunk_gated_delta_rule_bwd` raises
-    NotImplementedError there). flash-qla 0.1.3 adds an SM120/SM121 backward (its README: "the SM120 backward
-    path"), but gdnctl's runtime (runtime/kernels/backends.py) has not been run with it and still refuses FlashQLA
-    training on these GPUs at start-up, so this rule holds for every flash-qla version until the runtime does.
+    Why: flash-qla 0.1.2 ships only a forward kernel for SM120: its `chunk_gated_delta_rule_bwd` raises
+    NotImplementedError there. flash-qla 0.1.3 adds the SM120/SM121 backward (chunk size 32), so from 0.1.3 the rule
+    is quiet and the runtime (runtime/kernels/backends.py) trains there. gdnctl's own GPU tests ran on H100 and
+    H200 only: check the backward on such a GPU with `gdnctl doctor PRESET --kernels` before a long run.
 
     Source: QwenLM/FlashQLA v0.1.2 flash_qla/ops/gated_delta_rule/chunk/__init__.py (`fused_gdr_bwd = None` on
-    12.0); the flash-qla 0.1.3 wheel's blackwell_sm120/fused_bwd.py.
+    12.0); the flash-qla 0.1.3 wheel's flash_qla/ops/gated_delta_rule/chunk/__init__.py, which imports
+    fused_gdr_fwd and fused_gdr_bwd from chunk/blackwell_sm120/ for compute versions 12.0 and 12.1
+    (docs/sources.md "GDN kernels"; gdnctl/knowledge/stack.py FLASHQLA_SM120_BACKWARD).
 
-    Fix: set kernels.gdn_backend: fla for training on these GPUs.
+    Fix: set runtime.flash_qla to 0.1.3 or later and install it, or set kernels.gdn_backend: fla.
     """
-    if _flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA_FORWARD_ONLY_SMS:
-        version = run.stack.get("flash_qla")
-        if versions.at_least(version, stack.FLASHQLA_SM120_BACKWARD):
-            yield Issue("kernels.gdn_backend", f"flash-qla {version} has a {run.gpu.sm_label} backward, but gdnctl's "
-                                               f"runtime has not been run with it and refuses FlashQLA training on "
-                                               f"{run.gpu.description}.",
-                        "Set kernels.gdn_backend: fla.")
-        else:
-            yield Issue("kernels.gdn_backend", f"FlashQLA has only a forward kernel on {run.gpu.sm_label} "
-                                               f"({run.gpu.description}), so it cannot train.",
-                        "Set kernels.gdn_backend: fla.")
+    version = run.stack.get("flash_qla")
+    if (_flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA_FORWARD_ONLY_SMS
+            and versions.below(version, stack.FLASHQLA_SM120_BACKWARD)):
+        yield Issue("runtime.flash_qla", f"flash-qla {version} has only a forward kernel on {run.gpu.sm_label} "
+                                         f"({run.gpu.description}), so it cannot train.",
+                    f"Install flash-qla >= {stack.FLASHQLA_SM120_BACKWARD} and set runtime.flash_qla to it, or "
+                    "set kernels.gdn_backend: fla.")
 
 
 @rule("KRN003", Severity.ERROR, "FlashQLA needs GDN head dims of 128")
@@ -66,7 +65,7 @@ def flashqla_head_dim(run):
 
     Why: FlashQLA asserts K == V == 128 inside its kernels. All released Qwen3.5 sizes use 128.
 
-    Source: FlashQLA's in-kernel K == V == 128 assertion (FACTS.md section 4; gdnctl/knowledge/stack.py
+    Source: FlashQLA's in-kernel K == V == 128 assertion (docs/sources.md "GDN kernels"; gdnctl/knowledge/stack.py
     FLASHQLA_HEAD_DIM).
 
     Fix: set kernels.gdn_backend: fla for other head dims.
@@ -125,8 +124,8 @@ def fla_pins_own_kernels(run):
     SM90/100/103/120 (fla/ops/gated_delta_rule/backends/flash_qla.py, default on), so "fla" would quietly
     mean FlashQLA. gdnctl's runtime sets FLA_FLASH_QLA=0 so fla means FLA's own Triton kernels.
 
-    Source: FLA 0.6's fla/ops/gated_delta_rule/backends/flash_qla.py (default_enable=True; FACTS.md section 4);
-    gdnctl's FLA_FLASH_QLA=0 (runtime/kernels/backends.py, plan/decisions.py).
+    Source: FLA 0.6's fla/ops/gated_delta_rule/backends/flash_qla.py (default_enable=True; docs/sources.md "GDN
+    kernels"); gdnctl's FLA_FLASH_QLA=0 (runtime/kernels/backends.py, plan/decisions.py).
 
     Fix: nothing to do; choose kernels.gdn_backend: flashqla if you want FlashQLA.
     """

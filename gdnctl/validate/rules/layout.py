@@ -17,7 +17,7 @@ def mcore_has_gdn(run):
 
     Why: older Megatron-Core cannot build Qwen3.5 / Qwen3-Next GDN layers (megatron/core/ssm/gated_delta_net).
 
-    Source: megatron/core/ssm/gated_delta_net, first in megatron-core 0.16 (FACTS.md section 2;
+    Source: megatron/core/ssm/gated_delta_net, first in megatron-core 0.16 (docs/sources.md "Megatron-Core";
     gdnctl/knowledge/stack.py MCORE_GDN).
 
     Fix: set runtime.megatron_core to 0.19.2 (the stack gdnctl is pinned to) and install it.
@@ -38,7 +38,7 @@ def thd_needs_018(run):
     packed sequences arrived in 0.18 (Megatron-LM PR #2645). `layout: auto` picks bshd there instead.
 
     Source: Megatron-LM PR #2645 (packed GDN sequences in megatron-core 0.18) and the NotImplementedError of
-    0.16/0.17 (FACTS.md section 2).
+    0.16/0.17 (docs/sources.md "Megatron-Core").
 
     Fix: set train.layout: auto (or bshd), or upgrade megatron-core to >= 0.18.
     """
@@ -57,7 +57,7 @@ def cp_needs_018(run):
     Why: 0.16/0.17 assert context parallel off for GDN; 0.18 added the CP <-> head-parallel all-to-all
     (Megatron-LM PR #2642).
 
-    Source: Megatron-LM PR #2642 (GDN context parallel in megatron-core 0.18; FACTS.md section 2).
+    Source: Megatron-LM PR #2642 (GDN context parallel in megatron-core 0.18; docs/sources.md "Megatron-Core").
 
     Fix: set parallel.cp: 1, or upgrade megatron-core.
     """
@@ -77,7 +77,8 @@ def bshd_no_cp(run):
     Why: GDN context parallel works on packed sequences; AReaL's padded path raises NotImplementedError
     for CP > 1 (AReaL PR #1384).
 
-    Source: AReaL PR #1384 (its padded path raises NotImplementedError for CP > 1; FACTS.md section 6).
+    Source: AReaL PR #1384 (its padded path raises NotImplementedError for CP > 1; docs/sources.md "AReaL's Megatron
+    path").
 
     Fix: use layout thd (auto on megatron-core >= 0.18) or parallel.cp: 1.
     """
@@ -92,10 +93,15 @@ def bshd_micro_batch(run):
     """
     What it checks: a bshd layout with train.micro_batch_size > 1.
 
-    Why: padded GDN batches are not micro-batch invariant: padding tokens enter the recurrent state and
-    the grad norm drifts with the micro-batch size (AReaL PR #1384; verl uses micro-batch 1).
+    Why: AReaL PR #1384 reports that its padded path is not micro-batch invariant: the gradient norm drifts when a
+    micro-batch holds more than one row, which it puts down to where each micro-batch's padding falls (every
+    micro-batch is padded to its own longest row). The padding does not enter the recurrent state: gdnctl pads on
+    the right, after a row's real tokens, and a causal layer (GDN's recurrence and its short convolution alike)
+    reads only earlier positions. verl's Qwen3.5 recipes train with micro-batch 1 for the same reason.
 
-    Source: AReaL PR #1384 (grad-norm drift with micro-batch > 1) and verl's micro-batch 1 (FACTS.md section 6).
+    Source: AReaL PR #1384 (the drift and its attribution to per-micro-batch padding) and verl's micro-batch 1
+    (docs/sources.md "AReaL's Megatron path"); right padding: gdnctl/runtime/data/layout.py to_bshd (each row's
+    tokens from column 0, the padding after them).
 
     Fix: set train.micro_batch_size: 1 (and raise the global batch or dp instead).
     """
@@ -104,8 +110,9 @@ def bshd_micro_batch(run):
     # never read padding into a real token's state.
     cpu_rl = run.preset.job == "rl" and run.gpu.sm is None
     if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl:
-        yield Issue("train.micro_batch_size", f"micro_batch_size {mbs} with the padded (bshd) layout makes the "
-                                              "grad norm drift with padding.",
+        yield Issue("train.micro_batch_size", f"micro_batch_size {mbs} with the padded (bshd) layout pads each "
+                                              "micro-batch to its longest row, and the grad norm then drifts with "
+                                              "how rows share a micro-batch.",
                     "Set train.micro_batch_size: 1.")
 
 
@@ -118,7 +125,7 @@ def cp_without_fused_a2a(run):
     into one (Megatron-LM PR #4913: 7-10% iteration speedup on a Qwen3-Next proxy, 16K, CP=4).
 
     Source: Megatron-LM PR #4913 (fused all-to-all in megatron-core 0.19: 7-10% on a Qwen3-Next proxy, 16K, CP=4;
-    FACTS.md section 2).
+    docs/sources.md "Megatron-Core").
 
     Fix: upgrade megatron-core to >= 0.19 for the fused all-to-all.
     """
@@ -139,7 +146,7 @@ def thd_micro_batch(run):
     Why: Megatron-Core's GDN THD path needs batch size 1: a micro-batch is one packed row of
     concatenated sequences (Megatron-LM PR #2645). seq_length sets the tokens per micro-batch.
 
-    Source: Megatron-LM PR #2645 (GDN's THD path needs batch 1; FACTS.md section 2).
+    Source: Megatron-LM PR #2645 (GDN's THD path needs batch 1; docs/sources.md "Megatron-Core").
 
     Fix: set train.micro_batch_size: 1 and size train.seq_length to the tokens per micro-batch.
     """
@@ -147,25 +154,6 @@ def thd_micro_batch(run):
     if run.is_training and run.layout.value == "thd" and mbs > 1:
         yield Issue("train.micro_batch_size", f"the packed (thd) layout needs micro_batch_size 1, not {mbs}.",
                     "Set train.micro_batch_size: 1 and put the tokens per micro-batch in train.seq_length.")
-
-
-@rule("LAY008", Severity.ERROR, "THD GDN training on Hopper needs cuDNN >= 9.19")
-def thd_hopper_cudnn(run):
-    """
-    What it checks: when runtime.cudnn is given, a thd layout on an SM90 GPU uses cuDNN >= 9.19.0.
-
-    Why: cuDNN <= 9.18 gives NaN gradients for THD GDN training on Hopper (Megatron-LM PR #2644).
-    `gdnctl doctor` reads the real cuDNN on the machine.
-
-    Source: Megatron-LM PR #2644 (cuDNN <= 9.18 gives NaN gradients for THD GDN on Hopper; FACTS.md section 2).
-
-    Fix: upgrade cuDNN (nvidia-cudnn-cu12/cu13 >= 9.19), or use layout bshd.
-    """
-    cudnn = run.stack.get("cudnn")
-    if run.is_training and run.layout.value == "thd" and run.gpu.is_hopper \
-            and versions.below(cudnn, stack.CUDNN_HOPPER_THD_MIN):
-        yield Issue("runtime.cudnn", f"cuDNN {cudnn} gives NaN gradients for packed GDN training on Hopper.",
-                    f"Upgrade cuDNN to >= {stack.CUDNN_HOPPER_THD_MIN}, or set train.layout: bshd.")
 
 
 @rule("LAY009", Severity.ERROR, "Sequence length splits into 2 x cp chunks")
@@ -177,7 +165,7 @@ def seq_length_cp(run):
     and GDN's CP all-to-all needs each sequence length divisible by CP (THD sequences are padded to it).
 
     Source: Megatron-Core's context parallel (megatron/core/utils.py get_batch_on_this_cp_rank: 2 x CP chunks) and
-    GDN CP's "each sequence length divisible by cp" (FACTS.md section 2).
+    GDN CP's "each sequence length divisible by cp" (docs/sources.md "Megatron-Core").
 
     Fix: round train.seq_length to a multiple of 2 x cp.
     """
@@ -203,8 +191,11 @@ def te_packed_attention_head_dim(run):
     torch bundles, so torch's cuDNN version says nothing about it. With cp 1, `kernels.attention: auto` runs packed
     rows on torch's varlen FlashAttention instead (within 0.3%); context parallel has no such alternative.
 
-    Source: gdnctl's measurement above (BENCHMARKS.md, "Packed rows trained on NaN"); Megatron-LM PR #2644 names
-    cuDNN <= 9.18 for NaN THD gradients on Hopper (LAY008).
+    Source: gdnctl's measurement above (BENCHMARKS.md, "Packed rows trained on NaN"); NVIDIA/Megatron-LM PR #2644's
+    description (Qwen3.5 and Qwen3-Next THD training on Hopper needs cuDNN >= 9.19.0; up to 9.18.0 the gradients go
+    NaN) and Megatron-LM issue #5044, where a maintainer names it the SM90 varlen fused-attention gradient bug
+    (docs/sources.md "Megatron-Core"). This rule replaced LAY008, which demanded cuDNN >= 9.19 for every packed run
+    on Hopper, also where torch's FlashAttention, not cuDNN, runs the attention.
 
     Fix: run parallel.cp 1 with kernels.attention: auto (or torch), or train.layout: bshd; for context parallel,
     make Transformer Engine load cuDNN >= 9.19 and say so in runtime.cudnn, then check it with

@@ -97,7 +97,7 @@ def moe_tp_needs_sp(run):
     (the token dispatcher expects sequence-sharded inputs).
 
     Source: Megatron-Core's MoELayer.forward, megatron/core/transformer/moe/moe_layer.py (megatron-core 0.16.1:
-    ValueError when training MoE with TP > 1 without sequence parallel); FACTS.md section 2.
+    ValueError when training MoE with TP > 1 without sequence parallel); docs/sources.md "Megatron-Core".
 
     Fix: set parallel.sequence_parallel: true (or leave it unset: it defaults to on when tp > 1).
     """
@@ -181,8 +181,8 @@ def cpu_only_selftest(run):
     GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, and the rl job trains
     a tiny policy with torch beside vLLM's CPU build.
 
-    Source: FACTS.md section 2 (Megatron-Core calls torch.cuda.current_device(), so it does not run on a CPU-only
-    torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy (runtime/rl/torch_policy.py).
+    Source: docs/sources.md "Megatron-Core" (Megatron-Core calls torch.cuda.current_device(), so it does not run on
+    a CPU-only torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy (runtime/rl/torch_policy.py).
 
     Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
     """

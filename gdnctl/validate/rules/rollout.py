@@ -52,8 +52,8 @@ def prefill_backend_supported(run):
 
     Why: vLLM rejects an unknown flag or choice at start-up, after the trainer has loaded.
 
-    Source: vLLM's `--gdn-prefill-backend` choices by release (FACTS.md section 7; gdnctl/knowledge/stack.py
-    VLLM_GDN_PREFILL_BACKENDS_SINCE).
+    Source: vLLM's `--gdn-prefill-backend` choices by release (docs/sources.md "vLLM GDN prefill backend";
+    gdnctl/knowledge/stack.py VLLM_GDN_PREFILL_BACKENDS_SINCE).
 
     Fix: pick a backend the version offers (triton everywhere since 0.18), or null.
     """
@@ -205,8 +205,9 @@ def separate_environments(run):
     vLLM 0.33.0 pins transformers >= 5.16.1, flashinfer-python == 0.7.2.post1 and torch == 2.14.0
     (their release metadata): one environment cannot satisfy both.
 
-    Source: megatron-bridge 0.6.2 and vLLM 0.33.0 release metadata (FACTS.md section 3; gdnctl/knowledge/stack.py
-    KNOWN_PINS); verl-project/verl #5937 (upgrading transformers for the trainer broke vLLM, as TRN003 says).
+    Source: megatron-bridge 0.6.2 and vLLM 0.33.0 release metadata (docs/sources.md "Megatron-Bridge";
+    gdnctl/knowledge/stack.py KNOWN_PINS); verl-project/verl #5937 (upgrading transformers for the trainer broke
+    vLLM, as TRN003 says).
 
     Fix: set rollout.python to the interpreter of a separate vLLM environment (or rollout.container_image).
     """

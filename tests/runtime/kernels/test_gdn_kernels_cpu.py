@@ -70,11 +70,14 @@ def test_fla_runs_on_a100():
     assert find_backend_problem("fla", A100) is None
 
 
-def test_flashqla_on_sm120_cannot_train_but_can_run_forward():
-    message = find_backend_problem("flashqla", RTX_PRO_6000, training=True)
+def test_flashqla_on_sm120_trains_from_0_1_3_and_runs_forward_before():
+    """flash-qla 0.1.3's wheel ships blackwell_sm120/fused_bwd.py; 0.1.2 had no SM120 backward."""
+    assert find_backend_problem("flashqla", RTX_PRO_6000, training=True) is None
+    old = dataclasses.replace(RTX_PRO_6000, package_versions={**RTX_PRO_6000.package_versions, "flash-qla": "0.1.2"})
+    message = find_backend_problem("flashqla", old, training=True)
     _assert_one_sentence(message)
-    assert "SM120" in message and "only a forward kernel" in message and "SM90" in message
-    assert find_backend_problem("flashqla", RTX_PRO_6000, training=False) is None
+    assert "SM120" in message and "only a forward kernel" in message and "flash-qla>=0.1.3" in message
+    assert find_backend_problem("flashqla", old, training=False) is None
 
 
 def test_flashqla_needs_torch_2_8():
