@@ -131,7 +131,7 @@ def vision_language_rollout(run):
     CPU build 0.32; older releases may build the tower, or lack the class.
 
     Source: vllm/model_executor/models/qwen3_5.py and interfaces.py (vLLM 0.26.0); runs:
-    tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "rl on GPU vLLM").
+    tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
 
     Fix: use vLLM >= 0.26 in the rollout's environment (rollout.python), and say so in runtime.vllm.
     """
@@ -339,7 +339,7 @@ def rl_rollout_layout_untested(run):
     other nodes reaches trainer rank 0's store by the node's name and NCCL across the network; the tests' local
     Slurm has one node, so that step has not run.
 
-    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "rl on GPU vLLM").
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
 
     Fix: try the preset at small scale first.
     """
