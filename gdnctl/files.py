@@ -155,7 +155,7 @@ _FIXES = {
 def os_error_sentence(error: OSError) -> str | None:
     """One sentence naming the path and the fix for an OSError the machine caused (a full disk, a read-only
     filesystem, a file too large); None for any other (a bug, which deserves its traceback)."""
-    fix = _FIXES.get(error.errno)
+    fix = _FIXES.get(error.errno) if error.errno is not None else None
     if fix is None:
         return None
     path = error.filename if error.filename is not None else "a file"

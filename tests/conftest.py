@@ -1,4 +1,4 @@
-"""Shared fixtures: the local Slurm cluster, golden-file updates."""
+"""Shared fixtures (the local Slurm cluster, golden-file updates) and how tests spread over xdist workers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,112 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.slurm_cluster import ensure_local_slurm, local_slurm_running, stop_local_slurm
+
+# Hypothesis profiles (HYPOTHESIS_PROFILE picks one; .ci/run sets ci). Tests keep their own max_examples.
+# ci: derandomized, so every CI run tries the same examples and a failure reproduces from its commit alone;
+# no example database (a clean clone has none to replay) and no deadline (a loaded 2-core machine is slow).
+# dev (the default): fresh random examples on each run, which is how a developer's runs find new cases.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Session fixtures that own one machine-wide thing: every test using one runs on the same xdist worker
+# (`--dist loadgroup`), so the thing is set up once and no two workers race to start or stop it.
+SHARED_FIXTURE_GROUPS = {
+    "local_slurm": "slurm",  # one slurmctld/slurmd pair on fixed loopback ports, one state dir
+    "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
+}
+
+
+# The `slow` mark, kept in one place so the inner loop's contents (`pytest -m "not slow"`, at most 2 minutes on
+# 2 cores) are read and changed here: modules whose every test starts processes, and single tests that take
+# seconds (measured with --durations on a 2-core machine). Tests marked slurm or gpu are slow as well.
+SLOW_MODULES = {
+    # gdnctl launch, a job, a Slurm submission or doctor's probes in subprocesses
+    "tests/launch/test_launch.py", "tests/launch/test_requeue.py", "tests/launch/test_run_dir_safety.py",
+    "tests/launch/test_smoke.py", "tests/launch/test_stop.py", "tests/doctor/test_doctor_cli.py",
+    "tests/doctor/test_doctor_compile.py", "tests/doctor/test_doctor_input.py", "tests/doctor/test_doctor_secrets.py",
+    "tests/test_cli_environment.py", "tests/test_local_slurm.py", "tests/validate/test_sbatch_premises.py",
+    "tests/test_wheel_contents.py", "tests/runtime/train/test_metrics.py",
+    # a real 2-rank gloo run (torchrun) and what reads it
+    "tests/launch/test_comm_report.py", "tests/launch/test_comm_report_input.py",
+    "tests/runtime/comm/test_comm_guard.py", "tests/runtime/comm/test_comm_guard_coverage.py",
+    # the runtime started in subprocesses: jobs, rollout servers, vLLM CPU, policy steps
+    "tests/runtime/test_runtime_main.py", "tests/runtime/test_runtime_input.py",
+    "tests/runtime/kernels/test_compile_output.py", "tests/runtime/model/test_checkpoint_durability.py",
+    "tests/runtime/model/test_save_lock.py", "tests/runtime/rl/test_rl_vllm.py", "tests/runtime/rl/test_rl_requeue.py",
+    "tests/runtime/rl/test_hf_export.py", "tests/runtime/rl/test_torch_policy.py", "tests/runtime/rl/test_step0_gap.py",
+    "tests/runtime/rl/test_rollout_protocol.py", "tests/runtime/rl/test_updates.py",
+    "tests/runtime/rl/test_prompt_check.py", "tests/runtime/rl/test_chat_template.py",
+    # generated inputs by the thousand (hypothesis)
+    "tests/validate/test_fuzz.py", "tests/validate/test_hostile_input.py",
+    "tests/runtime/model/test_config_agreement.py",
+}
+SLOW_TESTS = {  # module path -> test function names (every parametrization)
+    "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},
+    "tests/runtime/data/test_context_parallel.py": {
+        "test_the_ranks_hold_every_position_once_and_equal_shares_of_each_sequence",
+        "test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata"},
+    "tests/runtime/data/test_data.py": {
+        "test_resuming_from_consumed_samples_continues_the_same_stream",
+        "test_every_document_is_trained_exactly_once_per_epoch_across_ranks", "test_thd_and_bshd_train_the_same_tokens",
+        "test_micro_batches_fit_the_row_and_line_labels_up_with_tokens"},
+    "tests/runtime/data/test_layout.py": {"test_padding_follows_the_documented_values", "test_round_trips_are_exact"},
+    "tests/runtime/rl/test_broadcast.py": {"test_every_bucket_reaches_the_worker_byte_for_byte"},
+    "tests/runtime/model/test_hf_weights.py": {
+        "test_qwen3_next_is_qwen35_moe_up_to_the_gdn_projection_layout",
+        "test_qwen3_next_regrouping_matches_transformers_split", "test_every_tensor_survives_sharding_and_gathering"},
+    "tests/runtime/model/test_passthrough.py": {
+        "test_save_hf_gives_back_the_source_checkpoint_and_a_resume_carries_it_on",
+        "test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else"},
+    "tests/test_gpu_suite_benchmark.py": {"test_the_result_names_each_workers_time_and_the_outcomes"},
+    "tests/runtime/rl/test_grpo.py": {"test_toy_policy_learns_the_rewarded_answer"},
+}
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slurm") or item.get_closest_marker("gpu"):
+        return True
+    module = item.path.relative_to(item.config.rootpath).as_posix()
+    name = getattr(item, "originalname", item.name)
+    return module in SLOW_MODULES or name in SLOW_TESTS.get(module, ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
+        groups = {group for fixture, group in SHARED_FIXTURE_GROUPS.items() if fixture in item.fixturenames}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses fixtures of several xdist groups: {sorted(groups)}")
+        if groups and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
+# The runtime extra's packages (pyproject's `runtime` and `test` extras). Without them a runtime test module
+# cannot import; it is skipped with the reason rather than failing collection, so the rest of the suite runs on
+# a machine that installed only `gdnctl` (CI installs them all, so nothing skips there for this).
+RUNTIME_PACKAGES = frozenset({"torch", "numpy", "megatron", "transformers", "safetensors", "tokenizers", "pyarrow",
+                              "tensorboard", "wandb"})
+
+
+class _RuntimeTestModule(pytest.Module):
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except self.CollectError as error:
+            missing = error.__cause__
+            if isinstance(missing, ModuleNotFoundError) and (missing.name or "").split(".")[0] in RUNTIME_PACKAGES:
+                raise pytest.skip.Exception(f"needs {missing.name}, not installed (pip install -e '.[test]')",
+                                            allow_module_level=True) from None
+            raise
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    return _RuntimeTestModule.from_parent(parent, path=module_path)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -15,7 +15,9 @@
 #
 # Tunables (environment): LOCAL_SLURM_CPUS (default: nproc), LOCAL_SLURM_MEMORY_MB (default:
 # what slurmd detects), LOCAL_SLURM_PARTITION (default: debug), LOCAL_SLURM_CTLD_PORT /
-# LOCAL_SLURM_SLURMD_PORT (default 6817/6818), LOCAL_SLURM_START_TIMEOUT (seconds, default 30).
+# LOCAL_SLURM_SLURMD_PORT (default: the ports this DIR's running cluster uses, else 6817/6818 when
+# free, else the first free pair above them; set, they must be free), LOCAL_SLURM_START_TIMEOUT
+# (seconds, default 30).
 #
 # Reading a job's exit code: there is no accounting (sacct answers "Slurm accounting storage is
 # disabled"), so use `scontrol show job JOBID` -> "ExitCode=3:0" (kept for MinJobAge seconds after
@@ -92,6 +94,39 @@ cmd_install() {
 # ---------------------------------------------------------------------------------------------
 # slurm.conf
 # ---------------------------------------------------------------------------------------------
+# port_in_use PORT: something listens on 127.0.0.1:PORT.
+port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# choose_ports DIR: set CTLD_PORT and SLURMD_PORT. A machine may already run a Slurm (the host's own, or
+# one started with another DIR) on the default ports; our daemons would then fail to bind and sinfo would
+# silently talk to the other cluster. So: the caller's ports if set (refused plainly when taken), else the
+# ports of this DIR's own running cluster (so `start` reuses it), else the defaults if free, else the
+# first free pair above them.
+choose_ports() {
+    local dir=$1 port
+    if [ -n "${LOCAL_SLURM_CTLD_PORT:-}${LOCAL_SLURM_SLURMD_PORT:-}" ]; then
+        CTLD_PORT=${LOCAL_SLURM_CTLD_PORT:-6817}
+        SLURMD_PORT=${LOCAL_SLURM_SLURMD_PORT:-6818}
+        return 0
+    fi
+    if healthy "$dir"; then
+        CTLD_PORT=$(sed -n 's/^SlurmctldPort=//p' "$dir/slurm.conf")
+        SLURMD_PORT=$(sed -n 's/^SlurmdPort=//p' "$dir/slurm.conf")
+        [ -n "$CTLD_PORT" ] && [ -n "$SLURMD_PORT" ] && return 0
+    fi
+    for ((port = 6817; port < 6917; port += 2)); do
+        if ! port_in_use "$port" && ! port_in_use "$((port + 1))"; then
+            CTLD_PORT=$port
+            SLURMD_PORT=$((port + 1))
+            [ "$port" = 6817 ] || log "ports 6817/6818 are taken (another Slurm on this machine?): using $CTLD_PORT/$SLURMD_PORT"
+            return 0
+        fi
+    done
+    die "no free pair of ports in 6817-6916 on 127.0.0.1 (other Slurm clusters hold them); set LOCAL_SLURM_CTLD_PORT/LOCAL_SLURM_SLURMD_PORT to free ones"
+}
+
 render_conf() {
     local dir=$1 node cpus mem partition
     node=$(hostname -s)
@@ -108,8 +143,8 @@ ClusterName=gdnctl-local
 # ids that do not resolve (or resolve to an unreachable address). The name part must still equal
 # \`hostname -s\`, because slurmctld refuses to start on a host whose name is not SlurmctldHost.
 SlurmctldHost=${node}(127.0.0.1)
-SlurmctldPort=${LOCAL_SLURM_CTLD_PORT:-6817}
-SlurmdPort=${LOCAL_SLURM_SLURMD_PORT:-6818}
+SlurmctldPort=${CTLD_PORT}
+SlurmdPort=${SLURMD_PORT}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -354,6 +389,7 @@ cmd_start() {
     fi
     take_lock "$dir"
     touch "$dir/$MARKER"
+    choose_ports "$dir"
     conf=$(render_conf "$dir")
     if healthy "$dir" && [ "$conf" = "$(cat "$dir/slurm.conf")" ]; then
         log "reusing the running cluster in $dir"
@@ -370,11 +406,10 @@ cmd_start() {
     chmod 0644 "$dir/slurm.conf"
 
     local port
-    for port in "${LOCAL_SLURM_CTLD_PORT:-6817}" "${LOCAL_SLURM_SLURMD_PORT:-6818}"; do
-        # Another cluster (e.g. one started with a different DIR) would make our daemons fail
-        # to bind, and sinfo would silently talk to the other one.
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            die "port $port is already in use (another Slurm cluster? stop it, or set LOCAL_SLURM_CTLD_PORT/LOCAL_SLURM_SLURMD_PORT)"
+    for port in "$CTLD_PORT" "$SLURMD_PORT"; do
+        # Only the caller's own ports can be taken here (choose_ports picked free ones otherwise).
+        if port_in_use "$port"; then
+            die "port $port on 127.0.0.1 is already in use (another Slurm cluster or service holds it), so this cluster cannot start there: stop that one, or unset LOCAL_SLURM_CTLD_PORT/LOCAL_SLURM_SLURMD_PORT to let this script pick free ports"
         fi
     done
 
@@ -459,14 +494,18 @@ cmd_status() {
 }
 
 main() {
-    local cmd=${1:-}
+    local cmd=${1:-} dir
     [ $# -gt 0 ] && shift
     case $cmd in
         install) cmd_install "$@" ;;
         start) cmd_start "$@" ;;
         stop) cmd_stop "$@" ;;
         status) cmd_status "$@" ;;
-        conf) render_conf "$(resolve_dir "${1:-}")" ;;
+        conf)
+            dir=$(resolve_dir "${1:-}")
+            choose_ports "$dir"
+            render_conf "$dir"
+            ;;
         -h | --help | help) usage ;;
         *)
             usage >&2

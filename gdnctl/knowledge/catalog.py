@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -102,8 +103,9 @@ def _typed(value: object, key: str, kind: str) -> object:
     return value
 
 
-def _value(config: dict, key: str, kind: str, where: str = "") -> object:
-    """config[key] of `kind`, or None when absent or null."""
+def _value(config: dict, key: str, kind: str, where: str = "") -> Any:
+    """config[key] of `kind`, or None when absent or null. Any: the JSON type is checked at run time against
+    `kind`, which a static type cannot follow."""
     value = config.get(key)
     return None if value is None else _typed(value, f"{where}{key}", kind)
 

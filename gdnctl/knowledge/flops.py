@@ -41,12 +41,13 @@ def _attention_layer(arch: ModelArch, context: float) -> float:
 def _mlp(arch: ModelArch) -> float:
     hidden = arch.hidden_size
     if not arch.is_moe:
-        return 2 * 3 * hidden * arch.ffn_hidden_size
-    experts = arch.num_experts_per_tok * 3 * hidden * arch.moe_ffn_hidden_size
+        return 2 * 3 * hidden * (arch.ffn_hidden_size or 0)
+    num_experts, per_token, expert_width = arch.moe_sizes
+    experts = per_token * 3 * hidden * expert_width
     shared = 0
     if arch.shared_expert_ffn_hidden_size:
         shared = 3 * hidden * arch.shared_expert_ffn_hidden_size + hidden
-    return 2 * (hidden * arch.num_experts + experts + shared)
+    return 2 * (hidden * num_experts + experts + shared)
 
 
 def forward_flops_per_token(arch: ModelArch, mean_sequence_length: float) -> float:

@@ -60,9 +60,10 @@ def _mlp_params(m: ModelArch) -> tuple[int, int, int]:
     """(dense MLP, routed experts, shared expert + router) parameters of one layer."""
     h = m.hidden_size
     if m.is_moe:
-        experts = m.num_experts * 3 * h * m.moe_ffn_hidden_size
+        num_experts, _, expert_width = m.moe_sizes
+        experts = num_experts * 3 * h * expert_width
         shared = 3 * h * (m.shared_expert_ffn_hidden_size or 0) + h  # + shared-expert gate
-        return 0, experts, shared + h * m.num_experts
+        return 0, experts, shared + h * num_experts
     return 3 * h * (m.ffn_hidden_size or 0), 0, 0
 
 
@@ -103,8 +104,9 @@ def _activation_bytes_per_token(m: ModelArch) -> tuple[float, float]:
     attention = 2 * (4 * h + 2 * q_width + 2 * m.num_key_value_heads * m.head_dim + 2 * q_width)
     mixer = (gdn * m.num_gdn_layers + attention * m.num_full_attention_layers) / max(m.num_layers, 1)
     if m.is_moe:
-        mlp = (m.num_experts_per_tok * 2 * (2 * h + 4 * m.moe_ffn_hidden_size)
-               + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0)) + 4 * m.num_experts)
+        num_experts, per_token, expert_width = m.moe_sizes
+        mlp = (per_token * 2 * (2 * h + 4 * expert_width)
+               + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0)) + 4 * num_experts)
     else:
         mlp = 2 * (2 * h + 4 * (m.ffn_hidden_size or 0))
     return mixer, mlp

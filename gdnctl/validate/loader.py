@@ -136,7 +136,7 @@ class _Loader(yaml.SafeLoader):
         self._path: list = list(prefix)  # where the node being composed sits in the preset
         self._composed = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if parent is None:  # the document's root
             return super().compose_node(parent, index)
         self._path.append(_step(index))
@@ -158,7 +158,9 @@ class _Loader(yaml.SafeLoader):
     def _refuse(self, path: tuple, message: str, hint: str) -> typing.NoReturn:
         raise _TooComplex(path, message, hint, _where(self._source, self.peek_event().start_mark))
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | HugeInteger:
+    # The override widens the return type on purpose: an integer too long to read stays a HugeInteger, which the
+    # schema refuses with its length, rather than an int Python would spend quadratic time converting.
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | HugeInteger:  # type: ignore[override]
         if len(node.value) > MAX_INT_CHARS:
             return HugeInteger(len(node.value.lstrip("+-").replace("_", "")))
         return super().construct_yaml_int(node)
@@ -341,7 +343,7 @@ def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str], str]:
         raise PresetLoadError(f"{where}: {problem}; fix the YAML syntax there.") from None
     except yaml.YAMLError as err:
         raise PresetLoadError(f"{path}: invalid YAML ({err}).") from None
-    if data is None:
+    if data is None or node is None:
         raise PresetLoadError(f"{path} is empty: a preset needs at least name, job and model.")
     if not isinstance(data, dict):
         raise PresetLoadError(f"{path}: a preset is a YAML mapping (key: value lines), "
@@ -461,8 +463,8 @@ def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str], dict[str
                                          f"to {path}).", "Point base: at a preset nearer the root of the chain, "
                                                          "or merge presets of the chain into one.", base_location)
         visited.append(resolved)
-        data, positions, base_ref, base_location, digests[str(path)] = _read_layer(path)
-        layers.append((data, positions, str(path)))
+        layer, layer_positions, base_ref, base_location, digests[str(path)] = _read_layer(path)
+        layers.append((layer, layer_positions, str(path)))
         if base_ref is None:
             break
         path = _base_path(path, base_ref)

@@ -10,7 +10,7 @@ __all__ = ["check"]
 
 
 def check(run) -> list[Finding]:
-    findings = []
+    findings: list[Finding] = []
     for info in RULES.values():
         if info.check is not None:
             findings.extend(info.run(run))

@@ -3,6 +3,7 @@ peers on the port that are not the trainer."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -55,6 +56,20 @@ with listen(Path(sys.argv[1]), local=True, handshake_seconds=float(sys.argv[3]))
 """
 
 
+# Servers the running test started: a test that fails before its server exits must not leave it running.
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_servers():
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
 def start(tmp_path: Path, behaviour: str, earlier_log: str = "") -> tuple[subprocess.Popen, Path]:
     """The server, its output appended to rollout.log after `earlier_log` (an earlier server's output) and the
     line a real server writes once it listens."""
@@ -63,6 +78,7 @@ def start(tmp_path: Path, behaviour: str, earlier_log: str = "") -> tuple[subpro
     with log.open("a") as handle:
         process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS)],
                                    stdout=handle, stderr=subprocess.STDOUT)
+    STARTED.append(process)
     return process, log
 
 
@@ -164,7 +180,14 @@ def recv_exactly(peer: socket.socket, count: int) -> bytes:
 def send_junk(address: tuple[str, int]) -> None:
     with socket.create_connection(address) as peer:
         peer.sendall(b"GET / HTTP/1.1\r\nHost: rollout\r\n\r\n")
-        peer.shutdown(socket.SHUT_WR)
+        try:
+            peer.shutdown(socket.SHUT_WR)
+        except OSError as error:
+            # The server may have read the header, refused it and closed with our later bytes unread, which
+            # resets the connection before we get here: it has dropped us already, which is all we wait for.
+            if error.errno != errno.ENOTCONN:
+                raise
+            return
         # Close only once the server has dropped us, so that it reads the junk rather than a reset.
         try:
             while peer.recv(4096):
