@@ -137,3 +137,30 @@ def test_the_documented_smoke_example_is_what_the_smoke_run_prints(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _smoke_lines(done.stdout) == _smoke_lines(_documented_smoke()), \
         "docs/smoke.md's example is not what `gdnctl launch tiny-qwen3.5-rl-cpu --smoke` prints: paste a new run"
+
+
+def test_the_documented_compile_lines_are_what_gdnctl_prints():
+    """docs/doctor.md's compile example, line by line, from the functions that print those lines (the seconds and
+    counts in the example are its arguments)."""
+    from gdnctl.runtime.kernels.compile_log import COMPILE_LOG_NAME
+    from gdnctl.runtime.kernels.compile_progress import (
+        compile_estimate,
+        expected_kernels,
+        kernel_progress_line,
+        shape_ready_line,
+    )
+
+    page = (ROOT / "docs" / "doctor.md").read_text()
+    start = page.index("```\nFlashQLA kernels for ") + 4
+    lines = [line for line in page[start:page.index("```", start)].splitlines() if line != "..."]
+    cache = Path("/shared/tilelang")
+    expected = expected_kernels(qk_heads=8, v_heads=8)
+    assert lines == [
+        compile_estimate(2, cache, 0, "gdnctl prewarm tiny-qwen3.5-sft"),
+        f"compiler output goes to {cache / COMPILE_LOG_NAME}",
+        "[1/2] tp1-1x1024: 8 q/k heads, 8 v heads, 1024 tokens",
+        kernel_progress_line("tp1-1x1024", 1, expected, "chunk_local_cumsum", 2),
+        kernel_progress_line("tp1-1x1024", 2, expected, "kkt_solve", 9),
+        kernel_progress_line("tp1-1x1024", expected + 1, expected, "prepare_dh", 96),
+        shape_ready_line("tp1-1x1024", 11, 127),
+    ]
