@@ -17,6 +17,7 @@ from gdnctl.schema import (
     EngineComm,
     EngineConfig,
     EngineEstimate,
+    EngineEval,
     EngineGrpo,
     EngineKernels,
     EngineMetrics,
@@ -61,6 +62,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             weight_transport_reason=run.rollout_weight_transport.reason,
             sleep_between_phases=r.colocate and run.gpu.sm is not None,
             vision_language_class=run.rollout_class.value == "vision-language",
+            overlong_prompts=r.overlong_prompts,
         )
     return EngineConfig(
         gdnctl_version=__version__,
@@ -75,13 +77,14 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         ),
         layout=run.layout.value,
         train=EngineTrain(
-            bridge=t.bridge, update_weights_via_bridge=t.update_weights_via_bridge,
-            weight_sync_fallback_reasons=run.weight_sync_fallback_reasons, precision=t.precision,
+            precision=t.precision,
             model_builder=run.model_builder.value, model_builder_reason=run.model_builder.reason,
             lora_rank=t.lora.rank if t.lora else None, lora_alpha=t.lora.alpha if t.lora else None,
             micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
             seq_length=t.seq_length, num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
-            lr=t.lr, train_iters=t.train_iters, seed=t.seed, recompute=t.recompute,
+            lr=t.lr, lr_warmup_steps=run.lr_schedule["warmup_steps"].value,
+            lr_decay=run.lr_schedule["decay"].value, min_lr=run.lr_schedule["min_lr"].value,
+            train_iters=t.train_iters, seed=t.seed, recompute=t.recompute,
             optimizer_cpu_offload=t.optimizer_cpu_offload, distributed_optimizer=t.distributed_optimizer,
             data_path=t.data_path,
             tokenizer_path=preset.model.tokenizer or preset.model.path, save_dir=t.save_dir,
@@ -97,6 +100,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         ),
         rollout=rollout,
         grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
+        eval=_eval(run),
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
         metrics=EngineMetrics(
             peak_bf16_tflops=run.gpu.bf16_dense_tflops,
@@ -108,6 +112,17 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         runtime_versions={k: v for k, v in run.stack.items() if v is not None},
         env=engine_env(run, kernel_cache_dir),
     )
+
+
+def _eval(run: Run) -> EngineEval | None:
+    """The held-out evaluation of a training job; rl's response length defaults to the rollout's."""
+    spec, rollout = run.preset.eval, run.preset.rollout
+    if spec is None or not run.is_training:
+        return None
+    default_tokens = rollout.max_response_tokens if rollout is not None else 1
+    return EngineEval(data_path=spec.data_path, interval=spec.interval, samples_per_prompt=spec.samples_per_prompt,
+                      temperature=spec.temperature, max_response_tokens=spec.max_response_tokens or default_tokens,
+                      max_prompts=spec.max_prompts, batches=spec.batches)
 
 
 def _speed(run: Run) -> EngineSpeed:

@@ -124,17 +124,19 @@ def train_world_size(preset: Preset, total_gpus: int) -> Decision:
     return Decision(total_gpus, f"nodes x gpus_per_node = {total_gpus}")
 
 
-def weight_sync_fallback_reasons(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> tuple[str, ...]:
-    """Why the rl weight sync will not use megatron-bridge's export_hf_weights though the preset asks for it:
-    what the runtime really does (runtime/rl/megatron_policy.py exports through the model's builder)."""
-    if preset.job != "rl" or not preset.train.update_weights_via_bridge:
-        return ()
+def weight_export(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> Decision:
+    """What writes the HF weights the rollout loads after every step: the policy exports through its model's
+    builder (runtime/rl/megatron_policy.py, runtime/model/builders.py; runtime/rl/torch_policy.py on CPU)."""
+    if preset.job != "rl":
+        return Decision(None, "no rollout: the job is not rl")
     if gpu.sm is None:
-        return ("the device-cpu policy is transformers' model, whose own state dict is written",)
+        return Decision("transformers' state dict", "device cpu: the policy is transformers' Qwen3.5 class, whose "
+                                                    "own state dict holds the HF names")
     if model_builder(software).value == "te-free":
-        return ("runtime.transformer_engine is none: the TE-free model is exported through gdnctl's own HF name "
-                "rules (runtime/model/hf_weights.py)",)
-    return ()
+        return Decision("gdnctl's HF name rules", "runtime.transformer_engine is none: the TE-free model is exported "
+                                                  "through gdnctl's own HF name rules (runtime/model/hf_weights.py)")
+    return Decision("megatron-bridge export_hf_weights", "the megatron-bridge builder's model: megatron-bridge "
+                                                         "converts it to HF names (runtime/model/bridge.py)")
 
 
 def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> Decision:
@@ -237,3 +239,34 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
     env.append(("OMP_NUM_THREADS", "1" if gpu.sm is not None else "2",
                 "one CPU thread per rank unless told otherwise (torchrun would warn)"))
     return env
+
+
+# The default warmup: a tenth of the run, capped where a long run's warmup would only waste steps at a low lr.
+DEFAULT_WARMUP_FRACTION = 10
+MAX_DEFAULT_WARMUP_STEPS = 1_000
+
+
+def lr_schedule(preset: Preset) -> dict[str, Decision]:
+    """The lr schedule (runtime/train/lr_schedule.py): warmup steps, decay shape and the lr it decays to."""
+    t = preset.train
+    if t.lr_warmup_steps is not None:
+        warmup = Decision(t.lr_warmup_steps, "set in the preset (train.lr_warmup_steps)")
+    else:
+        steps = max(1, min(t.train_iters // DEFAULT_WARMUP_FRACTION, MAX_DEFAULT_WARMUP_STEPS))
+        warmup = Decision(steps, f"a tenth of train_iters {t.train_iters} (at least 1, at most "
+                                 f"{MAX_DEFAULT_WARMUP_STEPS:,}): Adam's first updates, before its second-moment "
+                                 "estimate settles, are the ones a full lr makes too large")
+    if t.lr_decay is not None:
+        decay = Decision(t.lr_decay, "set in the preset (train.lr_decay)")
+    elif preset.job == "rl":
+        decay = Decision("constant", "rl: the policy keeps learning from fresh rollouts at one lr after the warmup "
+                                     "(verl's and slime's default schedule)")
+    else:
+        decay = Decision("cosine", f"{preset.job}: cosine decay to min_lr over the run (Megatron-Bridge's recipes)")
+    if decay.value == "constant":
+        min_lr = Decision(t.lr, "no decay: the lr stays at train.lr after the warmup")
+    elif t.min_lr is not None:
+        min_lr = Decision(t.min_lr, "set in the preset (train.min_lr)")
+    else:
+        min_lr = Decision(t.lr / 10, "a tenth of train.lr (Megatron-Bridge's recipes decay to lr / 10)")
+    return {"warmup_steps": warmup, "decay": decay, "min_lr": min_lr}

@@ -38,6 +38,8 @@ def derived_values(run: Run) -> list[Derived]:
         out.append(Derived("num_microbatches", t.global_batch_size // (t.micro_batch_size * run.dp),
                            f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "
                            f"({t.micro_batch_size} x {run.dp})"))
+    if run.is_training:
+        out.append(_lr_schedule(run))
     if m.is_moe:
         out.append(Derived("expert_data_parallel", run.world_size.value // (p.ep * p.etp * p.pp) or None,
                            "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
@@ -61,13 +63,8 @@ def derived_values(run: Run) -> list[Derived]:
                         and not comm.remove_skip_ops else "the preset's skip set")))
     if preset.job == "rl":
         out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
-        reasons = run.weight_sync_fallback_reasons
-        if t.update_weights_via_bridge:
-            path = "registry conversion" if reasons else "megatron-bridge export_hf_weights"
-            why = "; ".join(reasons) if reasons else "train.update_weights_via_bridge with megatron-bridge"
-        else:
-            path, why = "registry conversion", "train.update_weights_via_bridge is false"
-        out.append(Derived("weight_sync", path, why))
+        out.append(Derived("weight_sync", run.weight_export.value, run.weight_export.reason))
+        out.extend(_ppo(run))
         transport = run.rollout_weight_transport
         out.append(Derived("weight_transport", transport.value, transport.reason))
         if preset.rollout is not None and preset.rollout.colocate and run.gpu.sm is not None:
@@ -78,6 +75,40 @@ def derived_values(run: Run) -> list[Derived]:
     for name, value, reason in environment(run.preset, run.gpu):
         out.append(Derived(f"env.{name}", value, reason))
     return out
+
+
+def _ppo(run: Run) -> list[Derived]:
+    """How a rollout batch is trained on, and whether the rollout's log-probs correct the loss."""
+    g = run.preset.grpo
+    steps = g.mini_batches * g.epochs
+    out = [Derived("ppo_updates", f"{steps} optimizer step{'s' if steps > 1 else ''} per rollout step",
+                   f"grpo.mini_batches {g.mini_batches} x grpo.epochs {g.epochs}: " + (
+                       "one update on the policy that sampled, so the ratio is 1 and the clip never acts" if steps == 1
+                       else "the ratio is against the sampling policy's log-probs, computed once before the first "
+                            f"update; later updates move off it, so the clip (1 - {g.clip_low:g}, 1 + "
+                            f"{g.clip_high:g}) acts"))]
+    if g.rollout_correction:
+        out.append(Derived("rollout_correction", f"on, cap {g.rollout_correction_cap:g}",
+                           "truncated importance sampling: each token's loss is weighted by min(p_trainer / "
+                           f"p_rollout, {g.rollout_correction_cap:g}), the trainer's probability of the sampled token "
+                           "over vLLM's, so the gap between the two engines' numerics does not bias the update "
+                           "(slime's --use-tis, verl's rollout importance sampling)"))
+    else:
+        out.append(Derived("rollout_correction", "off", "grpo.rollout_correction is false: the loss takes the "
+                                                        "rollout's samples as drawn from the trainer's policy"))
+    return out
+
+
+def _lr_schedule(run: Run) -> Derived:
+    """One line for the whole schedule: its shape, then why each part has its value."""
+    decided, lr = run.lr_schedule, run.preset.train.lr
+    warmup, decay, min_lr = (decided[name] for name in ("warmup_steps", "decay", "min_lr"))
+    shape = f"warmup {warmup.value} steps to {lr:g}, then " + (
+        "constant" if decay.value == "constant" else f"{decay.value} to {min_lr.value:g} at step "
+                                                     f"{run.preset.train.train_iters}")
+    why = f"warmup: {warmup.reason}; decay: {decay.reason}" + (
+        "" if decay.value == "constant" else f"; min_lr: {min_lr.reason}")
+    return Derived("lr_schedule", shape, why)
 
 
 def memory_table(run: Run) -> memory.MemoryEstimate | None:

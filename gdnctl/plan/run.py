@@ -78,12 +78,17 @@ class Run:
         return decide.rollout_class(self.preset, self.model, self.stack)
 
     @cached_property
+    def lr_schedule(self) -> dict[str, decide.Decision]:
+        """warmup_steps, decay and min_lr of the lr schedule (decisions.lr_schedule)."""
+        return decide.lr_schedule(self.preset)
+
+    @cached_property
     def sequence_parallel(self) -> decide.Decision:
         return decide.sequence_parallel(self.preset)
 
     @cached_property
-    def weight_sync_fallback_reasons(self) -> tuple[str, ...]:
-        return decide.weight_sync_fallback_reasons(self.preset, self.stack, self.gpu)
+    def weight_export(self) -> decide.Decision:
+        return decide.weight_export(self.preset, self.stack, self.gpu)
 
     def gdn_rank_shapes(self) -> list[RankShape]:
         """The GDN kernel shapes one rank of this job calls (what doctor --kernels and prewarm run)."""

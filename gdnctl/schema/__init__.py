@@ -16,6 +16,7 @@ from gdnctl.schema.engine import (
     EngineComm,
     EngineConfig,
     EngineEstimate,
+    EngineEval,
     EngineGrpo,
     EngineKernels,
     EngineMetrics,
@@ -29,7 +30,8 @@ from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
 from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured, SmokeReport
 
 __all__ = ["CommProfile", "DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig",
-           "EngineEstimate", "EngineGrpo", "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout",
+           "EngineEstimate", "EngineEval", "EngineGrpo",
+           "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout",
            "EngineSelftest", "EngineSpeed", "EngineTrain", "PROFILE_FILE_PATTERN", "PROFILE_FORMAT",
            "PROFILE_VERSION", "Preset",
            "ProfiledOp", "SBATCH_SAFE", "SBATCH_SAFE_TEXT", "SMOKE_DIR", "SMOKE_FILE", "SmokeCheck", "SmokeMeasured",

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import ModelArch
 
-ENGINE_CONFIG_VERSION = 7  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 8  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
-# 7: kernels.torch_compile
+# 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks
 
 
 class _Frozen(BaseModel):
@@ -39,10 +39,6 @@ class EngineParallel(_Frozen):
 
 
 class EngineTrain(_Frozen):
-    bridge: str
-    update_weights_via_bridge: bool
-    # Why the bridge export is not used even though it was asked for (empty when it is used).
-    weight_sync_fallback_reasons: tuple[str, ...]
     precision: str
     # Who builds the Megatron model (runtime/model/builders.py), and why (from the preset's runtime:).
     model_builder: Literal["megatron-bridge", "te-free"]
@@ -54,6 +50,11 @@ class EngineTrain(_Frozen):
     seq_length: int
     num_microbatches: int
     lr: float
+    # The lr schedule (runtime/train/lr_schedule.py, plan/decisions.lr_schedule): linear warmup over this many steps,
+    # then cosine, linear or no decay to min_lr at train_iters. The defaults are a constant lr.
+    lr_warmup_steps: int = 0
+    lr_decay: Literal["cosine", "linear", "constant"] = "constant"
+    min_lr: float = 0.0
     train_iters: int
     seed: int
     recompute: str
@@ -125,6 +126,8 @@ class EngineRollout(_Frozen):
     sleep_between_phases: bool
     # Qwen3.5 on vLLM < 0.27: served as the vision-language class, its vision tower not built.
     vision_language_class: bool
+    # Prompts longer than max_model_len - max_response_tokens: left out (drop) or the job stops (refuse).
+    overlong_prompts: Literal["drop", "refuse"] = "drop"
 
 
 class EngineGrpo(_Frozen):
@@ -135,6 +138,24 @@ class EngineGrpo(_Frozen):
     kl_kind: Literal["k1", "k2", "k3"]
     aggregation: Literal["token-mean", "seq-mean-token-mean"]
     normalize_std: bool
+    # PPO: each rollout batch is trained over in `mini_batches` optimizer steps, `epochs` times, against the
+    # log-probs of the policy that sampled it (runtime/rl/updates.py).
+    mini_batches: int = 1
+    epochs: int = 1
+    # Truncated importance sampling against the rollout's log-probs (runtime/rl/grpo.py), capped at the cap.
+    rollout_correction: bool = False
+    rollout_correction_cap: float = 2.0
+
+
+class EngineEval(_Frozen):
+    """Held-out evaluation (runtime/rl/evaluation.py for rl, the Trainer's for sft and pretrain)."""
+    data_path: str
+    interval: int
+    samples_per_prompt: int
+    temperature: float
+    max_response_tokens: int
+    max_prompts: int | None
+    batches: int
 
 
 class EngineSelftest(_Frozen):
@@ -175,6 +196,7 @@ class EngineConfig(_Frozen):
     comm: EngineComm
     rollout: EngineRollout | None
     grpo: EngineGrpo | None
+    eval: EngineEval | None = None
     selftest: EngineSelftest | None
     metrics: EngineMetrics
     estimate: EngineEstimate

@@ -112,8 +112,6 @@ class LoraSpec(_Section):
 
 
 class TrainSpec(_Section):
-    bridge: Literal["megatron-bridge", "mbridge"] = "megatron-bridge"
-    update_weights_via_bridge: bool = True
     precision: Literal["bf16", "fp8"] = "bf16"
     lora: LoraSpec | None = None
     layout: Literal["auto", "thd", "bshd"] = "auto"
@@ -125,7 +123,16 @@ class TrainSpec(_Section):
     recompute: Literal["none", "selective", "full"] = "none"
     distributed_optimizer: bool = True
     optimizer_cpu_offload: bool = False
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(1e-6, gt=0, description="peak learning rate, reached at the end of the warmup")
+    lr_warmup_steps: int | None = Field(
+        None, ge=0, le=MAX_STEPS, description="optimizer steps (rl: rollout steps) the lr rises linearly over, from "
+                                              "lr / lr_warmup_steps to lr; default: a tenth of train_iters, at most "
+                                              "1,000 (`gdnctl explain` says what it picked)")
+    lr_decay: Literal["cosine", "linear", "constant"] | None = Field(
+        None, description="how the lr falls from lr to min_lr after the warmup, reaching it at train_iters; default: "
+                          "cosine for sft and pretrain, constant for rl")
+    min_lr: float | None = Field(None, ge=0, description="the lr at the end of a cosine or linear decay; default: "
+                                                         "lr / 10")
     train_iters: int = Field(100, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
     seed: int = Field(1234, ge=0, le=MAX_SEED, description="0 to 2**63 - 1 (torch.manual_seed's range, with room "
                                                           "for Megatron's per-rank offsets)")
@@ -230,6 +237,10 @@ class RolloutSpec(_Section):
     # Precision-RL), i.e. a root-mean-square gap of sqrt(2 x 1e-3) = 0.045, which bounds the mean |gap|. Broken
     # ones go past it: a rollout on weights that did not arrive measures 0.18-0.4 (weight_sync), and prime-rl #2671's
     # step-0 mismatch KL of 0.03 on Qwen3.5-4B, called too large there, is a root-mean-square gap of 0.25.
+    overlong_prompts: Literal["drop", "refuse"] = Field(
+        "drop", description="prompts longer than max_model_len - max_response_tokens, found when every prompt is "
+                            "encoded before step 1: drop leaves them out and names their count and first lines; "
+                            "refuse stops the job before step 1")
     max_step0_logprob_gap: float | None = Field(
         0.05, ge=0, description="largest mean |log p| gap (nats/token) between trainer and rollout on the sampled "
                                 "tokens of a fresh run's first step; above it the rl job stops at step 0, before "
@@ -248,6 +259,42 @@ class GrpoSpec(_Section):
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     normalize_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
+    mini_batches: int = Field(
+        1, ge=1, le=MAX_SEQUENCES, description="optimizer steps per pass over a rollout batch: its samples split "
+                                               "into this many mini-batches (PPO's); from the second on, the policy "
+                                               "has moved away from the one that sampled, so the ratio clip acts. "
+                                               "train.global_batch_size must split evenly into them over the "
+                                               "data-parallel ranks")
+    epochs: int = Field(1, ge=1, le=1000, description="passes over each rollout batch (PPO epochs); every pass takes "
+                                                      "mini_batches optimizer steps")
+    rollout_correction: bool = Field(
+        False, description="truncated importance sampling against the rollout's log-probs (slime's and verl's TIS): "
+                           "each token's loss is weighted by min(p_trainer / p_rollout, rollout_correction_cap), "
+                           "correcting for the rollout engine's numerics differing from the trainer's")
+    rollout_correction_cap: float = Field(2.0, ge=1, description="the largest weight rollout_correction gives a token "
+                                                                 "(slime's --tis-clip default)")
+
+
+class EvalSpec(_Section):
+    """Held-out evaluation during a run: rl samples held-out prompts and logs their mean reward and pass@k
+    (`eval_reward` rows); sft and pretrain log the held-out loss (`eval_loss` rows). Both reach metrics.jsonl,
+    TensorBoard and W&B."""
+
+    data_path: str = Field(description="held-out data in the training data's format: rl, a prompt jsonl "
+                                       "({\"prompt\", \"answer\"} a line); sft and pretrain, documents like "
+                                       "train.data_path")
+    interval: int = Field(10, ge=1, le=MAX_STEPS, description="evaluate after every this many steps (and after the "
+                                                              "last)")
+    samples_per_prompt: int = Field(4, ge=1, le=MAX_SEQUENCES, description="rl: responses per held-out prompt; "
+                                                                           "pass@k takes k = this")
+    temperature: float = Field(1.0, gt=0, description="rl: the held-out responses' sampling temperature")
+    max_response_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="rl: longest held-out response "
+                                                                                  "(default: "
+                                                                                  "rollout.max_response_tokens)")
+    max_prompts: int | None = Field(None, ge=1, le=MAX_SEQUENCES, description="rl: held-out prompts per evaluation, "
+                                                                              "the file's first ones (default: all)")
+    batches: int = Field(1, ge=1, le=MAX_STEPS, description="sft and pretrain: global batches of held-out data per "
+                                                            "evaluation")
 
 
 class RuntimeSpec(_Section):
@@ -402,6 +449,7 @@ class Preset(_Section):
     comm: CommSpec = Field(default_factory=CommSpec)
     rollout: RolloutSpec | None = None
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)
+    eval: EvalSpec | None = Field(None, description="held-out evaluation during the run; null: none")
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     selftest: SelftestSpec = Field(default_factory=SelftestSpec)

@@ -28,8 +28,6 @@ PREFIXES: dict[str, str] = {
 
 # Code -> the rule's name (the check function's name, or the load code's name).
 CODES: dict[str, str] = {
-    "BRG001": "qwen35_needs_megatron_bridge",
-    "BRG002": "weight_sync_fallback",
     "BRG003": "bridge_supports_model",
     "BRG004": "bridge_mtp_parallel",
     "BRG005": "vpp_tied_embeddings",
@@ -98,6 +96,8 @@ CODES: dict[str, str] = {
     "RLT013": "rl_rollout_layout_untested",
     "RLT014": "in_memory_weight_sync",
     "RLT015": "vision_language_rollout",
+    "RLT016": "mini_batches_split",
+    "RLT017": "eval_response_fits_context",
     "TRN001": "released_model_without_weights",
     "TRN002": "te_free_trainer",
     "TRN003": "trainer_transformers_model_type",
@@ -109,10 +109,18 @@ CODES: dict[str, str] = {
     "TRN009": "fp8_needs_sm89",
     "TRN010": "lora_not_trained",
     "TRN011": "fp8_padded_row_length",
+    "TRN013": "min_lr_above_lr",
+    "TRN014": "warmup_outlasts_run",
+    "TRN015": "eval_not_run",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.
 RETIRED: dict[str, str] = {
+    "BRG001": "was an error (Qwen3.5 with train.bridge: mbridge); train.bridge left the schema, megatron-bridge being "
+              "the only bridge gdnctl builds with, so PRE001 (its hint says so) replaced it",
+    "BRG002": "was a warning (train.update_weights_via_bridge asked for megatron-bridge's export where the runtime "
+              "exports otherwise); the field left the schema, explain's weight_sync line says what exports, and PRE001 "
+              "(its hint says so) replaced it",
     "RLT005": "was an error (Qwen3.5 rollouts need vLLM >= 0.27's text-only class); the rollout now serves the "
               "vision-language class on older vLLM, so RLT015 (warning below the first vLLM it ran on) replaced it",
     "PAR009": "was an info (sequence parallel without TP has no effect); Megatron-Core refuses it at model build, "

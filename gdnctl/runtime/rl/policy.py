@@ -20,18 +20,26 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Policy(Protocol):
-    step: int  # optimizer steps already taken (after a resume: the checkpoint's)
+    step: int  # rollout steps already taken (after a resume: the checkpoint's)
     dp_rank: int
     dp_size: int
 
     def probe_logprobs(self, tokens: list[int]) -> list[float]:
         """log p of tokens[1:] given their prefix: what the weight-sync probe compares with the rollout's."""
 
-    def train_step(self, micro_batches: list["RlBatch"], settings) -> dict[str, float]:
-        """One GRPO optimizer step over this rank's micro-batches; returns the step's statistics: loss, grad_norm,
-        rollout_logprob_abs_diff, tokens (and kl), and the finiteness verdict the job's NonFiniteGuard reads:
-        loss_finite, grad_finite, applied (False: the update was not applied), bad_parameters (names of the
-        parameters whose gradient is not finite) and parameter_count."""
+    def logprobs(self, micro_batches: list["RlBatch"]) -> "list[torch.Tensor | None]":
+        """log p of every next token per micro-batch under the current weights, without grad (the behaviour
+        policy's, before a rollout batch's first update; None where a rank computes none, e.g. a pipeline stage
+        before the last)."""
+
+    def train_step(self, micro_batches: list["RlBatch"], settings, *, lr: float | None = None,
+                   old_logprobs: "list[torch.Tensor | None] | None" = None) -> dict[str, float]:
+        """One GRPO optimizer step at `lr` (None: the optimizer's current lr) over this rank's micro-batches,
+        the ratio against `old_logprobs` (None: the current weights sampled); returns the step's statistics: loss,
+        grad_norm, rollout_logprob_abs_diff, tokens, response_tokens, clip_fraction, approx_kl, ratio_min,
+        ratio_max (and kl, tis_mean, tis_capped_fraction when on), and the finiteness verdict the job's
+        NonFiniteGuard reads: loss_finite, grad_finite, applied (False: the update was not applied),
+        bad_parameters (names of the parameters whose gradient is not finite) and parameter_count."""
 
     def hf_tensors(self) -> "Iterator[tuple[str, torch.Tensor]]":
         """Every HF tensor of the policy under the text model's names, on this rank's device (collective on

@@ -5,9 +5,10 @@ Qwen3_5ForCausalLM has a pure-torch GDN path, so on CPU the same HF architecture
 torch instead. The parameters are fp32 (AdamW on bf16 weights loses most small updates); the rollout gets bf16
 copies, as it would from Megatron's bf16 model.
 
-Optimizer settings are the Megatron trainer's (AdamW, betas 0.9/0.95, weight decay 0.01, grad clip 1.0, constant
-LR), so an rl preset means the same thing on both devices. The interface is MegatronPolicy's: probe_logprobs,
-train_step, export, save, and `step` (steps already taken, after a resume from train.save_dir/latest).
+Optimizer settings are the Megatron trainer's (AdamW, betas 0.9/0.95, weight decay 0.01, grad clip 1.0, the lr
+schedule of runtime/train/lr_schedule.py, set by the job each step), so an rl preset means the same thing on both
+devices. The interface is MegatronPolicy's: probe_logprobs, logprobs, train_step, export, save, and `step` (steps
+already taken, after a resume from train.save_dir/latest).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.rl import grpo, weight_sync
 from gdnctl.runtime.rl.batch import RlBatch
-from gdnctl.runtime.train import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
+from gdnctl.runtime.train import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY, set_lr
 from gdnctl.schema import EngineConfig
 
 
@@ -99,23 +100,38 @@ class TorchPolicy:
         logits = self.module(input_ids=ids).logits
         return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()
 
-    def train_step(self, micro_batches: list[RlBatch], settings) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches -> stats over the whole step (the same on every
-        rank): loss, grad_norm, rollout_logprob_abs_diff (trainer vs rollout log-probs of the sampled tokens),
-        tokens, and kl when it is on.
+    @torch.no_grad()
+    def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor]:
+        """log p of every next token `[N, T - 1]` per micro-batch under the current weights, without grad: the
+        behaviour policy's log-probs, taken before a rollout batch's first update (runtime/rl/updates.py)."""
+        return [self._logprobs(self.module, batch) for batch in micro_batches]
+
+    def train_step(self, micro_batches: list[RlBatch], settings, *, lr: float | None = None,
+                   old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step at `lr` over this rank's micro-batches -> stats over the whole step (the same on
+        every rank): loss, grad_norm, rollout_logprob_abs_diff (behaviour policy vs rollout log-probs of the
+        sampled tokens), tokens, response_tokens, clip_fraction, approx_kl, ratio_min, ratio_max, and kl when it
+        is on. `old_logprobs`: the behaviour policy's, per micro-batch (None: this is the batch's only update, so
+        the current weights are the behaviour policy and their log-probs, detached, serve).
 
         Each micro-batch's mean loss is weighted by its share of the step's response tokens ("token-mean") or
         sequences, counted over every rank, so the weighted losses add up to the loss of the whole batch; the
         backward multiplies by the world size because DDP averages gradients over ranks."""
         self.model.train()
+        if lr is not None:  # None: the optimizer keeps the lr it has (train.lr, or the last one set)
+            set_lr(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
+        tis_cap = settings.rollout_correction_cap if settings.rollout_correction else None
         local = torch.tensor([[b.num_response_tokens, b.tokens.shape[0]] for b in micro_batches], dtype=torch.float64)
         totals = local.sum(dim=0)
         dist.all_reduce(totals)
         column = 0 if settings.aggregation == "token-mean" else 1
         weights = (local[:, column] / totals[column].clamp(min=1)).tolist()
-        # [weighted loss, |logp diff| sum, response tokens, weighted kl, tokens] on this rank
-        sums = torch.zeros(5, dtype=torch.float64)
+        # [weighted loss, |logp diff| sum, response tokens, weighted kl, tokens, weighted clip fraction,
+        #  weighted approx kl, weighted tis mean, weighted tis capped fraction] on this rank
+        sums = torch.zeros(9, dtype=torch.float64)
+        # [-ratio min, ratio max]: one MAX reduction gives both extremes
+        extremes = torch.full((2,), -torch.inf, dtype=torch.float64)
         for index, (batch, weight) in enumerate(zip(micro_batches, weights, strict=True)):
             # Gradients are reduced once, on the last micro-batch.
             last = index == len(micro_batches) - 1
@@ -127,18 +143,26 @@ class TorchPolicy:
                         ref = self._logprobs(self.reference, batch)
                 mask = batch.response_mask.to(self.device)
                 advantages = grpo.token_advantages(batch.advantages.to(self.device), mask)
-                # One update per rollout batch: the sampling policy is the current one, so old log-probs are
-                # these, detached (ratio 1; the clip matters only once a batch is reused).
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[index].to(self.device)
+                rollout = batch.rollout_logprobs.to(self.device)
                 loss, stats = grpo.grpo_loss(
-                    logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref,
+                    logprobs, old, advantages, mask, ref_logprobs=ref,
                     kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
-                    clip_high=settings.clip_high, aggregation=settings.aggregation)
+                    clip_high=settings.clip_high, aggregation=settings.aggregation,
+                    rollout_logprobs=rollout, tis_cap=tis_cap)
                 (loss * weight * self.dp_size).backward()
-            gap = ((logprobs.detach() - batch.rollout_logprobs.to(self.device)).abs() * mask).sum()
+            gap = ((old - rollout).abs() * mask).sum()
             sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
-                                  float(stats.get("kl", 0.0)) * weight, batch.num_tokens], dtype=torch.float64)
+                                  float(stats.get("kl", 0.0)) * weight, batch.num_tokens,
+                                  float(stats["clip_fraction"]) * weight, float(stats["approx_kl"]) * weight,
+                                  float(stats.get("tis_mean", 0.0)) * weight,
+                                  float(stats.get("tis_capped_fraction", 0.0)) * weight], dtype=torch.float64)
+            if batch.num_response_tokens:
+                extremes = torch.maximum(extremes, torch.tensor([-float(stats["ratio_min"]),
+                                                                 float(stats["ratio_max"])], dtype=torch.float64))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
         dist.all_reduce(sums)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
         # Every rank sees the same norm (DDP averaged the gradients) and the same sums, so all skip together.
         loss_finite, grad_finite = bool(torch.isfinite(sums[0])), bool(torch.isfinite(grad_norm))
         if loss_finite and grad_finite:
@@ -147,7 +171,11 @@ class TorchPolicy:
                  "grad_finite": grad_finite, "applied": loss_finite and grad_finite,
                  "bad_parameters": [] if grad_finite else _nonfinite_gradients(self.module),
                  "parameter_count": sum(1 for _ in self.module.parameters()),
-                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4])}
+                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4]),
+                 "response_tokens": int(sums[2]), "clip_fraction": float(sums[5]), "approx_kl": float(sums[6]),
+                 "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1])}
+        if tis_cap is not None:
+            stats["tis_mean"], stats["tis_capped_fraction"] = float(sums[7]), float(sums[8])
         if self.reference is not None:
             # Weighted like the loss: the KL of the whole step's batch, aggregated as grpo.aggregation says.
             stats["kl"] = float(sums[3])

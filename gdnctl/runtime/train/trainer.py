@@ -35,6 +35,7 @@ from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthe
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.smoke import FirstMinuteWatch
 from gdnctl.runtime.train.gc_policy import collector_between_steps
+from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents
 from gdnctl.schema import EngineConfig
@@ -160,6 +161,8 @@ class Trainer:
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.step_stats: list[StepStats] = []  # every step of this start (the smoke run's verdicts read them)
         self.nonfinite = NonFiniteGuard(config.train.skip_nonfinite_steps)
+        self.lr = config.train.lr  # the step's lr, from the schedule, set before every step
+        self.held_out = None  # eval:'s DataPipeline, built in train()
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -251,6 +254,11 @@ class Trainer:
         if self.resume_dir is not None:
             state = checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
             checkpoint.load_training_state(self.resume_dir, self.optimizer)
+            if "consumed_samples" not in state:  # an rl checkpoint: rl counts rollout steps, not data samples
+                raise TrainerError(
+                    f"{self.resume_dir} has no consumed_samples in its training state, so it was not written by an "
+                    f"sft or pretrain job (an rl job's checkpoint counts rollout steps); set train.save_dir to a new "
+                    f"directory and model.path to {self.resume_dir} to start {self.config.job} from its weights.")
             self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
             self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
             self.metrics.resumed_at(self.iteration)
@@ -323,6 +331,9 @@ class Trainer:
         save_dir = Path(train.save_dir) if train.save_dir else None
         # A packed micro-batch of a shape the warm-up did not cover can make TileLang compile mid-run: a line on
         # rank 0, the compiler's own records in the kernel cache's log.
+        # Held-out loss (eval:): the same batches at every evaluation, so two evaluations differ by the weights.
+        self.held_out = None if config.eval is None else DataPipeline.from_engine_config(config, read_documents(
+            config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path))
         with compiles_logged("training", self._log if self.rank == 0 else None), \
                 collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
             self._train_steps(pipeline, stream, forward_backward, save_dir)
@@ -337,6 +348,9 @@ class Trainer:
             start = time.perf_counter()
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
+            # The schedule is a function of the step (runtime/train/lr_schedule.py), so a resume continues it.
+            self.lr = lr_of(train, self.iteration)
+            set_lr(self.optimizer, self.lr)
             losses = forward_backward(
                 forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
                 num_microbatches=len(batches), seq_length=batches[0].row_length,
@@ -360,11 +374,37 @@ class Trainer:
             self._check_finite(loss_finite, updated, micro_losses, batches)
             self.step_stats.append(stats)
             self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
+            if self.held_out is not None and (self.iteration % self.config.eval.interval == 0
+                                              or self.iteration == train.train_iters):
+                self._evaluate(forward_backward)
             if save_dir and (self.iteration == train.train_iters
                              or (train.save_interval and self.iteration % train.save_interval == 0)):
                 self.save(save_dir)
                 self.collector.collect()
             self.collector.after_step(self.iteration)
+
+    def _evaluate(self, forward_backward) -> None:
+        """eval.batches global batches of held-out documents, forward only -> an `eval_loss` row (the token-mean
+        loss over every rank's tokens). Needs a GPU check: written against the step's forward_backward call."""
+        started = time.perf_counter()
+        stream = self.held_out.micro_batches(self.ps.get_data_parallel_rank(), 0, self.ps.get_context_parallel_rank())
+        total = torch.zeros(2, device="cuda")
+        self.model.eval()
+        for _ in range(self.config.eval.batches):
+            batches = [next(stream) for _ in range(self.held_out.num_microbatches)]
+            with torch.no_grad():
+                losses = forward_backward(
+                    forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
+                    num_microbatches=len(batches), seq_length=batches[0].row_length,
+                    micro_batch_size=self.config.train.micro_batch_size if self.config.layout == "bshd" else 1,
+                    forward_only=True)
+            total += self._reduced_loss(losses)[1]
+        self.model.train()
+        loss = float(total[0] / total[1].clamp(min=1))
+        self._log(f"eval at step {self.iteration}: held-out loss {loss:.4f} over {int(total[1])} tokens "
+                  f"({time.perf_counter() - started:.1f} s)")
+        self.metrics.log(self.iteration, {"iteration": self.iteration, "eval_loss": loss, "eval_tokens": int(total[1]),
+                                          "eval_seconds": time.perf_counter() - started})
 
     def _reduced_loss(self, losses) -> tuple[list[torch.Tensor], torch.Tensor]:
         """This rank's [sum, count] per micro-batch (last pipeline stage; empty elsewhere), and the step's [sum,
@@ -422,7 +462,7 @@ class Trainer:
             peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, resident_memory_gib=resident_gib,
             tokens_per_second=tokens / seconds,
             tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
-            lr=self.config.train.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped,
+            lr=self.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped,
             padding_share=1.0 - tokens / max(slots, 1))
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""HF <-> Megatron bridges: which bridge can carry Qwen3.5, its versions, and weight-sync fallbacks."""
+"""HF <-> Megatron bridges: megatron-bridge's versions and what it can carry."""
 
 from __future__ import annotations
 
@@ -8,50 +8,6 @@ from gdnctl.validate.findings import Issue, Severity, rule
 
 def _bridge_version(run) -> str | None:
     return run.stack.get("megatron_bridge")
-
-
-@rule("BRG001", Severity.ERROR, "Qwen3.5 needs megatron-bridge, not mbridge")
-def qwen35_needs_megatron_bridge(run):
-    """
-    What it checks: Qwen3.5 models use train.bridge: megatron-bridge.
-
-    Why: mbridge substring-matches `qwen3` and emits wrong shapes for the GDN layers of Qwen3.5;
-    megatron-bridge has dedicated Qwen3.5 bridges.
-
-    Source: docs/sources.md "Megatron-Bridge" (mbridge substring-matches `qwen3` and emits wrong GDN shapes;
-    megatron-bridge's Qwen35VLBridge / Qwen35Bridge).
-
-    Fix: set train.bridge: megatron-bridge.
-    """
-    if run.is_training and run.model.is_qwen35 and run.preset.train.bridge == "mbridge":
-        yield Issue("train.bridge", f"mbridge maps {run.model.label} as plain Qwen3 and gets the GDN weight "
-                                    "shapes wrong.", "Set train.bridge: megatron-bridge.")
-
-
-@rule("BRG002", Severity.WARNING, "Weight sync falls back from the bridge export")
-def weight_sync_fallback(run):
-    """
-    What it checks: train.update_weights_via_bridge: true in an rl job whose model gdnctl's runtime does not
-    export through megatron-bridge: the TE-free builder (runtime.transformer_engine: none) exports through
-    gdnctl's own HF name rules, and the device-cpu policy writes transformers' state dict. Every reason is listed
-    (plan/decisions.py weight_sync_fallback_reasons; runtime/model/builders.py is what exports).
-
-    Why: AReaL PR #1384 falls back silently except for a startup warning; the other path has its own name
-    mapping, so you should know before the job starts.
-
-    Source: AReaL PR #1384 (its bridge weight-update fallback and start-up warning, docs/sources.md "AReaL's
-    Megatron path"); gdnctl's plan/decisions.py weight_sync_fallback_reasons, the export path runtime/rl/job.py
-    logs.
-
-    Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or
-    set update_weights_via_bridge: false.
-    """
-    reasons = run.weight_sync_fallback_reasons
-    if run.preset.job == "rl" and reasons:
-        yield Issue("train.update_weights_via_bridge",
-                    "weight sync will not use megatron-bridge's export: " + "; ".join(reasons) + ".",
-                    "Name the trainer's Transformer Engine in runtime.transformer_engine, or set "
-                    "train.update_weights_via_bridge: false.")
 
 
 @rule("BRG003", Severity.ERROR, "megatron-bridge too old for the model")
@@ -68,7 +24,7 @@ def bridge_supports_model(run):
 
     Fix: upgrade megatron-bridge (0.6.2 is the pinned stack).
     """
-    if not (run.is_training and run.model.is_qwen35 and run.preset.train.bridge == "megatron-bridge"):
+    if not (run.is_training and run.model.is_qwen35):
         return
     bridge = _bridge_version(run)
     needed = stack.BRIDGE_QWEN35_TEXT if run.model.text_only else stack.BRIDGE_QWEN35_VL
@@ -92,7 +48,7 @@ def bridge_mtp_parallel(run):
 
     Fix: upgrade megatron-bridge, or set train.mtp: false.
     """
-    if not (run.is_training and run.preset.train.mtp and run.preset.train.bridge == "megatron-bridge"):
+    if not (run.is_training and run.preset.train.mtp):
         return
     bridge = _bridge_version(run)
     if run.sequence_parallel.value and versions.below(bridge, stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX):
@@ -120,7 +76,7 @@ def vpp_tied_embeddings(run):
     """
     p = run.preset.parallel
     if (run.is_training and p.vpp is not None and run.model.tie_word_embeddings
-            and run.preset.train.bridge == "megatron-bridge"):
+           ):
         yield Issue("parallel.vpp", f"{run.model.label} ties its embeddings, which megatron-bridge cannot "
                                     "broadcast across virtual pipeline stages.", "Remove parallel.vpp.")
 
@@ -139,7 +95,7 @@ def bridge_core_pairing(run):
 
     Fix: install the megatron-core release that matches the bridge.
     """
-    if not (run.is_training and run.preset.train.bridge == "megatron-bridge"):
+    if not (run.is_training):
         return
     bridge, mcore = _bridge_version(run), run.stack.get("megatron_core")
     if bridge is None or mcore is None:

@@ -216,7 +216,7 @@ def separate_environments(run):
         return
     trainer = stack.KNOWN_PINS.get(("megatron_bridge", run.stack.get("megatron_bridge") or ""))
     server = stack.KNOWN_PINS.get(("vllm", run.stack.get("vllm") or ""))
-    if trainer is None or server is None or run.preset.train.bridge != "megatron-bridge":
+    if trainer is None or server is None:
         return
     conflicts = stack.pin_conflicts(trainer, server)
     if conflicts:
@@ -384,3 +384,52 @@ def in_memory_weight_sync(run):
     if transport.value != rollout.weight_sync:
         yield Issue("rollout.weight_sync", f"the {rollout.weight_sync} weight sync cannot run here: "
                     f"{transport.reason}.", "Set rollout.weight_sync: auto (or disk).")
+
+
+@rule("RLT016", Severity.ERROR, "The rl batch splits into the PPO mini-batches")
+def mini_batches_split(run):
+    """
+    What it checks: train.global_batch_size (the samples of one rl step) is a multiple of grpo.mini_batches x
+    the data-parallel size.
+
+    Why: each optimizer step trains one mini-batch, and every data-parallel rank trains an equal share of it, so
+    all ranks take the same optimizer steps; a remainder would leave a rank with a share of a different size, and
+    the job would stop at its first step.
+
+    Source: gdnctl's PPO updates (gdnctl/runtime/rl/updates.py split_mini_batches, runtime/rl/batch.py rank_share).
+
+    Fix: make train.global_batch_size a multiple of grpo.mini_batches x dp, or change grpo.mini_batches.
+    """
+    if _rollout(run) is None or run.dp is None:
+        return
+    batch, minis = run.preset.train.global_batch_size, run.preset.grpo.mini_batches
+    unit = minis * run.dp
+    if batch % unit:
+        yield Issue("grpo.mini_batches", f"global_batch_size {batch} does not split into {minis} mini-batches of an "
+                                         f"equal share for each of {run.dp} data-parallel ranks.",
+                    f"Make train.global_batch_size a multiple of {unit} (grpo.mini_batches x dp), e.g. "
+                    f"{max(unit, batch - batch % unit)}, or change grpo.mini_batches.")
+
+
+@rule("RLT017", Severity.ERROR, "Held-out responses fit the rollout's context")
+def eval_response_fits_context(run):
+    """
+    What it checks: eval.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len, default
+    train.seq_length) in an rl job that evaluates.
+
+    Why: the held-out prompts go through the same vLLM engine; a response budget that leaves no room for the
+    prompt leaves out every held-out prompt (runtime/rl/evaluation.py), and the job would stop at its start.
+
+    Source: gdnctl's held-out evaluation (gdnctl/runtime/rl/evaluation.py, prompt_check.py: a prompt of more than
+    max_model_len - max_response_tokens tokens is left out).
+
+    Fix: lower eval.max_response_tokens or raise rollout.max_model_len.
+    """
+    rollout, spec = _rollout(run), run.preset.eval
+    if rollout is None or spec is None or spec.max_response_tokens is None:
+        return
+    context = rollout.max_model_len or run.preset.train.seq_length
+    if spec.max_response_tokens >= context:
+        yield Issue("eval.max_response_tokens", f"max_response_tokens {spec.max_response_tokens} leaves no room for "
+                                                f"a held-out prompt in a {context}-token context.",
+                    "Lower eval.max_response_tokens, or raise rollout.max_model_len.")

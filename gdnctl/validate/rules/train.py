@@ -291,3 +291,62 @@ def fp8_padded_row_length(run):
                                         f"{p.train.seq_length}.",
                     f"Set train.seq_length to {p.train.seq_length + 16 - p.train.seq_length % 16}, or use "
                     "train.layout: thd.")
+
+
+@rule("TRN013", Severity.ERROR, "The lr decays to a minimum above its peak")
+def min_lr_above_lr(run):
+    """
+    What it checks: train.min_lr above train.lr with a cosine or linear decay (train.lr_decay).
+
+    Why: the decay would raise the lr after the warmup instead of lowering it, which is never what a schedule
+    with a "minimum" means; a typo in one of the two exponents is the usual cause.
+
+    Source: gdnctl's schedule (gdnctl/runtime/train/lr_schedule.py) goes from train.lr to train.min_lr; Megatron-
+    Core's OptimizerParamScheduler asserts min_lr <= max_lr the same way (megatron/core/optimizer_param_scheduler.py).
+
+    Fix: set train.min_lr at or below train.lr, or leave it unset (lr / 10).
+    """
+    t = run.preset.train
+    decay = run.lr_schedule["decay"].value
+    if run.is_training and t.min_lr is not None and t.min_lr > t.lr and decay != "constant":
+        yield Issue("train.min_lr", f"min_lr {t.min_lr:g} is above lr {t.lr:g}, so the {decay} decay would raise "
+                                    "the lr after the warmup.",
+                    "Set train.min_lr at or below train.lr, or leave it unset (lr / 10).")
+
+
+@rule("TRN014", Severity.WARNING, "The lr warmup lasts the whole run")
+def warmup_outlasts_run(run):
+    """
+    What it checks: train.lr_warmup_steps at or above train.train_iters.
+
+    Why: the lr then rises for the whole run and never reaches train.lr, and no decay happens: the run trains at
+    a lower lr than the preset names.
+
+    Source: gdnctl's schedule (gdnctl/runtime/train/lr_schedule.py): step s < lr_warmup_steps trains at
+    lr * (s + 1) / lr_warmup_steps.
+
+    Fix: lower train.lr_warmup_steps below train.train_iters, or leave it unset (a tenth of the run).
+    """
+    t = run.preset.train
+    if run.is_training and t.lr_warmup_steps is not None and t.lr_warmup_steps >= t.train_iters:
+        yield Issue("train.lr_warmup_steps", f"lr_warmup_steps {t.lr_warmup_steps} is not below train_iters "
+                                             f"{t.train_iters}, so the lr never reaches {t.lr:g}.",
+                    "Lower train.lr_warmup_steps below train.train_iters, or leave it unset (a tenth of the run).")
+
+
+@rule("TRN015", Severity.WARNING, "An eval section the job does not run")
+def eval_not_run(run):
+    """
+    What it checks: an eval section in a selftest job.
+
+    Why: only the training jobs evaluate (rl: held-out reward and pass@k; sft and pretrain: held-out loss); a
+    selftest ignores the section, so the preset promises an evaluation that never happens.
+
+    Source: gdnctl's compiler (gdnctl/plan/compile.py writes eval into the engine config of sft, pretrain and rl
+    only).
+
+    Fix: remove the eval section, or run an sft, pretrain or rl job.
+    """
+    if run.preset.eval is not None and not run.is_training:
+        yield Issue("eval", f"a {run.preset.job} job runs no evaluation, so the eval section is ignored.",
+                    "Remove the eval section, or run an sft, pretrain or rl job.")

@@ -266,3 +266,20 @@ def test_toy_policy_learns_the_rewarded_answer():
     assert start == pytest.approx(0.25)
     assert expected_reward() > 0.9
     assert largest_ratio > 1.0  # the second PPO epoch ran off-policy, through the ratio and clip
+
+
+def test_rollout_correction_weights_each_token_by_the_capped_trainer_over_rollout_probability():
+    """Per token: loss x min(exp(old - rollout), cap), the weight without grad (slime's and verl's TIS)."""
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = logprobs.detach().clone()
+    rollout = torch.tensor([[-1.0, -2.5, -1.0]])  # weights exp(0) = 1, exp(0.5) = 1.65, exp(-2) = 0.135
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    advantages = torch.ones(1, 3)
+    loss, stats = grpo.policy_loss(logprobs, old, advantages, mask, rollout_logprobs=rollout, tis_cap=1.5)
+    weights = torch.tensor([1.0, 1.5, math.exp(-2.0)])
+    assert float(loss.detach()) == pytest.approx(float(-(weights.mean())), rel=1e-6)  # ratio 1: -A_t x w_t
+    loss.backward()
+    assert torch.allclose(logprobs.grad, -weights / 3)
+    assert float(stats["tis_capped_fraction"]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="rollout_logprobs"):
+        grpo.policy_loss(logprobs, old, advantages, mask, tis_cap=2.0)

@@ -25,8 +25,17 @@ def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subpr
     return subprocess.run(command, text=True, capture_output=True, timeout=900, check=False)
 
 
-def metrics(run_dir: Path) -> list[dict]:
+def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The training steps' rows (the held-out evaluation's `eval_reward` rows left out)."""
+    return [row for row in rows(run_dir) if "eval_reward" not in row]
+
+
+def eval_rows(run_dir: Path) -> list[dict]:
+    return [row for row in rows(run_dir) if "eval_reward" in row]
 
 
 def first_and_last_rewards(steps: list[dict]) -> tuple[float, float]:
@@ -51,8 +60,18 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
     assert all(s["rollout_tokens_per_second"] > 0 and s["train_tokens_per_second"] > 0 for s in steps)
     assert (save_dir / "latest").read_text().strip() == "iter_0000020"
+    # One update per rollout batch: the ratio is 1 and the clip never acts.
+    assert all(s["updates"] == 1 and s["clip_fraction"] == 0 and s["ratio_max"] == 1.0 for s in steps)
+    # The lr warms up over the decided 2 steps (a tenth of 20), then stays at train.lr (rl: constant).
+    assert [s["lr"] for s in steps[:3]] == [pytest.approx(1.5e-3), pytest.approx(3e-3), pytest.approx(3e-3)]
+    # The preset's held-out evaluation: every 5 steps, mean reward and pass@4 on the 16 held-out prompts.
+    evals = eval_rows(run_dir)
+    assert [e["step"] for e in evals] == [5, 10, 15, 20]
+    assert all(0 <= e["eval_reward"] <= 1 and 0 <= e["eval_pass_at_k"] <= 1 and e["eval_prompts"] == 16
+               for e in evals), evals
+    assert evals[-1]["eval_reward"] > evals[0]["eval_reward"] - 0.05, evals  # held-out reward does not collapse
 
-    assert "megatron-bridge export_hf_weights not used" in done.stdout
+    assert "weight sync: transformers' state dict of the device-cpu policy" in done.stdout
 
     # Data parallel: two gloo ranks split each step's samples and must take the same steps as one rank.
     # Step 1 samples the same seeded rollouts from the same weights; later steps start from updates that differ
@@ -69,6 +88,21 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "iter_0000020 at step 20" in resumed.stdout
     assert [s["step"] for s in metrics(tmp_path / "resumed")] == [21, 22]
+
+
+@needs_vllm
+def test_ppo_mini_batches_train_off_the_sampling_policy_and_the_clip_acts(tmp_path):
+    """grpo.mini_batches 4: four optimizer steps per rollout batch against the sampling policy's log-probs; from
+    the second on, the ratio leaves 1 and the clip cuts some tokens. The trainer-vs-rollout gap stays the
+    sampling policy's (measured before the first update), and rollout correction reports its weights."""
+    run_dir = tmp_path / "run"
+    done = launch(run_dir, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3", "eval=null")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = metrics(run_dir)
+    assert [s["updates"] for s in steps] == [4, 4, 4]
+    assert all(s["clip_fraction"] > 0 and s["approx_kl"] > 0 for s in steps), steps
+    assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+    assert all(0.9 < s["tis_mean"] < 1.1 for s in steps), [s["tis_mean"] for s in steps]
 
 
 @needs_vllm
