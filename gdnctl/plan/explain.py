@@ -40,6 +40,8 @@ def derived_values(run: Run) -> list[Derived]:
                            f"({t.micro_batch_size} x {run.dp})"))
     if run.is_training:
         out.append(_lr_schedule(run))
+        if preset.eval is not None:
+            out.append(_eval(run))
     if m.is_moe:
         out.append(Derived("expert_data_parallel", run.world_size.value // (p.ep * p.etp * p.pp) or None,
                            "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
@@ -65,6 +67,13 @@ def derived_values(run: Run) -> list[Derived]:
         out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
         out.append(Derived("weight_sync", run.weight_export.value, run.weight_export.reason))
         out.extend(_ppo(run))
+        if preset.rollout is not None:
+            r = preset.rollout
+            limit = (r.max_model_len or t.seq_length) - r.max_response_tokens
+            out.append(Derived("overlong_prompts", r.overlong_prompts,
+                               f"every prompt is encoded before step 1; one of more than {limit} tokens (max_model_len "
+                               f"- max_response_tokens) is " + ("left out and named in the log" if r.overlong_prompts
+                                                                == "drop" else "refused: the job stops before step 1")))
         transport = run.rollout_weight_transport
         out.append(Derived("weight_transport", transport.value, transport.reason))
         if preset.rollout is not None and preset.rollout.colocate and run.gpu.sm is not None:
@@ -97,6 +106,24 @@ def _ppo(run: Run) -> list[Derived]:
         out.append(Derived("rollout_correction", "off", "grpo.rollout_correction is false: the loss takes the "
                                                         "rollout's samples as drawn from the trainer's policy"))
     return out
+
+
+def _eval(run: Run) -> Derived:
+    """What the held-out evaluation logs, and how often."""
+    spec, rollout = run.preset.eval, run.preset.rollout
+    if run.preset.job == "rl":
+        tokens = spec.max_response_tokens or rollout.max_response_tokens
+        what = (f"mean reward and pass@{spec.samples_per_prompt} of {spec.samples_per_prompt} samples per held-out "
+                f"prompt at temperature {spec.temperature:g}, up to {tokens} tokens each"
+                + ("" if spec.max_response_tokens else " (rollout.max_response_tokens)")
+                + (f", the first {spec.max_prompts} prompts" if spec.max_prompts else ", every prompt"))
+        rows = "eval_reward"
+    else:
+        what = f"the held-out loss over {spec.batches} global batch{'es' if spec.batches > 1 else ''}"
+        rows = "eval_loss"
+    return Derived("eval", f"every {spec.interval} steps and after the last", f"{what} of {spec.data_path}: {rows} "
+                                                                               "rows in metrics.jsonl, TensorBoard "
+                                                                               "and W&B")
 
 
 def _lr_schedule(run: Run) -> Derived:

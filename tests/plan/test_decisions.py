@@ -122,6 +122,8 @@ def test_explain_and_the_engine_config_carry_the_schedule_ppo_and_eval(tmp_path)
     assert shown["lr_schedule"].value.startswith("warmup 10 steps to 1e-06, then constant")
     assert shown["ppo_updates"].value == "8 optimizer steps per rollout step" and "clip" in shown["ppo_updates"].reason
     assert shown["rollout_correction"].value == "off"
+    assert shown["eval"].value == "every 5 steps and after the last" and "eval_reward rows" in shown["eval"].reason
+    assert shown["overlong_prompts"].value == "drop" and "left out and named" in shown["overlong_prompts"].reason
     engine = compile_engine_config(run)
     assert (engine.train.lr_warmup_steps, engine.train.lr_decay) == (10, "constant")
     assert (engine.grpo.mini_batches, engine.grpo.epochs) == (4, 2)
