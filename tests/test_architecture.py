@@ -24,6 +24,12 @@ LAYER_RANK = {"base": 0, "knowledge": 1, "schema": 2, "plan": 3, "validate": 4, 
 RUNTIME_MAY_IMPORT = {"base", "knowledge", "schema"}
 # Above the runtime: launch (prewarm) and doctor (kernel checks) run the runtime's kernels.
 MAY_IMPORT_RUNTIME = {"launch", "doctor", "cli", "__main__"}
+# Inside the runtime, bottom up: a subpackage (or module directly in runtime/) imports only ranks below its own,
+# so two of one rank sit side by side. The checks every job makes (checks/) sit below the jobs (train/, rl/), and
+# the smoke run that drives the jobs (smoke/) above them; `gdnctl.runtime` itself (the lazy __init__) is for the
+# entry point only.
+RUNTIME_RANK = {"exports": 0, "comm": 1, "data": 1, "kernels": 1, "checks": 1, "launcher": 1, "model": 2, "train": 3,
+                "rl": 4, "selftest": 4, "smoke": 5, "__main__": 6}
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,38 @@ def layer_violations(modules: dict[str, Path]) -> list[str]:
     return problems
 
 
+def runtime_part(name: str) -> str | None:
+    """The runtime subpackage (or module directly in runtime/) a module belongs to; None outside the runtime and
+    for `gdnctl.runtime` itself."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "runtime" else None
+
+
+def runtime_rank_violations(modules: dict[str, Path]) -> list[str]:
+    problems = []
+    for name, path in modules.items():
+        here = runtime_part(name)
+        if here is None:
+            continue
+        if here not in RUNTIME_RANK:
+            problems.append(f"gdnctl.runtime.{here} has no rank: add it to RUNTIME_RANK")
+            continue
+        for imp in imports_of(name, path):
+            targets = ([f"{imp.target}.{n}" for n in imp.names] or [imp.target]) \
+                if imp.target == "gdnctl.runtime" else [imp.target]
+            for target in targets:
+                there = runtime_part(target)
+                if there is None or there == here:
+                    continue
+                shown = path.relative_to(PACKAGE_DIR.parent) if path.is_relative_to(PACKAGE_DIR.parent) else path
+                where = f"{shown}:{imp.line}"
+                if there not in RUNTIME_RANK:
+                    problems.append(f"{where}: gdnctl.runtime.{there} has no rank: add it to RUNTIME_RANK")
+                elif RUNTIME_RANK[there] >= RUNTIME_RANK[here]:
+                    problems.append(f"{where}: runtime/{here} imports {target}, which is not below it ({there})")
+    return sorted(set(problems))
+
+
 def deep_import_violations(modules: dict[str, Path]) -> list[str]:
     """Imports from another package that bypass its `__init__` or take names it does not export."""
     problems = []
@@ -204,6 +242,10 @@ def test_no_import_points_up_a_layer():
     assert layer_violations(MODULES) == []
 
 
+def test_no_runtime_import_points_up_a_rank():
+    assert runtime_rank_violations(MODULES) == []
+
+
 def test_other_packages_are_used_through_their_public_api():
     assert deep_import_violations(MODULES) == []
 
@@ -228,6 +270,14 @@ def test_the_checker_sees_a_circle_and_an_upward_import():
     assert LAYER_RANK[area("gdnctl.validate.pipeline")] > LAYER_RANK[area("gdnctl.plan.run")]
 
 
+def test_the_runtime_check_sees_a_job_importing_the_smoke_run(tmp_path):
+    """The split this guards: a job (train/) importing the smoke run's drivers (smoke/) is reported."""
+    module = tmp_path / "trainer.py"
+    module.write_text("from gdnctl.runtime.smoke import runner\nfrom gdnctl.runtime.checks import verdicts\n")
+    assert runtime_rank_violations({"gdnctl.runtime.train.trainer": module}) == [
+        f"{module}:1: runtime/train imports gdnctl.runtime.smoke, which is not below it (smoke)"]
+
+
 if __name__ == "__main__":
     for problem in [*map(str, cycles(edges(MODULES))), *layer_violations(MODULES), *deep_import_violations(MODULES)]:
         print(problem)
@@ -247,7 +297,7 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["comm", "data", "kernels", "model", "rl", "smoke", "train"])
+@pytest.mark.parametrize("package", ["checks", "comm", "data", "kernels", "model", "rl", "smoke", "train"])
 def test_every_lazy_runtime_name_is_defined_where_its_package_says(package):
     """The runtime's subpackages resolve names on first use; a wrong entry would only fail on the cluster."""
     module = importlib.import_module(f"gdnctl.runtime.{package}")

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import flops
+from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, updates, weight_sync
@@ -41,7 +42,6 @@ from gdnctl.runtime.rl.prompt_check import check_prompts, describe
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
 from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
-from gdnctl.runtime.smoke import FirstMinuteWatch, verdicts
 from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, lr_of, mfu, progress
 from gdnctl.schema import EngineConfig
 

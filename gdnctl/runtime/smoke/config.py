@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gdnctl.runtime.checks import SMOKE_STEPS
 from gdnctl.schema import SMOKE_DIR, EngineConfig
 
-# Optimizer steps of a smoke run. Adam's state materialises in the first step, so the second is the first to run
-# with it in memory: a MoE job that fits at step 1 can run out of memory at step 2.
-SMOKE_STEPS = 2
 CHECKPOINTS_DIR = "checkpoints"
 
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.rl import RlJob, logprob_gap, make_policy, weight_sync
-from gdnctl.runtime.smoke import round_trip, verdicts
-from gdnctl.runtime.smoke.verdicts import (
+from gdnctl.runtime.checks import (
     CHECKPOINT,
     OPTIMIZER_STEPS,
     PEAK_MEMORY,
@@ -23,7 +20,11 @@ from gdnctl.runtime.smoke.verdicts import (
     STEP_TIME,
     WEIGHT_SYNC,
     Checklist,
+    verdicts,
 )
+from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.rl import RlJob, logprob_gap, make_policy, weight_sync
+from gdnctl.runtime.smoke import round_trip
 from gdnctl.schema import EngineConfig
 
 CHECKS = (START, WEIGHT_SYNC, STEP0_GAP, OPTIMIZER_STEPS, CHECKPOINT, STEP_TIME, PEAK_MEMORY)

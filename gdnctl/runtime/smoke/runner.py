@@ -22,9 +22,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from gdnctl.runtime import selftest
+from gdnctl.runtime.checks import Checklist
 from gdnctl.runtime.smoke import rl_smoke, train_smoke
 from gdnctl.runtime.smoke.config import CHECKPOINTS_DIR, smoke_config, smoke_run_dir
-from gdnctl.runtime.smoke.verdicts import Checklist
 from gdnctl.runtime.train import METRICS_FILE, TENSORBOARD_DIR
 from gdnctl.schema import SMOKE_FILE, EngineConfig, SmokeCheck
 

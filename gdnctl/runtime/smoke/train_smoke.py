@@ -12,9 +12,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.smoke import round_trip, verdicts
-from gdnctl.runtime.smoke.verdicts import (
+from gdnctl.runtime.checks import (
     CHECKPOINT,
     KERNEL_WARM_UP,
     OPTIMIZER_STEPS,
@@ -22,7 +20,10 @@ from gdnctl.runtime.smoke.verdicts import (
     START,
     STEP_TIME,
     Checklist,
+    verdicts,
 )
+from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.smoke import round_trip
 from gdnctl.runtime.train import Trainer
 from gdnctl.schema import EngineConfig
 

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from gdnctl.errors import GdnctlError
 from gdnctl.files import replace_text
 from gdnctl.knowledge import flops
+from gdnctl.runtime.checks import FirstMinuteWatch
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.smoke import FirstMinuteWatch
 from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu

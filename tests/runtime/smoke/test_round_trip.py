@@ -16,9 +16,9 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from gdnctl.plan import compile_engine_config
+from gdnctl.runtime.checks.first_minute import FirstMinuteWatch
 from gdnctl.runtime.model import checkpoint
 from gdnctl.runtime.smoke import round_trip
-from gdnctl.runtime.smoke.first_minute import FirstMinuteWatch
 from gdnctl.schema import EngineConfig, EngineEstimate
 from gdnctl.validate import validate
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from gdnctl.runtime.smoke.config import SMOKE_STEPS
-from gdnctl.runtime.smoke.verdicts import (
+from gdnctl.runtime.checks.verdicts import (
+    SMOKE_STEPS,
     ExplainedMemory,
     first_minute_line,
     memory_warning,

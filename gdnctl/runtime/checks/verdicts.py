@@ -1,5 +1,5 @@
 """The smoke run's verdicts, and measured memory against `gdnctl explain`'s estimate: functions of numbers (no
-torch), shared by the smoke run and the first-minute check of every job."""
+torch), shared by the smoke run (runtime/smoke, above the jobs) and the first-minute check of every job."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.smoke.config import SMOKE_STEPS
 from gdnctl.schema import EngineEstimate, SmokeCheck, SmokeMeasured, SmokeReport
+
+# Optimizer steps of a smoke run, and the step after which every job checks its memory. Adam's state materialises
+# in the first step, so the second is the first to run with it in memory: a MoE job that fits at step 1 can run
+# out of memory at step 2.
+SMOKE_STEPS = 2
 
 # explain's memory model is coarse by design (plan/memory.py: "fits / tight / cannot fit", not the last GiB). A
 # peak more than this far above it means the model misses something the job allocates, and validate's fit check

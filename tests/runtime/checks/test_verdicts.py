@@ -9,8 +9,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from gdnctl.runtime.smoke import verdicts
-from gdnctl.runtime.smoke.verdicts import MEMORY_MARGIN, Checklist, ExplainedMemory
+from gdnctl.runtime.checks import verdicts
+from gdnctl.runtime.checks.verdicts import MEMORY_MARGIN, Checklist, ExplainedMemory
 from gdnctl.schema import SmokeCheck, SmokeMeasured, SmokeReport
 
 NOTHING_MEASURED = SmokeMeasured(step_seconds=None, peak_memory_gib=None, memory_source=None,
@@ -110,6 +110,6 @@ def test_a_report_cannot_call_a_failure_green():
 
 def test_the_verdicts_and_the_smoke_config_import_no_torch():
     """The rollout server derives the smoke config in vLLM's environment, and the verdicts are pure functions."""
-    code = ("import sys, gdnctl.runtime.smoke.verdicts, gdnctl.runtime.smoke.config\n"
+    code = ("import sys, gdnctl.runtime.checks.verdicts, gdnctl.runtime.smoke.config\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
