@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import shlex
 import sys
 import traceback
 from enum import Enum
@@ -116,7 +116,7 @@ app = typer.Typer(
     help="Validate, render and launch Qwen3.5 / Qwen3-Next Gated-DeltaNet training and RL jobs "
          "on Megatron + vLLM.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -193,7 +193,7 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
         if text:
             typer.echo(text)
         typer.echo(summary_line(result.loaded.source, result.count(Severity.ERROR), result.count(Severity.WARNING),
-                                result.count(Severity.INFO), _colour()))
+                                result.count(Severity.INFO), _colour(), strict=strict))
     raise typer.Exit(1 if failed else 0)
 
 
@@ -304,10 +304,11 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the files gdnct
 
 
 def _render(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
-            templates: Optional[Path], dry_run: bool = False):
+            templates: Optional[Path], dry_run: bool = False, before_write=None, as_is: bool = False):
     from gdnctl.launch import render
 
-    rendered = render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run)
+    rendered = render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run,
+                      before_write=before_write, as_is=as_is)
     if rendered.kept:
         typer.echo(f"gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it "
                    f"was: {', '.join(rendered.kept)}", err=True)
@@ -339,8 +340,10 @@ def render(preset: PresetArg,
     typer.echo(f"rendered {rendered.run_dir}")
     for name in sorted([*rendered.files, "manifest.json"]):
         typer.echo(f"  {name}")
-    typer.echo(f"run it: gdnctl launch {preset} --run-dir {rendered.run_dir}   "
-               f"(or: bash {rendered.run_dir / 'launch_local.sh'})")
+    # The same preset and --set values: launch then runs this run dir as it is (render.write's as_is).
+    command = shlex.join(["gdnctl", "launch", preset, *(f"--set={item}" for item in set_ or []),
+                          "--run-dir", str(rendered.run_dir)])
+    typer.echo(f"run it: {command}   (or: bash {shlex.quote(str(rendered.run_dir / 'launch_local.sh'))})")
 
 
 SmokeOpt = Annotated[bool, typer.Option(
@@ -370,10 +373,15 @@ def launch(preset: PresetArg, set_: SetOpt = None,
                                                      "Slurm job id); the runs' own output goes to stderr.")] = False,
            ) -> None:
     """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch); with --smoke, its smoke
-    run first."""
-    from gdnctl.launch import slurm_job_name
-    from gdnctl.launch import smoke as smoke_run
-    from gdnctl.launch import submit as launcher
+    run first. The preset's warnings are printed before it starts.
+
+    The job runs with gdnctl's own Python unless the preset sets launch.python; a local launch first checks that
+    this interpreter has gdnctl's `runtime` extra (torch), and writes nothing when it has not.
+
+    --run-dir DIR of a run dir `gdnctl render` wrote launches it as it is (the same preset and --set values); a run
+    dir that has run already is continued with `gdnctl resume DIR`. Follow a job with `gdnctl status`, `gdnctl
+    logs` and `gdnctl cancel`."""
+    from gdnctl.launch import interpreter
 
     if then_run and not smoke:
         _fail("--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
@@ -381,7 +389,14 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     overrides = list(set_ or [])
     if slurm is not None:
         overrides.append(f"launch.executor={'slurm' if slurm else 'local'}")
-    rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run)
+
+    def check(rendered) -> None:  # before anything is written: a refusal leaves no run dir behind
+        run = rendered.result.run
+        if run.preset.launch.executor == "local":
+            interpreter.check(interpreter.job_python(run.preset), preset)
+
+    rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run,
+                       before_write=None if dry_run else check, as_is=run_dir is not None)
     if dry_run:
         if json_output:
             _emit_json({"run_dir": str(rendered.run_dir), "scripts": {name: rendered.files[name] for name in
@@ -390,42 +405,196 @@ def launch(preset: PresetArg, set_: SetOpt = None,
         else:
             _print_dry_run(rendered)
         return
-    run = rendered.result.run
+    _say_findings(rendered.result)
+    _say(f"rendered {rendered.run_dir}")
+    _start(rendered.run_dir, rendered.result.run.preset.launch.executor, smoke=smoke, then_run=then_run, wait=wait,
+           json_output=json_output)
 
-    def say(text: str) -> None:
-        typer.echo(f"gdnctl: {text}", err=True)
 
-    say(f"rendered {rendered.run_dir}")
-    if run.preset.launch.executor == "local":
-        result = smoke_run.launch_local(rendered.run_dir, smoke=smoke, then_run=then_run, say=say,
+def _say(text: str) -> None:
+    typer.echo(f"gdnctl: {text}", err=True)
+
+
+def _say_findings(result) -> None:
+    """The preset's warnings (and notes), on stderr before the job starts: a launch never hides what validate says."""
+    from gdnctl.validate import Severity, format_findings
+
+    shown = [f for f in result.findings if f.severity != Severity.ERROR]
+    if shown:
+        typer.echo(format_findings(shown, sys.stderr.isatty()), err=True)
+
+
+def _start(run_dir: Path, executor: str, *, smoke: bool, then_run: bool, wait: bool, json_output: bool,
+           resumed: bool = False) -> None:
+    """Run a run dir as it is: here, or submitted to Slurm (launch and resume)."""
+    from gdnctl.launch import runs
+    from gdnctl.launch import smoke as smoke_run
+    from gdnctl.launch import submit as launcher
+
+    if executor == "local":
+        result = smoke_run.launch_local(run_dir, smoke=smoke, then_run=then_run, say=_say,
                                         stdout=sys.stderr if json_output else None)
         if json_output:
-            _emit_json({**result.to_json(), "run_dir": str(rendered.run_dir), "executor": "local"})
+            _emit_json({**result.to_json(), "run_dir": str(run_dir), "executor": "local"})
         raise typer.Exit(result.exit_code)
     mode = smoke_run.SMOKE_THEN_RUN_ARGS if then_run else smoke_run.SMOKE_ARGS if smoke else ()
-    job = launcher.submit(rendered.run_dir, mode)
-    log = rendered.run_dir / "logs" / f"{slurm_job_name(run.preset.name)}-{job.job_id}.out"
+    job = launcher.submit(run_dir, mode)
+    job_name = runs.launch_facts(run_dir)[1]
+    log = runs.slurm_log(run_dir, job_name, job.job_id)
     what = " (the smoke run, then the job after a green smoke)" if then_run else " (the smoke run)" if smoke else ""
-    data = {"ok": True, "run_dir": str(rendered.run_dir), "executor": "slurm", "job_id": job.job_id, "log": str(log),
+    data = {"ok": True, "run_dir": str(run_dir), "executor": "slurm", "job_id": job.job_id, "log": str(log),
             "smoke": None}
     if not json_output:
-        typer.echo(f"submitted job {job.job_id}{what}; log: {log}")
+        typer.echo(f"submitted job {job.job_id}{what}{' to resume the run' if resumed else ''}; log: {log}")
     exit_code = 0
     if wait:
-        job = launcher.follow(rendered.run_dir, job, slurm_job_name(run.preset.name),
+        job = launcher.follow(run_dir, job, job_name,
                               (lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
-        say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
+        _say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
         exit_code = job.exit_code
         if smoke:
-            outcome = smoke_run.read_outcome(rendered.run_dir, None)
-            say(outcome.verdict())
+            outcome = smoke_run.read_outcome(run_dir, None)
+            _say(outcome.verdict())
             data["smoke"] = outcome.to_json()
             if not outcome.green:
                 exit_code = exit_code or 1
         data.update(ok=exit_code == 0, state=job.state, exit_code=exit_code)
+    elif not json_output:
+        quoted = shlex.quote(str(run_dir))
+        typer.echo(f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
+                   f"{quoted} (or scancel {job.job_id})")
     if json_output:
         _emit_json(data)
     raise typer.Exit(exit_code)
+
+
+RunDirArg = Annotated[Path, typer.Argument(help="A run dir that `gdnctl render` or `gdnctl launch` wrote.",
+                                           show_default=False)]
+
+
+@app.command()
+def resume(run_dir: RunDirArg,
+           slurm: Annotated[Optional[bool], typer.Option("--slurm/--local", help="Submit with sbatch, or run here "
+                                                         "(default: how it was launched).")] = None,
+           wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and exit "
+                                              "with its exit code.")] = False,
+           json_output: JsonOpt = False) -> None:
+    """Run a run dir again as it is, continuing from its latest checkpoint (train.save_dir): the engine.yaml and
+    scripts it holds are not re-rendered, and nothing in it is replaced. Refused while its job still runs."""
+    from gdnctl.launch import interpreter, runs
+    from gdnctl.launch import submit as launcher
+
+    current = runs.status(run_dir)
+    if current.state == "running" or (current.job_ids and launcher.unfinished_jobs(current.job_ids)):
+        _fail(f"{run_dir} still has a job running ({current.line()}); follow it with `gdnctl status "
+              f"{shlex.quote(str(run_dir))}`, or stop it with `gdnctl cancel {shlex.quote(str(run_dir))}` first.")
+    executor = ("slurm" if slurm else "local") if slurm is not None else current.executor
+    if executor == "local":
+        python = _script_python(run_dir)
+        if python is not None:
+            interpreter.check(python, str(run_dir))
+    _say(f"resuming {run_dir} ({executor}) from its latest checkpoint, if it has one")
+    _start(run_dir.resolve(), executor, smoke=False, then_run=False, wait=wait, json_output=json_output,
+           resumed=True)
+
+
+def _script_python(run_dir: Path) -> str | None:
+    """The interpreter launch_local.sh runs (its `exec PYTHON -m ...` line), to check before resuming."""
+    import re
+
+    try:
+        text = (run_dir / "launch_local.sh").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^exec (.+?) -m gdnctl\.runtime\.launcher\.torchrun ", text, re.MULTILINE)
+    if found is None:
+        return None
+    parts = shlex.split(found.group(1))
+    return parts[0] if len(parts) == 1 else None
+
+
+@app.command()
+def status(run_dir: RunDirArg, json_output: JsonOpt = False) -> None:
+    """Where a run dir's job is: rendered (never launched), running or ended (local), or its Slurm job's state and
+    exit code (from scontrol). Exit 0 unless the run dir cannot be read."""
+    from gdnctl.launch import runs
+
+    found = runs.status(run_dir)
+    if json_output:
+        _emit_json(found.to_json())
+        return
+    typer.echo(found.line())
+    if found.log is not None:
+        typer.echo(f"  log: {found.log}")
+    if found.note:
+        typer.echo(f"  {found.note}")
+
+
+@app.command()
+def logs(run_dir: RunDirArg,
+         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the log grows, until the "
+                                              "job ends.")] = False) -> None:
+    """Print the log of a run dir's latest job: its Slurm job's logs/NAME-JOBID.out, or a local run's
+    logs/local-*.out."""
+    import time
+
+    from gdnctl.launch import runs
+    from gdnctl.launch import submit as launcher
+
+    if follow:  # a queued Slurm job has no log yet: wait for it to start (or end) rather than give up
+        while True:
+            found = runs.status(run_dir)
+            if (found.log is not None and found.log.is_file()) or not found.job_ids \
+                    or found.state in ("unknown", *launcher.TERMINAL_STATES):
+                break
+            time.sleep(launcher.POLL_SECONDS)
+    path = runs.log_path(run_dir)
+    offset = 0
+    while True:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+        offset += len(chunk)
+        if chunk:
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        if not follow:
+            return
+        if runs.status(run_dir).state in ("ended", "unknown", *launcher.TERMINAL_STATES):
+            with path.open("rb") as handle:  # what the job wrote between the last read and its end
+                handle.seek(offset)
+                sys.stdout.write(handle.read().decode(errors="replace"))
+            return
+        time.sleep(launcher.POLL_SECONDS)
+
+
+@app.command()
+def cancel(run_dir: RunDirArg) -> None:
+    """Cancel the Slurm job(s) submitted from a run dir that have not ended (scancel). A local job stops with the
+    gdnctl that launched it (Ctrl-C there)."""
+    from gdnctl.launch import runs
+
+    cancelled = runs.cancel(run_dir)
+    if cancelled:
+        typer.echo(f"cancelled Slurm job {', '.join(cancelled)} of {run_dir}")
+    else:
+        typer.echo(f"no job of {run_dir} was still queued or running; nothing to cancel")
+
+
+@app.command("runs")
+def runs_command(root: Annotated[Path, typer.Argument(help="Directory that holds run dirs.")] = Path("runs"),
+                 json_output: JsonOpt = False) -> None:
+    """List the run dirs under runs/ (where `gdnctl launch` writes them), oldest first, with each job's state."""
+    from gdnctl.launch import runs
+
+    found = [runs.status(path) for path in runs.find_runs(root)]
+    if json_output:
+        _emit_json([item.to_json() for item in found])
+        return
+    if not found:
+        typer.echo(f"no run dirs under {root}; `gdnctl launch PRESET` makes one there")
+    for item in found:
+        typer.echo(item.line())
 
 
 @app.command()
@@ -584,12 +753,18 @@ def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.")]
                dest: Annotated[Path, typer.Argument(help="File or directory to copy it to.")],
                force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False) -> None:
     """Copy a shipped preset to edit it (or better: write `base: NAME` in your own)."""
+    from gdnctl.launch import portable_text
+
     source = _shipped(name)
     target = dest / source.name if dest.is_dir() else dest
     if target.exists() and not force:
         _fail(f"{target} exists; pass --force to overwrite it.")
-    shutil.copyfile(source, target)
+    text, changed = portable_text(source)
+    target.write_text(text)
     typer.echo(f"copied {source.name} to {target}")
+    if changed:
+        typer.echo(f"  {', '.join(changed)} now name the shipped example files by their absolute paths, so the "
+                   "copy runs from any directory.")
 
 
 def main() -> None:

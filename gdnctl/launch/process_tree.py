@@ -43,6 +43,11 @@ class JobStopped(GdnctlError):
 
 
 @contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+@contextmanager
 def stop_requests() -> Iterator[list[int]]:
     """Record SIGTERM, SIGINT and SIGHUP (in order of arrival) instead of dying of them, for the duration."""
     received: list[int] = []
@@ -142,16 +147,69 @@ def _stop(process: subprocess.Popen, received: list[int], grace: float) -> str:
     return f"was sent SIGTERM, and {left} of its {count} processes still ran {why} and were killed (SIGKILL)"
 
 
-def run_job(argv: list[str], cwd: Path, stdout: IO | None = None, grace: float = STOP_GRACE_SECONDS) -> int:
+def _write(target: IO, chunk: bytes) -> None:
+    try:
+        descriptor = target.fileno()
+    except (OSError, ValueError):  # an in-memory stream (a test's captured output)
+        if hasattr(target, "buffer"):
+            target.flush()
+            target.buffer.write(chunk)
+        else:
+            target.write(chunk.decode(errors="replace"))
+        return
+    target.flush()
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(descriptor, view):]
+
+
+def _copy(source: IO[bytes], targets: list[IO]) -> None:
+    """Copy a pipe to each of `targets` as it arrives, until the job closes it."""
+    for chunk in iter(lambda: os.read(source.fileno(), 65536), b""):
+        for target in targets:
+            try:
+                _write(target, chunk)
+            except (OSError, ValueError):  # a reader that went away (a closed terminal) stops neither job nor log
+                pass
+    source.close()
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """The log, appended to, never through a link planted at its name."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
+                     "ab")
+
+
+def _tee(process: subprocess.Popen, stdout: IO | None, log: IO) -> list[threading.Thread]:
+    """Threads (in gdnctl, not processes of the job's tree) that copy the job's stdout and stderr to where they
+    would have gone and to `log`."""
+    import sys
+
+    threads = [threading.Thread(target=_copy, args=(process.stdout, [stdout or sys.stdout, log]), daemon=True),
+               threading.Thread(target=_copy, args=(process.stderr, [sys.stderr, log]), daemon=True)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def run_job(argv: list[str], cwd: Path, stdout: IO | None = None, grace: float = STOP_GRACE_SECONDS,
+            log: Path | None = None) -> int:
     """Run `argv` in its own session and return its exit code; on SIGTERM, SIGINT or SIGHUP stop its whole
-    process tree (see the module's docstring) and raise JobStopped."""
-    with stop_requests() as received:
-        process = subprocess.Popen(argv, cwd=cwd, stdout=stdout, start_new_session=True)
+    process tree (see the module's docstring) and raise JobStopped. `log`: a file that gets a copy of the job's
+    output as well (`gdnctl logs` reads it), appended to."""
+    with stop_requests() as received, (_open_log(log) if log is not None else _nothing()) as log_file:
+        pipe = subprocess.PIPE if log_file is not None else None
+        process = subprocess.Popen(argv, cwd=cwd, stdout=pipe if pipe else stdout, stderr=pipe,
+                                   start_new_session=True)
+        copiers = _tee(process, stdout, log_file) if log_file is not None else []
         while not received:
             try:
-                return process.wait(timeout=POLL_SECONDS)
+                code = process.wait(timeout=POLL_SECONDS)
             except subprocess.TimeoutExpired:
                 continue
+            for copier in copiers:
+                copier.join()
+            return code
         name = signal.Signals(received[0]).name
         outcome = _stop(process, received, grace)
         raise JobStopped(f"stopped by {name}: the job ({shlex.join(argv)} and every process it started) {outcome}; "

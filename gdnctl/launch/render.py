@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from gdnctl.errors import GdnctlError
 from gdnctl.files import write_text
 from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch import submit
+from gdnctl.launch.interpreter import job_python
 from gdnctl.launch.run_dir import RunDirNotEmpty
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, environment, kernel_cache_env
 from gdnctl.resources import templates_dir
@@ -117,7 +119,7 @@ def _rollout_step(run) -> dict | None:
     if run.preset.job != "rl" or rollout is None or rollout.colocate:
         return None
     return {"nodes": run.rollout_gpus.value // run.preset.cluster.gpus_per_node,
-            "python": rollout.python or run.preset.launch.python,
+            "python": rollout.python or job_python(run.preset),
             "container_image": rollout.container_image}
 
 
@@ -142,7 +144,7 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         "job_name": slurm_job_name(preset.name),
         "gdnctl_version": __version__,
         "preset_path": Path(result.loaded.source).name,
-        "python": preset.launch.python,
+        "python": job_python(preset),
         "env": env,
         "pass_env": preset.launch.pass_env,
         "nodes": preset.cluster.nodes,
@@ -173,6 +175,9 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         "resolved": result.resolved(),
         "findings": [f.to_json() for f in result.findings],
         "commands": {"local": "bash launch_local.sh", "slurm": "sbatch launch_slurm.sbatch"},
+        # How `gdnctl launch` runs it (resume, status and logs read these back): launch.executor, and the Slurm job
+        # name its log files are named after (logs/JOB_NAME-JOBID.out).
+        "launch": {"executor": preset.launch.executor, "job_name": slurm_job_name(preset.name)},
         # What gdnctl wrote into the run dir, the only files `render --force` replaces (run_dir.py).
         "files": run_dirs.manifest_files(files),
     }
@@ -243,9 +248,36 @@ def _replace(rendered: RenderedRun, manifest: dict) -> list[str]:
     return kept
 
 
-def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False) -> list[str]:
+def _use_as_rendered(rendered: RenderedRun) -> None:
+    """`launch --run-dir DIR` on a run dir that `render` wrote and no job has used: run it as it is, when it holds
+    exactly what this launch renders. A run dir a job has used (its outputs, its lock, a Slurm job) is resumed
+    with `gdnctl resume`, which says what it does; nothing here replaces a file of it."""
+    run_dir = rendered.run_dir
+    manifest = run_dirs.read_manifest(run_dir)
+    if manifest is None:
+        raise RunDirNotEmpty(f"{run_dir} is not empty and not a gdnctl run dir (no manifest.json of gdnctl's in it); "
+                             "choose another run dir.")
+    listed = run_dirs.listed_files(manifest)
+    used = run_dirs.job_traces(run_dir, listed)
+    if used:
+        raise RunDirNotEmpty(f"{run_dir} has been run already (it holds {', '.join(used)}); continue it with "
+                             f"`gdnctl resume {shlex.quote(str(run_dir))}` (from its latest checkpoint, with the "
+                             "engine.yaml it has), or launch into a new run dir (leave out --run-dir).")
+    differ = [name for name, text in rendered.files.items()
+              if not (run_dir / name).is_file() or (run_dir / name).is_symlink()
+              or run_dirs.sha256((run_dir / name).read_bytes()) != run_dirs.sha256(text.encode())]
+    if differ:
+        verb = "differs" if len(differ) == 1 else "differ"
+        raise RunDirNotEmpty(f"{run_dir} was rendered from another preset, other --set values or another gdnctl "
+                             f"({', '.join(differ)} {verb} from what this launch renders); pass the same preset and "
+                             "--set values as `render` had, or --force to render this launch over it (it holds "
+                             "nothing but gdnctl's files), or leave out --run-dir.")
+
+
+def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False, as_is: bool = False) -> list[str]:
     """Write the run dir: a new one whole, or with `force` the files of one gdnctl rendered. `exclusive`: the
-    run dir must not exist at all (a default name). Returns the entries --force kept."""
+    run dir must not exist at all (a default name). `as_is` (launch): a run dir gdnctl rendered that holds just
+    what this render would write is used as it is. Returns the entries --force kept."""
     run_dir = rendered.run_dir
     run_dirs.refuse_link(run_dir)
     if exclusive and os.path.lexists(run_dir):
@@ -253,6 +285,9 @@ def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False) -
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirNotEmpty(f"{run_dir} exists and is not a directory; choose another run dir.")
     if run_dir.is_dir() and any(run_dir.iterdir()):
+        if as_is and not force:
+            _use_as_rendered(rendered)
+            return []
         if not force:
             raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace the files gdnctl rendered "
                                  "there, or choose another run dir.")
@@ -280,17 +315,21 @@ DEFAULT_NAME_DRAWS = 5
 
 
 def render(preset: str, run_dir: Path | None, overrides: list[str] | None = None, force: bool = False,
-           templates: Path | None = None, dry_run: bool = False) -> RenderedRun:
-    """Validate, render and (unless `dry_run`) write the run dir; `run_dir` None: a new one under runs/."""
+           templates: Path | None = None, dry_run: bool = False,
+           before_write: Callable[[RenderedRun], None] | None = None, as_is: bool = False) -> RenderedRun:
+    """Validate, render and (unless `dry_run`) write the run dir; `run_dir` None: a new one under runs/.
+    `before_write` sees the rendered run before anything is written (launch's checks: a refusal writes nothing)."""
     result = validate(preset, overrides)
     default = run_dir is None
     name = result.run.preset.name if result.run is not None else "run"  # build refuses a preset without a run
     rendered = build(result, _absolute(run_dir or submit.default_run_dir(name)), templates)
     rendered.manifest["preset"]["overrides"] = list(overrides or [])
+    if before_write is not None:
+        before_write(rendered)
     draws = 1
     while not dry_run:
         try:
-            rendered.kept = write(rendered, force=force and not default, exclusive=default)
+            rendered.kept = write(rendered, force=force and not default, exclusive=default, as_is=as_is)
             break
         except run_dirs.RunDirTaken:
             if not default or draws == DEFAULT_NAME_DRAWS:

@@ -135,6 +135,14 @@ def kept_entries(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
     return kept
 
 
+def job_traces(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
+    """What shows that a job has used the run dir: anything beside gdnctl's files and an empty logs/ (metrics,
+    checkpoints, logs), the lock launch_local.sh takes, or a recorded Slurm job. Empty: only rendered."""
+    traces = kept_entries(run_dir, listed)
+    traces += [name for name in BOOKKEEPING if os.path.lexists(run_dir / name)]
+    return traces
+
+
 @contextmanager
 def hold(run_dir: Path) -> Iterator[None]:
     """Hold the run dir's lock for the duration, as a running job does; RunDirInUse when a job holds it."""

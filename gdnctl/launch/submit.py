@@ -35,11 +35,20 @@ def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
     return root / f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
+def local_log(run_dir: Path, args: tuple[str, ...] = ()) -> Path:
+    """logs/local-YYYYMMDD-HHMMSS[-smoke].out: where a local run's output is copied (`gdnctl logs` reads it)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return run_dir / run_dirs.LOGS / f"local-{stamp}{'-smoke' if args else ''}.out"
+
+
 def run_local(run_dir: Path, args: tuple[str, ...] = (), stdout: IO | None = None) -> int:
     """Run launch_local.sh (with `args`, e.g. --smoke) on this process's stderr and on `stdout`, by default this
-    process's stdout; returns the run's exit code. SIGTERM, SIGINT or SIGHUP stop the job's whole process tree
-    and raise JobStopped (process_tree.run_job)."""
-    return run_job(["bash", str(run_dir / "launch_local.sh"), *args], run_dir, stdout)
+    process's stdout, with a copy of both in logs/local-*.out; returns the run's exit code. SIGTERM, SIGINT or
+    SIGHUP stop the job's whole process tree and raise JobStopped (process_tree.run_job)."""
+    log = local_log(run_dir, args)
+    run_dirs.refuse_link(log.parent)
+    log.parent.mkdir(exist_ok=True)
+    return run_job(["bash", str(run_dir / "launch_local.sh"), *args], run_dir, stdout, log=log)
 
 
 @dataclass

@@ -109,7 +109,8 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
     if config.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeSetupError("the engine config says device cuda but torch sees no CUDA device here; run "
-                                    "on a GPU node or render the preset with device: cpu.")
+                                    "on a GPU node, or set cluster.gpu: cpu in the preset for a CPU run and launch "
+                                    "it again.")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         # Initialised now so the comm guard picks the CUDA memory probe.
         torch.cuda.init()

@@ -36,10 +36,12 @@ def format_findings(findings: list[Finding], colour: bool) -> str:
     return "\n".join(lines)
 
 
-def summary_line(preset: str, errors: int, warnings: int, notes: int, colour: bool) -> str:
-    verdict = "invalid" if errors else "valid"
+def summary_line(preset: str, errors: int, warnings: int, notes: int, colour: bool, strict: bool = False) -> str:
+    """The verdict agrees with the exit code: under --strict a warning fails the preset, and the line says so."""
+    failed = errors or (strict and warnings)
+    verdict = "invalid" if errors else "fails --strict (warnings count as errors)" if failed else "valid"
     text = f"{preset}: {verdict} ({errors} error(s), {warnings} warning(s), {notes} note(s))"
-    return _style(text, colour, fg="red" if errors else "green", bold=True)
+    return _style(text, colour, fg="red" if failed else "green", bold=True)
 
 
 def format_derived(items: list["Derived"]) -> str:

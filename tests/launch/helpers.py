@@ -30,7 +30,8 @@ def recorder(directory: Path, exit_code: int = 0) -> Path:
     """An executable that writes its argv and environment as JSON next to itself, then exits `exit_code`.
 
     Used as `launch.python`: the rendered script runs it instead of the real interpreter, so a test sees
-    exactly what the script passed. Its own path contains shell metacharacters too.
+    exactly what the script passed. Its own path contains shell metacharacters too. `-c CODE` (launch's check
+    that the interpreter has gdnctl's runtime, interpreter.py) runs CODE as the real interpreter would, unrecorded.
     """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "fake python"
@@ -38,6 +39,9 @@ def recorder(directory: Path, exit_code: int = 0) -> Path:
     path.write_text(
         f"#!{sys.executable}\n"
         "import json, os, sys\n"
+        "if sys.argv[1:2] == ['-c']:\n"
+        "    exec(sys.argv[2])\n"
+        "    sys.exit(0)\n"
         f"with open({str(record)!r}, 'a') as out:\n"
         "    out.write(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}) + '\\n')\n"
         f"sys.exit({exit_code})\n"
@@ -69,6 +73,8 @@ def fake_torchrun(directory: Path, *, ignore_term: bool = False) -> Path:
     trap = "trap '' TERM INT; " if ignore_term else ""
     path.write_text(
         "#!/usr/bin/env bash\n"
+        # launch's check that the interpreter has gdnctl's runtime (interpreter.py): answered as the real one would
+        f"if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} \"$@\"; fi\n"
         f"{trap}\n"
         "for rank in 0 1; do\n"
         f"  setsid bash -c '{trap}sleep 300 & echo $! >>\"$0\"; echo $$ >>\"$0\"; wait' {shlex.quote(str(pids))} &\n"

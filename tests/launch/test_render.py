@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,8 @@ def _normalised(text: str) -> str:
     # Hashes in manifest.json cover content with the checkout's absolute path in it (presets with local data
     # paths), so they differ per checkout; the hashed files themselves are compared with paths normalised. A
     # preset's `~/` (the CPU rl preset's rollout.python) is expanded to this user's home, written back as `~/`.
+    # A preset without launch.python runs gdnctl's own interpreter, which differs per machine: <gdnctl's python>.
+    text = text.replace(sys.executable, "<gdnctl's python>")
     text = text.replace(str(REPO), "<repo>").replace(f"{Path.home()}/", "~/")
     return re.sub(r'"([a-z_]*sha256)": "[0-9a-f]{64}"', r'"\1": "<sha256>"', text)
 

@@ -110,7 +110,8 @@ class CommGuardPolicy:
             raise CommPolicyError(f"comm.free_gb_threshold is {self.free_gb_threshold}; set it to a number of "
                                   "GiB at or above 0 (slime uses 3).")
         if self.profile and self.profile_dir is None:
-            raise CommPolicyError("comm.profile is on but no profile directory was given; set comm.profile_dir.")
+            raise CommPolicyError("comm.profile is on but the engine config names no profile directory; "
+                                  "render the run dir again with `gdnctl render`.")
 
     @classmethod
     def from_engine(cls, comm: Any, base_dir: str | Path | None = None) -> CommGuardPolicy:

@@ -108,7 +108,7 @@ def load_tokenizer(path: str | Path) -> LocalTokenizer:
     """The tokenizer in `path` (a directory holding tokenizer.json, or the file itself)."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
-    fix = "set train.tokenizer_path to a local tokenizer directory or tokenizer.json (nothing is downloaded)"
+    fix = "set model.tokenizer to a local tokenizer directory or tokenizer.json (nothing is downloaded)"
     if not file.exists():
         raise DataError(f"tokenizer {file} does not exist; {fix}.")
     try:
@@ -122,7 +122,7 @@ def load_tokenizer(path: str | Path) -> LocalTokenizer:
     try:
         backend = Tokenizer.from_str(text)
     except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
-        raise DataError(f"tokenizer {file} cannot be read ({error}); point train.tokenizer_path at a "
+        raise DataError(f"tokenizer {file} cannot be read ({error}); point model.tokenizer at a "
                         "tokenizers-format tokenizer.json.") from None
     return LocalTokenizer(backend, _eos_id(backend, file.parent))
 
@@ -167,7 +167,7 @@ class _TokenizerOnFirstUse:
     def __call__(self, where: str) -> LocalTokenizer:
         if self._tokenizer is None:
             if self._path is None:
-                raise DataError(f"{where} has text but train.tokenizer_path is not set; set it to a local "
+                raise DataError(f"{where} has text but model.tokenizer is not set; set it to a local "
                                 "tokenizer directory or tokenizer.json, or give input_ids instead of text.")
             self._tokenizer = load_tokenizer(self._path)
         return self._tokenizer

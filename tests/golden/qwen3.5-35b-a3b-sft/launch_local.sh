@@ -43,5 +43,5 @@ elif [[ $lock_status -ne 0 ]]; then
   echo "gdnctl: this file system does not lock $lock; the job runs without holding its run dir" >&2
 fi
 
-exec python3 -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 \
+exec <gdnctl's python> -m gdnctl.runtime.launcher.torchrun --standalone --nnodes 1 --nproc-per-node 8 \
   -m gdnctl.runtime --config "$RUN_DIR/engine.yaml" "$@"

@@ -143,5 +143,5 @@ def test_policy_rejects_a_threshold_below_zero(threshold):
 
 
 def test_profiling_needs_a_directory():
-    with pytest.raises(CommPolicyError, match="profile_dir"):
+    with pytest.raises(CommPolicyError, match="names no profile directory"):
         CommGuardPolicy(3.0, frozenset(), profile=True)

@@ -133,7 +133,7 @@ def test_bad_records_are_refused_naming_the_file_and_line(tmp_path, case):
 
 def test_text_without_a_tokenizer_and_missing_files_are_refused(tmp_path, tokenizer_dir):
     path = _write_jsonl(tmp_path / "train.jsonl", [{"input_ids": [1, 2]}, {"text": "the cat"}])
-    with pytest.raises(DataError, match=f"{path} line 2 has text but train.tokenizer_path is not set"):
+    with pytest.raises(DataError, match=f"{path} line 2 has text but model.tokenizer is not set"):
         data.read_documents(path, vocab_size=VOCAB_SIZE)
     with pytest.raises(DataError, match="tokenizer .*nope.json does not exist"):
         data.read_documents(path, vocab_size=VOCAB_SIZE, tokenizer_path=tmp_path / "nope.json")

@@ -93,7 +93,7 @@ def test_tokenizer_files_that_are_no_regular_files_are_refused(tmp_path, tokeniz
     fifo_dir = tmp_path / "fifo"
     fifo_dir.mkdir()
     os.mkfifo(fifo_dir / "tokenizer.json")
-    with pytest.raises(DataError, match="is a named pipe .FIFO., not a regular file; set train.tokenizer_path"):
+    with pytest.raises(DataError, match="is a named pipe .FIFO., not a regular file; set model.tokenizer"):
         data.load_tokenizer(fifo_dir)
     zero = tmp_path / "zero.json"
     zero.symlink_to("/dev/zero")
