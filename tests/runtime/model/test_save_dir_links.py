@@ -50,7 +50,7 @@ def test_a_link_as_a_temporary_file_is_refused(tmp_path, victim, name):
         if name == ".latest.tmp":
             checkpoint.mark_latest(save_dir, "iter_0000001")
         else:
-            checkpoint._write_json(save_dir / "iter_0000001" / "trainer_state.json", {"iteration": 1})
+            checkpoint.write_json(save_dir / "iter_0000001" / "trainer_state.json", {"iteration": 1})
     assert victim.read_text() == "precious\n"
     assert not (save_dir / "latest").exists() and not (save_dir / "iter_0000001" / "trainer_state.json").exists()
 
