@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 from gdnctl.errors import GdnctlError
+from gdnctl.validate import trainer_python
 
 # What `python -m gdnctl.runtime` imports before it can say anything itself (the `runtime` extra's core).
 RUNTIME_MODULES = ("torch", "numpy", "gdnctl")
@@ -29,11 +30,8 @@ class RuntimeMissing(GdnctlError):
 
 
 def job_python(preset) -> str:
-    """launch.python where the preset sets it, or where the job runs in a container image (whose Python is not
-    this host's); else gdnctl's own interpreter."""
-    if "python" in preset.launch.model_fields_set or preset.launch.slurm.container_image:
-        return preset.launch.python
-    return sys.executable
+    """The interpreter the job runs with (validate's trainer_python: the rules and doctor judge the same one)."""
+    return trainer_python(preset)
 
 
 def _missing_here() -> list[str]:

@@ -3,7 +3,7 @@
 Importing the package registers every rule and load code (`RULES`)."""
 
 from gdnctl.validate import codes
-from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others
+from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others, trainer_python
 from gdnctl.validate.findings import RULES, Finding, RuleInfo, Severity
 from gdnctl.validate.loader import LoadedPreset, load_preset, resolve_preset_path
 from gdnctl.validate.pipeline import PresetHasErrors, ValidationResult, validate
@@ -20,4 +20,4 @@ from gdnctl.validate.report import (
 __all__ = ["Finding", "LoadedPreset", "PresetHasErrors", "RULES", "RuleInfo", "Severity", "ValidationResult",
            "codes", "format_derived", "format_findings", "format_memory", "format_rule_doc", "format_rule_list",
            "format_rule_table", "load_preset", "preset_interpreters", "replaceable_by_others", "resolve_preset_path",
-           "summary_line", "validate"]
+           "summary_line", "trainer_python", "validate"]

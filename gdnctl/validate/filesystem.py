@@ -90,12 +90,21 @@ def replaceable_by_others(command: str) -> str | None:
     return problem
 
 
+def trainer_python(preset) -> str:
+    """The interpreter the rendered scripts run the trainer with: launch.python where the preset sets it, or where
+    the job runs in a container image (whose Python is not this host's); else the one gdnctl itself runs in, which
+    has gdnctl and, installed with the `runtime` extra, torch (the first python3 on PATH often has neither)."""
+    if "python" in preset.launch.model_fields_set or preset.launch.slurm.container_image:
+        return preset.launch.python
+    return sys.executable
+
+
 def preset_interpreters(preset) -> list[tuple[str, str]]:
     """(field, command) of the interpreters gdnctl starts for a preset on the machine that validates: the
     trainer's, and an rl job's rollout's. One inside a container image is the image's business."""
     found = []
     if not preset.launch.slurm.container_image or preset.launch.executor == "local":
-        found.append(("launch.python", preset.launch.python))
+        found.append(("launch.python", trainer_python(preset)))
     rollout = preset.rollout
     if preset.job == "rl" and rollout is not None and rollout.python and not rollout.container_image:
         found.append(("rollout.python", rollout.python))
