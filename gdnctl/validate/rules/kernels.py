@@ -118,7 +118,8 @@ def flashqla_installed(run):
 @rule("KRN006", Severity.INFO, "FLA would silently dispatch to FlashQLA")
 def fla_pins_own_kernels(run):
     """
-    What it checks: kernels.gdn_backend: fla while flash-qla is installed on a GPU FlashQLA supports.
+    What it checks: kernels.gdn_backend: fla while the preset's runtime pins flash-qla (runtime.flash_qla, or
+    the pinned stack's default; what this machine has installed is `gdnctl doctor`'s) on a GPU FlashQLA supports.
 
     Why: FLA 0.6 sends `chunk_gated_delta_rule` to FlashQLA whenever `flash_qla` imports on
     SM90/100/103/120 (fla/ops/gated_delta_rule/backends/flash_qla.py, default on), so "fla" would quietly
@@ -131,8 +132,10 @@ def fla_pins_own_kernels(run):
     """
     if (run.preset.kernels.gdn_backend == "fla" and run.stack.get("flash_qla") is not None
             and run.gpu.sm in FLASHQLA_SMS and run.is_training):
-        yield Issue("kernels.gdn_backend", "flash-qla is installed, so FLA would dispatch to it silently; the "
-                                           "runtime sets FLA_FLASH_QLA=0 to keep FLA's own kernels.",
+        # run.stack holds the preset's runtime: pins (and their defaults), not what this machine has installed.
+        yield Issue("kernels.gdn_backend", f"the preset's runtime pins flash-qla {run.stack['flash_qla']} "
+                                           "(runtime.flash_qla), and where it is installed FLA would dispatch to it "
+                                           "silently; the runtime sets FLA_FLASH_QLA=0 to keep FLA's own kernels.",
                     "Nothing to do; set kernels.gdn_backend: flashqla to use FlashQLA.")
 
 
