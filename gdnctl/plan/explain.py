@@ -111,8 +111,9 @@ def _ppo(run: Run) -> list[Derived]:
 def _eval(run: Run) -> Derived:
     """What the held-out evaluation logs, and how often."""
     spec, rollout = run.preset.eval, run.preset.rollout
+    assert spec is not None, "explain asks for the evaluation only when the preset has an eval section"
     if run.preset.job == "rl":
-        tokens = spec.max_response_tokens or rollout.max_response_tokens
+        tokens = spec.max_response_tokens or (rollout.max_response_tokens if rollout is not None else None)
         what = (f"mean reward and pass@{spec.samples_per_prompt} of {spec.samples_per_prompt} samples per held-out "
                 f"prompt at temperature {spec.temperature:g}, up to {tokens} tokens each"
                 + ("" if spec.max_response_tokens else " (rollout.max_response_tokens)")
