@@ -113,3 +113,35 @@ def test_wait_for_job_without_sbatch_wait(
 
 def test_status_reports_healthy(local_slurm: dict[str, str]) -> None:
     assert local_slurm_running(local_slurm["LOCAL_SLURM_DIR"])
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "local-slurm.sh"
+
+
+def _ports(conf: str) -> tuple[int, int]:
+    values = dict(line.split("=", 1) for line in conf.splitlines() if line.startswith(("SlurmctldPort=",
+                                                                                        "SlurmdPort=")))
+    return int(values["SlurmctldPort"]), int(values["SlurmdPort"])
+
+
+def test_a_second_cluster_picks_ports_the_running_one_does_not_hold(local_slurm: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    """Another Slurm on the machine (here the session's own cluster) holds its ports: a cluster in another
+    directory gets a free pair instead of failing to bind (or talking to the other cluster)."""
+    running = _ports(Path(local_slurm["SLURM_CONF"]).read_text())
+    done = subprocess.run(["bash", str(SCRIPT), "conf", str(tmp_path / "other")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    chosen = _ports(done.stdout)
+    assert not set(chosen) & set(running), (chosen, running)
+
+
+def test_ports_the_caller_names_that_are_taken_are_refused_with_a_sentence(local_slurm: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    running = _ports(Path(local_slurm["SLURM_CONF"]).read_text())
+    env = {**slurm_env({}), "LOCAL_SLURM_CTLD_PORT": str(running[0]), "LOCAL_SLURM_SLURMD_PORT": str(running[1])}
+    done = subprocess.run(["bash", str(SCRIPT), "start", str(tmp_path / "other")], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    assert done.returncode == 1
+    assert f"port {running[0]} on 127.0.0.1 is already in use" in done.stderr, done.stderr
+    assert "cannot start there" in done.stderr
