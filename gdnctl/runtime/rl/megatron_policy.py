@@ -90,41 +90,35 @@ class MegatronPolicy:
                 for name, parked in self._parked.items():
                     params[name].copy_(parked, non_blocking=True)
 
-    def _reference_token_losses(self, micro_batches: list[RlBatch], forward_backward) -> list[torch.Tensor | None]:
-        """-log p_ref of every next token, per micro-batch (None on ranks before the last pipeline stage)."""
+    def _forward_token_losses(self, micro_batches: list[RlBatch], forward_backward) -> list[torch.Tensor | None]:
+        """-log p of every next token, per micro-batch, under the weights the model holds now, forward only (None
+        on ranks before the last pipeline stage)."""
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
             return self._token_losses(model, batch.tokens.cuda()), _keep_token_losses
 
         self.trainer.model.eval()
-        with self._reference_weights():
-            reports = forward_backward(
-                forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.trainer.model],
-                num_microbatches=len(micro_batches), seq_length=max(b.tokens.shape[1] for b in micro_batches),
-                micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=True)
-        self.trainer.model.train()
-        if not self.trainer.ps.is_pipeline_last_stage():
-            return [None] * len(micro_batches)
-        return [report["token_losses"] for report in reports]
-
-    def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor | None]:
-        """log p of every next token `[N, T - 1]` per micro-batch under the current weights (forward only): the
-        behaviour policy's, before a rollout batch's first update; None on ranks before the last pipeline stage."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        def forward_step(data_iterator, model):
-            batch = next(data_iterator)
-            return self._token_losses(model, batch.tokens.cuda()), _keep_token_losses
-
-        self.trainer.model.eval()
-        reports = get_forward_backward_func()(
+        reports = forward_backward(
             forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.trainer.model],
             num_microbatches=len(micro_batches), seq_length=max(b.tokens.shape[1] for b in micro_batches),
             micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=True)
         self.trainer.model.train()
         if not self.trainer.ps.is_pipeline_last_stage():
             return [None] * len(micro_batches)
-        return [-report["token_losses"][:, :-1].float() for report in reports]
+        return [report["token_losses"] for report in reports]
+
+    def _reference_token_losses(self, micro_batches: list[RlBatch], forward_backward) -> list[torch.Tensor | None]:
+        """-log p_ref of every next token, per micro-batch (None on ranks before the last pipeline stage)."""
+        with self._reference_weights():
+            return self._forward_token_losses(micro_batches, forward_backward)
+
+    def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor | None]:
+        """log p of every next token `[N, T - 1]` per micro-batch under the current weights (forward only): the
+        behaviour policy's, before a rollout batch's first update; None on ranks before the last pipeline stage."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        losses = self._forward_token_losses(micro_batches, get_forward_backward_func())
+        return [None if loss is None else -loss[:, :-1].float() for loss in losses]
 
     # --- one step ----------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[RlBatch], settings, *, lr: float | None = None,
