@@ -164,7 +164,7 @@ def compare(args, work: Path) -> dict:
 
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
 SPEED_OFF = {"router_fusion": "off", "bias_activation_fusion": "off", "rope_fusion": "off", "cross_entropy": "native",
-             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off"}
+             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off", "cuda_graphs": "off"}
 
 
 def speed_options(args, work: Path) -> dict:

@@ -56,6 +56,23 @@ def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
                             f"(THD needs >= {stack.MCORE_GDN_PACKED_AND_CP}), so sequences are padded (BSHD)")
 
 
+def packing(preset: Preset, software: dict[str, str | None]) -> Decision:
+    """Whole documents per packed row, or rows filled by cutting documents at their ends (runtime/data/pipeline.py).
+    Megatron's GPT dataset cuts pretraining text the same way (megatron/core/datasets/gpt_dataset.py,
+    megatron-core 0.19.2, line 381: a sample starts and ends at a (document, offset) pair)."""
+    requested = preset.train.packing
+    if requested != "auto":
+        return Decision(requested, f"set in the preset (train.packing: {requested})")
+    if layout(preset, software).value != "thd":
+        return Decision("whole", "padded (BSHD) rows hold one document each")
+    if preset.job == "pretrain":
+        return Decision("fill", "pretrain: documents are cut at row ends, as Megatron's GPT dataset does, so every "
+                                f"row is {preset.train.seq_length} real tokens: no padding is computed and every step "
+                                "has one shape")
+    return Decision("whole", f"{preset.job}: each document stays in one row (cut, a response would train without its "
+                             "prompt)")
+
+
 def model_builder(software: dict[str, str | None]) -> Decision:
     """megatron-bridge's provider where the trainer has Transformer Engine, else gdnctl's TE-free spec."""
     te = software.get("transformer_engine")
@@ -232,6 +249,9 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
     if gpu.sm is not None:
         env.append(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                     "fewer fragmentation OOMs with variable-length (packed) batches"))
+        env.append(("NCCL_GRAPH_REGISTER", "0",
+                    "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
+                    "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)"))
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
     if preset.kernels.gdn_backend == "fla":
         env.append(("FLA_FLASH_QLA", "0", "FLA 0.6 silently dispatches to FlashQLA when it is importable; "

@@ -30,6 +30,8 @@ def derived_values(run: Run) -> list[Derived]:
         Derived("dp", run.dp, f"world_size / (tp x pp x cp) = {run.world_size.value} / "
                               f"({p.tp} x {p.pp} x {p.cp})"),
         Derived("layout", run.layout.value, run.layout.reason),
+        *([Derived("packing", run.packing.value, run.packing.reason)]
+          if run.layout.value == "thd" and preset.job in ("sft", "pretrain") else []),
         Derived("sequence_parallel", run.sequence_parallel.value, run.sequence_parallel.reason),
     ]
     if run.is_training and run.gpu.sm is not None:  # the CPU jobs build no Megatron model

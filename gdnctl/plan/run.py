@@ -61,6 +61,10 @@ class Run:
         return decide.model_builder(self.stack)
 
     @cached_property
+    def packing(self) -> decide.Decision:
+        return decide.packing(self.preset, self.stack)
+
+    @cached_property
     def attention(self) -> decide.Decision:
         return decide.attention(self.preset, self.model, self.stack)
 

@@ -115,6 +115,10 @@ class TrainSpec(_Section):
     precision: Literal["bf16", "fp8"] = "bf16"
     lora: LoraSpec | None = None
     layout: Literal["auto", "thd", "bshd"] = "auto"
+    packing: Literal["auto", "whole", "fill"] = Field(
+        "auto", description="packed rows: whole (each document in one row, a longer one truncated) or fill (documents "
+                            "cut at row ends, so every row is seq_length tokens and none is padding or dropped); "
+                            "auto: fill for pretrain, whole otherwise")
     micro_batch_size: int = Field(1, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     global_batch_size: int = Field(128, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description=f"tokens, at most {MAX_TOKENS:,} (16x the "
@@ -173,9 +177,12 @@ class SpeedSpec(_Section):
         "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)")
     manual_gc: _AUTO_ON_OFF = Field(
         "auto", description="Python's garbage collector runs between steps, not in the middle of one")
+    cuda_graphs: _AUTO_ON_OFF = Field(
+        "auto", description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
+                            "(needs one row shape every step: packed rows filled, or padded rows)")
 
     @field_validator("router_fusion", "bias_activation_fusion", "rope_fusion", "wgrad_fusion", "manual_gc",
-                     mode="before")
+                     "cuda_graphs", mode="before")
     @classmethod
     def _yaml_switch(cls, value: object) -> object:
         """YAML 1.1 reads a bare `on`/`off` as true/false: take them as the switch they spell."""

@@ -58,6 +58,8 @@ CODES: dict[str, str] = {
     "LAY007": "thd_micro_batch",
     "LAY009": "seq_length_cp",
     "LAY010": "te_packed_attention_head_dim",
+    "LAY011": "fill_needs_thd",
+    "LAY012": "fill_cuts_sft",
     "LCH001": "local_single_node",
     "LCH002": "obeyed_env_names",
     "LCH003": "search_path_override",

@@ -66,6 +66,8 @@ CASES = {
     "LAY007": ({"train": {"layout": "thd", "micro_batch_size": 2}}, {"train": {"layout": "thd"}}),
     "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
     "LAY010": ({"kernels": {"attention": "te"}}, {"kernels": {"attention": "auto"}}),
+    "LAY011": ({"train": {"layout": "bshd", "packing": "fill"}}, {"train": {"layout": "bshd", "packing": "auto"}}),
+    "LAY012": ({"job": "sft", "train": {"packing": "fill"}}, {"job": "sft", "train": {"packing": "auto"}}),
     "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
     "BRG004": ({"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
                {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}}),

@@ -27,6 +27,13 @@ Samples: `global_batch_size` and `consumed_samples` count samples, as Megatron d
 sequence padded to seq_length; a THD sample is one packed row of at most seq_length tokens (Megatron's own
 pretraining samples are packed rows too). Epochs follow one another without a break, each shuffled with
 its own seed, so a global batch may span two epochs and no sample is ever dropped or repeated.
+
+Packing (THD): `whole` keeps each document in one row and truncates one longer than the row; `fill` cuts the
+epoch's documents, in order, at row ends, so every row is exactly the row's length with no padding (the last
+row of an epoch is padded to it) and no token is dropped: what Megatron's GPT dataset does with pretraining text
+(megatron/core/datasets/gpt_dataset.py, megatron-core 0.19.2, line 381: each sample runs from a (document,
+offset) pair to the next, across consecutive documents).
+Each piece stays its own sequence in cu_seqlens, so no token attends across a document boundary.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ if TYPE_CHECKING:
     from gdnctl.schema import EngineConfig, EngineParallel
 
 Layout = Literal["thd", "bshd"]
+Packing = Literal["whole", "fill"]
+# A stretch of one document a sample holds: (document index, first position, end position). Positions count
+# next-token predictions: a document of n tokens has n - 1.
+Piece = tuple[int, int, int]
 
 # Padded positions are masked out of the loss and, being after the real tokens under a causal mask, never
 # seen by them, so any id works; 0 is inside every vocabulary.
@@ -452,6 +463,28 @@ def first_fit_rows(lengths: Sequence[int], capacity: int, window: int = PACKING_
     return rows
 
 
+def filled_rows(positions: Sequence[int], capacity: int, multiple: int = 1) -> list[list[Piece]]:
+    """Pieces of the documents (indices into `positions`, in order), cut into rows of `capacity` positions: a
+    document that reaches a row's end goes on in the next row. Each piece takes its length padded to `multiple`;
+    with capacity a multiple of it, every cut lands on a multiple, so only a document's last piece is padded. The
+    last row may be short."""
+    if capacity < 1 or capacity % multiple:
+        raise ValueError(f"filled_rows got capacity {capacity}; pass a positive multiple of {multiple}.")
+    rows: list[list[Piece]] = [[]]
+    room = capacity
+    for index, length in enumerate(positions):
+        start = 0
+        while start < length:
+            take = min(length - start, room)
+            rows[-1].append((index, start, start + take))
+            room -= -(-take // multiple) * multiple
+            start += take
+            if room == 0:
+                rows.append([])
+                room = capacity
+    return [row for row in rows if row]
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     """A 63-bit seed per (seed, epoch): a hash, so neighbouring seeds and epochs give unrelated orders."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
@@ -465,17 +498,20 @@ class DataPipeline:
     micro_batch_size x dp samples, rank r taking the r-th micro-batch of each chunk (Megatron's pretraining
     sampler), so a global batch is num_microbatches consecutive chunks.
 
-    Documents longer than the row are truncated to its first `max_positions` positions (seq_length rounded
-    down to the padding multiple, the same in both layouts so a layout switch trains the same tokens).
-    Truncation rather than splitting: a split-off tail starts mid-text without its context, and for SFT it
-    would train response tokens without their prompt. `truncated_documents` counts them, for the log."""
+    With packing `whole`, documents longer than the row are truncated to its first `max_positions` positions
+    (seq_length rounded down to the padding multiple, the same in both layouts so a layout switch trains the same
+    tokens). Truncation rather than splitting: a split-off tail starts mid-text without its context, and for SFT
+    it would train response tokens without their prompt. `truncated_documents` counts them, for the log. With
+    packing `fill` (THD, pretraining text) nothing is truncated: rows are cut from the documents one after the
+    other, each exactly `max_positions` long (`filled_rows`)."""
 
     def __init__(self, documents: Iterable[Document], *, layout: Layout, seq_length: int,
                  micro_batch_size: int, global_batch_size: int, dp: int, seed: int,
-                 pad_sequences_to_multiple_of: int = 1, cp: int = 1) -> None:
+                 pad_sequences_to_multiple_of: int = 1, cp: int = 1, packing: Packing = "whole") -> None:
         self.documents = tuple(documents)
         self.cp = cp
         self.layout = layout
+        self.packing = packing
         self.seq_length = seq_length
         self.micro_batch_size = micro_batch_size
         self.global_batch_size = global_batch_size
@@ -484,11 +520,13 @@ class DataPipeline:
         self.pad_sequences_to_multiple_of = pad_sequences_to_multiple_of
         self.max_positions = seq_length - seq_length % pad_sequences_to_multiple_of
         self._check_settings()
-        self._positions = [min(len(document) - 1, self.max_positions) for document in self.documents]
+        # fill cuts long documents across rows instead of truncating them
+        limit = len(max(self.documents, key=len)) if packing == "fill" else self.max_positions
+        self._positions = [min(len(document) - 1, limit) for document in self.documents]
         multiple = pad_sequences_to_multiple_of
         self._padded_positions = [-(-positions // multiple) * multiple for positions in self._positions]
-        self.truncated_documents = sum(len(document) - 1 > self.max_positions for document in self.documents)
-        self._cached_epoch: tuple[int, list[tuple[int, ...]]] | None = None
+        self.truncated_documents = sum(len(document) - 1 > limit for document in self.documents)
+        self._cached_epoch: tuple[int, list[tuple[Piece, ...]]] | None = None
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, documents: Iterable[Document]) -> DataPipeline:
@@ -497,11 +535,16 @@ class DataPipeline:
                    micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
                    dp=config.parallel.dp, seed=train.seed,
                    pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision),
-                   cp=config.parallel.cp)
+                   cp=config.parallel.cp, packing=config.packing)
 
     def _check_settings(self) -> None:
         if self.layout not in ("thd", "bshd"):
             raise ValueError(f"layout is {self.layout!r}; pass 'thd' or 'bshd'.")
+        if self.packing not in ("whole", "fill"):
+            raise ValueError(f"packing is {self.packing!r}; pass 'whole' or 'fill'.")
+        if self.packing == "fill" and self.layout != "thd":
+            raise ValueError("packing 'fill' cuts documents into packed rows and needs layout thd; a padded (BSHD) "
+                             "row holds one document, so use packing 'whole' with it.")
         if self.layout == "thd" and self.micro_batch_size != 1:
             raise ValueError(f"THD packs one row per micro-batch but micro_batch_size is {self.micro_batch_size}; "
                              "use micro_batch_size 1 (Megatron's GDN needs batch 1 with packed sequences).")
@@ -528,18 +571,26 @@ class DataPipeline:
         """THD: packed rows (the packing, and so the count, changes with the epoch's order); BSHD: documents."""
         return len(self.epoch_samples(epoch))
 
-    def epoch_samples(self, epoch: int) -> list[tuple[int, ...]]:
-        """The epoch's samples in order, each the indices of the documents it holds (one for BSHD)."""
+    def epoch_samples(self, epoch: int) -> list[tuple[Piece, ...]]:
+        """The epoch's samples in order, each the pieces of documents it holds (one whole document for BSHD)."""
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
             generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
             order = torch.randperm(len(self.documents), generator=generator).tolist()
+            samples: list[tuple[Piece, ...]]
             if self.layout == "bshd":
-                samples = [(index,) for index in order]
+                samples = [(self._whole(index),) for index in order]
+            elif self.packing == "fill":
+                rows = filled_rows([self._positions[index] for index in order], self.max_positions,
+                                   self.pad_sequences_to_multiple_of)
+                samples = [tuple((order[position], start, end) for position, start, end in row) for row in rows]
             else:
                 rows = first_fit_rows([self._padded_positions[index] for index in order], self.seq_length)
-                samples = [tuple(order[position] for position in row) for row in rows]
+                samples = [tuple(self._whole(order[position]) for position in row) for row in rows]
             self._cached_epoch = (epoch, samples)
         return self._cached_epoch[1]
+
+    def _whole(self, index: int) -> Piece:
+        return (index, 0, self._positions[index])
 
     def micro_batches(self, dp_rank: int, consumed_samples: int = 0, cp_rank: int = 0) -> Iterator[MicroBatch]:
         """Rank `dp_rank`'s micro-batches, without end, after the first `consumed_samples` samples of the
@@ -567,7 +618,7 @@ class DataPipeline:
         while True:
             yield self._micro_batch(list(itertools.islice(samples, chunk))[share])
 
-    def _samples_after(self, consumed_samples: int) -> Iterator[tuple[int, ...]]:
+    def _samples_after(self, consumed_samples: int) -> Iterator[tuple[Piece, ...]]:
         first_epoch, offset = 0, consumed_samples
         while offset >= self.samples_in_epoch(first_epoch):
             offset -= self.samples_in_epoch(first_epoch)
@@ -576,20 +627,23 @@ class DataPipeline:
             yield from itertools.islice(self.epoch_samples(epoch), offset, None)
             offset = 0
 
-    def _micro_batch(self, samples: list[tuple[int, ...]]) -> MicroBatch:
-        documents = tuple(index for sample in samples for index in sample)
-        sequences = [self._token_sequence(index) for index in documents]
+    def _micro_batch(self, samples: list[tuple[Piece, ...]]) -> MicroBatch:
+        pieces = [piece for sample in samples for piece in sample]
+        documents = tuple(dict.fromkeys(index for index, _, _ in pieces))
+        sequences = [self._token_sequence(piece) for piece in pieces]
+        # fill: every row max_positions long, the epoch's last one too, so each step has one shape.
         packed = pack(sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of,
-                      pad_token_id=PAD_TOKEN_ID)
+                      pad_token_id=PAD_TOKEN_ID, row_length=self.max_positions if self.packing == "fill" else None)
         if self.layout == "thd":
             return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:
         # the fixed shape Megatron's seq_length (and pipeline-parallel transfers) expect.
         return MicroBatch(to_bshd(packed, pad_to_multiple_of=self.seq_length), documents=documents)
 
-    def _token_sequence(self, index: int) -> TokenSequence:
-        document, positions = self.documents[index], self._positions[index]
-        tokens = document.token_ids[:positions + 1].long()
-        trained = document.trained[1:positions + 1]
+    def _token_sequence(self, piece: Piece) -> TokenSequence:
+        index, start, end = piece
+        document = self.documents[index]
+        tokens = document.token_ids[start:end + 1].long()
+        trained = document.trained[start + 1:end + 1]
         labels = torch.where(trained, tokens[1:], IGNORE_INDEX)
         return TokenSequence(tokens[:-1], labels, trained.float())

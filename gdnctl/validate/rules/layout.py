@@ -217,3 +217,43 @@ def te_packed_attention_head_dim(run):
                 "Use parallel.cp: 1 with kernels.attention: auto, or train.layout: bshd; for context parallel make "
                 "TE load cuDNN >= 9.19, set runtime.cudnn to it and check with benchmarks/attention_check.py.",
                 severity=Severity.ERROR if cudnn else None)
+
+
+@rule("LAY011", Severity.ERROR, "Filled packing needs packed (THD) rows")
+def fill_needs_thd(run):
+    """
+    What it checks: train.packing: fill with a padded (BSHD) layout.
+
+    Why: fill cuts documents at row ends and keeps each piece its own sequence through cu_seqlens, which only the
+    packed layout carries; a padded row is one sequence, so its pieces would attend to each other across documents.
+
+    Source: gdnctl's data pipeline (runtime/data/pipeline.py DataPipeline refuses it too); Megatron-Core's padded
+    path has no sequence boundaries inside a row (megatron/core/packed_seq_params.py is the only carrier).
+
+    Fix: set train.packing: auto (whole with BSHD) or train.layout: thd.
+    """
+    if run.is_training and run.packing.value == "fill" and run.layout.value != "thd":
+        yield Issue("train.packing", "packing fill cuts documents into packed rows, but the layout is "
+                                     f"{run.layout.value} (padded rows, one sequence each).",
+                    "Set train.packing: auto (whole) or train.layout: thd.")
+
+
+@rule("LAY012", Severity.WARNING, "Filled packing cuts sft examples")
+def fill_cuts_sft(run):
+    """
+    What it checks: train.packing: fill in an sft job.
+
+    Why: fill starts a row in the middle of whatever document the previous row ended in, so the second piece of an
+    example trains its response tokens without the prompt before them; the first piece may hold only prompt.
+    Pretraining text loses nothing that matters (Megatron's GPT dataset cuts it the same way).
+
+    Source: megatron/core/datasets/gpt_dataset.py (megatron-core 0.19.2): `_query_document_sample_shuffle_indices`
+    (line 381) reads each sample as a (document, offset) start and end, built by
+    helpers.build_sample_idx (line 583); gdnctl's runtime/data/pipeline.py filled_rows.
+
+    Fix: set train.packing: auto (whole for sft), or keep fill only for raw text trained like pretraining.
+    """
+    if run.is_training and run.preset.job == "sft" and run.preset.train.packing == "fill":
+        yield Issue("train.packing", "packing fill cuts sft examples at row ends, so a piece can train a response "
+                                     "without its prompt.",
+                    "Set train.packing: auto (whole), unless the data is raw text trained like pretraining.")

@@ -225,10 +225,10 @@ def test_every_document_is_trained_exactly_once_per_epoch_across_ranks(pipeline)
     epochs = [pipeline.epoch_samples(epoch) for epoch in range(2)]
     for samples in epochs:
         trained = [_expected_sequence(pipeline.documents[index], pipeline.max_positions)
-                   for sample in samples for index in sample]
+                   for sample in samples for index, _, _ in sample]
         assert Counter(trained) == expected
     # and the ranks' micro-batches, put back in order, are exactly those epochs one after the other
-    planned = [[_expected_sequence(pipeline.documents[index], pipeline.max_positions) for index in sample]
+    planned = [[_expected_sequence(pipeline.documents[index], pipeline.max_positions) for index, _, _ in sample]
                for samples in epochs for sample in samples]
     assert _global_samples(pipeline, len(planned)) == planned
 
@@ -306,6 +306,69 @@ def test_long_documents_are_truncated_to_the_padded_row():
     assert pipeline.max_positions == 16 and pipeline.truncated_documents == 1
     lengths = sorted(int(next(pipeline.micro_batches(0, consumed)).batch.seq_lens.sum()) for consumed in (0, 1))
     assert lengths == [4, 16]  # the long one keeps its first 16 positions; 16 + 4 would not fit in 18
+
+
+@st.composite
+def filled_pipelines(draw) -> DataPipeline:
+    lengths = draw(st.lists(st.integers(2, 60), min_size=1, max_size=12))
+    documents = [Document(torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
+                          torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)))) for n in lengths]
+    dp = draw(st.integers(1, 3))
+    return DataPipeline(documents, layout="thd", packing="fill", seq_length=draw(st.integers(8, 40)),
+                        micro_batch_size=1, global_batch_size=dp * draw(st.integers(1, 3)), dp=dp,
+                        seed=draw(st.integers(0, 2**32)), pad_sequences_to_multiple_of=draw(st.sampled_from([1, 2, 4])))
+
+
+@settings(max_examples=40, deadline=None)
+@given(filled_pipelines())
+def test_filled_rows_are_one_length_and_train_every_position_once_per_epoch(pipeline):
+    """fill: every micro-batch is max_positions long, no document is truncated, and the pieces of an epoch, put back
+    together in order, are every document's whole (inputs, labels, mask) exactly once."""
+    multiple = pipeline.pad_sequences_to_multiple_of
+    assert pipeline.truncated_documents == 0
+    stream = pipeline.micro_batches(0)
+    for micro_batch in (next(stream) for _ in range(5)):
+        assert micro_batch.tokens.shape == (1, pipeline.max_positions)
+        assert int(micro_batch.cu_seqlens_padded[-1]) == pipeline.max_positions
+        assert not bool((micro_batch.batch.padded_seq_lens % multiple).any())
+    for epoch in range(2):
+        samples = pipeline.epoch_samples(epoch)
+        rows = [sum(-(-(end - start) // multiple) * multiple for _, start, end in sample) for sample in samples]
+        assert all(filled == pipeline.max_positions for filled in rows[:-1]) and 0 < rows[-1] <= pipeline.max_positions
+        pieces: dict[int, list[tuple]] = {}
+        for sample in samples:
+            for index, start, end in sample:
+                pieces.setdefault(index, []).append((start, end))
+        assert sorted(pieces) == list(range(len(pipeline.documents)))
+        for index, spans in pieces.items():
+            assert spans[0][0] == 0 and spans[-1][1] == len(pipeline.documents[index]) - 1
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    # the micro-batch stream is the planned pieces: joined back per document, they are the whole documents
+    count = pipeline.samples_in_epoch(0)
+    joined: dict[int, list[tuple]] = {}
+    planned = [piece for sample in pipeline.epoch_samples(0) for piece in sample]
+    streamed = [sequence for sample in _global_samples(pipeline, count) for sequence in sample]
+    assert len(planned) == len(streamed)
+    for (index, _, _), (inputs, labels, mask) in zip(planned, streamed, strict=True):
+        joined.setdefault(index, []).append((inputs, labels, mask))
+    for index, parts in joined.items():
+        whole = tuple(tuple(x for part in parts for x in part[field]) for field in range(3))
+        assert whole == _expected_sequence(pipeline.documents[index], len(pipeline.documents[index]))
+
+
+def test_filled_rows_cut_on_the_padding_multiple():
+    rows = data.filled_rows([5, 9, 3], capacity=8, multiple=2)
+    assert rows == [[(0, 0, 5), (1, 0, 2)], [(1, 2, 9)], [(2, 0, 3)]]  # 5 takes 6, the cut piece 2; 7 takes 8
+    assert data.filled_rows([20], capacity=8) == [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        data.filled_rows([3], capacity=6, multiple=4)
+
+
+def test_fill_needs_packed_rows():
+    documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=9, seed=0)
+    with pytest.raises(ValueError, match="needs layout thd"):
+        DataPipeline(documents, layout="bshd", packing="fill", seq_length=8, micro_batch_size=1, global_batch_size=1,
+                     dp=1, seed=0)
 
 
 def test_the_engine_config_sets_layout_batches_and_cp_padding():
