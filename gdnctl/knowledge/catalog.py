@@ -16,7 +16,12 @@ _CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 
 
 class ModelNotFound(ValueError):
-    """The model id is not in the catalog, or the checkpoint's config.json cannot be used."""
+    """The model id is not in the catalog, or the checkpoint's config.json cannot be used. `hint`: the fix, where
+    the one sentence for every case (PRE003's) would not say what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @lru_cache(maxsize=1)
@@ -38,14 +43,22 @@ def _canonical_id(model_id: str) -> str | None:
     return None
 
 
+def in_catalog(model_id: str) -> bool:
+    return _canonical_id(model_id) is not None
+
+
+def did_you_mean(model_id: str) -> str:
+    """The sentence " Did you mean 'ID'?" naming the closest catalog id, or "" when none is close."""
+    close = difflib.get_close_matches(model_id, catalog_ids(), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
 def from_catalog(model_id: str) -> ModelArch:
     canonical = _canonical_id(model_id)
     if canonical is None:
-        close = difflib.get_close_matches(model_id, catalog_ids(), n=1, cutoff=0.6)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ModelNotFound(
-            f"'{model_id}' is not in the model catalog.{hint} Known ids: {', '.join(catalog_ids())}; "
-            "or set model.path to a local checkpoint directory with a config.json."
+            f"'{model_id}' is not in the model catalog.{did_you_mean(model_id)} Known ids: "
+            f"{', '.join(catalog_ids())}; or set model.path to a local checkpoint directory with a config.json."
         )
     defaults, models = _catalog()
     return ModelArch(id=canonical, path=None, **{**defaults, **models[canonical]})

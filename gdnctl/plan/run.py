@@ -7,10 +7,11 @@ rollout). Rules are pure functions of this object.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 
-from gdnctl.knowledge import DEFAULT_STACK, GPUS, GpuSpec, ModelArch, RankShape, catalog, per_rank_shapes
+from gdnctl.knowledge import DEFAULT_STACK, GPUS, GpuSpec, ModelArch, ModelNotFound, RankShape, catalog, per_rank_shapes
 from gdnctl.plan import decisions as decide
 from gdnctl.plan.speed import speed_options
 from gdnctl.schema import Preset
@@ -22,6 +23,9 @@ class Run:
     model: ModelArch
     gpu: GpuSpec
     stack: dict[str, str | None]  # package -> version, None when not installed / unknown
+    # model.path is the cluster's and not on this machine: `model` is the catalog's architecture of model.id
+    # (checkpoint_on_cluster), which LCH008 says.
+    model_path_on_cluster: bool = False
 
     @property
     def is_training(self) -> bool:
@@ -109,14 +113,55 @@ def resolve_stack(preset: Preset) -> dict[str, str | None]:
     return stack
 
 
-def resolve_model(preset: Preset) -> ModelArch:
-    """Raises catalog.ModelNotFound with a sentence when neither the id nor the path can be used."""
-    if preset.model.path is not None:
-        return catalog.from_checkpoint(preset.model.path, fallback_id=preset.model.id)
-    assert preset.model.id is not None
-    return catalog.from_catalog(preset.model.id)
+def checkpoint_on_cluster(preset: Preset) -> bool:
+    """Whether model.path names a checkpoint on the Slurm cluster rather than on this machine: it does not exist
+    here, the job is submitted with sbatch (so the path is read where the job runs), and model.id names a catalog
+    model, whose architecture the checks then use instead of the checkpoint's config.json. A preset for a cluster
+    is written and launched from a laptop that has no copy of the checkpoint."""
+    m = preset.model
+    return (m.path is not None and m.id is not None and preset.launch.executor == "slurm"
+            and catalog.in_catalog(m.id) and not os.path.exists(os.path.expanduser(m.path)))
+
+
+def _missing_path(preset: Preset) -> ModelNotFound:
+    """model.path is not on this machine and the catalog cannot stand in for it (checkpoint_on_cluster): why, and
+    the fix for this preset's executor and model.id."""
+    m = preset.model
+    said = f"model.path {m.path} does not exist on this machine, so gdnctl cannot read the model's architecture " \
+           "from its config.json"
+    cluster_fix = ("so the checks use the catalog's architecture and the job reads model.path on the cluster; or "
+                   "run gdnctl where the checkpoint is.")
+    if preset.launch.executor == "local":
+        return ModelNotFound(f"{said}, and the local executor runs the job here.",
+                             "Point model.path at the checkpoint directory on this machine; or, for a checkpoint on "
+                             "a Slurm cluster, launch with --slurm (launch.executor: slurm) and set model.id to its "
+                             "catalog id.")
+    if m.id is None:
+        return ModelNotFound(f"{said}, and model.id is unset.",
+                             f"Set model.id to the catalog id of the checkpoint's architecture "
+                             f"({', '.join(catalog.catalog_ids())}), {cluster_fix}")
+    return ModelNotFound(f"{said}, and model.id '{m.id}' is not in gdnctl's catalog.{catalog.did_you_mean(m.id)}",
+                         f"Set model.id to the catalog id of the checkpoint's architecture "
+                         f"({', '.join(catalog.catalog_ids())}), {cluster_fix}")
+
+
+def resolve_model(preset: Preset, on_cluster: bool = False) -> ModelArch:
+    """model.path's config.json (fields it lacks from model.id's catalog entry), else model.id's catalog entry.
+    `on_cluster` (checkpoint_on_cluster): model.id's catalog entry, carrying model.path for the job to load on the
+    cluster. Raises catalog.ModelNotFound with a sentence when neither the id nor the path can be used."""
+    m = preset.model
+    if m.path is not None and on_cluster:
+        assert m.id is not None
+        return catalog.from_catalog(m.id).model_copy(update={"path": m.path})
+    if m.path is not None:
+        if not os.path.exists(os.path.expanduser(m.path)):
+            raise _missing_path(preset)
+        return catalog.from_checkpoint(m.path, fallback_id=m.id)
+    assert m.id is not None
+    return catalog.from_catalog(m.id)
 
 
 def resolve(preset: Preset) -> Run:
-    return Run(preset=preset, model=resolve_model(preset), gpu=GPUS[preset.cluster.gpu],
-               stack=resolve_stack(preset))
+    on_cluster = checkpoint_on_cluster(preset)
+    return Run(preset=preset, model=resolve_model(preset, on_cluster), gpu=GPUS[preset.cluster.gpu],
+               stack=resolve_stack(preset), model_path_on_cluster=on_cluster)

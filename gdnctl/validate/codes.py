@@ -67,6 +67,7 @@ CODES: dict[str, str] = {
     "LCH005": "credential_values",
     "LCH006": "interpreter_replaceable",
     "LCH007": "local_paths_exist",
+    "LCH008": "model_path_on_cluster",
     "MEM001": "trainer_fits",
     "MEM002": "rollout_weights_fit",
     "MEM003": "colocated_rollout_fits",

@@ -18,14 +18,16 @@ MODEL_UNAVAILABLE = register_load_code(
     """
     What it checks: model.id names a catalog model (`gdnctl presets list` shows the shipped presets; the
     catalog holds the released Qwen3.5 sizes and Qwen3-Next-80B-A3B), or model.path is a directory whose
-    config.json describes a Gated DeltaNet model.
+    config.json describes a Gated DeltaNet model. A model.path that is not on this machine is read on the cluster
+    when the job goes to Slurm and model.id names a catalog model (LCH008); otherwise it is this error.
 
     Why: every other rule needs the architecture (layers, heads, experts).
 
     Source: gdnctl's catalog (gdnctl/knowledge/catalog.yaml, docs/sources.md "Models") and the bounds a checkpoint's
     config.json must meet (gdnctl/knowledge/model_arch.py).
 
-    Fix: correct the id (a did-you-mean is given), or point model.path at the checkpoint directory.
+    Fix: correct the id (a did-you-mean is given), or point model.path at the checkpoint directory; for a checkpoint
+    on the cluster, launch with --slurm and set model.id to its architecture's catalog id.
     """,
 )
 
@@ -106,7 +108,7 @@ def validate(reference: str | Path, overrides: list[str] | None = None) -> Valid
     except ModelNotFound as err:
         path = "model.path" if loaded.preset.model.path else "model.id"
         finding = Finding(MODEL_UNAVAILABLE.code, Severity.ERROR, path, str(err),
-                          "Use a catalog id or a checkpoint directory with a config.json.",
+                          err.hint or "Use a catalog id or a checkpoint directory with a config.json.",
                           loaded.sources.locate(_path_tuple(path)))
         return ValidationResult(loaded, None, [finding])
     return ValidationResult(loaded, run, _with_locations(rules.check(run), loaded.sources))

@@ -126,6 +126,8 @@ CASES = {
                lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}}),
     "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}},
                lambda tmp: _existing_data(tmp)),
+    "LCH008": ({"model": {"path": "/nonexistent/ckpt"}, "launch": {"executor": "slurm"}},
+               {"launch": {"executor": "slurm"}}),
     "COM001": ({"comm": {"skip_ops": ["all_gather_into_tnesor"]}}, {"comm": {"skip_ops": ["all_gather_into_tensor"]}}),
     "COM002": ({"comm": {"free_gb_threshold": 100}}, {"comm": {"free_gb_threshold": 3}}),
     "COM003": ({"comm": {"add_skip_ops": ["barrier"]}}, {"comm": {"add_skip_ops": ["all_reduce"]}}),

@@ -324,3 +324,30 @@ def local_paths_exist(run):
             yield Issue(field, f"{field} {value} does not exist on this machine, where the local executor runs the "
                                "job.", f"Point {field} at an existing path here, or launch on the cluster that "
                                        "has it (gdnctl launch --slurm).")
+
+
+@rule("LCH008", Severity.INFO, "model.path is read on the cluster; the checks used the catalog's architecture")
+def model_path_on_cluster(run):
+    """
+    What it checks: model.path does not exist on the machine that validates, launch.executor is slurm and model.id
+    names a catalog model. The other rules then check the catalog's architecture of model.id, and the job reads
+    model.path where it runs.
+
+    Why: a preset for a cluster is written, rendered and submitted from a laptop that has no copy of the
+    checkpoint; reading its config.json there is impossible, and refusing the preset (PRE003) would leave no way
+    to submit from the laptop. The catalog's entry is the released checkpoint's config.json, so the checks hold
+    for a checkpoint of that architecture (a fine-tune keeps it).
+
+    Source: gdnctl's catalog (gdnctl/knowledge/catalog.yaml, docs/sources.md "Models") and gdnctl/plan/run.py
+    (checkpoint_on_cluster, resolve_model): the engine config carries the catalog's architecture and model.path.
+
+    Fix: nothing, when model.path holds a checkpoint of model.id's architecture. For one with its own config.json
+    (other sizes, layers or heads), run `gdnctl validate` on the cluster, where that file is read.
+    """
+    if run.model_path_on_cluster:
+        preset = run.preset
+        yield Issue("model.path", f"model.path {preset.model.path} is not on this machine: it will be read on the "
+                                  f"cluster, and the catalog's architecture of {run.model.id} (model.id) was used "
+                                  "for the checks.",
+                    f"Nothing to do for a checkpoint of {run.model.id}'s architecture; for one with its own "
+                    "config.json, run gdnctl validate on the cluster, where that file is read.")
