@@ -515,8 +515,9 @@ def _script_python(run_dir: Path) -> str | None:
 
 @app.command()
 def status(run_dir: RunDirArg, json_output: JsonOpt = False) -> None:
-    """Where a run dir's job is: rendered (never launched), running or ended (local), or its Slurm job's state and
-    exit code (from scontrol). Exit 0 unless the run dir cannot be read."""
+    """Where a run dir's job is: rendered (never launched), running or ended (local: succeeded, failed or stopped,
+    with the exit code and the signal that ended it, as `gdnctl launch` recorded them), or its Slurm job's state
+    and exit code (from scontrol). Exit 0 unless the run dir cannot be read."""
     from gdnctl.launch import runs
 
     found = runs.status(run_dir)

@@ -39,6 +39,7 @@ class JobStopped(GdnctlError):
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum
 
 

@@ -7,7 +7,8 @@ offline runs, a run dir nested inside; `render --force` replaces the listed file
 A job holds its run dir while it runs. launch_local.sh takes an flock on LOCK_FILE before it execs torchrun,
 which keeps the descriptor, so the lock lasts exactly as long as the job; `--force` takes the same lock while it
 replaces the files. `gdnctl launch --slurm` records each job id it submits in SLURM_JOBS_FILE, so that `--force`
-can ask squeue whether the job has ended: a queued job would read the new engine.yaml when it starts.
+can ask squeue whether the job has ended: a queued job would read the new engine.yaml when it starts. When a local
+job ends, `gdnctl launch` records how in LOCAL_EXIT_FILE (schema/local_exit.py) for `gdnctl status`.
 
 Nothing here follows a symbolic link: a run dir given as a link, and a link planted as the lock file or the job
 record, are refused with a sentence naming the path.
@@ -20,19 +21,25 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gdnctl.errors import GdnctlError
+from gdnctl.schema import LOCAL_EXIT_FILE, LocalExit
 
 MANIFEST = "manifest.json"
 RENDERED = ("engine.yaml", "launch_local.sh", "launch_slurm.sbatch", MANIFEST)
 LOGS = "logs"
 LOCK_FILE = ".gdnctl-run.lock"  # not save_lock's .gdnctl-lock: a save_dir may be the run dir itself
 SLURM_JOBS_FILE = ".gdnctl-slurm-jobs"
-BOOKKEEPING = (LOCK_FILE, SLURM_JOBS_FILE)
+BOOKKEEPING = (LOCK_FILE, SLURM_JOBS_FILE, LOCAL_EXIT_FILE)
+# A local exit record is a few hundred bytes; one past this is not gdnctl's.
+MAX_LOCAL_EXIT_BYTES = 64 * 1024
 
 
 class RunDirNotEmpty(GdnctlError):
@@ -178,3 +185,60 @@ def recorded_slurm_jobs(run_dir: Path) -> list[str]:
         return []
     with os.fdopen(_open(run_dir / SLURM_JOBS_FILE, os.O_RDONLY)) as handle:
         return [job_id for job_id in dict.fromkeys(handle.read().split()) if job_id.isdigit()]
+
+
+def record_local_exit(run_dir: Path, record: LocalExit) -> None:
+    """Write `record` as the run dir's LOCAL_EXIT_FILE atomically and durably: a new file beside it, flushed to
+    disk, renamed over the old one and the directory flushed, so that a crash or a full disk leaves the old record
+    or the new, never part of one. The rename replaces a link planted at the name rather than writing through it.
+    Raises OSError when the run dir cannot take it."""
+    path = run_dir / LOCAL_EXIT_FILE
+    temporary = run_dir / f"{LOCAL_EXIT_FILE}.{secrets.token_hex(4)}.tmp"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(record.model_dump_json(indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(directory)
+    except OSError:  # a file system that cannot flush a directory (some network ones): the record is in place
+        pass
+    finally:
+        os.close(directory)
+
+
+def forget_local_exit(run_dir: Path) -> None:
+    """Remove the record of an earlier local run as a new one starts, so that it never stands for the new one (a
+    link at its name is removed, not followed)."""
+    path = run_dir / LOCAL_EXIT_FILE
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        raise RunDirNotEmpty(f"{path} cannot be removed ({error.strerror}); gdnctl replaces it with how this run "
+                             f"ends: remove it (rm -r {path}) and launch again.") from None
+
+
+def read_local_exit(run_dir: Path) -> LocalExit | None:
+    """How the run dir's latest local run ended; None where none was recorded, or what is there is not a record
+    gdnctl wrote (a link, another kind of file, or text that does not parse as one)."""
+    path = run_dir / LOCAL_EXIT_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        descriptor = _open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted at the name must not block status
+    except RunDirNotEmpty:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        text = handle.read(MAX_LOCAL_EXIT_BYTES + 1)
+    if len(text) > MAX_LOCAL_EXIT_BYTES:
+        return None
+    try:
+        return LocalExit.model_validate_json(text)
+    except ValidationError:
+        return None

@@ -1,9 +1,10 @@
 """What a run dir says about its job, for `gdnctl status`, `logs`, `cancel` and `runs`.
 
 Nothing is recorded beyond what the run dir already holds: manifest.json (the preset, how it is launched, the Slurm
-job name), the Slurm job ids `launch --slurm` records, the lock launch_local.sh holds while a local job runs, and
-the logs in logs/ (a Slurm job's logs/JOB_NAME-JOBID.out, a local run's logs/local-*.out). Slurm itself answers
-for a Slurm job's state; a job slurmctld has forgotten is reported as such.
+job name), the Slurm job ids `launch --slurm` records, the lock launch_local.sh holds while a local job runs, how
+the latest local run ended (.gdnctl-local-exit.json, which `gdnctl launch` writes as it ends), and the logs in
+logs/ (a Slurm job's logs/JOB_NAME-JOBID.out, a local run's logs/local-*.out). Slurm itself answers for a Slurm
+job's state; a job slurmctld has forgotten is reported as such.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch import submit
 from gdnctl.launch.render import slurm_job_name
+from gdnctl.schema import LocalExit
 
 
 class NotARunDir(GdnctlError):
@@ -36,14 +38,21 @@ class RunStatus:
     exit_code: int | None = None
     log: Path | None = None
     note: str = ""
+    local_exit: LocalExit | None = None  # how the latest local run ended, when it has ended and gdnctl recorded it
 
     def to_json(self) -> dict:
+        local = self.local_exit
         return {"run_dir": str(self.run_dir), "name": self.name, "job": self.job, "executor": self.executor,
                 "state": self.state, "slurm_job_ids": self.job_ids, "exit_code": self.exit_code,
-                "log": str(self.log) if self.log else None, "note": self.note}
+                "outcome": local.outcome if local else None, "signal": local.signal if local else None,
+                "smoke": local.smoke if local else None, "log": str(self.log) if self.log else None,
+                "note": self.note}
 
     def line(self) -> str:
-        ended = f", exit code {self.exit_code}" if self.exit_code is not None else ""
+        if self.local_exit is not None:
+            ended = self.local_exit.describe()
+        else:
+            ended = f", exit code {self.exit_code}" if self.exit_code is not None else ""
         job = f" (Slurm job {self.job_ids[-1]})" if self.job_ids else ""
         return f"{self.run_dir}: {self.name} ({self.job}, {self.executor}) {self.state}{job}{ended}"
 
@@ -119,8 +128,15 @@ def status(run_dir: Path) -> RunStatus:
     result.log = latest_local_log(run_dir)
     if _locked(run_dir):
         result.state = "running"
+        return result
+    ended = run_dirs.read_local_exit(run_dir)
+    if ended is not None:
+        result.state, result.local_exit, result.exit_code = "ended", ended, ended.exit_code
     elif run_dirs.job_traces(run_dir, run_dirs.listed_files(found)):
         result.state = "ended"
+        if result.log is not None:
+            result.note = ("no exit code was recorded for it (the gdnctl that launched it ended before the job, or "
+                           "predates the record); its log says how it ended.")
     return result
 
 

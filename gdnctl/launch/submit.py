@@ -17,6 +17,7 @@ from typing import IO, Callable
 from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch.process_tree import JobStopped, run_job, stop_requests
+from gdnctl.schema import LOCAL_EXIT_FILE, LocalExit
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -43,12 +44,47 @@ def local_log(run_dir: Path, args: tuple[str, ...] = ()) -> Path:
 
 def run_local(run_dir: Path, args: tuple[str, ...] = (), stdout: IO | None = None) -> int:
     """Run launch_local.sh (with `args`, e.g. --smoke) on this process's stderr and on `stdout`, by default this
-    process's stdout, with a copy of both in logs/local-*.out; returns the run's exit code. SIGTERM, SIGINT or
-    SIGHUP stop the job's whole process tree and raise JobStopped (process_tree.run_job)."""
+    process's stdout, with a copy of both in logs/local-*.out; returns the run's exit code, 128 + N when signal N
+    ended it. SIGTERM, SIGINT or SIGHUP stop the job's whole process tree and raise JobStopped
+    (process_tree.run_job). Either way the run dir records how the run ended (run_dir.record_local_exit)."""
     log = local_log(run_dir, args)
     run_dirs.refuse_link(log.parent)
     log.parent.mkdir(exist_ok=True)
-    return run_job(["bash", str(run_dir / "launch_local.sh"), *args], run_dir, stdout, log=log)
+    run_dirs.forget_local_exit(run_dir)
+    smoke = bool(args)
+    try:
+        code = run_job(["bash", str(run_dir / "launch_local.sh"), *args], run_dir, stdout, log=log)
+    except JobStopped as stopped:
+        _record_exit(run_dir, stopped.exit_code, signal.Signals(stopped.signum).name, smoke=smoke, stopped=True)
+        raise
+    killed_by = None
+    if code < 0:
+        # Popen's -N: signal N ended the launcher itself (launch_local.sh execs it), an OOM kill or someone's kill;
+        # reported as a shell reports it, and as Slurm's ExitCode is read (job_status).
+        killed_by, code = _signal_name(-code), 128 - code
+    _record_exit(run_dir, code, killed_by, smoke=smoke)
+    return code
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name in the enum
+        return f"signal {number}"
+
+
+def _record_exit(run_dir: Path, exit_code: int, signal_name: str | None, *, smoke: bool,
+                 stopped: bool = False) -> None:
+    """Record how the local run ended; a run dir that cannot take the record gets a sentence on stderr, and the run's
+    exit code stands."""
+    record = LocalExit(exit_code=exit_code, signal=signal_name, stopped=stopped, smoke=smoke,
+                       ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    try:
+        run_dirs.record_local_exit(run_dir, record)
+    except OSError as error:
+        print(f"gdnctl: the run ended with exit code {exit_code}, but gdnctl could not record it in "
+              f"{run_dir / LOCAL_EXIT_FILE} ({error.strerror or error}), so `gdnctl status` will not show it.",
+              file=sys.stderr)
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 import yaml
 
 from gdnctl.resources import presets_dir
+from gdnctl.schema import LOCAL_EXIT_FILE
 from tests.launch.helpers import hostile_values, recorded_calls, recorder, write_preset
 from tests.slurm_cluster import slurm_env
 
@@ -28,19 +32,63 @@ def selftest_with(tmp_path: Path, **launch) -> Path:
     return write_preset(tmp_path / "preset.yaml", data)
 
 
+def ended(run_dir: Path) -> tuple[str, dict, dict]:
+    """`gdnctl status` of a run dir (its first line, and its --json) and the exit record the launch left there."""
+    text = gdnctl("status", str(run_dir))
+    data = gdnctl("status", str(run_dir), "--json")
+    assert text.returncode == 0 and data.returncode == 0, text.stderr + data.stderr
+    record = json.loads((run_dir / LOCAL_EXIT_FILE).read_text())
+    return text.stdout.splitlines()[0], json.loads(data.stdout), record
+
+
 def test_local_selftest_end_to_end(tmp_path):
-    proc = gdnctl("launch", SELFTEST, "--run-dir", str(tmp_path / "run"))
+    run_dir = tmp_path / "runs" / "run"
+    proc = gdnctl("launch", SELFTEST, "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "selftest: passed: 7 ok, 0 failed" in proc.stdout
-    profiles = sorted(p.name for p in (tmp_path / "run" / "comm_profile").iterdir())
+    profiles = sorted(p.name for p in (run_dir / "comm_profile").iterdir())
     assert profiles == ["comm_profile_rank0.json", "comm_profile_rank1.json"]
+
+    line, data, record = ended(run_dir)
+    assert line == f"{run_dir}: selftest-cpu (selftest, local) ended: succeeded, exit code 0"
+    assert (data["state"], data["outcome"], data["exit_code"], data["signal"]) == ("ended", "succeeded", 0, None)
+    assert record["exit_code"] == 0 and record["stopped"] is False and record["smoke"] is False
+    listed = gdnctl("runs", str(tmp_path / "runs"))
+    assert listed.returncode == 0 and listed.stdout.splitlines() == [line]
 
 
 def test_local_failure_is_the_launch_exit_code(tmp_path):
     fake = recorder(tmp_path / "bin", exit_code=3)
-    proc = gdnctl("launch", str(selftest_with(tmp_path, python=str(fake))), "--run-dir", str(tmp_path / "run"))
+    run_dir = tmp_path / "run"
+    proc = gdnctl("launch", str(selftest_with(tmp_path, python=str(fake))), "--run-dir", str(run_dir))
     assert proc.returncode == 3
     assert len(recorded_calls(tmp_path / "bin")) == 1
+
+    line, data, record = ended(run_dir)
+    assert line == f"{run_dir}: selftest-cpu (selftest, local) ended: failed, exit code 3"
+    assert (data["outcome"], data["exit_code"], data["signal"]) == ("failed", 3, None)
+    assert record["exit_code"] == 3 and record["signal"] is None
+    listed = gdnctl("runs", str(tmp_path), "--json")
+    assert [(run["outcome"], run["exit_code"]) for run in json.loads(listed.stdout)] == [("failed", 3)]
+
+
+def test_a_job_killed_by_a_signal_is_recorded_with_the_signal(tmp_path):
+    """The job's launcher (what launch_local.sh execs) killed by SIGKILL, as the OOM killer does: a real script that
+    kills itself."""
+    killed = tmp_path / "bin" / "killed python"
+    killed.parent.mkdir()
+    killed.write_text("#!/usr/bin/env bash\n"
+                      f"if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} \"$@\"; fi\n"
+                      "kill -KILL $$\n")
+    killed.chmod(0o755)
+    run_dir = tmp_path / "run"
+    proc = gdnctl("launch", str(selftest_with(tmp_path, python=str(killed))), "--run-dir", str(run_dir))
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+
+    line, data, record = ended(run_dir)
+    assert line == f"{run_dir}: selftest-cpu (selftest, local) ended: failed, killed by SIGKILL (exit code 137)"
+    assert (data["outcome"], data["exit_code"], data["signal"]) == ("failed", 137, "SIGKILL")
+    assert record["signal"] == "SIGKILL" and record["stopped"] is False
 
 
 def test_local_refuses_multi_node(tmp_path):

@@ -42,6 +42,8 @@ def test_a_green_selftest_smoke_exits_0_with_its_verdicts_and_starts_no_job(tmp_
     # The job did not run, and the smoke kept to its own run dir.
     assert "selftest: passed" not in proc.stdout
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "smoke" / "metrics.jsonl").is_file()
+    assert gdnctl("status", str(run_dir)).stdout.splitlines()[0] == (
+        f"{run_dir}: selftest-cpu (selftest, local) ended (the smoke run): succeeded, exit code 0")
 
 
 def test_then_run_starts_the_job_after_a_green_smoke_and_json_is_one_object(tmp_path):
@@ -56,6 +58,8 @@ def test_then_run_starts_the_job_after_a_green_smoke_and_json_is_one_object(tmp_
     assert proc.stderr.index("smoke: green") < proc.stderr.index("gdnctl: starting the job.")
     assert proc.stderr.index("gdnctl: starting the job.") < proc.stderr.index("selftest: passed: 7 ok")
     assert (run_dir / "metrics.jsonl").is_file()
+    status = json.loads(gdnctl("status", str(run_dir), "--json").stdout)  # the job's end, not the smoke's
+    assert (status["outcome"], status["exit_code"], status["smoke"]) == ("succeeded", 0, False)
 
 
 def test_then_run_needs_smoke():

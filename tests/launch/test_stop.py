@@ -64,6 +64,9 @@ def test_a_signal_to_gdnctl_stops_every_process_of_the_job(tmp_path, sig):
     assert f"gdnctl: stopped by {sig.name}: the job (bash {run_dir.resolve()}/launch_local.sh and every process it " \
            "started) was sent SIGTERM and all 5 of its processes ended within" in stderr
     assert "Traceback" not in stderr
+    status = CliRunner().invoke(app, ["status", str(run_dir)])
+    assert status.stdout.splitlines()[0] == (f"{run_dir}: selftest-cpu (selftest, local) ended: stopped by gdnctl on "
+                                             f"{sig.name} (exit code {128 + sig})")
     _rerender_is_admitted(run_dir)
 
 
