@@ -8,7 +8,6 @@ import os
 import shlex
 import sys
 import traceback
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -605,9 +604,11 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
                                                      "checks, and the machine facts as --save-facts writes them "
                                                      "(credential-like values redacted); progress goes to "
                                                      "stderr.")] = False,
-           kernels: Annotated[bool, typer.Option("--kernels", help="Run fla, flashqla and an fp32 reference at "
-                                                 "the preset's per-rank GDN shapes and compare (GPU).")] = False,
-           bench: Annotated[bool, typer.Option("--bench", help="Time fla vs flashqla at those shapes (GPU).")] = False,
+           kernels: Annotated[bool, typer.Option("--kernels", help="Run every GDN kernel backend and an fp32 "
+                                                 "reference at the preset's per-rank GDN shapes and compare "
+                                                 "(GPU).")] = False,
+           bench: Annotated[bool, typer.Option("--bench", help="Time the GDN kernel backends at those shapes, each "
+                                               "against the default one (GPU).")] = False,
            chart: Annotated[Optional[Path], typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
            facts_file: Annotated[Optional[Path], typer.Option("--facts", help="Judge facts saved with "
                                                               "--save-facts instead of probing this machine.")] = None,
@@ -644,9 +645,22 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
     raise typer.Exit(1 if result.failed else 0)
 
 
-class GdnBackendChoice(str, Enum):
-    fla = "fla"
-    flashqla = "flashqla"
+# --backend's values are the kernel backends' table (gdnctl/knowledge/gdn_backends.py), read only when the option is
+# given or completed: importing gdnctl.knowledge (pydantic) would slow every `gdnctl --help` and completion.
+def _known_gdn_backend(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    from gdnctl.knowledge import GDN_BACKENDS
+
+    if value not in GDN_BACKENDS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, GDN_BACKENDS))}.")
+    return value
+
+
+def _complete_gdn_backend(incomplete: str) -> list[str]:
+    from gdnctl.knowledge import GDN_BACKENDS
+
+    return [name for name in GDN_BACKENDS if name.startswith(incomplete)]
 
 
 @app.command()
@@ -655,8 +669,9 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
                                                               "the preset's launch.kernel_cache_dir).")] = None,
             verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh "
                                                  "process afterwards.")] = True,
-            backend: Annotated[Optional[GdnBackendChoice], typer.Option(
-                "--backend", help="GDN kernel to compile (default: the preset's kernels.gdn_backend).")] = None,
+            backend: Annotated[Optional[str], typer.Option(
+                "--backend", metavar="<name>", callback=_known_gdn_backend, autocompletion=_complete_gdn_backend,
+                help="GDN kernel to compile, a kernels.gdn_backend value (default: the preset's).")] = None,
             json_output: JsonOpt = False) -> None:
     """Compile the GDN kernels for every per-rank shape of the preset into the shared kernel cache.
 
@@ -676,7 +691,7 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
     # Kernel libraries print to stdout while they compile; with --json, stdout must carry the one JSON object only.
     with _stdout_to_stderr(json_output):
-        report = warmer.prewarm(result.run, directory, verify=verify, backend=backend.value if backend else None,
+        report = warmer.prewarm(result.run, directory, verify=verify, backend=backend,
                                 progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
     if json_output:
         _emit_json(report)

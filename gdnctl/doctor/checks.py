@@ -6,7 +6,17 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gdnctl.doctor.facts import MachineFacts
-from gdnctl.knowledge import FLASHQLA_SMS, GPUS, sm_label, stack, versions
+from gdnctl.knowledge import (
+    FLA,
+    FLASHQLA,
+    GDN_BACKENDS,
+    GPUS,
+    KERNEL_DISTRIBUTIONS,
+    GdnBackend,
+    sm_label,
+    stack,
+    versions,
+)
 from gdnctl.runtime.kernels import RuntimeFacts, find_backend_problem
 
 MIN_PYTHON = "3.11"
@@ -36,13 +46,21 @@ def _gpu(facts: MachineFacts):
     return facts.gpus[0] if facts.gpus else None
 
 
+def _installed(facts: MachineFacts, backend: GdnBackend) -> str | None:
+    """The installed version of the first of the backend's distributions that is installed."""
+    return next((facts.version(name) for name in backend.distributions if facts.version(name)), None)
+
+
+def _chooses(run, backend: GdnBackend) -> bool:
+    return run is not None and run.preset.kernels.gdn_backend == backend.name
+
+
 def runtime_facts(facts: MachineFacts) -> RuntimeFacts:
     gpu = _gpu(facts)
     return RuntimeFacts(
         torch_version=facts.torch_version, cuda_version=facts.torch_cuda, cuda_available=gpu is not None,
         capability=gpu.sm if gpu else None, device_name=gpu.name if gpu else None,
-        package_versions={name: facts.version(name) for name in
-                          ("flash-qla", "tilelang", "fla-core", "flash-linear-attention", "triton")},
+        package_versions={name: facts.version(name) for name in KERNEL_DISTRIBUTIONS},
     )
 
 
@@ -121,24 +139,25 @@ def check_cudnn(facts: MachineFacts, run=None) -> Check:
 
 
 def check_flash_qla(facts: MachineFacts, run=None) -> Check:
-    version = facts.version("flash-qla")
-    wanted = run is not None and run.preset.kernels.gdn_backend == "flashqla"
+    name = FLASHQLA.import_name
+    version = _installed(facts, FLASHQLA)
+    wanted = _chooses(run, FLASHQLA)
     if version is None:
-        return Check("flash_qla", Status.FAIL if wanted else Status.SKIP, "not installed",
+        return Check(name, Status.FAIL if wanted else Status.SKIP, "not installed",
                      f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}'" if wanted else "")
     if facts.flash_qla_import_error:
-        return Check("flash_qla", Status.FAIL if wanted else Status.WARN,
+        return Check(name, Status.FAIL if wanted else Status.WARN,
                      f"{version}, import fails: {facts.flash_qla_import_error}",
                      "FlashQLA needs an SM90/100/103/120/121 GPU and CUDA >= 12.8; use kernels.gdn_backend: fla")
-    problem = find_backend_problem("flashqla", runtime_facts(facts), training=run is None or run.is_training)
+    problem = find_backend_problem(FLASHQLA.name, runtime_facts(facts), training=run is None or run.is_training)
     if problem:
-        return Check("flash_qla", Status.FAIL if wanted else Status.WARN, version, problem)
-    return Check("flash_qla", Status.OK, f"{version} (imports, {sm_label(_gpu(facts).sm)} supported)")
+        return Check(name, Status.FAIL if wanted else Status.WARN, version, problem)
+    return Check(name, Status.OK, f"{version} (imports, {sm_label(_gpu(facts).sm)} supported)")
 
 
 def check_tilelang(facts: MachineFacts, run=None) -> Check:
     version = facts.version("tilelang")
-    if facts.version("flash-qla") is None:
+    if _installed(facts, FLASHQLA) is None:
         return Check("tilelang", Status.SKIP, version or "not installed (only FlashQLA needs it)")
     if not versions.at_least(version, stack.FLASHQLA_MIN_TILELANG):
         return Check("tilelang", Status.FAIL, version or "not installed",
@@ -148,29 +167,31 @@ def check_tilelang(facts: MachineFacts, run=None) -> Check:
 
 def fla_dispatches_to_flashqla(facts: MachineFacts) -> bool:
     """FLA 0.6 routes chunk_gated_delta_rule to FlashQLA when flash_qla imports on SM90/100/103/120 and
-    neither FLA_FLASH_QLA=0 nor FLA_DISABLE_BACKEND_DISPATCH=1 is set."""
+    neither FLA's pinned environment (FLA_FLASH_QLA=0) nor FLA_DISABLE_BACKEND_DISPATCH=1 is set."""
     gpu = _gpu(facts)
-    return (facts.version("flash-qla") is not None and facts.flash_qla_import_error is None and gpu is not None
-            and gpu.sm in FLASHQLA_SMS - {(12, 1)} and facts.env.get("FLA_FLASH_QLA") != "0"
+    pinned = all(facts.env.get(variable) == value for variable, value in FLA.environment.items())
+    return (_installed(facts, FLASHQLA) is not None and facts.flash_qla_import_error is None and gpu is not None
+            and gpu.sm in FLASHQLA.gpus - {(12, 1)} and not pinned
             and facts.env.get("FLA_DISABLE_BACKEND_DISPATCH") != "1")
 
 
 def check_fla(facts: MachineFacts, run=None) -> Check:
-    version = facts.version("fla-core") or facts.version("flash-linear-attention")
-    wanted = run is None or run.preset.kernels.gdn_backend == "fla"
+    name = FLA.import_name
+    version = _installed(facts, FLA)
+    wanted = run is None or _chooses(run, FLA)
     if version is None and run is not None and run.gpu.sm is None:
-        return Check("fla", Status.SKIP, "not installed (the preset runs on CPU)")
+        return Check(name, Status.SKIP, "not installed (the preset runs on CPU)")
     if version is None:
-        return Check("fla", Status.FAIL if (run is not None and run.is_training) else Status.WARN, "not installed",
+        return Check(name, Status.FAIL if (run is not None and run.is_training) else Status.WARN, "not installed",
                      "pip install flash-linear-attention (Megatron-Core's GDN imports it)")
     if fla_dispatches_to_flashqla(facts):
-        return Check("fla", Status.WARN if wanted else Status.OK,
+        return Check(name, Status.WARN if wanted else Status.OK,
                      f"{version}; would silently dispatch to FlashQLA here",
                      "gdnctl's runtime sets FLA_FLASH_QLA=0 for the fla backend; set it yourself outside gdnctl")
-    problem = find_backend_problem("fla", runtime_facts(facts))
+    problem = find_backend_problem(FLA.name, runtime_facts(facts))
     if problem and facts.gpus:
-        return Check("fla", Status.FAIL, version, problem)
-    return Check("fla", Status.OK, version)
+        return Check(name, Status.FAIL, version, problem)
+    return Check(name, Status.OK, version)
 
 
 def check_megatron(facts: MachineFacts, run=None) -> Check:
@@ -304,10 +325,14 @@ def check_kernel_cache(facts: MachineFacts, run=None) -> Check:
         return Check("kernel_cache", Status.FAIL, f"{cache.path} is not writable",
                      "point launch.kernel_cache_dir (TILELANG_CACHE_DIR) at a writable shared directory")
     if cache.entries == 0:
-        cold = run is not None and run.preset.kernels.gdn_backend == "flashqla"
-        return Check("kernel_cache", Status.WARN if cold else Status.OK, f"{cache.path} (empty)",
-                     "gdnctl prewarm PRESET compiles the FlashQLA kernels once (minutes) instead of on every "
-                     "rank at start-up" if cold else "")
+        # A warning only for a backend that shows compile progress (FlashQLA: 2.5-6 min per shape from a cold
+        # cache on an H100); prewarm fills the cache for the others as well.
+        chosen = GDN_BACKENDS[run.preset.kernels.gdn_backend] if run is not None else None
+        if chosen is not None and chosen.shows_compile_progress:
+            return Check("kernel_cache", Status.WARN, f"{cache.path} (empty)",
+                         f"gdnctl prewarm PRESET compiles the {chosen.label} kernels once (minutes) instead of on "
+                         "every rank at start-up")
+        return Check("kernel_cache", Status.OK, f"{cache.path} (empty)")
     return Check("kernel_cache", Status.OK, f"{cache.path} ({cache.entries} files)")
 
 
@@ -357,7 +382,8 @@ def check_preset_gpu(facts: MachineFacts, run) -> Check:
 
 
 _RUNTIME_DISTRIBUTIONS = {"megatron_core": ("megatron-core",), "megatron_bridge": ("megatron-bridge",),
-                          "vllm": ("vllm",), "flash_qla": ("flash-qla",), "fla": ("fla-core", "flash-linear-attention"),
+                          "vllm": ("vllm",),
+                          **{backend.runtime_field: backend.distributions for backend in GDN_BACKENDS.values()},
                           "triton": ("triton",), "transformers": ("transformers",)}
 
 
@@ -386,7 +412,7 @@ def check_preset_backend(facts: MachineFacts, run) -> Check:
     if run.gpu.sm is None:
         return Check("preset.kernels", Status.SKIP, f"{backend} (no GPU kernels on a CPU preset)")
     problem = find_backend_problem(backend, runtime_facts(facts), training=run.is_training)
-    if backend == "flashqla" and problem is None and facts.flash_qla_import_error:
+    if backend == FLASHQLA.name and problem is None and facts.flash_qla_import_error:
         problem = f"import flash_qla fails: {facts.flash_qla_import_error}"
     if problem:
         return Check("preset.kernels", Status.FAIL, f"{backend}: {problem}",

@@ -10,11 +10,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from gdnctl.errors import GdnctlError
 from gdnctl.files import UnreadableFile, read_text
+from gdnctl.knowledge import KERNEL_DISTRIBUTIONS
 
-# Distributions the doctor looks up (by metadata, without importing them).
-PACKAGES = ("torch", "triton", "flash-qla", "tilelang", "fla-core", "flash-linear-attention", "megatron-core",
-            "megatron-bridge", "transformer-engine", "transformer_engine", "vllm", "nvidia-cudnn-cu12",
-            "nvidia-cudnn-cu13", "transformers")
+# Distributions the doctor looks up (by metadata, without importing them): torch, every GDN kernel backend's, and
+# those of training and rollouts.
+PACKAGES = ("torch", *KERNEL_DISTRIBUTIONS, "megatron-core", "megatron-bridge", "transformer-engine",
+            "transformer_engine", "vllm", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "transformers")
 # Environment variables the env lint reads; the only ones facts record (cli.py's doctor help lists them too).
 ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH",
              "TILELANG_CACHE_DIR", "CUDA_VISIBLE_DEVICES")

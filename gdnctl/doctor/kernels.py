@@ -1,9 +1,10 @@
 """`gdnctl doctor --kernels / --bench`: the GDN kernels at the preset's per-rank shapes on this GPU.
 
-Parity runs each backend through the runtime's adapter against the fp32 reference, forward and backward,
-and reports the largest relative error per tensor; timing uses triton's do_bench (median). Both run inside
-`flashqla_compiled`, which has TileLang compile (or load) FlashQLA's kernels at every shape first, saying what
-that costs and which kernel it is on, with the compiler's own output in the kernel cache's log.
+Parity runs each backend of gdnctl/knowledge/gdn_backends.py through the runtime's adapter against the fp32
+reference, forward and backward, and reports the largest relative error per tensor; timing uses triton's do_bench
+(median), each backend against the default one. Both run inside `kernels_compiled`, which has the backends that
+show compile progress (FlashQLA's TileLang) compile (or load) their kernels at every shape first, saying what that
+costs and which kernel it is on, with the compiler's own output in the kernel cache's log.
 """
 
 from __future__ import annotations
@@ -11,16 +12,30 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from gdnctl.doctor.checks import Check, Status
 from gdnctl.doctor.facts import MachineFacts
 from gdnctl.errors import GdnctlError
-from gdnctl.knowledge import RankShape
+from gdnctl.knowledge import DEFAULT_GDN_BACKEND, GDN_BACKENDS, RankShape
 
 TOLERANCE = 1e-2  # relative error ||a - b|| / ||b|| against the fp32 reference, per tensor
-BACKENDS = ("fla", "flashqla")
+# The bench's yardstick: each other backend's speedup is this one's time over its own.
+BASELINE = DEFAULT_GDN_BACKEND
+CHALLENGERS = tuple(name for name in GDN_BACKENDS if name != BASELINE)
+
+
+@dataclass(frozen=True)
+class BenchMode:
+    key: str  # a backend's time in a bench row, in ms
+    speedup: str  # a challenger's speedup over the baseline, beside its times
+    heading: str  # the table's column, after the backend's bench label
+    label: str  # the chart's
+
+
+MODES = (BenchMode("fwd_ms", "speedup_fwd", "fwd", "fwd"), BenchMode("fwd_bwd_ms", "speedup_fwd_bwd", "f+b", "fwd+bwd"))
 
 
 def _say(progress: Callable[[str], None] | None, text: str) -> None:
@@ -45,13 +60,16 @@ def _available(backend: str, run):
 
 
 @contextlib.contextmanager
-def flashqla_compiled(run, facts: MachineFacts, preset_args: str,
-                      progress: Callable[[str], None] | None) -> Iterator[Callable[[str], None] | None]:
-    """Compile (or load) FlashQLA's kernels at the preset's shapes, then run the block with the compiler's output
-    still going to the kernel cache's log; yields the progress callback for the block. Where FlashQLA cannot run,
-    nothing is compiled and the checks say why. `preset_args`: the preset and its --set overrides, as typed."""
-    kernel, _ = _available("flashqla", run) if facts.gpus else (None, None)
-    if kernel is None:
+def kernels_compiled(run, facts: MachineFacts, preset_args: str,
+                     progress: Callable[[str], None] | None) -> Iterator[Callable[[str], None] | None]:
+    """Compile (or load) the kernels of the backends that show compile progress at the preset's shapes, then run
+    the block with the compiler's output still going to the kernel cache's log; yields the progress callback for
+    the block. A backend that cannot run here compiles nothing, and the checks say why. `preset_args`: the preset
+    and its --set overrides, as typed."""
+    watched = [backend.name for backend in GDN_BACKENDS.values() if backend.shows_compile_progress]
+    kernels = [kernel for kernel, _ in (_available(name, run) for name in watched) if kernel is not None] \
+        if facts.gpus else []
+    if not kernels:
         yield progress
         return
     from gdnctl.runtime.kernels import compile_quietly, time_shapes
@@ -59,7 +77,8 @@ def flashqla_compiled(run, facts: MachineFacts, preset_args: str,
     shapes = run.gdn_rank_shapes()
     with compile_quietly(shapes, progress, header=f"gdnctl doctor {preset_args}",
                          prewarm=f"gdnctl prewarm {preset_args}") as say:
-        time_shapes(shapes, say, kernel=kernel)
+        for kernel in kernels:
+            time_shapes(shapes, say, kernel=kernel)
         yield say
 
 
@@ -69,7 +88,7 @@ def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
     from gdnctl.runtime.kernels import make_gdn_inputs, parity_errors
 
     results = []
-    for backend in BACKENDS:
+    for backend in GDN_BACKENDS:
         kernel, reason = _available(backend, run)
         if kernel is None:
             chosen = backend == run.preset.kernels.gdn_backend
@@ -109,7 +128,7 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
     for shape in run.gdn_rank_shapes():
         row: dict = {"shape": shape.name, "qk_heads": shape.qk_heads, "v_heads": shape.v_heads,
                      "tokens": shape.tokens}
-        for backend in BACKENDS:
+        for backend in GDN_BACKENDS:
             kernel, reason = _available(backend, run)
             if kernel is None:
                 row[backend] = {"error": reason}
@@ -127,24 +146,34 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
                 forward().sum().backward()
 
             row[backend] = {"fwd_ms": round(_time_ms(forward), 4), "fwd_bwd_ms": round(_time_ms(forward_backward), 4)}
-        if all("fwd_ms" in row.get(b, {}) for b in BACKENDS):
-            row["speedup_fwd"] = round(row["fla"]["fwd_ms"] / row["flashqla"]["fwd_ms"], 3)
-            row["speedup_fwd_bwd"] = round(row["fla"]["fwd_bwd_ms"] / row["flashqla"]["fwd_bwd_ms"], 3)
+        for challenger in CHALLENGERS:
+            if all("fwd_ms" in row[name] for name in (BASELINE, challenger)):
+                row[challenger].update({mode.speedup: round(row[BASELINE][mode.key] / row[challenger][mode.key], 3)
+                                        for mode in MODES})
         rows.append(row)
     return rows
 
 
 def format_bench(rows: list[dict]) -> str:
-    lines = [f"{'shape':<24} {'fla fwd':>9} {'fqla fwd':>9} {'x':>6} {'fla f+b':>9} {'fqla f+b':>9} {'x':>6}"]
-    for row in rows:
-        def cell(backend: str, key: str) -> str:
-            data = row.get(backend, {})
-            return f"{data[key]:.3f}" if key in data else "n/a"
+    """Per mode, each backend's time, then each challenger's speedup over the baseline ("x")."""
+    widths = [9] * len(GDN_BACKENDS) + [6] * len(CHALLENGERS)
 
-        lines.append(f"{row['shape']:<24} {cell('fla', 'fwd_ms'):>9} {cell('flashqla', 'fwd_ms'):>9} "
-                     f"{row.get('speedup_fwd', 'n/a')!s:>6} {cell('fla', 'fwd_bwd_ms'):>9} "
-                     f"{cell('flashqla', 'fwd_bwd_ms'):>9} {row.get('speedup_fwd_bwd', 'n/a')!s:>6}")
-    lines.append("times in ms (median of triton do_bench); x = FLA time / FlashQLA time")
+    def line(first: str, cells: list[str]) -> str:
+        return " ".join([f"{first:<24}", *(f"{cell:>{width}}" for cell, width in zip(cells, widths * len(MODES)))])
+
+    headings = [heading for mode in MODES for heading in
+                [f"{backend.bench_label} {mode.heading}" for backend in GDN_BACKENDS.values()]
+                + ["x"] * len(CHALLENGERS)]
+    lines = [line("shape", headings)]
+    for row in rows:
+        cells = []
+        for mode in MODES:
+            cells += [f"{row[name][mode.key]:.3f}" if mode.key in row[name] else "n/a" for name in GDN_BACKENDS]
+            cells += [str(row[name].get(mode.speedup, "n/a")) for name in CHALLENGERS]
+        lines.append(line(row["shape"], cells))
+    challengers = " or ".join(GDN_BACKENDS[name].label for name in CHALLENGERS)
+    lines.append(f"times in ms (median of triton do_bench); x = {GDN_BACKENDS[BASELINE].label} time / "
+                 f"{challengers} time")
     return "\n".join(lines)
 
 
@@ -159,16 +188,17 @@ def save_chart(rows: list[dict], path: Path) -> None:
     shapes = [row["shape"] for row in rows]
     fig, ax = plt.subplots(figsize=(1.8 * len(shapes) + 3, 4))
     width = 0.2
-    for offset, (backend, key) in enumerate([("fla", "fwd_ms"), ("flashqla", "fwd_ms"), ("fla", "fwd_bwd_ms"),
-                                             ("flashqla", "fwd_bwd_ms")]):
-        values = [row.get(backend, {}).get(key, 0.0) for row in rows]
-        ax.bar([i + (offset - 1.5) * width for i in range(len(rows))], values, width,
-               label=f"{backend} {'fwd' if key == 'fwd_ms' else 'fwd+bwd'}")
+    bars = [(backend, mode) for mode in MODES for backend in GDN_BACKENDS]
+    middle = (len(bars) - 1) / 2
+    for offset, (backend, mode) in enumerate(bars):
+        values = [row[backend].get(mode.key, 0.0) for row in rows]
+        ax.bar([i + (offset - middle) * width for i in range(len(rows))], values, width,
+               label=f"{backend} {mode.label}")
     ax.set_xticks(range(len(rows)), shapes)
     ax.set_ylabel("ms (median)")
     ax.set_title("GDN kernel time per call at the preset's per-rank shapes")
-    tallest = max((row.get(b, {}).get("fwd_bwd_ms", 0.0) for row in rows for b in BACKENDS), default=1.0)
+    tallest = max((row[b].get("fwd_bwd_ms", 0.0) for row in rows for b in GDN_BACKENDS), default=1.0)
     ax.set_ylim(top=tallest * 1.4)  # headroom so the legend never covers a bar
-    ax.legend(loc="upper left", ncols=2, fontsize=8)
+    ax.legend(loc="upper left", ncols=len(GDN_BACKENDS), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -24,6 +24,7 @@ from gdnctl.doctor.facts import (
     MachineFacts,
     RolloutEnvFact,
 )
+from gdnctl.knowledge import FLASHQLA
 from gdnctl.plan import DEFAULT_KERNEL_CACHE
 from gdnctl.runtime.kernels import cached_kernel_files
 from gdnctl.validate import replaceable_by_others
@@ -81,17 +82,18 @@ def _driver_version() -> str | None:
 
 
 def _flash_qla_import_error() -> str | None:
-    if _version("flash-qla") is None:
+    if all(_version(name) is None for name in FLASHQLA.distributions):
         return None
+    statement = f"import {FLASHQLA.import_name}"
     try:
-        proc = subprocess.run([sys.executable, "-c", "import flash_qla"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True,
                               timeout=IMPORT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return f"import flash_qla did not finish within {IMPORT_TIMEOUT_S} s"
+        return f"{statement} did not finish within {IMPORT_TIMEOUT_S} s"
     if proc.returncode == 0:
         return None
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else f"import flash_qla exited with {proc.returncode}"
+    return lines[-1] if lines else f"{statement} exited with {proc.returncode}"
 
 
 def _kernel_cache(path: str) -> KernelCacheFact:

@@ -96,7 +96,7 @@ def _run_kernels(doctor: DoctorResult, run, preset_args: str, *, kernels: bool, 
     # Use the kernel cache the job's scripts use (and prewarm fills), or FlashQLA compiles from scratch.
     if facts.kernel_cache is not None:
         os.environ.setdefault("TILELANG_CACHE_DIR", facts.kernel_cache.path)
-    with kernel_checks.flashqla_compiled(run, facts, preset_args, progress) as say:
+    with kernel_checks.kernels_compiled(run, facts, preset_args, progress) as say:
         if kernels:
             doctor.checks += kernel_checks.parity_checks(run, facts, say)
         if bench:

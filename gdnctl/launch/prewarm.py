@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 from gdnctl.errors import GdnctlError
-from gdnctl.knowledge import RankShape
+from gdnctl.knowledge import GDN_BACKENDS, RankShape
 from gdnctl.plan import kernel_cache_env
 from gdnctl.runtime.kernels import ShapeTiming, compile_quietly, time_shapes
-
-# The variable (of plan.kernel_cache_env) naming where each backend's compiler keeps its kernels.
-_CACHE_VARIABLE = {"flashqla": "TILELANG_CACHE_DIR", "fla": "TRITON_CACHE_DIR"}
 
 
 def _cache_env(cache_dir: Path) -> dict[str, str]:
@@ -68,15 +65,17 @@ def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
     except GdnBackendUnavailable as err:
         raise GdnctlError(f"cannot prewarm {backend} here: {err}") from None
     # Resolved first, so that a machine that cannot run the kernel gets the reason and no compile estimate.
-    if backend == "flashqla":
+    chosen = GDN_BACKENDS[backend]
+    compiler_cache = env[chosen.cache_variable]
+    if chosen.shows_compile_progress:
         with compile_quietly(shapes, progress, header=f"gdnctl prewarm {run.preset.name}") as say:
             compiled = time_shapes(shapes, say, kernel=kernel)
     else:
         if progress:
-            progress(f"FLA's Triton kernels for {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} into "
-                     f"{env['TRITON_CACHE_DIR']}: about 1.5-2 min per shape on an H100 from a cold cache")
+            progress(f"{chosen.label}'s {chosen.compiler} kernels for {len(shapes)} kernel "
+                     f"shape{'s' if len(shapes) != 1 else ''} into {compiler_cache}: {chosen.cold_compile}")
         compiled = time_shapes(shapes, progress, kernel=kernel)
-    report = {"backend": backend, "cache_dir": str(cache_dir), "compiler_cache": env[_CACHE_VARIABLE[backend]],
+    report = {"backend": backend, "cache_dir": str(cache_dir), "compiler_cache": compiler_cache,
               "compile": [asdict(t) for t in compiled]}
     if verify:
         if progress:

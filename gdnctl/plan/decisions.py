@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gdnctl.knowledge import GpuSpec, ModelArch, stack, versions
+from gdnctl.knowledge import GDN_BACKENDS, GpuSpec, ModelArch, stack, versions
 from gdnctl.schema import Preset
 
 # Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
@@ -253,9 +253,8 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
                     "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
                     "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)"))
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
-    if preset.kernels.gdn_backend == "fla":
-        env.append(("FLA_FLASH_QLA", "0", "FLA 0.6 silently dispatches to FlashQLA when it is importable; "
-                                          "this keeps fla meaning FLA's own Triton kernels"))
+    backend = GDN_BACKENDS[preset.kernels.gdn_backend]
+    env += [(name, value, backend.environment_reason) for name, value in backend.environment.items()]
     env.append(("OMP_NUM_THREADS", "1" if gpu.sm is not None else "2",
                 "one CPU thread per rank unless told otherwise (torchrun would warn)"))
     return env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gdnctl.knowledge import GDN_BACKENDS
 from gdnctl.plan import memory
 from gdnctl.plan.decisions import environment
 from gdnctl.plan.run import Run
@@ -47,9 +48,7 @@ def derived_values(run: Run) -> list[Derived]:
     if m.is_moe:
         out.append(Derived("expert_data_parallel", run.world_size.value // (p.ep * p.etp * p.pp) or None,
                            "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
-    out.append(Derived("gdn_backend", preset.kernels.gdn_backend,
-                       "FlashQLA TileLang kernels" if preset.kernels.gdn_backend == "flashqla" else
-                       "FLA Triton kernels, pinned with FLA_FLASH_QLA=0"))
+    out.append(Derived("gdn_backend", preset.kernels.gdn_backend, GDN_BACKENDS[preset.kernels.gdn_backend].explain))
     if run.is_training and run.gpu.sm is not None:
         out.append(Derived("torch_compile", preset.kernels.torch_compile,
                            "kernels.torch_compile: the trainer traces and compiles its fused functions in every "

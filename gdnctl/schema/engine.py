@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from gdnctl.knowledge import ModelArch
+from gdnctl.knowledge import GdnBackendName, ModelArch
 
 ENGINE_CONFIG_VERSION = 9  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
@@ -77,7 +77,7 @@ class EngineComm(_Frozen):
 
 
 class EngineKernels(_Frozen):
-    gdn_backend: Literal["fla", "flashqla"]
+    gdn_backend: GdnBackendName
     # False: the trainer process runs torch.compile'd functions eagerly (torch.compiler.set_stance("force_eager")).
     torch_compile: bool
     # The full-attention layers' core attention (plan/decisions.attention), and why.

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gdnctl.knowledge import GPUS, versions
+from gdnctl.knowledge import DEFAULT_GDN_BACKEND, GPUS, GdnBackendName, versions
 from gdnctl.schema import comm_ops
 
 JobKind = Literal["rl", "sft", "pretrain", "selftest"]
@@ -151,7 +151,7 @@ class TrainSpec(_Section):
 
 
 class KernelsSpec(_Section):
-    gdn_backend: Literal["fla", "flashqla"] = "fla"
+    gdn_backend: GdnBackendName = DEFAULT_GDN_BACKEND
     torch_compile: bool = Field(False, description="torch.compile the trainer's fused elementwise functions "
                                                    "(Megatron-Core's, Transformer Engine's, FLA's); off, they run "
                                                    "eagerly: the same step time, a shorter first step, less memory "

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdnctl.runtime.kernels.backends import BACKENDS, GdnBackendUnavailable, resolve_backend
+from gdnctl.knowledge import GDN_BACKENDS
+from gdnctl.runtime.kernels.backends import GdnBackendUnavailable, resolve_backend
 from gdnctl.runtime.kernels.reference import GdnShape, make_gdn_inputs, parity_errors
 
 pytestmark = [
@@ -27,7 +28,7 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=list(GDN_BACKENDS))
 def kernel(request):
     try:
         return resolve_backend(request.param, training=True)

@@ -5,7 +5,9 @@ Three steps, in the order a trainer needs them:
 1. `resolve_backend(name)` checks the runtime from facts that need no kernel import (torch and CUDA versions,
    GPU compute capability, installed package versions), then imports the kernel. Checking first matters:
    `import flash_qla` raises ValueError on an unsupported GPU, so a check after the import never speaks.
-   The decision itself is `find_backend_problem(backend, facts)`, a pure function tests feed recorded facts.
+   The decision itself is `find_backend_problem(backend, facts)`, a pure function tests feed recorded facts;
+   each backend's part of it is its adapter here (`PROBLEM_FINDERS`), and what the runtime needs to know
+   about it besides is its entry in gdnctl/knowledge/gdn_backends.py.
 2. The returned `GdnKernel` calls either kernel with one keyword signature, the one Megatron-Core uses.
 3. `patch_megatron_gdn_kernel(kernel)` before the model is built, `install_kernel_on_layers(model, kernel)` after;
    `report_layer_kernels(model)` then says which kernel every GDN layer really calls.
@@ -29,27 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gdnctl.errors import GdnctlError
-from gdnctl.knowledge import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, sm_label, stack, versions
+from gdnctl.knowledge import FLA, FLASHQLA, GDN_BACKENDS, KERNEL_DISTRIBUTIONS, sm_label, stack, versions
 from gdnctl.runtime.kernels.host_offsets import host_copy
-
-BACKENDS = ("fla", "flashqla")
 
 # fla-core 0.6.0 wheel metadata: Requires-Dist torch>=2.7.0 (extra "cuda").
 FLA_MIN_TORCH = "2.7"
 
-# FLA 0.6.0 hands chunk_gated_delta_rule to FlashQLA whenever flash_qla imports and the GPU is SM90/100/103/120
-# (fla/ops/gated_delta_rule/backends/flash_qla.py, default_enable=True). It reads this variable on every call,
-# so "fla" only means FLA's own Triton kernels while the variable is "0".
-FLA_WITHOUT_FLASHQLA_ENV = {"FLA_FLASH_QLA": "0"}
-
-_KERNEL_MODULES = {"fla": "fla.ops.gated_delta_rule", "flashqla": "flash_qla"}
-_REINSTALL_HINTS = {
-    "fla": "pip install flash-linear-attention (fla-core) into this environment",
-    "flashqla": f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' 'tilelang>={stack.FLASHQLA_MIN_TILELANG}' "
-                "or set kernels.gdn_backend to fla",
-}
-_USE_FLA_INSTEAD = "or set kernels.gdn_backend to fla"
-_TRAINING_SMS = FLASHQLA_SMS - FLASHQLA_FORWARD_ONLY_SMS
+# FLA runs on every CUDA GPU, so it is the way out of every other backend's limits.
+_USE_FLA_INSTEAD = f"or set kernels.gdn_backend to {FLA.name}"
+_FLASHQLA_TRAINING_SMS = FLASHQLA.gpus - FLASHQLA.forward_only_gpus
 
 
 class GdnBackendUnavailable(GdnctlError, RuntimeError):
@@ -75,12 +65,9 @@ class RuntimeFacts:
     package_versions: Mapping[str, str | None] = field(default_factory=dict)  # distribution -> version
 
 
-_DISTRIBUTIONS = ("flash-qla", "tilelang", "fla-core", "flash-linear-attention", "triton")
-
-
 def gather_runtime_facts() -> RuntimeFacts:
     """Read the facts from this process: torch is imported, the kernel packages are only looked up."""
-    package_versions = {name: _installed_version(name) for name in _DISTRIBUTIONS}
+    package_versions = {name: _installed_version(name) for name in KERNEL_DISTRIBUTIONS}
     try:
         import torch
     except ImportError:
@@ -98,11 +85,10 @@ def gather_runtime_facts() -> RuntimeFacts:
 
 def find_backend_problem(backend: str, facts: RuntimeFacts, *, training: bool = True) -> str | None:
     """The first reason `backend` cannot run given `facts`, as one sentence with the fix; None when it can."""
-    if backend == "flashqla":
-        return _flashqla_problem(facts, training)
-    if backend == "fla":
-        return _fla_problem(facts)
-    return f"Unknown GDN backend {backend!r}; set kernels.gdn_backend to one of {', '.join(BACKENDS)}."
+    find_problem = PROBLEM_FINDERS.get(backend)
+    if find_problem is None:
+        return f"Unknown GDN backend {backend!r}; set kernels.gdn_backend to one of {', '.join(GDN_BACKENDS)}."
+    return find_problem(facts, training)
 
 
 def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
@@ -121,20 +107,20 @@ def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
                 f"is built for {built_for}; install a torch built for CUDA {stack.FLASHQLA_MIN_CUDA} or newer "
                 f"{_USE_FLA_INSTEAD}.")
     gpu = f"{sm_label(facts.capability)} ({facts.device_name})"
-    if facts.capability not in FLASHQLA_SMS:
+    if not FLASHQLA.has_kernels_for(facts.capability):
         return (f"FlashQLA has no kernels for {gpu}; use a Hopper or Blackwell GPU "
-                f"({_sm_list(FLASHQLA_SMS)}) {_USE_FLA_INSTEAD}.")
+                f"({_sm_list(FLASHQLA.gpus)}) {_USE_FLA_INSTEAD}.")
     flash_qla_version = facts.package_versions.get("flash-qla")
     if flash_qla_version is None:
         return (f"flash-qla is not installed; pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' "
                 f"{_USE_FLA_INSTEAD}.")
     # SM120/SM121 got a backward in flash-qla 0.1.3 (its chunk/__init__.py imports blackwell_sm120's
     # fused_gdr_bwd); older releases raise NotImplementedError in the first backward, so refuse them up front.
-    if (training and facts.capability in FLASHQLA_FORWARD_ONLY_SMS
+    if (training and facts.capability in FLASHQLA.forward_only_gpus
             and versions.below(flash_qla_version, stack.FLASHQLA_SM120_BACKWARD)):
         return (f"flash-qla {flash_qla_version} has only a forward kernel on {gpu}, so it cannot train; "
                 f"pip install 'flash-qla>={stack.FLASHQLA_SM120_BACKWARD}', train on "
-                f"{_sm_list(_TRAINING_SMS)} {_USE_FLA_INSTEAD}.")
+                f"{_sm_list(_FLASHQLA_TRAINING_SMS)} {_USE_FLA_INSTEAD}.")
     if training and not versions.at_least(flash_qla_version, stack.FLASHQLA_TRAINING_MIN):
         return (f"flash-qla {flash_qla_version} computes wrong dg gradients (QwenLM/FlashQLA PR #28); "
                 f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}.")
@@ -146,7 +132,8 @@ def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
     return None
 
 
-def _fla_problem(facts: RuntimeFacts) -> str | None:
+def _fla_problem(facts: RuntimeFacts, training: bool) -> str | None:
+    # FLA has a backward wherever it runs, so training asks nothing more of it.
     if facts.torch_version is None:
         return f"PyTorch is not installed; install torch>={FLA_MIN_TORCH} with CUDA support."
     if not versions.at_least(facts.torch_version, FLA_MIN_TORCH):
@@ -160,6 +147,14 @@ def _fla_problem(facts: RuntimeFacts) -> str | None:
     if facts.package_versions.get("fla-core") is None and facts.package_versions.get("flash-linear-attention") is None:
         return "FLA is not installed; pip install flash-linear-attention."
     return None
+
+
+# Each backend's adapter: why it cannot run given the facts, or None (tests/test_gdn_backends.py checks that
+# every backend of gdnctl/knowledge/gdn_backends.py has one).
+PROBLEM_FINDERS: Mapping[str, Callable[[RuntimeFacts, bool], str | None]] = {
+    FLASHQLA.name: _flashqla_problem,
+    FLA.name: _fla_problem,
+}
 
 
 def _sm_list(sms: Iterable[tuple[int, int]]) -> str:
@@ -192,10 +187,13 @@ class GdnKernel:
     varlen inputs have B == 1 and `cu_seqlens`. Returns `(o, final_state)`.
     """
 
-    def __init__(self, name: str, raw_kernel: Callable, *, environment: Mapping[str, str] | None = None):
+    def __init__(self, name: str, raw_kernel: Callable, *, environment: Mapping[str, str] | None = None,
+                 shows_compile_progress: bool = False):
         self.name = name
         self.raw_kernel = raw_kernel
         self._environment = dict(environment or {})
+        # Whether its first call at a shape can be watched kernel by kernel (runtime/kernels/compile_progress.py).
+        self.shows_compile_progress = shows_compile_progress
         accepted = _accepted_keywords(raw_kernel, _OPTION_DEFAULTS)
         # FlashQLA's signature has no **kwargs, so an option it lacks must not be passed at all.
         self._unsupported_options = frozenset(_OPTION_DEFAULTS) - accepted
@@ -246,7 +244,8 @@ def _accepted_keywords(function: Callable, wanted: Iterable[str]) -> frozenset[s
 
 
 def resolve_backend(name: str, *, training: bool = True) -> GdnKernel:
-    """Check that the `name` kernel ("fla" or "flashqla") can run here, import it, and wrap it in a GdnKernel.
+    """Check that the `name` kernel (a kernels.gdn_backend value) can run here, import it, and wrap it in a
+    GdnKernel.
 
     Raises GdnBackendUnavailable with one sentence (what is missing, how to fix it) instead of importing a
     package that would crash.
@@ -254,9 +253,10 @@ def resolve_backend(name: str, *, training: bool = True) -> GdnKernel:
     problem = find_backend_problem(name, gather_runtime_facts(), training=training)
     if problem is not None:
         raise GdnBackendUnavailable(problem)
-    environment = FLA_WITHOUT_FLASHQLA_ENV if name == "fla" else {}
-    os.environ.update(environment)
-    return GdnKernel(name, _import_chunk_kernel(_KERNEL_MODULES[name], name), environment=environment)
+    backend = GDN_BACKENDS[name]
+    os.environ.update(backend.environment)
+    return GdnKernel(name, _import_chunk_kernel(backend.kernel_module, name), environment=backend.environment,
+                     shows_compile_progress=backend.shows_compile_progress)
 
 
 def _import_chunk_kernel(module_name: str, backend: str) -> Callable:
@@ -264,8 +264,9 @@ def _import_chunk_kernel(module_name: str, backend: str) -> Callable:
         return importlib.import_module(module_name).chunk_gated_delta_rule
     except Exception as error:  # flash_qla raises ValueError, not ImportError, on GPUs it does not support
         first_line = (str(error).splitlines() or [""])[0]
+        hint = GDN_BACKENDS[backend].install + ("" if backend == FLA.name else f" {_USE_FLA_INSTEAD}")
         raise GdnBackendUnavailable(f"Importing {module_name} failed ({type(error).__name__}: {first_line}); "
-                                    f"{_REINSTALL_HINTS[backend]}.") from error
+                                    f"{hint}.") from error
 
 
 # --- Megatron-Core injection --------------------------------------------------------------------------------
@@ -338,7 +339,7 @@ def install_kernel_on_layers(model: Any, kernel: GdnKernel) -> list[str]:
 
 
 def report_layer_kernels(model: Any) -> list[tuple[str, str]]:
-    """(layer name, kernel name) for every GDN layer: "fla" or "flashqla" for a GdnKernel, otherwise the
+    """(layer name, kernel name) for every GDN layer: its backend's name for a GdnKernel, otherwise the
     dotted name of the function the layer calls (for example Megatron's own FLA import or its torch kernel)."""
     return [(name, describe_kernel(_kernel_called_by(layer))) for name, layer in _gdn_layers(model)]
 

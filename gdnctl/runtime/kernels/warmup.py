@@ -36,24 +36,22 @@ def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
     return time.perf_counter() - start
 
 
-def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None,
-                kernel=None) -> list[ShapeTiming]:
-    """First and second forward+backward call per shape, in this process, with a progress line per kernel the
-    first call compiles (FlashQLA: TileLang says which; FLA's Triton compiles say nothing, so the first call's time
-    is all there is). `kernel`: the GdnKernel to time (default: FlashQLA)."""
+def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None, *,
+                kernel) -> list[ShapeTiming]:
+    """First and second forward+backward call per shape of `kernel` (a GdnKernel), in this process, with a
+    progress line per kernel the first call compiles where its backend shows compile progress (FlashQLA: TileLang
+    says which; FLA's Triton compiles say nothing, so the first call's time is all there is)."""
     import contextlib
 
-    from gdnctl.runtime.kernels.backends import resolve_backend
     from gdnctl.runtime.kernels.compile_progress import expected_kernels, watch_compiles
 
-    kernel = kernel or resolve_backend("flashqla", training=True)
     timings = []
     for index, shape in enumerate(shapes, 1):
         if progress:
             progress(f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
                      f"{shape.tokens} tokens{' packed' if shape.packed else ''}")
         watching = (watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress)
-                    if kernel.name == "flashqla" else contextlib.nullcontext())
+                    if kernel.shows_compile_progress else contextlib.nullcontext())
         with watching:
             first = fwd_bwd_seconds(kernel, shape)
         warm = min(fwd_bwd_seconds(kernel, shape) for _ in range(3))

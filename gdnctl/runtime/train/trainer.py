@@ -298,8 +298,8 @@ class Trainer:
         length = train.seq_length
         shape = RankShape(f"{heads} heads x {length} tokens", heads, heads, arch.linear_key_head_dim, (length,),
                           packed=self.config.layout == "thd")
-        if self.kernel.name == "flashqla":
-            first = self._first_flashqla_call(shape)
+        if self.kernel.shows_compile_progress:
+            first = self._first_call_watching_compiles(shape)
         else:
             first = fwd_bwd_seconds(self.kernel, shape)
         following = fwd_bwd_seconds(self.kernel, shape)
@@ -310,7 +310,7 @@ class Trainer:
             replace_text(self.run_dir / KERNEL_WARM_UP_FILE, json.dumps(timing.__dict__) + "\n")
         return timing
 
-    def _first_flashqla_call(self, shape) -> float:
+    def _first_call_watching_compiles(self, shape) -> float:
         """The call in which TileLang compiles FlashQLA's kernels (minutes from a cold cache): rank 0 says what it
         will cost and logs a line per kernel; every rank's compiler output goes to the kernel cache's log rather
         than filling the job's log with each rank's copy of the same hundreds of lines."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from gdnctl.knowledge import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, sm_label, stack, versions
+from gdnctl.knowledge import FLA, FLASHQLA, sm_label, stack, versions
 from gdnctl.validate.findings import Issue, Severity, rule
 
-_SUPPORTED = ", ".join(sm_label(sm) for sm in sorted(FLASHQLA_SMS))
+_SUPPORTED = ", ".join(sm_label(sm) for sm in sorted(FLASHQLA.gpus or ()))
 
 
 def _flashqla(run) -> bool:
-    return run.preset.kernels.gdn_backend == "flashqla"
+    return run.preset.kernels.gdn_backend == FLASHQLA.name
+
+
+def _fla(run) -> bool:
+    return run.preset.kernels.gdn_backend == FLA.name
 
 
 @rule("KRN001", Severity.ERROR, "FlashQLA on an unsupported GPU")
@@ -25,7 +29,7 @@ def flashqla_gpu(run):
 
     Fix: set kernels.gdn_backend: fla, or run on a Hopper/Blackwell GPU.
     """
-    if _flashqla(run) and run.gpu.sm not in FLASHQLA_SMS:
+    if _flashqla(run) and not FLASHQLA.has_kernels_for(run.gpu.sm):
         yield Issue("kernels.gdn_backend", f"FlashQLA has no kernels for {run.gpu.description} "
                                            f"({run.gpu.sm_label}); it supports {_SUPPORTED}.",
                     "Set kernels.gdn_backend: fla, or use a Hopper or Blackwell GPU.")
@@ -49,8 +53,8 @@ def flashqla_forward_only(run):
 
     Fix: set runtime.flash_qla to 0.1.3 or later and install it, or set kernels.gdn_backend: fla.
     """
-    version = run.stack.get("flash_qla")
-    if (_flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA_FORWARD_ONLY_SMS
+    version = run.stack.get(FLASHQLA.runtime_field)
+    if (_flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA.forward_only_gpus
             and versions.below(version, stack.FLASHQLA_SM120_BACKWARD)):
         yield Issue("runtime.flash_qla", f"flash-qla {version} has only a forward kernel on {run.gpu.sm_label} "
                                          f"({run.gpu.description}), so it cannot train.",
@@ -90,7 +94,7 @@ def flashqla_training_version(run):
 
     Fix: pip install 'flash-qla>=0.1.3' (needs tilelang >= 0.1.12) and set runtime.flash_qla.
     """
-    version = run.stack.get("flash_qla")
+    version = run.stack.get(FLASHQLA.runtime_field)
     if _flashqla(run) and run.is_training and versions.below(version, stack.FLASHQLA_TRAINING_MIN):
         yield Issue("runtime.flash_qla", f"flash-qla {version} has a dg precision bug in training "
                                          "(QwenLM/FlashQLA PR #28).",
@@ -109,7 +113,7 @@ def flashqla_installed(run):
 
     Fix: install flash-qla (and set runtime.flash_qla to its version), or use fla.
     """
-    if _flashqla(run) and run.stack.get("flash_qla") is None:
+    if _flashqla(run) and run.stack.get(FLASHQLA.runtime_field) is None:
         yield Issue("runtime.flash_qla", "kernels.gdn_backend is flashqla but runtime.flash_qla says it is not "
                                          "installed.",
                     f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' and set runtime.flash_qla, or use fla.")
@@ -126,12 +130,12 @@ def fla_pins_own_kernels(run):
     mean FlashQLA. gdnctl's runtime sets FLA_FLASH_QLA=0 so fla means FLA's own Triton kernels.
 
     Source: FLA 0.6's fla/ops/gated_delta_rule/backends/flash_qla.py (default_enable=True; docs/sources.md "GDN
-    kernels"); gdnctl's FLA_FLASH_QLA=0 (runtime/kernels/backends.py, plan/decisions.py).
+    kernels"); gdnctl's FLA_FLASH_QLA=0 (FLA's environment in knowledge/gdn_backends.py).
 
     Fix: nothing to do; choose kernels.gdn_backend: flashqla if you want FlashQLA.
     """
-    if (run.preset.kernels.gdn_backend == "fla" and run.stack.get("flash_qla") is not None
-            and run.gpu.sm in FLASHQLA_SMS and run.is_training):
+    if (_fla(run) and run.stack.get(FLASHQLA.runtime_field) is not None
+            and FLASHQLA.has_kernels_for(run.gpu.sm) and run.is_training):
         # run.stack holds the preset's runtime: pins (and their defaults), not what this machine has installed.
         yield Issue("kernels.gdn_backend", f"the preset's runtime pins flash-qla {run.stack['flash_qla']} "
                                            "(runtime.flash_qla), and where it is installed FLA would dispatch to it "
@@ -164,8 +168,8 @@ def fla_hopper_triton_backward(run):
     Fix: use Triton >= 3.7.1 (or < 3.4) and say so in runtime.triton; or install tilelang with FLA >= 0.5.0;
     or set kernels.gdn_backend: flashqla.
     """
-    triton, fla = run.stack.get("triton"), run.stack.get("fla")
-    if (run.preset.kernels.gdn_backend != "fla" or not run.is_training or not run.gpu.is_hopper
+    triton, fla = run.stack.get("triton"), run.stack.get(FLA.runtime_field)
+    if (not _fla(run) or not run.is_training or not run.gpu.is_hopper
             or triton is None or fla is None):
         return
     first_bad, fixed = stack.FLA_HOPPER_BAD_TRITON
@@ -181,7 +185,7 @@ def fla_hopper_triton_backward(run):
     elif versions.below(fla, stack.FLA_HOPPER_GUARD):
         yield Issue("runtime.triton", f"{broken}; FLA {fla} has no guard against it, and only its Hopper tile "
                                       "size is said to avoid the broken path.", fix, Severity.WARNING)
-    elif run.stack.get("flash_qla") is not None:
+    elif run.stack.get(FLASHQLA.runtime_field) is not None:
         yield Issue("runtime.triton", f"{broken}; FLA {fla} hands that kernel to its TileLang backend, which "
                                       "needs tilelang (flash-qla brings it) and a usable nvcc.", fix, Severity.INFO)
     else:
@@ -209,8 +213,8 @@ def fla_blackwell_backward(run):
 
     Fix: install FLA >= 0.5.2 (fla-core) and set runtime.fla, or set kernels.gdn_backend: flashqla.
     """
-    fla = run.stack.get("fla")
-    if (run.preset.kernels.gdn_backend == "fla" and run.is_training and run.gpu.is_blackwell
+    fla = run.stack.get(FLA.runtime_field)
+    if (_fla(run) and run.is_training and run.gpu.is_blackwell
             and versions.below(fla, stack.FLA_BLACKWELL_BACKWARD_FIX)):
         yield Issue("runtime.fla", f"FLA {fla}'s GDN backward gives NaN gradients or hangs on Blackwell "
                                    f"({run.gpu.sm_label}; fla #913, #999).",
@@ -234,7 +238,7 @@ def flashqla_release_gpu(run):
 
     Fix: install a flash-qla release that has kernels for this GPU and set runtime.flash_qla, or use fla.
     """
-    version = run.stack.get("flash_qla")
+    version = run.stack.get(FLASHQLA.runtime_field)
     since = stack.FLASHQLA_FORWARD_SINCE.get(run.gpu.sm)
     if _flashqla(run) and since is not None and versions.below(version, since):
         yield Issue("runtime.flash_qla", f"flash-qla {version} has no kernels for {run.gpu.sm_label} "

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdnctl.knowledge import FLA
 from gdnctl.runtime.kernels import backends as gdn_kernels
 from gdnctl.runtime.kernels.backends import (
     GdnBackendUnavailable,
@@ -251,7 +252,7 @@ def test_fla_adapter_switches_off_flas_flashqla_dispatch_on_every_call(monkeypat
         seen.append(os.environ.get("FLA_FLASH_QLA"))
         return v, None
 
-    GdnKernel("fla", fla_like, environment=gdn_kernels.FLA_WITHOUT_FLASHQLA_ENV)(*_inputs())
+    GdnKernel("fla", fla_like, environment=FLA.environment)(*_inputs())
     assert seen == ["0"]
 
 
