@@ -141,10 +141,6 @@ class MemoryProbe(Protocol):
 
     def empty_cache(self) -> None: ...
 
-    def capturing(self) -> bool:
-        """Whether the current stream is recording a CUDA graph."""
-        ...
-
 
 class CudaMemoryProbe:
     """The current CUDA device, as the driver and PyTorch's caching allocator see it."""
@@ -162,9 +158,6 @@ class CudaMemoryProbe:
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
-
-    def capturing(self) -> bool:
-        return torch.cuda.is_current_stream_capturing()
 
 
 class HostMemoryProbe:
@@ -190,9 +183,6 @@ class HostMemoryProbe:
     def empty_cache(self) -> None:
         """The CPU allocator holds no cache to give back."""
 
-    def capturing(self) -> bool:
-        return False
-
 
 class CountingProbe:
     """Forwards to another probe and counts memory reads and cache releases (selftest and tests)."""
@@ -216,9 +206,6 @@ class CountingProbe:
     def empty_cache(self) -> None:
         self.releases += 1
         self.inner.empty_cache()
-
-    def capturing(self) -> bool:
-        return self.inner.capturing()
 
 
 def default_memory_probe() -> MemoryProbe:
@@ -293,10 +280,6 @@ class _Guard:
         self._used_groups: set[tuple[str, int]] = set()  # (op, id(group)) seen, while profiling
 
     def call(self, op: str, original: Callable, args: tuple, kwargs: dict) -> Any:
-        if self.probe.capturing():
-            # A collective recorded into a CUDA graph (speed.cuda_graphs): the graph replays the collective, never
-            # this check, and a synchronize or cache release while recording would invalidate the capture.
-            return original(*args, **kwargs)
         if self.op_profiles is not None:
             return self._call_profiled(op, original, args, kwargs)
         if op not in self.policy.skip_ops:
