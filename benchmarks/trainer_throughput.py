@@ -60,6 +60,8 @@ from pathlib import Path
 
 import yaml
 
+from gdnctl.knowledge.gdn_backends import GDN_BACKENDS
+
 PRESET = "qwen3.5-35b-a3b-proxy-bench"
 WARMUP_STEPS = 2
 # The trainer's record of its GDN kernel warm-up (first, next and warm call), beside metrics.jsonl.
@@ -164,7 +166,7 @@ def compare(args, work: Path) -> dict:
 
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
 SPEED_OFF = {"router_fusion": "off", "bias_activation_fusion": "off", "rope_fusion": "off", "cross_entropy": "native",
-             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off", "cuda_graphs": "off"}
+             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off"}
 
 
 def speed_options(args, work: Path) -> dict:
@@ -237,7 +239,7 @@ def context_parallel(args, work: Path) -> dict:
 GUARD_POLICIES = ("guard-always", "default-skip", "guard-off")
 # Only with --recommended-from RUN_DIR: the skip set `gdnctl comm-report RUN_DIR` recommends.
 RECOMMENDED = "recommended"
-BACKENDS = ("fla", "flashqla")
+BACKENDS = GDN_BACKENDS
 # Above any GPU's free memory: every checked collective takes the guard's clear path (synchronize, gc.collect,
 # empty_cache), as it does in a real run whose free memory sits below comm.free_gb_threshold (slime: 3 GB).
 PRESSURE_THRESHOLD_GIB = 1.0e6

@@ -249,9 +249,6 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
     if gpu.sm is not None:
         env.append(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                     "fewer fragmentation OOMs with variable-length (packed) batches"))
-        env.append(("NCCL_GRAPH_REGISTER", "0",
-                    "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
-                    "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)"))
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
     backend = GDN_BACKENDS[preset.kernels.gdn_backend]
     env += [(name, value, backend.environment_reason) for name, value in backend.environment.items()]

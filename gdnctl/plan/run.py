@@ -61,12 +61,12 @@ class Run:
         return decide.layout(self.preset, self.stack)
 
     @cached_property
-    def model_builder(self) -> decide.Decision:
-        return decide.model_builder(self.stack)
-
-    @cached_property
     def packing(self) -> decide.Decision:
         return decide.packing(self.preset, self.stack)
+
+    @cached_property
+    def model_builder(self) -> decide.Decision:
+        return decide.model_builder(self.stack)
 
     @cached_property
     def attention(self) -> decide.Decision:

@@ -177,12 +177,9 @@ class SpeedSpec(_Section):
         "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)")
     manual_gc: _AUTO_ON_OFF = Field(
         "auto", description="Python's garbage collector runs between steps, not in the middle of one")
-    cuda_graphs: _AUTO_ON_OFF = Field(
-        "auto", description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
-                            "(needs one row shape every step: packed rows filled, or padded rows)")
 
     @field_validator("router_fusion", "bias_activation_fusion", "rope_fusion", "wgrad_fusion", "manual_gc",
-                     "cuda_graphs", mode="before")
+                     mode="before")
     @classmethod
     def _yaml_switch(cls, value: object) -> object:
         """YAML 1.1 reads a bare `on`/`off` as true/false: take them as the switch they spell."""
