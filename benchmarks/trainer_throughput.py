@@ -66,6 +66,7 @@ PRESET = "qwen3.5-35b-a3b-proxy-bench"
 WARMUP_STEPS = 2
 # The trainer's record of its GDN kernel warm-up (first, next and warm call), beside metrics.jsonl.
 KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
+STARTUP_FILE = "startup.json"
 TOP_OPS = 25
 GDN_INPUTS = ("q", "k", "v", "g", "beta")
 GDN_RANGE = "gdn forward (adapter + kernel)"
@@ -89,8 +90,11 @@ def launch(run_dir: Path, sets: list[str]) -> list[dict]:
 def summarise(steps: list[dict], run_dir: Path) -> dict:
     measured = steps[WARMUP_STEPS:]
     warm_up = run_dir / KERNEL_WARM_UP_FILE
+    startup = run_dir / STARTUP_FILE
     return {
         "kernel_warm_up": json.loads(warm_up.read_text()) if warm_up.exists() else None,
+        # rank 0's time to the end of step 1, by phase (runtime/train/startup.py)
+        "startup": json.loads(startup.read_text()) if startup.exists() else None,
         "tokens_per_s": statistics.median(s["tokens_per_second"] for s in measured),
         "step_s": statistics.median(s["seconds"] for s in measured),
         "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),

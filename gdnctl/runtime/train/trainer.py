@@ -38,6 +38,7 @@ from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents
+from gdnctl.runtime.train.startup import StartupClock
 from gdnctl.schema import EngineConfig
 
 KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
@@ -163,6 +164,7 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(config.train.skip_nonfinite_steps)
         self.lr = config.train.lr  # the step's lr, from the schedule, set before every step
         self.held_out = None  # eval:'s DataPipeline, built in train()
+        self.startup = StartupClock()  # where the time to step 1 goes (logged after it)
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -201,6 +203,7 @@ class Trainer:
         self._log(torch_compile)
         if config.layout == "thd":
             self._log(offsets)
+        self.startup.mark("set-up")
 
     def _build(self) -> None:
         from megatron.core.distributed import (
@@ -304,6 +307,7 @@ class Trainer:
         self._log(timing.line())
         if self.rank == 0:
             replace_text(self.run_dir / KERNEL_WARM_UP_FILE, json.dumps(timing.__dict__) + "\n")
+        self.startup.mark("GDN kernel warm-up")
         return timing
 
     def _first_call_watching_compiles(self, shape) -> float:
@@ -335,6 +339,7 @@ class Trainer:
         # Held-out loss (eval:): the same batches at every evaluation, so two evaluations differ by the weights.
         self.held_out = None if config.eval is None else DataPipeline.from_engine_config(config, read_documents(
             config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path))
+        self.startup.mark("data")
         with compiles_logged("training", self._log if self.rank == 0 else None), \
                 collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
             self._train_steps(pipeline, stream, forward_backward, save_dir)
@@ -374,6 +379,9 @@ class Trainer:
             self._report(stats)
             self._check_finite(loss_finite, updated, micro_losses, batches)
             self.step_stats.append(stats)
+            if len(self.step_stats) == 1:
+                self.startup.mark("step 1")
+                self._log(self.startup.report(self.run_dir, write=self.rank == 0))
             self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
             if self.held_out is not None and (self.iteration % self.config.eval.interval == 0
                                               or self.iteration == train.train_iters):

@@ -1,0 +1,52 @@
+"""Where a rank's time to its first step goes: one line after step 1 and `startup.json` beside metrics.jsonl.
+
+Phases, each measured on rank 0 from the previous mark: the process's start to the trainer's set-up (Python, torch,
+the process group), the set-up (Megatron-Core's, Transformer Engine's and megatron-bridge's imports, the model, its
+weights, DDP and the optimizer), the GDN kernel's warm-up, the data pipeline and step 1 itself. The process start is
+read from Linux's /proc (the time torchrun started this rank); elsewhere that phase is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from gdnctl.files import replace_text
+
+STARTUP_FILE = "startup.json"
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started, from /proc/self/stat's start time (field 22, in clock ticks after boot)
+    and /proc/uptime; None where /proc is not Linux's."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_ticks = int(after_name[19])  # field 22; the text after the name starts at field 3
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartupClock:
+    """Marks phases as they end; `report` after step 1 gives the line and writes the file (rank 0)."""
+
+    def __init__(self) -> None:
+        age = process_age_seconds()
+        self.phases: dict[str, float] = {} if age is None else {"process start to trainer": round(age, 2)}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = round(now - self._last, 2)
+        self._last = now
+
+    def report(self, run_dir: Path, write: bool) -> str:
+        total = sum(self.phases.values())
+        if write:
+            replace_text(run_dir / STARTUP_FILE, json.dumps({"phases_s": self.phases, "total_s": round(total, 2)})
+                         + "\n")
+        return ("start-up: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items())
+                + f"; {total:.1f} s from this rank's start to the end of step 1")
