@@ -102,10 +102,9 @@ def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def pack(sequences: Sequence[TokenSequence], pad_sequences_to_multiple_of: int = 1,
-         pad_token_id: int = 0, row_length: int | None = None) -> ThdBatch:
+         pad_token_id: int = 0) -> ThdBatch:
     """Pack samples into one THD stream, padding each to a multiple of `pad_sequences_to_multiple_of`
-    (pass cp for context-parallel THD). `row_length`: pad the last sample further so the stream is exactly
-    that long (every micro-batch of one shape); it must be a multiple of `pad_sequences_to_multiple_of`."""
+    (pass cp for context-parallel THD)."""
     _check_multiple("pad_sequences_to_multiple_of", pad_sequences_to_multiple_of)
     if not sequences:
         raise ValueError("pack() got no sequences; pass at least one TokenSequence.")
@@ -113,12 +112,6 @@ def pack(sequences: Sequence[TokenSequence], pad_sequences_to_multiple_of: int =
     seq_lens = torch.tensor([sequence.input_ids.numel() for sequence in sequences], dtype=torch.int64,
                             device=device)
     padded_seq_lens = _round_up(seq_lens, pad_sequences_to_multiple_of)
-    if row_length is not None:
-        filled = int(padded_seq_lens.sum())
-        if row_length < filled or row_length % pad_sequences_to_multiple_of:
-            raise ValueError(f"pack() got row_length {row_length} for {filled} padded tokens; pass a multiple of "
-                             f"{pad_sequences_to_multiple_of} of at least {filled}.")
-        padded_seq_lens[-1] += row_length - filled
     input_ids, labels, loss_mask = [], [], []
     for sequence, padding in zip(sequences, (padded_seq_lens - seq_lens).tolist(), strict=True):
         input_ids += [sequence.input_ids, sequence.input_ids.new_full((padding,), pad_token_id)]

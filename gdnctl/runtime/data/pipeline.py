@@ -29,8 +29,9 @@ pretraining samples are packed rows too). Epochs follow one another without a br
 its own seed, so a global batch may span two epochs and no sample is ever dropped or repeated.
 
 Packing (THD): `whole` keeps each document in one row and truncates one longer than the row; `fill` cuts the
-epoch's documents, in order, at row ends, so every row is exactly the row's length with no padding (the last
-row of an epoch is padded to it) and no token is dropped: what Megatron's GPT dataset does with pretraining text
+documents, epoch after epoch in each epoch's order, at row ends, so every row is exactly the row's length with no
+padding (a row may run from one epoch into the next) and no token is dropped: what Megatron's GPT dataset does
+with pretraining text
 (megatron/core/datasets/gpt_dataset.py, megatron-core 0.19.2, line 381: each sample runs from a (document,
 offset) pair to the next, across consecutive documents).
 Each piece stays its own sequence in cu_seqlens, so no token attends across a document boundary.
@@ -463,26 +464,27 @@ def first_fit_rows(lengths: Sequence[int], capacity: int, window: int = PACKING_
     return rows
 
 
-def filled_rows(positions: Sequence[int], capacity: int, multiple: int = 1) -> list[list[Piece]]:
-    """Pieces of the documents (indices into `positions`, in order), cut into rows of `capacity` positions: a
-    document that reaches a row's end goes on in the next row. Each piece takes its length padded to `multiple`;
-    with capacity a multiple of it, every cut lands on a multiple, so only a document's last piece is padded. The
-    last row may be short."""
+def filled_rows(documents: Iterable[tuple[int, int]], capacity: int, multiple: int = 1) -> Iterator[list[Piece]]:
+    """Rows of `capacity` positions cut from (index, positions) documents in the order given: a document that
+    reaches a row's end goes on in the next row. Each piece takes its length padded to `multiple`; with capacity a
+    multiple of it every cut lands on a multiple, so only a document's last piece is padded and every row is exactly
+    `capacity`. A finite input's last row may be short."""
     if capacity < 1 or capacity % multiple:
         raise ValueError(f"filled_rows got capacity {capacity}; pass a positive multiple of {multiple}.")
-    rows: list[list[Piece]] = [[]]
+    row: list[Piece] = []
     room = capacity
-    for index, length in enumerate(positions):
+    for index, length in documents:
         start = 0
         while start < length:
             take = min(length - start, room)
-            rows[-1].append((index, start, start + take))
+            row.append((index, start, start + take))
             room -= -(-take // multiple) * multiple
             start += take
             if room == 0:
-                rows.append([])
-                room = capacity
-    return [row for row in rows if row]
+                yield row
+                row, room = [], capacity
+    if row:
+        yield row
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -503,7 +505,8 @@ class DataPipeline:
     tokens). Truncation rather than splitting: a split-off tail starts mid-text without its context, and for SFT
     it would train response tokens without their prompt. `truncated_documents` counts them, for the log. With
     packing `fill` (THD, pretraining text) nothing is truncated: rows are cut from the documents one after the
-    other, each exactly `max_positions` long (`filled_rows`)."""
+    other, epoch after epoch, each exactly `max_positions` long (`filled_rows`), so a row may hold the end of one
+    epoch and the start of the next; `consumed_samples` still counts rows."""
 
     def __init__(self, documents: Iterable[Document], *, layout: Layout, seq_length: int,
                  micro_batch_size: int, global_batch_size: int, dp: int, seed: int,
@@ -568,26 +571,36 @@ class DataPipeline:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 
     def samples_in_epoch(self, epoch: int) -> int:
-        """THD: packed rows (the packing, and so the count, changes with the epoch's order); BSHD: documents."""
+        """THD whole: packed rows (the packing, and so the count, changes with the epoch's order); BSHD: documents.
+        Filled rows run across epochs and have no such count."""
         return len(self.epoch_samples(epoch))
 
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The documents' order in this epoch (its own seed)."""
+        generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+        return torch.randperm(len(self.documents), generator=generator).tolist()
+
     def epoch_samples(self, epoch: int) -> list[tuple[Piece, ...]]:
-        """The epoch's samples in order, each the pieces of documents it holds (one whole document for BSHD)."""
+        """The epoch's samples in order, each the pieces of documents it holds (one whole document for BSHD). With
+        packing fill rows run across epochs: `filled_samples` is their stream."""
+        if self.packing == "fill":
+            raise ValueError("filled rows run from one epoch into the next; read them with filled_samples().")
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
-            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
-            order = torch.randperm(len(self.documents), generator=generator).tolist()
+            order = self.epoch_order(epoch)
             samples: list[tuple[Piece, ...]]
             if self.layout == "bshd":
                 samples = [(self._whole(index),) for index in order]
-            elif self.packing == "fill":
-                rows = filled_rows([self._positions[index] for index in order], self.max_positions,
-                                   self.pad_sequences_to_multiple_of)
-                samples = [tuple((order[position], start, end) for position, start, end in row) for row in rows]
             else:
                 rows = first_fit_rows([self._padded_positions[index] for index in order], self.seq_length)
                 samples = [tuple(self._whole(order[position]) for position in row) for row in rows]
             self._cached_epoch = (epoch, samples)
         return self._cached_epoch[1]
+
+    def filled_samples(self) -> Iterator[tuple[Piece, ...]]:
+        """packing fill: every row of the job in order, without end, each exactly `max_positions` positions."""
+        documents = ((index, self._positions[index])
+                     for epoch in itertools.count() for index in self.epoch_order(epoch))
+        return (tuple(row) for row in filled_rows(documents, self.max_positions, self.pad_sequences_to_multiple_of))
 
     def _whole(self, index: int) -> Piece:
         return (index, 0, self._positions[index])
@@ -619,6 +632,10 @@ class DataPipeline:
             yield self._micro_batch(list(itertools.islice(samples, chunk))[share])
 
     def _samples_after(self, consumed_samples: int) -> Iterator[tuple[Piece, ...]]:
+        if self.packing == "fill":
+            # A resume re-cuts the rows before it: a few pieces a row, a second or so per million rows.
+            yield from itertools.islice(self.filled_samples(), consumed_samples, None)
+            return
         first_epoch, offset = 0, consumed_samples
         while offset >= self.samples_in_epoch(first_epoch):
             offset -= self.samples_in_epoch(first_epoch)
@@ -631,9 +648,8 @@ class DataPipeline:
         pieces = [piece for sample in samples for piece in sample]
         documents = tuple(dict.fromkeys(index for index, _, _ in pieces))
         sequences = [self._token_sequence(piece) for piece in pieces]
-        # fill: every row max_positions long, the epoch's last one too, so each step has one shape.
         packed = pack(sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of,
-                      pad_token_id=PAD_TOKEN_ID, row_length=self.max_positions if self.packing == "fill" else None)
+                      pad_token_id=PAD_TOKEN_ID)
         if self.layout == "thd":
             return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:

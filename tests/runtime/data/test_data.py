@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections import Counter
@@ -321,47 +322,66 @@ def filled_pipelines(draw) -> DataPipeline:
 
 @settings(max_examples=40, deadline=None)
 @given(filled_pipelines())
-def test_filled_rows_are_one_length_and_train_every_position_once_per_epoch(pipeline):
-    """fill: every micro-batch is max_positions long, no document is truncated, and the pieces of an epoch, put back
-    together in order, are every document's whole (inputs, labels, mask) exactly once."""
+def test_filled_rows_are_one_length_and_cut_the_epochs_documents_in_order(pipeline):
+    """fill: every micro-batch is exactly max_positions long, including where a row runs from one epoch into the
+    next; nothing is truncated; and the rows' pieces, read in order, are epoch 0's documents whole and in its order,
+    then epoch 1's: every token trained once per epoch."""
     multiple = pipeline.pad_sequences_to_multiple_of
     assert pipeline.truncated_documents == 0
+    rows = list(itertools.islice(pipeline.filled_samples(), 3 * len(pipeline.documents) + 3))
+    assert all(sum(-(-(end - start) // multiple) * multiple for _, start, end in row) == pipeline.max_positions
+               for row in rows)
+    pieces = [piece for row in rows for piece in row]
+    expected = (index for epoch in itertools.count() for index in pipeline.epoch_order(epoch))
+    position = 0
+    for index in expected:  # each document's pieces follow one another and cover it
+        if position == len(pieces):
+            break
+        covered = 0
+        while position < len(pieces) and pieces[position][0] == index and pieces[position][1] == covered:
+            covered = pieces[position][2]
+            position += 1
+        assert covered == len(pipeline.documents[index]) - 1 or position == len(pieces)
+    assert position == len(pieces)
     stream = pipeline.micro_batches(0)
-    for micro_batch in (next(stream) for _ in range(5)):
+    for micro_batch in (next(stream) for _ in range(4)):
         assert micro_batch.tokens.shape == (1, pipeline.max_positions)
         assert int(micro_batch.cu_seqlens_padded[-1]) == pipeline.max_positions
         assert not bool((micro_batch.batch.padded_seq_lens % multiple).any())
-    for epoch in range(2):
-        samples = pipeline.epoch_samples(epoch)
-        rows = [sum(-(-(end - start) // multiple) * multiple for _, start, end in sample) for sample in samples]
-        assert all(filled == pipeline.max_positions for filled in rows[:-1]) and 0 < rows[-1] <= pipeline.max_positions
-        pieces: dict[int, list[tuple]] = {}
-        for sample in samples:
-            for index, start, end in sample:
-                pieces.setdefault(index, []).append((start, end))
-        assert sorted(pieces) == list(range(len(pipeline.documents)))
-        for index, spans in pieces.items():
-            assert spans[0][0] == 0 and spans[-1][1] == len(pipeline.documents[index]) - 1
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
-    # the micro-batch stream is the planned pieces: joined back per document, they are the whole documents
-    count = pipeline.samples_in_epoch(0)
-    joined: dict[int, list[tuple]] = {}
-    planned = [piece for sample in pipeline.epoch_samples(0) for piece in sample]
-    streamed = [sequence for sample in _global_samples(pipeline, count) for sequence in sample]
-    assert len(planned) == len(streamed)
-    for (index, _, _), (inputs, labels, mask) in zip(planned, streamed, strict=True):
-        joined.setdefault(index, []).append((inputs, labels, mask))
-    for index, parts in joined.items():
-        whole = tuple(tuple(x for part in parts for x in part[field]) for field in range(3))
-        assert whole == _expected_sequence(pipeline.documents[index], len(pipeline.documents[index]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(filled_pipelines(), st.integers(0, 10))
+def test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped(pipeline, chunks):
+    """The ranks' micro-batches, put back in global order, are the planned rows' pieces (inputs, labels and mask of
+    each document's stretch), and a job resumed after `chunks` chunks of samples goes on with the same rows."""
+    chunk = pipeline.micro_batch_size * pipeline.dp
+    count = (chunks + 3) * chunk
+    planned = [[_expected_piece(pipeline.documents[index], start, end) for index, start, end in row]
+               for row in itertools.islice(pipeline.filled_samples(), count)]
+    uninterrupted = _global_samples(pipeline, count)
+    assert uninterrupted == planned
+    assert _global_samples(pipeline, 3 * chunk, consumed_samples=chunks * chunk) == uninterrupted[chunks * chunk:]
+
+
+def _expected_piece(document: Document, start: int, end: int) -> tuple:
+    """The stretch [start, end) of a document's positions, computed with plain lists: (inputs, labels, mask)."""
+    tokens, trained = document.token_ids.tolist(), document.trained.tolist()
+    labels = [tokens[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(start, end)]
+    return tuple(tokens[start:end]), tuple(labels), tuple(float(t) for t in trained[start + 1:end + 1])
 
 
 def test_filled_rows_cut_on_the_padding_multiple():
-    rows = data.filled_rows([5, 9, 3], capacity=8, multiple=2)
+    rows = list(data.filled_rows(enumerate([5, 9, 3]), capacity=8, multiple=2))
     assert rows == [[(0, 0, 5), (1, 0, 2)], [(1, 2, 9)], [(2, 0, 3)]]  # 5 takes 6, the cut piece 2; 7 takes 8
-    assert data.filled_rows([20], capacity=8) == [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]
+    assert list(data.filled_rows([(0, 20)], capacity=8)) == [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]
     with pytest.raises(ValueError, match="multiple of 4"):
-        data.filled_rows([3], capacity=6, multiple=4)
+        list(data.filled_rows([(0, 3)], capacity=6, multiple=4))
+    documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=9, seed=0)
+    filled = DataPipeline(documents, layout="thd", packing="fill", seq_length=8, micro_batch_size=1,
+                          global_batch_size=1, dp=1, seed=0)
+    with pytest.raises(ValueError, match="filled_samples"):
+        filled.epoch_samples(0)
 
 
 def test_fill_needs_packed_rows():
