@@ -1,11 +1,11 @@
 """What gdnctl knows about the world, with sources: the model architectures (catalog and checkpoint config.json),
 GPUs, the software stack's versions and thresholds, sbatch's options, model FLOPs and the GDN kernel shapes a
-rank calls, and the GDN kernel backends.
+rank calls, the GDN kernel backends and the LoRA targets.
 
 The bottom layer: plain data and pure functions, importing nothing of gdnctl's but the base modules.
 """
 
-from gdnctl.knowledge import catalog, flops, hardware, slurm, stack, versions
+from gdnctl.knowledge import catalog, flops, hardware, lora, slurm, stack, versions
 from gdnctl.knowledge.catalog import HF_CONFIG_KEYS, ROPE_KEYS, ModelNotFound
 from gdnctl.knowledge.gdn_backends import (
     DEFAULT_GDN_BACKEND,
@@ -18,10 +18,14 @@ from gdnctl.knowledge.gdn_backends import (
 )
 from gdnctl.knowledge.gdn_shapes import RankShape, kernel_heads, per_rank_shapes
 from gdnctl.knowledge.hardware import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, GPUS, GpuSpec, sm_label
+from gdnctl.knowledge.lora import DEFAULT_TARGETS as DEFAULT_LORA_TARGETS
+from gdnctl.knowledge.lora import TARGETS as LORA_TARGETS
+from gdnctl.knowledge.lora import LoraTargetName
 from gdnctl.knowledge.model_arch import ModelArch
 from gdnctl.knowledge.stack import DEFAULT_STACK
 
-__all__ = ["DEFAULT_GDN_BACKEND", "DEFAULT_STACK", "FLA", "FLASHQLA", "FLASHQLA_FORWARD_ONLY_SMS", "FLASHQLA_SMS",
-           "GDN_BACKENDS", "GPUS", "HF_CONFIG_KEYS", "KERNEL_DISTRIBUTIONS", "ROPE_KEYS", "GdnBackend",
-           "GdnBackendName", "GpuSpec", "ModelArch", "ModelNotFound", "RankShape", "catalog", "flops", "hardware",
-           "kernel_heads", "per_rank_shapes", "slurm", "sm_label", "stack", "versions"]
+__all__ = ["DEFAULT_GDN_BACKEND", "DEFAULT_LORA_TARGETS", "DEFAULT_STACK", "FLA", "FLASHQLA",
+           "FLASHQLA_FORWARD_ONLY_SMS", "FLASHQLA_SMS", "GDN_BACKENDS", "GPUS", "HF_CONFIG_KEYS",
+           "KERNEL_DISTRIBUTIONS", "LORA_TARGETS", "ROPE_KEYS", "GdnBackend", "GdnBackendName", "GpuSpec",
+           "LoraTargetName", "ModelArch", "ModelNotFound", "RankShape", "catalog", "flops", "hardware", "kernel_heads",
+           "lora", "per_rank_shapes", "slurm", "sm_label", "stack", "versions"]

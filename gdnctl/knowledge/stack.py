@@ -51,6 +51,10 @@ BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classe
 BRIDGE_QWEN35_TP_ABOVE_KV_HEADS = "0.5.0"  # 0.4.x's Qwen3.5 providers refuse TP > query groups (PR #3238)
 BRIDGE_MTP_SEQUENCE_PARALLEL_FIX = "0.5.0"  # MTP shadow-embedding bug with SP (PR #3143)
 BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
+# LoRA(share_expert_adapters=False): one adapter per grouped (TE grouped-GEMM) expert, GroupedExpertLinearAdapter
+# (PR #3408, commit 747caeb). Before it every grouped expert of an EP rank shares one adapter (peft/lora.py 0.4.2),
+# which no Hugging Face adapter layout holds.
+BRIDGE_LORA_PER_EXPERT = "0.5.0"
 BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
     (BRIDGE_QWEN35_VL, "Qwen3.5 VL"),
     (BRIDGE_QWEN35_TEXT, "Qwen3.5 text"),

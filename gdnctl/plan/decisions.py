@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gdnctl.knowledge import GDN_BACKENDS, GpuSpec, ModelArch, stack, versions
+from gdnctl.knowledge import GDN_BACKENDS, GpuSpec, ModelArch, lora, stack, versions
 from gdnctl.schema import Preset
 
 # Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
@@ -286,3 +286,16 @@ def lr_schedule(preset: Preset) -> dict[str, Decision]:
     else:
         min_lr = Decision(t.lr / 10, "a tenth of train.lr (Megatron-Bridge's recipes decay to lr / 10)")
     return {"warmup_steps": warmup, "decay": decay, "min_lr": min_lr}
+
+
+def lora_targets(preset: Preset, model: ModelArch) -> Decision:
+    """The linears train.lora adapts: the preset's targets, or megatron-bridge's Qwen3.5 LoRA recipes' coverage
+    that this model has (knowledge/lora.py DEFAULT_TARGETS, read in megatron-bridge 0.6.2)."""
+    spec = preset.train.lora
+    if spec is None:
+        return Decision((), "no train.lora: every parameter trains")
+    if spec.targets is not None:
+        return Decision(tuple(spec.targets), "set in the preset (train.lora.targets)")
+    return Decision(lora.default_targets(model), "megatron-bridge's Qwen3.5 LoRA recipes' coverage (LoRA()'s "
+                                                 "linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear but "
+                                                 "the GDN layers') that this model has")

@@ -37,6 +37,8 @@ def derived_values(run: Run) -> list[Derived]:
     ]
     if run.is_training and run.gpu.sm is not None:  # the CPU jobs build no Megatron model
         out.append(Derived("model_builder", run.model_builder.value, run.model_builder.reason))
+    if run.is_training and t.lora is not None:
+        out.extend(_lora(run))
     if run.dp:
         out.append(Derived("num_microbatches", t.global_batch_size // (t.micro_batch_size * run.dp),
                            f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "
@@ -85,6 +87,20 @@ def derived_values(run: Run) -> list[Derived]:
     for name, value, reason in environment(run.preset, run.gpu):
         out.append(Derived(f"env.{name}", value, reason))
     return out
+
+
+def _lora(run: Run) -> list[Derived]:
+    spec, targets = run.preset.train.lora, run.lora_targets
+    assert spec is not None
+    adapters = memory.count_lora_params(run.model, targets.value, spec.rank)
+    base = memory.count_params(run.model).total(run.model, with_mtp=False)
+    return [
+        Derived("lora.targets", list(targets.value), targets.reason),
+        Derived("lora.adapter_params", f"{adapters.total:,}",
+                f"rank {spec.rank} x (in + out features) of every wrapped linear, each routed expert its own "
+                f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
+                f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}"),
+    ]
 
 
 def _ppo(run: Run) -> list[Derived]:

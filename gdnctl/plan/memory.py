@@ -6,6 +6,10 @@ A coarse, documented model, good to tell "fits / tight / cannot fit" apart, not 
 - bf16 weights (2 B/param), main gradients in speed.grad_reduce's dtype (bf16 2 B/param, fp32 4), Adam in fp32
   (master + 2 moments, 12 B/param) sharded over the data-parallel group by the distributed optimizer, or on the
   CPU when offloaded;
+- with train.lora: the base frozen in bf16 with no gradient and no optimizer state (megatron-bridge's PEFT sets
+  requires_grad False on every base parameter, peft/base.py freeze_model, 0.6.2, and Megatron's DDP and
+  optimizer hold only parameters that require a gradient), plus the adapters (`LoraCount`): bf16 like the model
+  (LoRA's lora_dtype None), with their own gradients and Adam state as above;
 - activations of the first pipeline stage: bf16 tensors kept for backward per token per layer (see
   `_activation_bytes_per_token`), times the micro-batches in flight under 1F1B (min(pp, micro-batches)),
   cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage (rl jobs: over a row of
@@ -23,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gdnctl.knowledge import ModelArch
+from gdnctl.knowledge import ModelArch, lora
 
 GIB = 1024**3
 OVERHEAD_GIB = 3.0  # CUDA context (~0.5 GiB), NCCL communicators and buffers, allocator fragmentation
@@ -54,6 +58,24 @@ class ParamCounts:
                   + model.num_layers * (self.dense_mlp + self.experts + self.shared_and_router))
         mtp = (self.mtp + self.mtp_experts) * model.mtp_num_layers if with_mtp else 0
         return self.embedding + self.output + layers + mtp
+
+
+@dataclass(frozen=True)
+class LoraCount:
+    """Adapter parameters of the whole model: dense (attention, GDN, dense MLP, shared expert) and routed-expert
+    adapters, the latter one per expert (knowledge/lora.py)."""
+    dense: int
+    experts: int
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def count_lora_params(m: ModelArch, targets: tuple[str, ...], rank: int) -> LoraCount:
+    experts = tuple(name for name in targets if name == "experts")
+    return LoraCount(dense=lora.adapter_params(m, tuple(name for name in targets if name != "experts"), rank),
+                     experts=lora.adapter_params(m, experts, rank))
 
 
 def _mlp_params(m: ModelArch) -> tuple[int, int, int]:
@@ -181,15 +203,20 @@ def _estimate_training(run) -> MemoryEstimate:
     params = dense_per_gpu + expert_per_gpu
 
     dp = run.dp or 1
-    trainable = 0.0 if t.lora else params
+    # What trains: every parameter, or (LoRA) the adapters alone, split like the linears they wrap: dense ones over
+    # tp and the pipeline stages, the experts' over ep x etp and the stages. The base stays as `params`, frozen.
+    dense_trained, expert_trained = dense_per_gpu, expert_per_gpu
+    if t.lora:
+        adapters = count_lora_params(m, run.lora_targets.value, t.lora.rank)
+        dense_trained = adapters.dense / (p.tp * p.pp)
+        expert_trained = adapters.experts / (p.ep * p.etp * p.pp)
+    trainable = dense_trained + expert_trained
     dense_shard = dp * p.cp if t.distributed_optimizer else 1
     expert_shard = max(1, run.world_size.value // (p.ep * p.etp * p.pp)) if t.distributed_optimizer else 1
-    if t.lora:
-        optimizer = 0.0
-    elif t.optimizer_cpu_offload:
+    if t.optimizer_cpu_offload:
         optimizer = 0.0
     else:
-        optimizer = 12 * (dense_per_gpu / dense_shard + expert_per_gpu / expert_shard)
+        optimizer = 12 * (dense_trained / dense_shard + expert_trained / expert_shard)
 
     tokens = t.micro_batch_size * t.seq_length / p.cp
     mixer, mlp = _activation_bytes_per_token(m)
@@ -225,15 +252,16 @@ def _estimate_training(run) -> MemoryEstimate:
 
     grad_dtype = run.speed["grad_reduce"].value
     grad_bytes = 2 if grad_dtype == "bf16" else 4
+    adapter_note = f" (LoRA: {trainable / 1e6:.2f}M adapter params on this GPU)" if t.lora else ""
+    weights_note = (f"bf16, {params / 1e9:.2f}B params on this GPU (experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"
+                    if not t.lora else f"bf16, {params / 1e9:.2f}B frozen base params + {trainable / 1e6:.2f}M "
+                                       "adapter params on this GPU")
     rows = (
-        MemoryRow("weights", 2 * params / GIB, f"bf16, {params / 1e9:.2f}B params on this GPU "
-                                               f"(experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"),
-        MemoryRow("gradients", grad_bytes * trainable / GIB,
-                  f"{grad_dtype} main grads" if not t.lora else "LoRA: adapters only"),
+        MemoryRow("weights", 2 * (params + (trainable if t.lora else 0.0)) / GIB, weights_note),
+        MemoryRow("gradients", grad_bytes * trainable / GIB, f"{grad_dtype} main grads{adapter_note}"),
         MemoryRow("optimizer", optimizer / GIB,
                   "offloaded to CPU" if t.optimizer_cpu_offload else
-                  ("LoRA: adapters only" if t.lora else
-                   f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}")),
+                  f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}{adapter_note}"),
         MemoryRow("activations", kept / GIB, act_note),
         MemoryRow("logits", logits / GIB, logits_note),
         *rl_rows,

@@ -95,6 +95,10 @@ class Run:
         return decide.sequence_parallel(self.preset)
 
     @cached_property
+    def lora_targets(self) -> decide.Decision:
+        return decide.lora_targets(self.preset, self.model)
+
+    @cached_property
     def weight_export(self) -> decide.Decision:
         return decide.weight_export(self.preset, self.stack, self.gpu)
 

@@ -13,7 +13,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gdnctl.knowledge import DEFAULT_GDN_BACKEND, GPUS, GdnBackendName, versions
+from gdnctl.knowledge import (
+    DEFAULT_GDN_BACKEND,
+    DEFAULT_LORA_TARGETS,
+    GPUS,
+    LORA_TARGETS,
+    GdnBackendName,
+    LoraTargetName,
+    versions,
+)
 from gdnctl.schema import comm_ops
 
 JobKind = Literal["rl", "sft", "pretrain", "selftest"]
@@ -107,8 +115,21 @@ class ParallelSpec(_Section):
 
 
 class LoraSpec(_Section):
+    """LoRA adapters on a frozen base (gdnctl/knowledge/lora.py: what each target wraps, and where that was read)."""
     rank: int = Field(ge=1, le=MAX_LORA_RANK, description=f"at most {MAX_LORA_RANK:,}")
-    alpha: float = Field(gt=0)
+    alpha: float = Field(gt=0, description="the adapters' output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (megatron-bridge's default 0)")
+    targets: list[LoraTargetName] | None = Field(
+        None, min_length=1,
+        description="which linears get adapters: " + ", ".join(LORA_TARGETS) + "; default: those megatron-bridge's "
+                    "Qwen3.5 LoRA recipes cover that the model has (" + ", ".join(DEFAULT_LORA_TARGETS) + ")")
+
+    @field_validator("targets")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each target may appear once in train.lora.targets")
+        return value
 
 
 class TrainSpec(_Section):

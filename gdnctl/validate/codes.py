@@ -115,6 +115,9 @@ CODES: dict[str, str] = {
     "TRN013": "min_lr_above_lr",
     "TRN014": "warmup_outlasts_run",
     "TRN015": "eval_not_run",
+    "TRN016": "lora_te_free",
+    "TRN017": "lora_target_absent",
+    "TRN018": "lora_per_expert_adapters",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gdnctl.knowledge import stack, versions
+from gdnctl.knowledge import lora, stack, versions
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
@@ -247,24 +247,23 @@ def vpp_not_built(run):
                     "Remove parallel.vpp; parallel.pp alone is built.")
 
 
-@rule("TRN010", Severity.ERROR, "gdnctl's trainer does not train LoRA adapters (train.lora)")
+@rule("TRN010", Severity.ERROR, "gdnctl's trainer does not train LoRA adapters yet (train.lora)")
 def lora_not_trained(run):
     """
     What it checks: a training job with train.lora set.
 
-    Why: neither builder adds adapters (runtime/model/builders.py: the megatron-bridge provider is built without
-    megatron-bridge's PEFT wrappers, the TE-free spec has none) and the trainer updates every parameter, so a
-    LoRA preset would run full-parameter training, with the memory estimate's adapter-only gradients and
-    optimizer state (plan/memory.py) far below what the job then takes.
+    Why: the preset, the targets and their checks (TRN016-TRN018) and the memory estimate of a frozen base with
+    adapters (plan/memory.py) are in place, but neither builder wraps the model in megatron-bridge's LoRA yet
+    (runtime/model/builders.py calls no megatron.bridge.peft), so the job would update every parameter while
+    explain counts the adapters only.
 
-    Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no adapters) and plan/memory.py (the adapter-only
-    estimate).
+    Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no frozen base).
 
     Fix: remove train.lora (full-parameter training), or train adapters with megatron-bridge's PEFT recipes.
     """
     if run.is_training and run.preset.train.lora is not None:
-        yield Issue("train.lora", "gdnctl's trainer does not add LoRA adapters: the job would update every "
-                                  "parameter while the memory estimate counts adapters only.",
+        yield Issue("train.lora", "gdnctl's trainer does not add LoRA adapters yet: the job would update every "
+                                  "parameter while the memory estimate counts a frozen base and adapters.",
                     "Remove train.lora for full-parameter training, or use megatron-bridge's PEFT recipes for "
                     "adapters.")
 
@@ -350,3 +349,95 @@ def eval_not_run(run):
     if run.preset.eval is not None and not run.is_training:
         yield Issue("eval", f"a {run.preset.job} job runs no evaluation, so the eval section is ignored.",
                     "Remove the eval section, or run an sft, pretrain or rl job.")
+
+
+@rule("TRN016", Severity.ERROR, "LoRA needs the Transformer Engine builder")
+def lora_te_free(run):
+    """
+    What it checks: a GPU training job with train.lora set that the TE-free builder would build
+    (`runtime.transformer_engine: none`).
+
+    Why: gdnctl's adapters are megatron-bridge's LoRA, applied to the model megatron-bridge's provider builds.
+    megatron-bridge's LoRA layers import Transformer Engine when they are imported (megatron/bridge/peft/
+    lora_layers.py line 20, `import transformer_engine.pytorch as te`), so `megatron.bridge.peft.lora` cannot be
+    imported where the TE-free builder runs, and that builder (runtime/model/megatron.py) builds the model from
+    Megatron-Core's spec without megatron-bridge's provider.
+
+    Source: megatron-bridge 0.6.2 megatron/bridge/peft/lora_layers.py line 20 and peft/lora.py lines 25-31 (LoRA
+    imports lora_layers); gdnctl's runtime/model/builders.py (the TE-free builder uses no megatron-bridge).
+
+    Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or
+    remove train.lora.
+    """
+    if run.is_training and run.gpu.sm is not None and run.preset.train.lora is not None \
+            and run.model_builder.value == "te-free":
+        yield Issue("train.lora", "LoRA adapters are megatron-bridge's, which need Transformer Engine, and "
+                                  "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+                    "Name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge "
+                    "builder), or remove train.lora.")
+
+
+_MISSING_TARGET = {
+    "dense": "it is a MoE model: every layer's MLP block is routed experts",
+    "moe": "it is a dense model: it has no routed experts",
+    "shared_expert": "it has no shared expert",
+}
+
+
+@rule("TRN017", Severity.ERROR, "A LoRA target names linears the model does not have")
+def lora_target_absent(run):
+    """
+    What it checks: a training job whose train.lora.targets names linears the model lacks: mlp on a MoE model,
+    experts on a dense one, shared_expert on a model without a shared expert.
+
+    Why: megatron-bridge's LoRA matches its target_modules against the model's module names and, when a target
+    matches nothing, only logs a warning ("No modules matched the requested target_modules entries") and trains the
+    rest: the job would run with fewer adapters than the preset asks for, and the adapter would not be what the
+    preset says.
+
+    Source: megatron-bridge 0.6.2 megatron/bridge/peft/module_matcher.py ModuleMatcher._validate_target_matches
+    (lines 195-209: a warning, not an error); gdnctl/knowledge/lora.py (what each target wraps).
+
+    Fix: remove the target from train.lora.targets, or leave targets unset for megatron-bridge's Qwen3.5 recipe
+    coverage of this model.
+    """
+    spec = run.preset.train.lora
+    if not run.is_training or spec is None or spec.targets is None:
+        return
+    for index, name in enumerate(spec.targets):
+        if not lora.has_target(run.model, name):
+            yield Issue(f"train.lora.targets[{index}]",
+                        f"{run.model.label} has no {name} linears to adapt: "
+                        f"{_MISSING_TARGET[lora.TARGETS[name].needs]}.",
+                        f"Remove {name} from train.lora.targets, or leave targets unset for this model's default "
+                        f"({', '.join(lora.default_targets(run.model))}).")
+
+
+@rule("TRN018", Severity.ERROR, "LoRA on the routed experts needs megatron-bridge >= 0.5.0")
+def lora_per_expert_adapters(run):
+    """
+    What it checks: a training job with train.lora targeting experts on a megatron-bridge older than 0.5.0.
+
+    Why: gdnctl gives every routed expert its own adapter, as the Hugging Face adapter layout holds one per expert
+    (peft target_parameters on mlp.experts.gate_up_proj and down_proj). megatron-bridge builds per-expert adapters
+    for grouped-GEMM experts from 0.5.0 (LoRA(share_expert_adapters=False), GroupedExpertLinearAdapter, PR #3408);
+    before it, every grouped expert of an expert-parallel rank shares one adapter (peft/lora.py 0.4.2), a layout no
+    Hugging Face adapter can hold and one that differs from EP rank to EP rank.
+
+    Source: NVIDIA-NeMo/Megatron-Bridge commit 747caeb ("Support not sharing expert adapters", PR #3408), first in
+    v0.5.0; megatron/bridge/peft/lora.py v0.4.2 (one ParallelLinearAdapter per grouped linear) and 0.6.2 (lines
+    163-182).
+
+    Fix: set runtime.megatron_bridge to 0.5.0 or newer (gdnctl pins 0.6.2), or remove experts from
+    train.lora.targets.
+    """
+    spec = run.preset.train.lora
+    if not run.is_training or spec is None or not run.model.is_moe:
+        return
+    bridge = run.stack.get("megatron_bridge")
+    if "experts" in run.lora_targets.value and versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
+        yield Issue("train.lora.targets" if spec.targets is not None else "train.lora",
+                    f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
+                    f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
+                    f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer, or remove experts from "
+                    "train.lora.targets.")
