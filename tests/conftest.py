@@ -58,7 +58,9 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/runtime/data/test_data.py": {
         "test_resuming_from_consumed_samples_continues_the_same_stream",
         "test_every_document_is_trained_exactly_once_per_epoch_across_ranks", "test_thd_and_bshd_train_the_same_tokens",
-        "test_micro_batches_fit_the_row_and_line_labels_up_with_tokens"},
+        "test_micro_batches_fit_the_row_and_line_labels_up_with_tokens",
+        "test_filled_rows_are_one_length_and_cut_the_epochs_documents_in_order",
+        "test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped"},
     "tests/runtime/data/test_layout.py": {"test_padding_follows_the_documented_values", "test_round_trips_are_exact"},
     "tests/runtime/rl/test_broadcast.py": {"test_every_bucket_reaches_the_worker_byte_for_byte"},
     "tests/runtime/model/test_hf_weights.py": {
