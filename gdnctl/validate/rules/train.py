@@ -252,10 +252,10 @@ def lora_not_trained(run):
     """
     What it checks: a training job with train.lora set.
 
-    Why: the preset, the targets and their checks (TRN016-TRN018) and the memory estimate of a frozen base with
-    adapters (plan/memory.py) are in place, but neither builder wraps the model in megatron-bridge's LoRA yet
-    (runtime/model/builders.py calls no megatron.bridge.peft), so the job would update every parameter while
-    explain counts the adapters only.
+    Why: the preset, the targets and their checks (TRN016-TRN018), the memory estimate of a frozen base with
+    adapters (plan/memory.py) and the adapters' Hugging Face layout and merge (runtime/model/lora_adapters.py) are
+    in place, but neither builder wraps the model in megatron-bridge's LoRA yet (runtime/model/builders.py calls
+    no megatron.bridge.peft), so the job would update every parameter while explain counts the adapters only.
 
     Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no frozen base).
 
