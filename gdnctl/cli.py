@@ -331,6 +331,8 @@ def render(preset: PresetArg,
            json_output: JsonOpt = False) -> None:
     """Write the run dir: engine.yaml, launch_local.sh, launch_slurm.sbatch, manifest.json.
     Refuses a preset with errors (exit 1)."""
+    from gdnctl.launch import next_step
+
     rendered = _render(preset, output, set_ or [], force, templates)
     if json_output:
         _emit_json({"run_dir": str(rendered.run_dir), "files": sorted([*rendered.files, "manifest.json"]),
@@ -339,9 +341,7 @@ def render(preset: PresetArg,
     typer.echo(f"rendered {rendered.run_dir}")
     for name in sorted([*rendered.files, "manifest.json"]):
         typer.echo(f"  {name}")
-    # The same preset and --set values: launch then runs this run dir as it is (render.write's as_is).
-    command = shlex.join(["gdnctl", "launch", preset, *(f"--set={item}" for item in set_ or []),
-                          "--run-dir", str(rendered.run_dir)])
+    command = next_step(rendered, preset, set_ or [], templates)
     typer.echo(f"run it: {command}   (or: bash {shlex.quote(str(rendered.run_dir / 'launch_local.sh'))})")
 
 
@@ -375,12 +375,13 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     run first. The preset's warnings are printed before it starts.
 
     The job runs with gdnctl's own Python unless the preset sets launch.python; a local launch first checks that
-    this interpreter has gdnctl's `runtime` extra (torch), and writes nothing when it has not.
+    this interpreter has gdnctl's `runtime` extra (torch) and that the tokenizer and data files the preset names
+    are on this machine, and writes nothing when they are not.
 
     --run-dir DIR of a run dir `gdnctl render` wrote launches it as it is (the same preset and --set values); a run
     dir that has run already is continued with `gdnctl resume DIR`. Follow a job with `gdnctl status`, `gdnctl
     logs` and `gdnctl cancel`."""
-    from gdnctl.launch import interpreter
+    from gdnctl.launch import interpreter, local_inputs
 
     if then_run and not smoke:
         _fail("--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
@@ -393,6 +394,7 @@ def launch(preset: PresetArg, set_: SetOpt = None,
         run = rendered.result.run
         if run.preset.launch.executor == "local":
             interpreter.check(interpreter.job_python(run.preset), preset)
+            local_inputs.check(rendered.result)
 
     rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run,
                        before_write=None if dry_run else check, as_is=run_dir is not None)

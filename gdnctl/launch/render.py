@@ -274,6 +274,17 @@ def _use_as_rendered(rendered: RenderedRun) -> None:
                              "nothing but gdnctl's files), or leave out --run-dir.")
 
 
+def next_step(rendered: RenderedRun, preset: str, overrides: list[str], templates: Path | None) -> str:
+    """The command that runs what `render` just wrote, as render prints it. A run dir that holds only what gdnctl
+    rendered: `launch --run-dir` with the same preset, --set values and templates, which uses it as it is
+    (write's as_is). One --force rendered over a job's outputs, which `launch --run-dir` refuses: `resume`."""
+    run_dir = rendered.run_dir
+    if run_dirs.job_traces(run_dir, run_dirs.listed_files(rendered.manifest)):
+        return shlex.join(["gdnctl", "resume", str(run_dir)])
+    return shlex.join(["gdnctl", "launch", preset, *(f"--set={item}" for item in overrides),
+                       *(["--templates", str(templates)] if templates is not None else []), "--run-dir", str(run_dir)])
+
+
 def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False, as_is: bool = False) -> list[str]:
     """Write the run dir: a new one whole, or with `force` the files of one gdnctl rendered. `exclusive`: the
     run dir must not exist at all (a default name). `as_is` (launch): a run dir gdnctl rendered that holds just

@@ -142,11 +142,32 @@ def kept_entries(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
     return kept
 
 
+def locked(run_dir: Path) -> bool:
+    """Whether a job holds the run dir's lock now (launch_local.sh's flock, or --force replacing the files)."""
+    path = run_dir / LOCK_FILE
+    if path.is_symlink() or not path.is_file():
+        return False
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)
+    return False
+
+
 def job_traces(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
     """What shows that a job has used the run dir: anything beside gdnctl's files and an empty logs/ (metrics,
-    checkpoints, logs), the lock launch_local.sh takes, or a recorded Slurm job. Empty: only rendered."""
+    checkpoints, logs), a recorded local exit or Slurm job, or the lock while a job holds it. Empty: only rendered.
+    The lock file alone is no trace: `render --force` creates it too, and a run dir it rendered over a fresh one
+    must still launch as it is."""
     traces = kept_entries(run_dir, listed)
-    traces += [name for name in BOOKKEEPING if os.path.lexists(run_dir / name)]
+    traces += [name for name in BOOKKEEPING if name != LOCK_FILE and os.path.lexists(run_dir / name)]
+    if locked(run_dir):
+        traces.append(LOCK_FILE)
     return traces
 
 

@@ -9,8 +9,6 @@ job's state; a job slurmctld has forgotten is reported as such.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -81,23 +79,6 @@ def _launch(found: dict) -> tuple[str, str]:
     return str(launch.get("executor") or "local"), str(launch.get("job_name") or slurm_job_name(name))
 
 
-def _locked(run_dir: Path) -> bool:
-    """Whether a local job holds the run dir's lock now (launch_local.sh's flock)."""
-    path = run_dir / run_dirs.LOCK_FILE
-    if path.is_symlink() or not path.is_file():
-        return False
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(descriptor)
-    return False
-
-
 def slurm_log(run_dir: Path, job_name: str, job_id: str) -> Path:
     return run_dir / run_dirs.LOGS / f"{job_name}-{job_id}.out"
 
@@ -126,7 +107,7 @@ def status(run_dir: Path) -> RunStatus:
             result.exit_code = exit_code if state in submit.TERMINAL_STATES else None
         return result
     result.log = latest_local_log(run_dir)
-    if _locked(run_dir):
+    if run_dirs.locked(run_dir):
         result.state = "running"
         return result
     ended = run_dirs.read_local_exit(run_dir)
@@ -158,7 +139,7 @@ def cancel(run_dir: Path) -> list[str]:
     manifest(run_dir)
     job_ids = run_dirs.recorded_slurm_jobs(run_dir)
     if not job_ids:
-        if _locked(run_dir):
+        if run_dirs.locked(run_dir):
             raise NotARunDir(f"{run_dir} runs here as a local job, which stops with the gdnctl that launched it: "
                              "press Ctrl-C there, or send it SIGTERM (it stops every process of the job).")
         raise NotARunDir(f"{run_dir} has no Slurm job to cancel (none was submitted from it).")

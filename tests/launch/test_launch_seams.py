@@ -6,6 +6,7 @@ a real venv without gdnctl's runtime."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gdnctl.resources import presets_dir
+from gdnctl.resources import presets_dir, templates_dir
 from tests.launch.helpers import recorded_calls, recorder, write_preset
 
 SELFTEST = str(presets_dir() / "selftest-cpu.yaml")
@@ -48,6 +49,22 @@ def test_an_interpreter_without_the_runtime_extra_gets_the_fix_and_leaves_no_run
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_local_launch_refuses_data_that_is_not_here_and_leaves_no_run_dir(tmp_path):
+    # validate only warns (LCH007: a preset may be validated on another machine); a local launch runs it here.
+    data = yaml.safe_load((presets_dir() / "tiny-qwen3.5-rl-cpu.yaml").read_text())
+    data["train"]["data_path"] = str(tmp_path / "prompts.jsonl")
+    data["eval"]["data_path"] = str(tmp_path / "heldout.jsonl")
+    data["model"]["tokenizer"] = str(presets_dir().parent / "examples" / "toy-rl" / "tokenizer")
+    preset = write_preset(tmp_path / "preset.yaml", data)
+    assert gdnctl("validate", str(preset)).returncode == 0
+    proc = gdnctl("launch", str(preset), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"train.data_path {tmp_path / 'prompts.jsonl'} does not exist on this machine" in proc.stderr
+    assert f"eval.data_path {tmp_path / 'heldout.jsonl'} does not exist on this machine" in proc.stderr
+    assert "Point train.data_path at an existing path here" in proc.stderr and "Nothing was written." in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
 def test_renders_hint_launches_the_run_dir_as_it_is_and_a_used_one_resumes(tmp_path):
     run_dir = tmp_path / "run"
     proc = gdnctl("render", "selftest-cpu", "-o", str(run_dir), "--set", "selftest.steps=2")
@@ -71,6 +88,34 @@ def test_renders_hint_launches_the_run_dir_as_it_is_and_a_used_one_resumes(tmp_p
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stderr and "selftest: passed" in resumed.stdout
     assert notes.read_text() == "mine\n" and len(list((run_dir / "logs").glob("local-*.out"))) >= 1
+
+
+def _hint(proc: subprocess.CompletedProcess) -> list[str]:
+    """render's "run it:" command, as words to run (gdnctl's module for the `gdnctl` script)."""
+    assert proc.returncode == 0, proc.stderr
+    hint = next(line for line in proc.stdout.splitlines() if line.startswith("run it: gdnctl "))
+    return hint.removeprefix("run it: gdnctl ").split("   (or:")[0].split()
+
+
+def test_renders_hint_after_force_names_the_templates_and_resumes_a_used_run_dir(tmp_path):
+    run_dir, templates = tmp_path / "run", tmp_path / "my-templates"
+    shutil.copytree(templates_dir(), templates)
+    render = ["render", "selftest-cpu", "-o", str(run_dir), "--set", "selftest.steps=2", "--templates", str(templates)]
+    assert gdnctl(*render).returncode == 0
+    # --force over a run dir no job has used: the lock it takes while replacing the files is no sign of a job, so
+    # the hint still launches it as it is, with the templates it was rendered from.
+    words = _hint(gdnctl(*render, "--force"))
+    assert words == ["launch", "selftest-cpu", "--set=selftest.steps=2", "--templates", str(templates),
+                     "--run-dir", str(run_dir)]
+    launched = gdnctl(*words)
+    assert launched.returncode == 0 and "selftest: passed" in launched.stdout, launched.stdout + launched.stderr
+    # --force over a run dir a job has used, which `launch --run-dir` refuses: the hint resumes it instead.
+    forced = gdnctl(*render, "--force")
+    assert "kept what it did not write" in forced.stderr
+    words = _hint(forced)
+    assert words == ["resume", str(run_dir)]
+    resumed = gdnctl(*words)
+    assert resumed.returncode == 0 and "selftest: passed" in resumed.stdout, resumed.stdout + resumed.stderr
 
 
 def test_a_run_dir_rendered_with_other_values_is_not_launched_over(tmp_path):

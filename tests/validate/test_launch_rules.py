@@ -221,9 +221,10 @@ def test_the_shipped_cpu_rl_preset_points_into_the_users_cache():
 
 
 def test_missing_local_files_warn_only_for_the_local_executor(tmp_path):
-    missing = {"model": {"tokenizer": str(tmp_path / "tok")}, "train": {"data_path": str(tmp_path / "p.jsonl")}}
+    missing = {"model": {"tokenizer": str(tmp_path / "tok")}, "train": {"data_path": str(tmp_path / "p.jsonl")},
+               "eval": {"data_path": str(tmp_path / "heldout.jsonl")}}
     found = codes({**missing, "launch": {"executor": "local"}})["LCH007"]
-    assert sorted(f.path for f in found) == ["model.tokenizer", "train.data_path"]
+    assert sorted(f.path for f in found) == ["eval.data_path", "model.tokenizer", "train.data_path"]
     assert "LCH007" not in codes({**missing, "launch": {"executor": "slurm"}})
 
 

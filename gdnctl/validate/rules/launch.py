@@ -303,12 +303,14 @@ def interpreter_replaceable(run):
 @rule("LCH007", Severity.WARNING, "A local file the local executor needs is not on this machine")
 def local_paths_exist(run):
     """
-    What it checks: with launch.executor: local, model.tokenizer and train.data_path (when set) exist on the
-    machine that validates (model.path's config.json is PRE003's).
+    What it checks: with launch.executor: local, model.tokenizer, train.data_path and eval.data_path (when set)
+    exist on the machine that validates (model.path's config.json is PRE003's).
 
     Why: the local executor runs the job on this host, which reads them at start-up: a path that is not here
-    fails the job there (the rl job's prompts, the tokenizer) after torchrun has started every rank. A shipped
-    preset's example data must come with the installed package.
+    fails the job there (the rl job's prompts, the held-out set, the tokenizer) after torchrun has started every
+    rank. A warning here, where the preset may be validated on another machine than the one it runs on;
+    `gdnctl launch` refuses it, since a local launch runs the job on this one. A shipped preset's example data must
+    come with the installed package.
 
     Source: gdnctl's runtime readers: runtime/data/pipeline.py (read_documents, load_tokenizer) and
     runtime/rl/prompts.py, which read local files only and download nothing.
@@ -319,7 +321,10 @@ def local_paths_exist(run):
     preset = run.preset
     if preset.launch.executor != "local":
         return
-    for field, value in (("model.tokenizer", preset.model.tokenizer), ("train.data_path", preset.train.data_path)):
+    paths = [("model.tokenizer", preset.model.tokenizer), ("train.data_path", preset.train.data_path)]
+    if preset.eval is not None:
+        paths.append(("eval.data_path", preset.eval.data_path))
+    for field, value in paths:
         if value and not os.path.exists(value):
             yield Issue(field, f"{field} {value} does not exist on this machine, where the local executor runs the "
                                "job.", f"Point {field} at an existing path here, or launch on the cluster that "
