@@ -91,11 +91,14 @@ TARGETS: dict[str, LoraTarget] = {target.name: target for target in (
     LoraTarget("shared_expert", "the MoE shared expert's gate-and-up and down projections",
                ("*.mlp.shared_experts.linear_fc1", "*.mlp.shared_experts.linear_fc2"),
                ("gate_proj", "up_proj", "down_proj"), (), "mlp", "shared_expert"),
+    # One adapter per expert: gdnctl asks megatron-bridge for LoRA(share_expert_adapters=False) (TRN018).
     LoraTarget("experts", "every routed expert's gate-and-up and down projections, one adapter per expert",
                ("*.mlp.experts.linear_fc1", "*.mlp.experts.linear_fc2"), (),
                ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"), "mlp", "moe"),
 )}
-# Qwen3-Next's HF GDN input projection packs the same rows per key head into two linears (hf_weights.py).
+# Qwen3-Next's HF GDN input projection packs the same rows per key head into two linears (hf_weights.py);
+# megatron-bridge's adapter export splits a GDN in_proj adapter only into Qwen3.5's four (peft_bridge.py
+# _is_gdn_in_proj_split, lines 263-271), so gdnctl splits it by its own rule (runtime/model/lora_adapters.py).
 QWEN3_NEXT_GDN_IN = ("in_proj_qkvz", "in_proj_ba")
 
 # megatron-bridge's Qwen3.5 LoRA recipes' coverage (LoRA() defaults): every linear but the GDN layers'.
@@ -112,6 +115,13 @@ def has_target(model: ModelArch, name: str) -> bool:
     if needs == "shared_expert":
         return model.is_moe and bool(model.shared_expert_ffn_hidden_size)
     return True
+
+
+def hf_modules(model: ModelArch, name: str) -> tuple[str, ...]:
+    """The HF modules (last names) a target adapts in this model's transformers class."""
+    if name == "gdn_in" and model.is_qwen3_next:
+        return QWEN3_NEXT_GDN_IN
+    return TARGETS[name].hf_modules
 
 
 def default_targets(model: ModelArch) -> tuple[LoraTargetName, ...]:

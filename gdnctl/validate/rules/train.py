@@ -441,3 +441,32 @@ def lora_per_expert_adapters(run):
                     f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
                     f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer, or remove experts from "
                     "train.lora.targets.")
+
+
+@rule("TRN019", Severity.WARNING, "peft cannot load a Qwen3-Next shared expert's LoRA adapter")
+def lora_qwen3_next_shared_expert(run):
+    """
+    What it checks: a training job on Qwen3-Next whose LoRA targets (set, or the default) include shared_expert.
+
+    Why: the adapter checkpoint names the shared expert's gate_proj, up_proj and down_proj, as transformers'
+    Qwen3NextForCausalLM does. peft, loading it, converts a Qwen3-Next config from transformers 4's layout first:
+    every target ending in gate_proj, up_proj or down_proj becomes the routed experts' fused gate_up_proj /
+    down_proj parameters (at twice the rank for gate_up_proj), so the shared expert gets no adapter and
+    PeftModel.from_pretrained stops on a size mismatch of the experts' adapter. Training and the merged export
+    (base + (alpha/rank)·B·A) are unaffected; Qwen3.5-MoE's classes have no such conversion.
+
+    Source: peft 0.21.2 peft/utils/transformers_weight_conversion.py _convert_peft_config_moe (qwen3_next maps to
+    the qwen2_moe pattern: gate_proj, up_proj -> gate_up_proj; down_proj -> down_proj);
+    tests/runtime/model/test_lora_adapters.py (the refusal, on a tiny Qwen3-Next).
+
+    Fix: set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or load the
+    merged export.
+    """
+    spec = run.preset.train.lora
+    if run.is_training and spec is not None and run.model.is_qwen3_next \
+            and "shared_expert" in run.lora_targets.value:
+        yield Issue("train.lora.targets" if spec.targets is not None else "train.lora",
+                    "peft cannot load a Qwen3-Next adapter on the shared expert: it reads the shared expert's "
+                    "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
+                    "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
+                    "load the merged export.")
