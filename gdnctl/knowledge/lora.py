@@ -27,9 +27,11 @@ megatron-core 0.19.2 (NVIDIA/Megatron-LM, megatron/core/):
   adapter's output is scaled by alpha / dim, as `peft`'s LoRA scales by lora_alpha / r.
 - `peft/lora_layers.py` line 20: `import transformer_engine.pytorch as te` at module level, so megatron-bridge's
   LoRA cannot be imported where Transformer Engine is not installed.
-- `recipes/qwen_vl/h100/qwen35_vl.py` (every qwen35_vl_*_peft_* config, e.g. lines 1263-1272) and
-  `recipes/qwen/h100/qwen3_next.py` (line 296): `default_peft_config("lora")`, which is `LoRA()` with the default
-  target_modules (recipes/utils/dataset_utils.py lines 46-75). On Qwen3.5 these names match the gated-attention
+- `recipes/qwen_vl/h100/qwen35_vl.py` (every qwen35_vl_*_peft_* config, e.g. lines 1263-1272):
+  `default_peft_config("lora")`, which is `LoRA()` with the default target_modules (recipes/utils/dataset_utils.py
+  lines 46-75). Qwen3-Next has no LoRA recipe: `recipes/qwen/h100/qwen3_next.py` lines 296-314 raise
+  NotImplementedError("PEFT is not currently supported for Qwen3-Next models", since v0.3.1; TRN020). On Qwen3.5
+  these names match the gated-attention
   layers' linear_qkv and linear_proj and every linear_fc1/linear_fc2 (dense MLP, routed and shared experts), and
   not the GDN layers: GatedDeltaNet's projections are `in_proj` and `out_proj` (megatron-core 0.19.2
   models/gpt/experimental_attention_variant_module_specs.py lines 60-78: TE's column-parallel layer-norm linear

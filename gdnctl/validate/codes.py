@@ -119,6 +119,7 @@ CODES: dict[str, str] = {
     "TRN017": "lora_target_absent",
     "TRN018": "lora_per_expert_adapters",
     "TRN019": "lora_qwen3_next_shared_expert",
+    "TRN020": "lora_qwen3_next",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

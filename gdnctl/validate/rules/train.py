@@ -452,8 +452,9 @@ def lora_qwen3_next_shared_expert(run):
     Qwen3NextForCausalLM does. peft, loading it, converts a Qwen3-Next config from transformers 4's layout first:
     every target ending in gate_proj, up_proj or down_proj becomes the routed experts' fused gate_up_proj /
     down_proj parameters (at twice the rank for gate_up_proj), so the shared expert gets no adapter and
-    PeftModel.from_pretrained stops on a size mismatch of the experts' adapter. Training and the merged export
-    (base + (alpha/rank)·B·A) are unaffected; Qwen3.5-MoE's classes have no such conversion.
+    PeftModel.from_pretrained stops on a size mismatch of the experts' adapter. The merged export
+    (base + (alpha/rank)·B·A) is unaffected, and Qwen3.5-MoE's classes have no such conversion. While
+    megatron-bridge refuses LoRA on Qwen3-Next (TRN020) this comes second; it is the limit that remains after.
 
     Source: peft 0.21.2 peft/utils/transformers_weight_conversion.py _convert_peft_config_moe (qwen3_next maps to
     the qwen2_moe pattern: gate_proj, up_proj -> gate_up_proj; down_proj -> down_proj);
@@ -470,3 +471,27 @@ def lora_qwen3_next_shared_expert(run):
                     "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
                     "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
                     "load the merged export.")
+
+
+@rule("TRN020", Severity.ERROR, "megatron-bridge does not support LoRA on Qwen3-Next")
+def lora_qwen3_next(run):
+    """
+    What it checks: a training job with train.lora on a Qwen3-Next model.
+
+    Why: megatron-bridge declares PEFT unsupported for Qwen3-Next: its Qwen3-Next PEFT recipe raises
+    NotImplementedError ("PEFT is not currently supported for Qwen3-Next models. Only full SFT is available"),
+    from v0.3.1 to 0.6.2 and on main (2026-08), where its Qwen3.5 recipes train LoRA. Its adapter export also splits
+    a GDN in_proj adapter only into Qwen3.5's HF names (models/conversion/peft_bridge.py _is_gdn_in_proj_split), not
+    Qwen3-Next's in_proj_qkvz / in_proj_ba.
+
+    Source: megatron-bridge 0.6.2 megatron/bridge/recipes/qwen/h100/qwen3_next.py lines 296-314
+    (qwen3_next_80b_a3b_peft_1gpu_h100_bf16_config); NVIDIA-NeMo/Megatron-Bridge commit 7e7084fa7, first in
+    v0.3.1.
+
+    Fix: remove train.lora (full-parameter training of Qwen3-Next), or train LoRA on a Qwen3.5 model.
+    """
+    if run.is_training and run.preset.train.lora is not None and run.model.is_qwen3_next:
+        yield Issue("train.lora", f"megatron-bridge does not support LoRA on {run.model.label}: its Qwen3-Next PEFT "
+                                  "recipe raises NotImplementedError (\"PEFT is not currently supported for "
+                                  "Qwen3-Next models\").",
+                    "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.")
