@@ -118,3 +118,18 @@ def test_a_dense_model_refuses_the_expert_targets_by_position():
                   base="qwen3.5-9b-sft")
     assert [issue.path for issue in found["TRN017"]] == ["train.lora.targets[1]", "train.lora.targets[2]"]
     assert "dense model" in found["TRN017"][0].message
+
+
+def test_the_schema_takes_each_target_once_and_a_dropout_below_one():
+    from pydantic import ValidationError
+
+    from gdnctl.schema.preset import LoraSpec
+
+    spec = LoraSpec(rank=8, alpha=16)
+    assert (spec.dropout, spec.targets) == (0.0, None)
+    with pytest.raises(ValidationError, match="each target may appear once"):
+        LoraSpec(rank=8, alpha=16, targets=["mlp", "mlp"])
+    with pytest.raises(ValidationError, match="less than 1"):
+        LoraSpec(rank=8, alpha=16, dropout=1.0)
+    with pytest.raises(ValidationError, match="at least 1 item"):
+        LoraSpec(rank=8, alpha=16, targets=[])
