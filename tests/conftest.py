@@ -35,7 +35,8 @@ SLOW_MODULES = {
     "tests/launch/test_smoke.py", "tests/launch/test_stop.py", "tests/doctor/test_doctor_cli.py",
     "tests/doctor/test_doctor_compile.py", "tests/doctor/test_doctor_input.py", "tests/doctor/test_doctor_secrets.py",
     "tests/test_cli_environment.py", "tests/test_local_slurm.py", "tests/validate/test_sbatch_premises.py",
-    "tests/test_wheel_contents.py", "tests/runtime/train/test_metrics.py",
+    "tests/test_wheel_contents.py", "tests/runtime/train/test_metrics.py", "tests/test_walkthrough.py",
+    "tests/launch/test_launch_seams.py",
     # a real 2-rank gloo run (torchrun) and what reads it
     "tests/launch/test_comm_report.py", "tests/launch/test_comm_report_input.py",
     "tests/runtime/comm/test_comm_guard.py", "tests/runtime/comm/test_comm_guard_coverage.py",
