@@ -122,7 +122,19 @@ app = typer.Typer(
 presets_app = typer.Typer(cls=_Group, help="List, show and copy the shipped presets.", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 
-PresetArg = Annotated[str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.")]
+
+def _complete_preset(incomplete: str) -> list[str]:
+    """The shipped presets' names that start with what was typed. None for what reads as a path: the shell's
+    completion script then completes file names (typer's bash script registers with `-o default`)."""
+    from gdnctl.resources import presets_dir
+
+    if "/" in incomplete or incomplete.startswith((".", "~")):
+        return []
+    return sorted(path.stem for path in presets_dir().glob("*.yaml") if path.stem.startswith(incomplete))
+
+
+PresetArg = Annotated[str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.",
+                                          autocompletion=_complete_preset)]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", metavar="KEY=VALUE",
     help="Override a preset field; the value parses as YAML (e.g. --set parallel.tp=2). Repeatable.")]
@@ -761,13 +773,14 @@ def presets_list(json_output: JsonOpt = False) -> None:
 
 
 @presets_app.command("show")
-def presets_show(name: Annotated[str, typer.Argument(help="Shipped preset name.")]) -> None:
+def presets_show(name: Annotated[str, typer.Argument(help="Shipped preset name.",
+                                                    autocompletion=_complete_preset)]) -> None:
     """Print a shipped preset."""
     typer.echo(_shipped(name).read_text(), nl=False)
 
 
 @presets_app.command("cp")
-def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.")],
+def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.", autocompletion=_complete_preset)],
                dest: Annotated[Path, typer.Argument(help="File or directory to copy it to.")],
                force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False) -> None:
     """Copy a shipped preset to edit it (or better: write `base: NAME` in your own)."""

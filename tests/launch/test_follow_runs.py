@@ -3,6 +3,7 @@ the run dir records (manifest.json, the Slurm job ids, the local lock, logs/) an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -97,3 +98,27 @@ def test_status_and_logs_of_a_rendered_run_dir_and_of_no_run_dir(tmp_path):
 def test_shell_completion_is_offered():
     proc = gdnctl("--help")
     assert "--install-completion" in proc.stdout and "--show-completion" in proc.stdout
+
+
+# gdnctl under the name the `gdnctl` script gives it (`python -m gdnctl` calls itself "python -m gdnctl").
+AS_GDNCTL = [sys.executable, "-c", "from gdnctl.cli import app; app(prog_name='gdnctl')"]
+
+
+def _bash_completes(line: str) -> list[str]:
+    """What the bash script `gdnctl --install-completion` installs offers for `line` with the cursor at its end:
+    the completion protocol it speaks (COMP_WORDS, COMP_CWORD and _GDNCTL_COMPLETE), run against gdnctl."""
+    env = {**os.environ, "_GDNCTL_COMPLETE": "complete_bash", "COMP_WORDS": line,
+           "COMP_CWORD": str(len(line.split(" ")) - 1)}
+    proc = subprocess.run(AS_GDNCTL, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_shell_completion_completes_commands_and_shipped_preset_names():
+    assert _bash_completes("gdnctl sta") == ["status"]
+    assert _bash_completes("gdnctl validate qwen3.5-9") == ["qwen3.5-9b-sft"]
+    assert "tiny-qwen3.5-rl-cpu" in _bash_completes("gdnctl presets cp tiny")
+    # A path: nothing offered, so the script's `-o default` completes file names.
+    assert _bash_completes("gdnctl launch examples/") == []
+    script = subprocess.run([*AS_GDNCTL, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    assert "complete -o default -F _gdnctl_completion gdnctl" in script.stdout, script.stdout + script.stderr
