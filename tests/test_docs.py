@@ -165,3 +165,16 @@ def test_the_documented_compile_lines_are_what_gdnctl_prints():
         kernel_progress_line("tp1-1x1024", expected + 1, expected, "prepare_dh", 96),
         shape_ready_line("tp1-1x1024", 11, 127),
     ]
+
+
+def test_the_readme_states_the_python_versions_that_pyproject_and_doctor_hold():
+    """The CLI's floor is pyproject's requires-python; the trainer's is the one doctor asks for (megatron-core >= 0.17
+    and megatron-bridge need 3.12), so the set-up paragraph cannot drift from either."""
+    import tomllib
+
+    from gdnctl.doctor.checks import MEGATRON_PYTHON
+
+    readme = (ROOT / "README.md").read_text()
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert floor.startswith(">=") and f"Python >= {floor.removeprefix('>=')}" in readme
+    assert f"the GPU trainer's pinned stack needs {MEGATRON_PYTHON}" in readme
