@@ -394,7 +394,7 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     --run-dir DIR of a run dir `gdnctl render` wrote launches it as it is (the same preset and --set values); a run
     dir that has run already is continued with `gdnctl resume DIR`. Follow a job with `gdnctl status`, `gdnctl
     logs` and `gdnctl cancel`."""
-    from gdnctl.launch import interpreter, local_inputs
+    from gdnctl.launch import interpreter, local_inputs, submit
 
     if then_run and not smoke:
         _fail("--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
@@ -409,6 +409,8 @@ def launch(preset: PresetArg, set_: SetOpt = None,
             interpreter.check(interpreter.job_python(run.preset), preset)
             local_inputs.check(rendered.result)
             interpreter.check_rollout(run.preset, preset)
+        else:
+            submit.check_sbatch()
 
     rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run,
                        before_write=None if dry_run else check, as_is=run_dir is not None)

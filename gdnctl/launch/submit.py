@@ -102,6 +102,14 @@ def _require(command: str) -> str:
     return path
 
 
+def check_sbatch() -> None:
+    """`launch --slurm`, before it writes the run dir: a host without sbatch gets the sentence and no run dir."""
+    try:
+        _require("sbatch")
+    except SubmitError as error:
+        raise SubmitError(f"{error} Nothing was written.") from None
+
+
 def submit(run_dir: Path, args: tuple[str, ...] = ()) -> SlurmJob:
     """sbatch the run dir's script; `args` go to the script (--smoke, --smoke-then-run)."""
     sbatch = _require("sbatch")

@@ -100,6 +100,7 @@ def test_missing_sbatch_is_a_clear_error(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
     proc = gdnctl("launch", SELFTEST, "--slurm", "--run-dir", str(tmp_path / "run"), env=env)
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Nothing was written." in proc.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.slurm
