@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -131,17 +135,39 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
+@contextlib.contextmanager
+def _slurm_users(shared: Path) -> Iterator[dict]:
+    """The pytest processes of this run that hold the cluster, and whether the run started it, in a file every
+    xdist worker sees, read and written under an exclusive lock."""
+    with open(shared / "local-slurm-users.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = shared / "local-slurm-users.json"
+        state = json.loads(record.read_text()) if record.exists() else {"users": 0, "started_here": False}
+        yield state
+        record.write_text(json.dumps(state))
+
+
 @pytest.fixture(scope="session")
-def local_slurm() -> Iterator[dict[str, str]]:
+def local_slurm(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[dict[str, str]]:
     """A real single-node Slurm cluster (tools/local-slurm.sh); the env to submit with.
 
-    GDNCTL_SLURM_TESTS=0 skips the tests that need it; GDNCTL_KEEP_SLURM=1 leaves a cluster this session
-    started running afterwards (one that was already up is always left running).
+    Each xdist worker that needs it holds it, so the last of them to finish stops it, and only when this run
+    started it (a worker stopping it while another still submitted jobs failed a test with "Unable to contact
+    slurm controller"). GDNCTL_SLURM_TESTS=0 skips the tests that need it; GDNCTL_KEEP_SLURM=1 leaves a cluster
+    this run started running afterwards (one that was already up is always left running).
     """
     if os.environ.get("GDNCTL_SLURM_TESTS") == "0":
         pytest.skip("GDNCTL_SLURM_TESTS=0")
-    was_running = local_slurm_running()
-    env = ensure_local_slurm()
+    # The run's own temporary root: the workers' basetemps are its children, a run without xdist uses its own.
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    with _slurm_users(shared) as state:
+        if state["users"] == 0 and not state["started_here"]:
+            state["started_here"] = not local_slurm_running()
+        env = ensure_local_slurm()
+        state["users"] += 1
     yield env
-    if not was_running and os.environ.get("GDNCTL_KEEP_SLURM") != "1":
-        stop_local_slurm()
+    with _slurm_users(shared) as state:
+        state["users"] -= 1
+        if state["users"] == 0 and state["started_here"] and os.environ.get("GDNCTL_KEEP_SLURM") != "1":
+            stop_local_slurm()
+            state["started_here"] = False
