@@ -243,7 +243,6 @@ def context_parallel(args, work: Path) -> dict:
 GUARD_POLICIES = ("guard-always", "default-skip", "guard-off")
 # Only with --recommended-from RUN_DIR: the skip set `gdnctl comm-report RUN_DIR` recommends.
 RECOMMENDED = "recommended"
-BACKENDS = GDN_BACKENDS
 # Above any GPU's free memory: every checked collective takes the guard's clear path (synchronize, gc.collect,
 # empty_cache), as it does in a real run whose free memory sits below comm.free_gb_threshold (slime: 3 GB).
 PRESSURE_THRESHOLD_GIB = 1.0e6
@@ -264,10 +263,10 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         parts = text.split("/")
-        if len(parts) not in (2, 3) or parts[0] not in BACKENDS or parts[1] not in (*GUARD_POLICIES, RECOMMENDED) or (
-                len(parts) == 3 and parts[2] != "pressure"):
+        if len(parts) not in (2, 3) or parts[0] not in GDN_BACKENDS or (
+                parts[1] not in (*GUARD_POLICIES, RECOMMENDED)) or (len(parts) == 3 and parts[2] != "pressure"):
             raise argparse.ArgumentTypeError(
-                f"variant {text!r} is not BACKEND/POLICY[/pressure] with BACKEND one of {', '.join(BACKENDS)} "
+                f"variant {text!r} is not BACKEND/POLICY[/pressure] with BACKEND one of {', '.join(GDN_BACKENDS)} "
                 f"and POLICY one of {', '.join((*GUARD_POLICIES, RECOMMENDED))}")
         return cls(parts[0], parts[1], len(parts) == 3)
 
@@ -388,7 +387,7 @@ def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, w
         for policy in (*GUARD_POLICIES, RECOMMENDED):
             speedups[f"flashqla vs fla, {policy}{suffix}"] = ratio(f"flashqla/{policy}{suffix}",
                                                                    f"fla/{policy}{suffix}")
-        for backend in BACKENDS:
+        for backend in GDN_BACKENDS:
             for policy in ("default-skip", "guard-off", RECOMMENDED):
                 speedups[f"{policy} vs guard-always, {backend}{suffix}"] = ratio(
                     f"{backend}/{policy}{suffix}", f"{backend}/guard-always{suffix}")
@@ -428,7 +427,7 @@ def rank(args) -> None:
     dist.init_process_group("cpu:gloo,cuda:nccl")
     trainer = Trainer(config, config_path, CommGuardPolicy.from_engine(config.comm, run_dir))
     trainer.setup()
-    kernels = {name: resolve_backend(name) for name in BACKENDS}
+    kernels = {name: resolve_backend(name) for name in GDN_BACKENDS}
     warm_ups = {}
     for name, kernel in kernels.items():
         trainer.kernel = kernel
@@ -608,7 +607,7 @@ def _gdn_share(events) -> dict:
 
 
 DEFAULT_VARIANTS = [Variant(backend, policy, pressure) for pressure in (False, True)
-                    for backend in BACKENDS for policy in GUARD_POLICIES]
+                    for backend in GDN_BACKENDS for policy in GUARD_POLICIES]
 
 
 def _variant_list(text: str) -> list[Variant]:

@@ -523,12 +523,13 @@ class DataPipeline:
         self.pad_sequences_to_multiple_of = pad_sequences_to_multiple_of
         self.max_positions = seq_length - seq_length % pad_sequences_to_multiple_of
         self._check_settings()
-        # fill cuts long documents across rows instead of truncating them
-        limit = len(max(self.documents, key=len)) if packing == "fill" else self.max_positions
-        self._positions = [min(len(document) - 1, limit) for document in self.documents]
+        # whole truncates a long document to the row; fill cuts it across rows and keeps every position
+        self._positions = [len(document) - 1 if packing == "fill" else min(len(document) - 1, self.max_positions)
+                           for document in self.documents]
         multiple = pad_sequences_to_multiple_of
         self._padded_positions = [-(-positions // multiple) * multiple for positions in self._positions]
-        self.truncated_documents = sum(len(document) - 1 > limit for document in self.documents)
+        self.truncated_documents = sum(len(document) - 1 > positions
+                                       for document, positions in zip(self.documents, self._positions, strict=True))
         self._cached_epoch: tuple[int, list[tuple[Piece, ...]]] | None = None
 
     @classmethod
