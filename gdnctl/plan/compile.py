@@ -11,7 +11,7 @@ from gdnctl.plan.decisions import environment, kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
-from gdnctl.plan.speed import MANUAL_GC_INTERVAL
+from gdnctl.plan.speed import CUDA_GRAPH_WARMUP_STEPS, MANUAL_GC_INTERVAL
 from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
@@ -92,7 +92,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             save_interval=t.save_interval, skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
         kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
-                              torch_compile=preset.kernels.torch_compile, attention=run.attention.value,
+                              torch_compile=run.torch_compile.value, attention=run.attention.value,
                               attention_reason=run.attention.reason),
         speed=_speed(run),
         comm=EngineComm(
@@ -130,6 +130,7 @@ def _speed(run: Run) -> EngineSpeed:
     decided = run.speed
     values = {name: decision.value for name, decision in decided.items()}
     return EngineSpeed(**values, manual_gc_interval=MANUAL_GC_INTERVAL if values["manual_gc"] else 0,
+                       cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP_STEPS if values["cuda_graphs"] else 0,
                        reasons={name: decision.reason for name, decision in decided.items()})
 
 

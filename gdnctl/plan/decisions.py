@@ -84,6 +84,29 @@ def model_builder(software: dict[str, str | None]) -> Decision:
                                        "and grouped-GEMM experts")
 
 
+def torch_compile(preset: Preset, software: dict[str, str | None]) -> Decision:
+    """Whether the trainer runs Megatron-Core's torch.compile'd fused functions compiled or eagerly.
+
+    Megatron-Core decorates its elementwise glue with torch.compile (megatron/core/jit.py `jit_fuser`, megatron-core
+    0.19.2): the GDN output gate and norm, the g/beta gate, SwiGLU, the attention output gate. Eager, each is a chain
+    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, BENCHMARKS.md "Trainer: where
+    the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled, the step 0.821 s
+    against 0.776 s, the peak 50.84 GiB against 49.59 GiB; the first step took 2.8 s longer with a warm inductor
+    cache. Megatron-Bridge's own loop compiles them too."""
+    requested = preset.kernels.torch_compile
+    if requested != "auto":
+        return Decision(bool(requested), f"set in the preset (kernels.torch_compile: {str(requested).lower()})")
+    if model_builder(software).value == "te-free":
+        return Decision(False, "the TE-free builder (small models, CPU runs): compiling costs more than its fused "
+                               "functions save there")
+    if preset.job == "rl":
+        return Decision(False, "rl: every rollout batch brings new sequence lengths, and gdnctl has not measured "
+                               "compiled functions beside the rollout")
+    return Decision(True, "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run "
+                          "as a few compiled kernels instead of chains of fp32 ones: 0.776 s against 0.821 s a step "
+                          "and 1.25 GiB less peak on the 35B-A3B proxy (H200), about 3 s more for step 1")
+
+
 # The widest head TE's cuDNN fused attention trained right on packed rows in gdnctl's check
 # (runtime/model/core_attention.py: at 256 its THD backward was 15-19% off on an H100 with TE 2.20.2 and its cuDNN
 # 9.14, NaN in dK/dV; the same kernel on full rows, SBHD, was within 0.3%).
@@ -249,6 +272,9 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
     if gpu.sm is not None:
         env.append(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                     "fewer fragmentation OOMs with variable-length (packed) batches"))
+        env.append(("NCCL_GRAPH_REGISTER", "0",
+                    "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
+                    "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)"))
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
     backend = GDN_BACKENDS[preset.kernels.gdn_backend]
     env += [(name, value, backend.environment_reason) for name, value in backend.environment.items()]

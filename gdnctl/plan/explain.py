@@ -52,12 +52,7 @@ def derived_values(run: Run) -> list[Derived]:
                            "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
     out.append(Derived("gdn_backend", preset.kernels.gdn_backend, GDN_BACKENDS[preset.kernels.gdn_backend].explain))
     if run.is_training and run.gpu.sm is not None:
-        out.append(Derived("torch_compile", preset.kernels.torch_compile,
-                           "kernels.torch_compile: the trainer traces and compiles its fused functions in every "
-                           "process" if preset.kernels.torch_compile else
-                           "kernels.torch_compile is off: the fused functions run eagerly (torch's force_eager "
-                           "stance); same step time, shorter first step, less memory on the H100 runs"))
-    if run.is_training and run.gpu.sm is not None:
+        out.append(Derived("torch_compile", run.torch_compile.value, run.torch_compile.reason))
         out.append(Derived("attention", run.attention.value, run.attention.reason))
         for name, decision in run.speed.items():
             out.append(Derived(f"speed.{name}", _shown(decision.value), decision.reason))

@@ -69,6 +69,10 @@ class Run:
         return decide.model_builder(self.stack)
 
     @cached_property
+    def torch_compile(self) -> decide.Decision:
+        return decide.torch_compile(self.preset, self.stack)
+
+    @cached_property
     def attention(self) -> decide.Decision:
         return decide.attention(self.preset, self.model, self.stack)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gdnctl.knowledge import ModelArch
-from gdnctl.plan.decisions import Decision, model_builder
+from gdnctl.plan.decisions import Decision, layout, model_builder, packing
 from gdnctl.schema import Preset
 
 # What a user reads beside each option in `explain` when it is on; the reasons for `off` are built per case.
@@ -34,7 +34,14 @@ _WHAT = {
                    "(Megatron-Core DDP's own default)",
     "manual_gc": "Python's garbage collector runs between steps (every {interval} steps and after each save) "
                  "instead of pausing a step at random",
+    "cuda_graphs": "each MoE layer's router and dispatch preprocessing replayed as a Transformer Engine CUDA graph "
+                   "(megatron-core cuda_graph_modules moe_router, moe_preprocess): about forty small kernels per "
+                   "layer and micro-batch launched at once, captured after step {warmup}; attention and GDN stay "
+                   "eager, as megatron-core graphs no layer that is given packed-sequence offsets",
 }
+# Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
+# autotunes the kernels, so the capture records warm ones.
+CUDA_GRAPH_WARMUP_STEPS = 1
 MANUAL_GC_INTERVAL = 100
 SPEED_OPTIONS = tuple(_WHAT)
 
@@ -50,13 +57,15 @@ def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str |
         if requested != "auto":
             decided[name] = Decision(_value(name, requested), f"set in the preset (speed.{name}: {requested})")
             continue
-        decided[name] = _auto(name, preset, model, te_free)
+        decided[name] = (_auto_cuda_graphs(preset, model, software, te_free) if name == "cuda_graphs" else
+                         _auto(name, preset, model, te_free))
     return decided
 
 
 def needs_transformer_engine(name: str) -> bool:
     """Options that exist only in Transformer Engine's layers (the TE-free builder has none of them)."""
-    return name in ("router_fusion", "rope_fusion", "cross_entropy", "wgrad_fusion", "bias_activation_fusion")
+    return name in ("router_fusion", "rope_fusion", "cross_entropy", "wgrad_fusion", "bias_activation_fusion",
+                    "cuda_graphs")
 
 
 def option_on(name: str, value: object) -> bool:
@@ -75,7 +84,7 @@ def _value(name: str, requested: str) -> object:
 def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decision:
     off_value = {"cross_entropy": "native", "grad_reduce": "fp32"}.get(name, False)
     on_value = {"cross_entropy": "te", "grad_reduce": "bf16"}.get(name, True)
-    what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL)
+    what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL, warmup=CUDA_GRAPH_WARMUP_STEPS)
     if needs_transformer_engine(name) and te_free:
         return Decision(off_value, "the TE-free builder has no Transformer Engine layers: Megatron-Core's unfused "
                                    "path")
@@ -91,3 +100,27 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
         return Decision(off_value, "rl: a policy-gradient step sums many small per-token terms over the "
                                    "micro-batches, so they are accumulated in fp32")
     return Decision(on_value, what)
+
+
+def _auto_cuda_graphs(preset: Preset, model: ModelArch, software: Mapping[str, str | None],
+                      te_free: bool) -> Decision:
+    """On where a captured graph replays what it recorded: Transformer Engine layers of a MoE model, trained on one
+    row shape every step, in the layouts gdnctl has run with graphs (one pipeline stage, no context parallel, no
+    recompute, bf16)."""
+    p, t = preset.parallel, preset.train
+    if te_free:
+        return Decision(False, "the TE-free builder has no Transformer Engine layers to graph")
+    if not model.is_moe:
+        return Decision(False, "a dense model has no MoE router to graph")
+    if preset.job not in ("sft", "pretrain"):
+        return Decision(False, f"{preset.job}: only the sft and pretrain trainer captures graphs")
+    if p.pp > 1 or p.cp > 1:
+        return Decision(False, "pipeline or context parallel: gdnctl has not run graphs there (megatron-core captures "
+                               "one graph per micro-batch in flight)")
+    if t.recompute != "none" or t.precision != "bf16":
+        return Decision(False, "recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
+                               "gdnctl has not run them together")
+    if layout(preset, dict(software)).value == "thd" and packing(preset, dict(software)).value != "fill":
+        return Decision(False, "packed rows of whole documents vary in length, and a graph replays one shape "
+                               "(train.packing: fill gives one)")
+    return Decision(True, _WHAT["cuda_graphs"].format(warmup=CUDA_GRAPH_WARMUP_STEPS))

@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 9  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 10  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
-# 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing
+# 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
+# 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto)
 
 
 class _Frozen(BaseModel):
@@ -95,6 +96,8 @@ class EngineSpeed(_Frozen):
     grad_reduce: Literal["bf16", "fp32"] = "fp32"
     manual_gc: bool = False
     manual_gc_interval: int = 0
+    cuda_graphs: bool = False
+    cuda_graph_warmup_steps: int = 0  # eager steps before the capture
     # option -> why it has its value (the trainer logs them at start-up)
     reasons: dict[str, str] = {}
 

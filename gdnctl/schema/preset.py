@@ -173,10 +173,10 @@ class TrainSpec(_Section):
 
 class KernelsSpec(_Section):
     gdn_backend: GdnBackendName = DEFAULT_GDN_BACKEND
-    torch_compile: bool = Field(False, description="torch.compile the trainer's fused elementwise functions "
-                                                   "(Megatron-Core's, Transformer Engine's, FLA's); off, they run "
-                                                   "eagerly: the same step time, a shorter first step, less memory "
-                                                   "(BENCHMARKS.md, \"Trainer: step 1 and memory\")")
+    torch_compile: Literal["auto"] | bool = Field(
+        "auto", description="torch.compile the trainer's fused elementwise functions (Megatron-Core's, Transformer "
+                            "Engine's, FLA's); false runs them eagerly. auto: on for sft and pretrain on the "
+                            "megatron-bridge builder, off for rl and the TE-free builder (`gdnctl explain` says why)")
     attention: Literal["auto", "te", "torch"] = Field(
         "auto", description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
                             "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")
@@ -198,9 +198,12 @@ class SpeedSpec(_Section):
         "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)")
     manual_gc: _AUTO_ON_OFF = Field(
         "auto", description="Python's garbage collector runs between steps, not in the middle of one")
+    cuda_graphs: _AUTO_ON_OFF = Field(
+        "auto", description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
+                            "(needs one row shape every step: packed rows filled, or padded rows)")
 
     @field_validator("router_fusion", "bias_activation_fusion", "rope_fusion", "wgrad_fusion", "manual_gc",
-                     mode="before")
+                     "cuda_graphs", mode="before")
     @classmethod
     def _yaml_switch(cls, value: object) -> object:
         """YAML 1.1 reads a bare `on`/`off` as true/false: take them as the switch they spell."""

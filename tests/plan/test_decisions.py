@@ -128,3 +128,21 @@ def test_explain_and_the_engine_config_carry_the_schedule_ppo_and_eval(tmp_path)
     assert (engine.train.lr_warmup_steps, engine.train.lr_decay) == (10, "constant")
     assert (engine.grpo.mini_batches, engine.grpo.epochs) == (4, 2)
     assert engine.eval.interval == 5 and engine.eval.max_response_tokens == run.preset.rollout.max_response_tokens
+
+
+def test_torch_compile_is_on_where_the_te_trainer_trains_fixed_jobs_and_off_elsewhere():
+    te = {"transformer_engine": "2.20.2", "megatron_bridge": "0.6.2"}
+    sft = load_preset("qwen3.5-35b-a3b-sft", []).preset
+    on = decisions.torch_compile(sft, te)
+    assert on.value is True and "0.776 s against 0.821 s" in on.reason
+    assert decisions.torch_compile(_preset(), te).value is False  # rl
+    te_free = decisions.torch_compile(sft, {"transformer_engine": None})
+    assert te_free.value is False and "TE-free" in te_free.reason
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("false", False), ("on", True), ("off", False)])
+def test_a_torch_compile_set_in_the_preset_wins(value, expected):
+    preset = load_preset("qwen3.5-35b-a3b-sft", [f"kernels.torch_compile={value}"]).preset
+    for software in ({"transformer_engine": "2.20.2"}, {"transformer_engine": None}):
+        decided = decisions.torch_compile(preset, software)
+        assert decided.value is expected and "set in the preset" in decided.reason

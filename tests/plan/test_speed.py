@@ -9,7 +9,7 @@ from gdnctl.plan.speed import SPEED_OPTIONS, speed_options
 from gdnctl.validate import load_preset
 
 ALL_ON = {"router_fusion": True, "bias_activation_fusion": True, "rope_fusion": True, "cross_entropy": "te",
-          "wgrad_fusion": True, "grad_reduce": "bf16", "manual_gc": True}
+          "wgrad_fusion": True, "grad_reduce": "bf16", "manual_gc": True, "cuda_graphs": True}
 
 
 def _run(name: str, *overrides: str):
@@ -32,7 +32,7 @@ def test_auto_turns_every_option_on_for_an_moe_sft_on_transformer_engine():
 def test_the_te_free_builder_keeps_megatron_cores_unfused_paths():
     decided = _values(_run("qwen3.5-35b-a3b-proxy-bench", "runtime.transformer_engine=none"))
     assert decided == {**ALL_ON, "router_fusion": False, "bias_activation_fusion": False, "rope_fusion": False,
-                       "cross_entropy": "native", "wgrad_fusion": False}
+                       "cross_entropy": "native", "wgrad_fusion": False, "cuda_graphs": False}
 
 
 def test_a_dense_model_has_no_router_to_fuse():
@@ -46,6 +46,23 @@ def test_rl_accumulates_gradients_in_fp32_and_keeps_its_own_loss_and_pythons_col
     assert run.speed["grad_reduce"].value == "fp32" and "rl" in run.speed["grad_reduce"].reason
     assert run.speed["cross_entropy"].value == "native" and "log-probs" in run.speed["cross_entropy"].reason
     assert run.speed["manual_gc"].value is False
+
+
+def test_cuda_graphs_need_one_row_shape_and_the_layouts_they_have_run_in():
+    """Graphs replay a recorded shape: on for the pretrain proxy (packing fill), off where rows vary (whole
+    documents: sft's default) or where gdnctl has not run them (pipeline or context parallel), and the engine
+    config carries the warm-up steps before the capture only when they are on."""
+    pretrain = _run("qwen3.5-35b-a3b-proxy-bench")
+    assert pretrain.packing.value == "fill" and pretrain.speed["cuda_graphs"].value is True
+    assert compile_engine_config(pretrain).speed.cuda_graph_warmup_steps == 1
+    whole = _run("qwen3.5-35b-a3b-proxy-bench", "train.packing=whole")
+    assert whole.speed["cuda_graphs"].value is False and "vary in length" in whole.speed["cuda_graphs"].reason
+    assert compile_engine_config(whole).speed.cuda_graph_warmup_steps == 0
+    assert _run("qwen3.5-35b-a3b-proxy-bench", "job=sft").speed["cuda_graphs"].value is False
+    padded = _run("qwen3.5-35b-a3b-proxy-bench", "train.layout=bshd")
+    assert padded.packing.value == "whole" and padded.speed["cuda_graphs"].value is True
+    cp = _run("qwen3.5-35b-a3b-proxy-bench", "parallel.cp=2", "cluster.gpus_per_node=2")
+    assert cp.speed["cuda_graphs"].value is False and "context parallel" in cp.speed["cuda_graphs"].reason
 
 
 def test_the_presets_own_value_wins_and_says_so():

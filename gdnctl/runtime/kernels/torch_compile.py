@@ -3,10 +3,12 @@
 Megatron-Core decorates its fused elementwise functions with torch.compile (megatron/core/jit.py `jit_fuser`: the
 GDN gate, norm and g/beta functions, the attention output gate, the fused cross entropy), Transformer Engine
 compiles its ops fuser, and FLA its l2norm. No cache on disk spares dynamo's tracing of them in each new process,
-and every new packed length recompiles them. Measured on an H100 (BENCHMARKS.md, "Trainer: step 1 and memory"), with
-warm compiler caches: step 1 of the tiny preset 5.06 s compiled vs 1.10 s eager (TE-free) and 12.1 s vs 4.85 s
-(megatron-bridge); on the 35B-A3B proxy (megatron-bridge) 18.3 s vs 13.7 s, steady steps alike, and a 6.3 GiB lower
-peak eager.
+and a new shape recompiles them. The plan decides (plan/decisions.py torch_compile). The measurements behind it:
+on an H200 with the megatron-bridge builder and filled rows (BENCHMARKS.md, "Trainer: where the step goes"),
+compiled, the 35B-A3B proxy's elementwise kernels took 50 ms of GPU time a step instead of 170 ms, the step 0.776 s
+instead of 0.821 s and the peak 49.59 GiB instead of 50.84 GiB, for about 3 s more of step 1 with warm caches. On
+the TE-free builder (an H100, BENCHMARKS.md "Trainer: step 1 and memory") compiling only lengthened step 1 (the tiny
+preset's 5.06 s against 1.10 s eager).
 
 force_eager is torch's own switch (torch.compiler.set_stance): it acts at call time, so it holds for functions
 decorated before this runs, and it stays in this process: the rollout server's vLLM compiles as it chooses.

@@ -33,6 +33,10 @@ TEXT_PREFIX = "model."
 VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 # Export shards of at most this many bytes: rank 0 holds one shard in host memory at a time.
 SHARD_BYTES = 4 * 2**30
+# What speed.cuda_graphs captures: the MoE router and the dispatcher's preprocessing (megatron-core 0.19.2
+# transformer_config.py cuda_graph_modules; moe_preprocess needs moe_router). Not "attn": megatron-core's TE graphs
+# take no packed-sequence offsets (transformer_layer.py _te_cuda_graph_replay asserts packed_seq_params is None).
+CUDA_GRAPH_MODULES = ("moe_router", "moe_preprocess")
 # TE's FP8 recipe on Hopper. Delayed scaling is TE's longest-standing recipe and the one Megatron-Core's
 # Hopper recipes default to; tensorwise current scaling measured ~21% slower than bf16 on H100 in the
 # Megatron-Bridge Qwen3.5 campaign, and MXFP8 needs Blackwell.
@@ -89,6 +93,11 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
     if config.model.is_moe:
         overrides.update(expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
                          moe_grouped_gemm=True, moe_router_dtype="fp32", moe_router_fusion=speed.router_fusion)
+    if speed.cuda_graphs:
+        # Captured by the trainer after its warm-up steps (runtime/train/cuda_graphs.py); TE's RNG tracker is the
+        # one a graph can replay.
+        overrides.update(cuda_graph_impl="transformer_engine", cuda_graph_modules=list(CUDA_GRAPH_MODULES),
+                         cuda_graph_warmup_steps=speed.cuda_graph_warmup_steps, use_te_rng_tracker=True)
     if train.recompute == "full":
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif train.recompute == "selective":

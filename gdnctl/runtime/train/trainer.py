@@ -34,6 +34,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.train.cuda_graphs import MoeRouterGraphs
 from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
@@ -165,6 +166,7 @@ class Trainer:
         self.lr = config.train.lr  # the step's lr, from the schedule, set before every step
         self.held_out = None  # eval:'s DataPipeline, built in train()
         self.startup = StartupClock()  # where the time to step 1 goes (logged after it)
+        self.graphs = None  # speed.cuda_graphs: the MoE router graphs, built in train()
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -189,7 +191,15 @@ class Trainer:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, context_parallel_size=p.cp,
             expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
-        tensor_parallel.model_parallel_cuda_manual_seed(config.train.seed)
+        # CUDA graphs replay random numbers only from Transformer Engine's tracker (what Megatron-Bridge sets with
+        # them: rng.te_rng_tracker).
+        tensor_parallel.model_parallel_cuda_manual_seed(config.train.seed, te_rng_tracker=config.speed.cuda_graphs)
+        if config.speed.cuda_graphs:
+            # Everything runs on a stream of its own, never the legacy default one: a capture records on a side
+            # stream, and work or gradient accumulators tied to the legacy stream invalidate it ("operation would
+            # make the legacy stream depend on a capturing blocking stream"). Megatron-Bridge does the same before
+            # it builds the model (megatron-bridge 0.6.2 training/initialize.py:726).
+            torch.cuda.set_stream(torch.cuda.Stream())
         self.ps = parallel_state
         self._build()
         self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
@@ -339,6 +349,12 @@ class Trainer:
         # Held-out loss (eval:): the same batches at every evaluation, so two evaluations differ by the weights.
         self.held_out = None if config.eval is None else DataPipeline.from_engine_config(config, read_documents(
             config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path))
+        if config.speed.cuda_graphs:
+            self.graphs = MoeRouterGraphs(
+                model=self.model, optimizer=self.optimizer, transformer_config=self.transformer,
+                row_length=pipeline.max_positions if config.layout == "thd" else train.seq_length,
+                micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
+                dp=config.parallel.dp, warmup_steps=config.speed.cuda_graph_warmup_steps, log=self._log)
         self.startup.mark("data")
         with compiles_logged("training", self._log if self.rank == 0 else None), \
                 collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
@@ -348,6 +364,10 @@ class Trainer:
         train = self.config.train
         while self.iteration < train.train_iters:
             batches = [next(stream) for _ in range(pipeline.num_microbatches)]
+            if self.graphs is not None:
+                for batch in batches:
+                    self.graphs.check_row(batch.row_length, f"a micro-batch of step {self.iteration + 1}")
+                self.graphs.before_step()
             resident_gib = torch.cuda.memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()

@@ -8,6 +8,7 @@ RUN_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 cd -- "$RUN_DIR"
 mkdir -p -- logs
 
+export NCCL_GRAPH_REGISTER=0
 export OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang

@@ -1,0 +1,62 @@
+"""speed.cuda_graphs: Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing.
+
+The model is built with megatron-core's `cuda_graph_impl="transformer_engine"` and the modules in
+runtime/model/bridge.py CUDA_GRAPH_MODULES; the trainer runs `speed.cuda_graph_warmup_steps` steps eagerly, then
+megatron-core's TECudaGraphHelper records one graph per layer (megatron-core 0.19.2
+transformer/cuda_graphs.py: with one pipeline stage it captures one micro-batch, and every micro-batch replays it,
+module.py `_te_cuda_graph_replay`: `current_microbatch % len(self.cuda_graphs)`). This is what Megatron-Bridge's
+own loop does (megatron-bridge 0.6.2 training/train.py: the helper is built before the loop and
+`create_cudagraphs()` runs when the warm-up steps are done).
+
+A graph replays the shapes it recorded, so every micro-batch must have the recorded row length: the plan turns
+graphs on only with filled packed rows or padded rows (plan/speed.py), and `check_row` refuses anything else with a
+sentence rather than letting a replay read the wrong number of tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class CudaGraphError(RuntimeError):
+    pass
+
+
+class MoeRouterGraphs:
+    """Captures after the warm-up steps of this start; `before_step` is called before every step is timed."""
+
+    def __init__(self, *, model, optimizer, transformer_config, row_length: int, micro_batch_size: int,
+                 global_batch_size: int, dp: int, warmup_steps: int, log: Callable[[str], None]) -> None:
+        import torch.distributed as dist
+        from megatron.core import num_microbatches_calculator as calculator
+        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+        # megatron-core sizes the capture's warm-up from the global micro-batch count (cuda_graphs.py
+        # _get_cuda_graph_input_data: get_num_microbatches()), which only its own training loop sets.
+        calculator.unset_num_microbatches_calculator()
+        calculator.init_num_microbatches_calculator(dist.get_rank(), None, global_batch_size, micro_batch_size, dp)
+        self.row_length = row_length
+        self.warmup_steps = warmup_steps
+        self.steps_seen = 0
+        self.capture_seconds: float | None = None
+        self._log = log
+        self._helper = TECudaGraphHelper(model=[model], config=transformer_config, seq_length=row_length,
+                                         micro_batch_size=micro_batch_size, optimizers=[optimizer])
+
+    def check_row(self, row_length: int, where: str) -> None:
+        if row_length != self.row_length:
+            raise CudaGraphError(
+                f"{where} is {row_length} tokens long, but the CUDA graphs replay rows of {self.row_length}; set "
+                "speed.cuda_graphs: off, or train.packing: fill so that every row has one length.")
+
+    def before_step(self) -> None:
+        """Capture once this start has run its warm-up steps (eager), before the next step is timed."""
+        if self.steps_seen == self.warmup_steps and self.capture_seconds is None:
+            started = time.perf_counter()
+            self._helper.create_cudagraphs()
+            self.capture_seconds = time.perf_counter() - started
+            self._log(f"CUDA graphs: captured the MoE router and preprocessing of "
+                      f"{len(self._helper.flattened_callables)} layers in {self.capture_seconds:.1f} s, after "
+                      f"{self.warmup_steps} eager step(s)")
+        self.steps_seen += 1
