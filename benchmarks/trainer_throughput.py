@@ -19,9 +19,10 @@ settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2
 validate refuses it, MEM001 115.7 GiB.)
 
 `compare` runs gdnctl's launch of the proxy with its defaults, then Megatron-Bridge's own training loop
-(benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch and
-sequence length: step time, real tokens/s, TFLOPS/GPU and MFU on real tokens, peak memory, and gdnctl's ratio to it;
-for gdnctl also its first step and the wall time from the launch to the end of the first step.
+(benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch,
+sequence length and GDN kernel (once per --kernels entry): step time, real tokens/s, TFLOPS/GPU and MFU on real
+tokens, peak memory, and gdnctl's ratio to it; for gdnctl also its first step and the wall time from the launch to the
+end of the first step.
 `memory` runs the proxy in this process and attributes what stays allocated between steps to the code that
 allocated it (torch's allocator history). `speed-options` runs the proxy with the speed options as `auto` decides
 them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
@@ -128,8 +129,8 @@ PEER_SCRIPT = Path(__file__).with_name("megatron_bridge_loop.py")
 
 
 def compare(args, work: Path) -> dict:
-    """gdnctl's launch of the proxy (once per --kernels GDN kernel), then Megatron-Bridge's own loop at the same
-    shape, back to back."""
+    """gdnctl's launch of the proxy once per --kernels GDN kernel, then Megatron-Bridge's own loop at the same shape
+    once per kernel, on the same GDN kernel (PEER_GDN_ENV), back to back."""
     sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
     ours_by_kernel = {}
     for kernel in args.kernels:
@@ -141,36 +142,52 @@ def compare(args, work: Path) -> dict:
         ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in steps[WARMUP_STEPS:])
         ours_by_kernel[kernel] = ours
     engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
-    train = engine["train"]
-    peer_out = work / "megatron-bridge.json"
-    command = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"] if args.gpus > 1
-               else [sys.executable]) + [
-        str(PEER_SCRIPT), "--mode", args.peer_mode, "--steps", str(args.steps), "--skip", str(WARMUP_STEPS),
-        "--gbs", str(train["global_batch_size"]), "--seq", str(train["seq_length"]),
-        "--mbs", str(train["micro_batch_size"]), "--ep", str(engine["parallel"]["ep"]),
-        "--peak-tflops", str(engine["metrics"]["peak_bf16_tflops"]), "--out", str(peer_out)]
-    print("$ " + shlex.join(command), flush=True)
-    proc = subprocess.run(command, text=True, capture_output=True, check=False)
-    (work / "megatron-bridge.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
-                         f"\n{proc.stderr[-3000:]}")
-    timer = json.loads(peer_out.read_text())["train_step_timer"]
-    peer = {"mode": args.peer_mode, "step_s": timer["median_step_s"],
-            "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
-            "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
-            "peak_memory_gib": timer["max_peak_memory_gib"]}
-    results: dict = {"megatron_bridge": peer}
+    results: dict = {}
     for kernel, ours in ours_by_kernel.items():
+        peer = run_peer(args, engine, work / f"megatron-bridge-{kernel}", kernel)
+        results[f"megatron_bridge_{kernel}"] = peer
         results[f"gdnctl_{kernel}"] = ours
         results[f"tokens_per_s_ratio_{kernel}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
         results[f"peak_memory_ratio_{kernel}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
     return results
 
 
+# FLA 0.6.0 hands its chunk_gated_delta_rule to FlashQLA whenever flash_qla imports on a Hopper GPU
+# (fla/ops/gated_delta_rule/backends/flash_qla.py, FLA_FLASH_QLA defaults on), and Megatron-Core calls FLA's public
+# function: on a stack with flash_qla installed, Megatron-Bridge's loop trains with FlashQLA's fused kernels. So each
+# gdnctl kernel is compared with the peer running the same one: FLA's Triton kernels with FLA_FLASH_QLA=0, FlashQLA
+# through FLA's own dispatch.
+PEER_GDN_ENV = {"fla": {"FLA_FLASH_QLA": "0"}, "flashqla": {"FLA_FLASH_QLA": "1"}}
+
+
+def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
+    """Megatron-Bridge's own loop at the engine config's shape, its GDN layers on `kernel`."""
+    work.mkdir(parents=True, exist_ok=True)
+    train = engine["train"]
+    peer_out = work / "summary.json"
+    command = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"] if args.gpus > 1
+               else [sys.executable]) + [
+        str(PEER_SCRIPT), "--mode", args.peer_mode, "--steps", str(args.steps), "--skip", str(WARMUP_STEPS),
+        "--gbs", str(train["global_batch_size"]), "--seq", str(train["seq_length"]),
+        "--mbs", str(train["micro_batch_size"]), "--ep", str(engine["parallel"]["ep"]),
+        "--peak-tflops", str(engine["metrics"]["peak_bf16_tflops"]), "--out", str(peer_out)]
+    env = {**os.environ, **PEER_GDN_ENV[kernel]}
+    print(f"$ {' '.join(f'{k}={v}' for k, v in PEER_GDN_ENV[kernel].items())} {shlex.join(command)}", flush=True)
+    proc = subprocess.run(command, text=True, capture_output=True, check=False, env=env)
+    (work / "megatron-bridge.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
+                         f"\n{proc.stderr[-3000:]}")
+    timer = json.loads(peer_out.read_text())["train_step_timer"]
+    return {"mode": args.peer_mode, "gdn_kernel": kernel, "env": PEER_GDN_ENV[kernel], "step_s": timer["median_step_s"],
+            "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
+            "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
+            "peak_memory_gib": timer["max_peak_memory_gib"]}
+
+
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
 SPEED_OFF = {"router_fusion": "off", "bias_activation_fusion": "off", "rope_fusion": "off", "cross_entropy": "native",
-             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off"}
+             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off", "cuda_graphs": "off"}
 
 
 def speed_options(args, work: Path) -> dict:
@@ -630,7 +647,8 @@ def main() -> None:
     parser.add_argument("--peer-mode", choices=("tuned", "matched"), default="tuned",
                         help="compare: Megatron-Bridge's performance-recipe options, or the options gdnctl sets")
     parser.add_argument("--kernels", type=lambda text: text.split(","), default=["fla"],
-                        help="compare: gdnctl's GDN kernels, one launch each against the same peer run (fla,flashqla)")
+                        help="compare: GDN kernels (fla,flashqla): per kernel, gdnctl's launch and the peer's loop "
+                             "on that kernel")
     parser.add_argument("--options", type=lambda text: [] if text == "none" else text.split(","), default=None,
                         help="speed-options: the options turned off one at a time (default: every one; none: only "
                              "all on and all off)")
