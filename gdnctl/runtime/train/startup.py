@@ -1,8 +1,9 @@
 """Where a rank's time to its first step goes: one line after step 1 and `startup.json` beside metrics.jsonl.
 
 Phases, each measured on rank 0 from the previous mark: the process's start to the trainer's set-up (Python, torch,
-the process group), the set-up (Megatron-Core's, Transformer Engine's and megatron-bridge's imports, the model, its
-weights, DDP and the optimizer), the GDN kernel's warm-up, the data pipeline and step 1 itself. The process start is
+the process group), Megatron-Core's imports and its process groups, the model build (megatron-bridge's provider and
+Transformer Engine's layers, or the TE-free spec), the weights (loaded, or as initialised), DDP and the optimizer
+(and a resume's optimizer state), the GDN kernel's warm-up, the data pipeline and step 1 itself. The process start is
 read from Linux's /proc (the time torchrun started this rank); elsewhere that phase is left out.
 """
 

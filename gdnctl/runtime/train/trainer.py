@@ -201,6 +201,7 @@ class Trainer:
             # it builds the model (megatron-bridge 0.6.2 training/initialize.py:726).
             torch.cuda.set_stream(torch.cuda.Stream())
         self.ps = parallel_state
+        self.startup.mark("imports and process groups")
         self._build()
         self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
         self._log(f"attention: {config.kernels.attention} ({config.kernels.attention_reason})")
@@ -213,7 +214,6 @@ class Trainer:
         self._log(torch_compile)
         if config.layout == "thd":
             self._log(offsets)
-        self.startup.mark("set-up")
 
     def _build(self) -> None:
         from megatron.core.distributed import (
@@ -232,6 +232,7 @@ class Trainer:
         model = self.builder.build(pre_process=self.ps.is_pipeline_first_stage(),
                                    post_process=self.ps.is_pipeline_last_stage())
         self.gdn_layers = install_kernel_on_layers(model, self.kernel)
+        self.startup.mark("model build")
         self.resume_dir = None
         if train.save_dir and self.rank == 0:
             # One running job per checkpoint directory (held until this process ends).
@@ -248,6 +249,7 @@ class Trainer:
             self._load(model, self.resume_dir or initial)
         # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
         self.source = checkpoint.run_source(config.model, self.resume_dir or initial)
+        self.startup.mark("weights")
         self.model = DistributedDataParallel(
             config=self.transformer, module=model,
             ddp_config=DistributedDataParallelConfig(
@@ -276,6 +278,7 @@ class Trainer:
             self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
             self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
             self.metrics.resumed_at(self.iteration)
+        self.startup.mark("DDP and optimizer")
 
     def reload(self, directory: Path) -> None:
         """Load a checkpoint of this run into the built model and optimizer, with the calls a resume makes (the
