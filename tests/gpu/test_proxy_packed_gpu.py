@@ -1,8 +1,8 @@
 """The 35B-A3B proxy on the megatron-bridge builder with packed rows (THD), the shape that trained on NaN when
 Transformer Engine's cuDNN attention ran its backward at head_dim 256 (runtime/model/core_attention.py):
 
-- 20 steps with the defaults (attention: torch): every loss and gradient norm finite, no update skipped, the loss
-  falls;
+- 20 steps with the defaults (attention: torch; filled rows, so the MoE router CUDA graphs are captured after step
+  1, and torch.compile on): every loss and gradient norm finite, no update skipped, the loss falls;
 - a non-finite step stops the Megatron trainer with the sentence, and `latest` stays on the last good checkpoint.
 
 Needs a CUDA GPU with ~60 GiB free, Transformer Engine, megatron-bridge and FLA.
@@ -29,6 +29,9 @@ def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.5, [round(s["loss"], 3) for s in steps]
     # Packed rows: no slot is padding at cp = 1 and bf16.
     assert all(s["padding_share"] == 0.0 for s in steps)
+    log = _console(tmp_path / "run", "stdout").read_text() + _console(tmp_path / "run", "stderr").read_text()
+    assert "CUDA graphs: captured the MoE router and preprocessing of 8 layers" in log
+    assert "torch.compile: on" in log
 
 
 @NEEDS_BRIDGE_STACK
