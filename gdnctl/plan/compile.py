@@ -92,7 +92,8 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             save_interval=t.save_interval, skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
         kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
-                              torch_compile=run.torch_compile.value, attention=run.attention.value,
+                              torch_compile=run.torch_compile.value,
+                              torch_compile_reason=run.torch_compile.reason, attention=run.attention.value,
                               attention_reason=run.attention.reason),
         speed=_speed(run),
         comm=EngineComm(

@@ -81,6 +81,7 @@ class EngineKernels(_Frozen):
     gdn_backend: GdnBackendName
     # False: the trainer process runs torch.compile'd functions eagerly (torch.compiler.set_stance("force_eager")).
     torch_compile: bool
+    torch_compile_reason: str = ""  # why (plan/decisions.torch_compile)
     # The full-attention layers' core attention (plan/decisions.attention), and why.
     attention: Literal["te", "torch"] = "te"
     attention_reason: str = ""

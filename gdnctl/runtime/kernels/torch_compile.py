@@ -17,12 +17,13 @@ decorated before this runs, and it stays in this process: the rollout server's v
 from __future__ import annotations
 
 
-def apply_torch_compile(enabled: bool) -> str:
-    """Set this process's torch.compile stance; returns the sentence the trainer logs."""
+def apply_torch_compile(enabled: bool, reason: str = "") -> str:
+    """Set this process's torch.compile stance; returns the sentence the trainer logs, with the plan's reason."""
+    why = f" ({reason})" if reason else ""
     if enabled:
-        return "torch.compile: on (kernels.torch_compile: true): fused functions are traced and compiled per process"
+        return f"torch.compile: on{why}: fused functions are traced and compiled per process"
     import torch
 
     torch.compiler.set_stance("force_eager")
-    return ("torch.compile: off (kernels.torch_compile: false): Megatron-Core's, Transformer Engine's and FLA's "
-            "compiled functions run eagerly")
+    return (f"torch.compile: off{why}: Megatron-Core's, Transformer Engine's and FLA's compiled functions run "
+            "eagerly")

@@ -181,7 +181,7 @@ class Trainer:
         )
 
         config = self.config
-        torch_compile = apply_torch_compile(config.kernels.torch_compile)
+        torch_compile = apply_torch_compile(config.kernels.torch_compile, config.kernels.torch_compile_reason)
         self.kernel = resolve_backend(config.kernels.gdn_backend, training=True)
         patch_megatron_gdn_kernel(self.kernel)
         offsets = install_host_side_checks()

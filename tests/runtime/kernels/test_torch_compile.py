@@ -25,12 +25,12 @@ def _fused(x: torch.Tensor) -> torch.Tensor:
 
 def test_off_runs_an_already_decorated_function_eagerly_with_nothing_traced():
     compiled = torch.compile(_fused, backend="eager")  # decorated first, as at Megatron-Core's import
-    sentence = apply_torch_compile(False)
+    sentence = apply_torch_compile(False, "set in the preset (kernels.torch_compile: false)")
     x = torch.randn(8)
     assert torch.equal(compiled(x), _fused(x))
     compiled(torch.randn(5))  # a new length: would recompile
     assert not counters["frames"], dict(counters["frames"])
-    assert sentence.startswith("torch.compile: off (kernels.torch_compile: false)")
+    assert sentence.startswith("torch.compile: off (set in the preset (kernels.torch_compile: false)): ")
 
 
 def test_on_leaves_torch_compile_tracing():
