@@ -353,11 +353,14 @@ class Trainer:
         self.held_out = None if config.eval is None else DataPipeline.from_engine_config(config, read_documents(
             config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path))
         if config.speed.cuda_graphs:
+            # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions.
+            packed = config.layout == "thd"
+            micro = 1 if packed else train.micro_batch_size
             self.graphs = MoeRouterGraphs(
                 model=self.model, optimizer=self.optimizer, transformer_config=self.transformer,
-                row_length=pipeline.max_positions if config.layout == "thd" else train.seq_length,
-                micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
-                dp=config.parallel.dp, warmup_steps=config.speed.cuda_graph_warmup_steps, log=self._log)
+                row_length=pipeline.max_positions if packed else train.seq_length, micro_batch_size=micro,
+                global_batch_size=pipeline.num_microbatches * micro * config.parallel.dp, dp=config.parallel.dp,
+                warmup_steps=config.speed.cuda_graph_warmup_steps, log=self._log)
         self.startup.mark("data")
         with compiles_logged("training", self._log if self.rank == 0 else None), \
                 collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
