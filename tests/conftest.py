@@ -91,6 +91,10 @@ def _is_slow(item: pytest.Item) -> bool:
     return module in SLOW_MODULES or name in SLOW_TESTS.get(module, ())
 
 
+# tryfirst: xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems (it appends the
+# group to each test's id, which is what --dist loadgroup sends by); a mark added after that is ignored, and
+# the tests of a group would spread over the workers, each setting the shared fixture up again.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
