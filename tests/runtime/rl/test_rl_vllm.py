@@ -17,6 +17,11 @@ from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
 PRESET = "tiny-qwen3.5-rl-cpu"
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
 needs_vllm = pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no vLLM CPU venv)")
+# Steps of 16 samples (4 prompts x 4) instead of the preset's 64 (8 x 8), for the jobs whose assertions do not
+# depend on the batch's size: weight syncs and their checks, the trainer-vs-rollout gap, PPO's mini-batches, a
+# step that stops the job. The CPU policy trains a few hundred tokens/s on 2 cores, so a preset step takes ~9 s
+# there and one of these about a quarter of that. Micro-batches of 8: one per rank with two data-parallel ranks.
+SMALL_STEPS = ("train.global_batch_size=16", "train.micro_batch_size=8", "rollout.n_samples_per_prompt=4")
 
 
 def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subprocess.CompletedProcess:
@@ -96,7 +101,8 @@ def test_ppo_mini_batches_train_off_the_sampling_policy_and_the_clip_acts(tmp_pa
     the second on, the ratio leaves 1 and the clip cuts some tokens. The trainer-vs-rollout gap stays the
     sampling policy's (measured before the first update), and rollout correction reports its weights."""
     run_dir = tmp_path / "run"
-    done = launch(run_dir, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3", "eval=null")
+    done = launch(run_dir, *SMALL_STEPS, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3",
+                  "eval=null")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = metrics(run_dir)
     assert [s["updates"] for s in steps] == [4, 4, 4]
@@ -113,7 +119,7 @@ def test_an_moe_policy_syncs_into_vllm_fused_experts_and_stays_on_policy(tmp_pat
     scores like the trainer. Without the rollout server's MoE repack the very first reload (same weights) put
     the probe 0.087-0.117 nats/token off."""
     run_dir = tmp_path / "moe"
-    done = launch(run_dir, f"model.id={model}", "train.train_iters=3")
+    done = launch(run_dir, *SMALL_STEPS, f"model.id={model}", "train.train_iters=3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == [1, 2, 3]
@@ -128,8 +134,8 @@ def test_the_broadcast_sync_sends_rank_0s_weights_over_gloo_and_keeps_the_rollou
     them in buckets to vLLM's worker over a process group of their own, and the worker loads them through the
     model's load_weights; every sync after the first (the engine starts from the directory) goes that way."""
     run_dir = tmp_path / "run"
-    done = launch(run_dir, f"model.id={model}", "rollout.weight_sync=broadcast", "cluster.gpus_per_node=2",
-                  "train.train_iters=3")
+    done = launch(run_dir, *SMALL_STEPS, f"model.id={model}", "rollout.weight_sync=broadcast",
+                  "cluster.gpus_per_node=2", "train.train_iters=3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "weight group up: trainer rank 0 and 1 rollout worker(s) over gloo" in done.stdout
     steps = metrics(run_dir)
@@ -148,7 +154,7 @@ def test_the_broadcast_reaches_every_worker_of_a_tensor_parallel_rollout(tmp_pat
     # vLLM's CPU workers bind their threads per NUMA node; a one-node machine needs the cores named per worker.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     run_dir = tmp_path / "run"
-    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "rollout.weight_sync=broadcast",
+    done = launch(run_dir, *SMALL_STEPS, "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "rollout.weight_sync=broadcast",
                   "rollout.tp=2", "cluster.gpus_per_node=2", "train.train_iters=2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "weight group up: trainer rank 0 and 2 rollout worker(s) over gloo" in done.stdout
@@ -164,7 +170,7 @@ def test_qwen35_on_vllm_before_027_is_served_as_the_vision_language_class(tmp_pa
     """runtime.vllm 0.26: the sync writes Qwen3_5ForConditionalGeneration's config and names, the engine starts
     with images and videos off (no vision tower), and the checksums meet under the text model's names."""
     run_dir = tmp_path / "vl"
-    done = launch(run_dir, "runtime.vllm=0.26.0", "train.train_iters=2")
+    done = launch(run_dir, *SMALL_STEPS, "runtime.vllm=0.26.0", "train.train_iters=2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     config = json.loads((run_dir / "rollout" / "weights" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
@@ -264,7 +270,7 @@ def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_go
     """lr 1e30: Adam's first update moves every weight by ~1e30, so the second step's forward overflows fp32 and its
     loss and gradients are NaN. The job stops there with a sentence; the update and no checkpoint are written."""
     save_dir = tmp_path / "checkpoints"
-    done = launch(tmp_path / "run", "train.lr=1e30", "train.train_iters=4", f"train.save_dir={save_dir}",
+    done = launch(tmp_path / "run", *SMALL_STEPS, "train.lr=1e30", "train.train_iters=4", f"train.save_dir={save_dir}",
                   "train.save_interval=1")
     assert done.returncode != 0
     sentence = next(line for line in done.stderr.splitlines() if line.startswith("gdnctl runtime:"))
@@ -275,7 +281,8 @@ def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_go
     assert "gdnctl/runtime/" not in done.stderr
 
     # A bound lets that many steps pass as skipped (logged, not applied) before the job stops.
-    allowed = launch(tmp_path / "allowed", "train.lr=1e30", "train.train_iters=4", "train.skip_nonfinite_steps=1")
+    allowed = launch(tmp_path / "allowed", *SMALL_STEPS, "train.lr=1e30", "train.train_iters=4",
+                     "train.skip_nonfinite_steps=1")
     assert allowed.returncode != 0
     assert "update skipped (1 of 1 allowed by train.skip_nonfinite_steps)" in allowed.stdout
     sentence = next(line for line in allowed.stderr.splitlines() if line.startswith("gdnctl runtime:"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gdnctl.runtime.rl.logprob_gap import LogprobGapError, check_step0_gap
-from tests.runtime.rl.test_rl_vllm import launch, needs_vllm
+from tests.runtime.rl.test_rl_vllm import SMALL_STEPS, launch, needs_vllm
 
 
 def test_the_gap_passes_under_the_threshold_and_when_the_check_is_off():
@@ -30,7 +30,7 @@ def test_a_real_run_over_the_threshold_stops_at_step_0_without_a_checkpoint(tmp_
     """An honest trigger: the real gap between the CPU policy and vLLM's CPU build (measured 0.0013-0.0023) is
     above a threshold of 1e-6."""
     save_dir = tmp_path / "checkpoints"
-    done = launch(tmp_path / "run", f"train.save_dir={save_dir}", "rollout.max_step0_logprob_gap=1e-6")
+    done = launch(tmp_path / "run", *SMALL_STEPS, f"train.save_dir={save_dir}", "rollout.max_step0_logprob_gap=1e-6")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     sentence = next(line for line in done.stderr.splitlines() if line.startswith("gdnctl runtime:"))
     assert "on the first step the trainer scores the rollout's samples" in sentence
