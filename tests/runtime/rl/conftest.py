@@ -1,14 +1,25 @@
-"""Fixtures the CPU policy tests share: the tiny CPU rl preset's engine config, and a one-rank gloo group."""
+"""Fixtures the rl tests share: the tiny CPU rl preset's engine config, a one-rank gloo group, and one rl job run
+as a real Slurm job."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from gdnctl.schema.engine import EngineConfig
+
+# The Slurm rl job's settings; the requeue test (test_rl_requeue.py) submits the same job and kills it midway, so
+# the uninterrupted one is the curve a requeued job must continue. Small steps: the requeue test pays two more vLLM
+# engine starts. Enough of them that its requeue lands before the end: a step takes ~0.3 s on a fast CI machine
+# (2026-11-25: an AMD EPYC ran steps 1-4 of a 4-step run within 1 s, so the requeue after step 3 found the job done
+# and it resumed at step 4).
+SLURM_STEPS = 12
+SLURM_SETTINGS = (f"train.train_iters={SLURM_STEPS}", "train.save_interval=2", "train.global_batch_size=16",
+                  "train.micro_batch_size=16", "rollout.n_samples_per_prompt=4", "launch.slurm.exclusive=false")
 
 
 @pytest.fixture
@@ -24,3 +35,21 @@ def gloo(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def slurm_rl_run(tmp_path_factory, local_slurm) -> tuple[Path, subprocess.CompletedProcess]:
+    """The tiny rl preset run start to end as a real Slurm job (`launch --slurm --wait`) with SLURM_SETTINGS and
+    a save dir: its run dir and the launch's result. Run once for the tests that read it (that rl runs under
+    Slurm, and what a requeued job is compared with), each a vLLM engine start fewer."""
+    from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON
+    from tests.slurm_cluster import slurm_env
+
+    run_dir = tmp_path_factory.mktemp("slurm-rl") / "run"
+    sets = (f"rollout.python={VLLM_PYTHON}", f"train.save_dir={run_dir / 'checkpoints'}",
+            "launch.slurm.time=00:15:00", *SLURM_SETTINGS)
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--wait", "-o", str(run_dir),
+               *(arg for value in sets for arg in ("--set", value))]
+    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm),
+                          check=False)
+    return run_dir, done

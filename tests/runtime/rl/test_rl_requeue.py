@@ -13,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, launch, metrics, needs_vllm
+from tests.runtime.rl.conftest import SLURM_SETTINGS, SLURM_STEPS
+from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, metrics, needs_vllm
 
-# Small steps: the test pays three vLLM engine starts (uninterrupted run, first start, requeued start). Enough of
-# them that the requeue lands before the end: a step takes ~0.3 s on a fast CI machine (2026-11-25: an AMD EPYC ran
-# steps 1-4 of a 4-step run within 1 s, so the requeue after step 3 found the job done and it resumed at step 4).
-STEPS = 12
-COMMON = [f"train.train_iters={STEPS}", "train.save_interval=2", "train.global_batch_size=16",
-          "train.micro_batch_size=16", "rollout.n_samples_per_prompt=4"]
 COMPARED = ("step", "reward_mean", "reward_std", "response_length", "loss", "grad_norm", "rollout_logprob_abs_diff")
 
 
@@ -43,18 +38,20 @@ def _logged_steps(run_dir: Path) -> list[int]:
 
 @needs_vllm
 @pytest.mark.slurm
-def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slurm):
+def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slurm, slurm_rl_run):
     from tests.slurm_cluster import slurm_env, wait_for_job
 
-    whole = launch(tmp_path / "whole", *COMMON, f"train.save_dir={tmp_path / 'whole-ckpt'}")
+    # The same job run start to end under Slurm (tests/runtime/rl/conftest.py), shared with the test that rl runs
+    # as a Slurm job: this test pays two vLLM engine starts of its own, the first start and the requeued one.
+    whole_dir, whole = slurm_rl_run
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
 
     env = slurm_env(local_slurm)
     run_dir = tmp_path / "requeued"
+    sets = (f"rollout.python={VLLM_PYTHON}", f"train.save_dir={run_dir / 'checkpoints'}", "launch.slurm.time=00:20:00",
+            *SLURM_SETTINGS)
     command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--json", "-o", str(run_dir),
-               "--set", f"rollout.python={VLLM_PYTHON}", "--set", f"train.save_dir={run_dir / 'checkpoints'}",
-               "--set", "launch.slurm.time=00:20:00", "--set", "launch.slurm.exclusive=false",
-               *(arg for value in COMMON for arg in ("--set", value))]
+               *(arg for value in sets for arg in ("--set", value))]
     submitted = subprocess.run(command, text=True, capture_output=True, timeout=120, env=env, check=False)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]
@@ -70,10 +67,10 @@ def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slu
     logs = _job_logs(run_dir)
     resumed = re.search(r"resumed from \S+ at step (\d+)", logs)
     assert resumed, logs[-3000:]
-    assert 2 <= int(resumed.group(1)) < STEPS and int(resumed.group(1)) % 2 == 0, resumed.group(0)
+    assert 2 <= int(resumed.group(1)) < SLURM_STEPS and int(resumed.group(1)) % 2 == 0, resumed.group(0)
     # One history, as if never interrupted: each step once, in order, with the uninterrupted run's values.
-    assert _curve(run_dir) == _curve(tmp_path / "whole"), (_curve(run_dir), _curve(tmp_path / "whole"))
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{STEPS:07d}"
+    assert _curve(run_dir) == _curve(whole_dir), (_curve(run_dir), _curve(whole_dir))
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{SLURM_STEPS:07d}"
 
 
 def _job_logs(run_dir: Path) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.runtime.rl.conftest import SLURM_STEPS
 from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
 
 PRESET = "tiny-qwen3.5-rl-cpu"
@@ -208,17 +209,11 @@ def test_a_rollout_environment_without_vllm_fails_at_start_with_a_sentence(tmp_p
 
 @needs_vllm
 @pytest.mark.slurm
-def test_rl_runs_as_a_real_slurm_job(tmp_path, local_slurm):
-    from tests.slurm_cluster import slurm_env
-
-    run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--wait", "-o", str(run_dir),
-               "--set", f"rollout.python={VLLM_PYTHON}", "--set", "train.train_iters=2",
-               "--set", "launch.slurm.time=00:15:00", "--set", "launch.slurm.exclusive=false"]
-    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm),
-                          check=False)
+def test_rl_runs_as_a_real_slurm_job(slurm_rl_run):
+    # The run the requeue test compares a requeued job with (tests/runtime/rl/conftest.py): one job start to end.
+    run_dir, done = slurm_rl_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert [s["step"] for s in metrics(run_dir)] == [1, 2]
+    assert [s["step"] for s in metrics(run_dir)] == list(range(1, SLURM_STEPS + 1))
     assert (run_dir / "logs" / "rollout.log").is_file()
 
 
