@@ -531,6 +531,8 @@ def make_callback(args, holder: dict):
             seconds = time.perf_counter() - self._t0
             self.steps.append({"step": len(self.steps) + 1, "seconds": seconds, "flops": None,
                                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                               # with CUDA graphs, their pools' tensors are reserved, not counted as allocated
+                               "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
                                "skipped": bool(context.skipped_iter)})
 
         def on_train_end(self, context):
@@ -572,6 +574,7 @@ def summarise(args, holder, tee, stubbed, wgrad_note) -> dict:
             "median_tflops_per_gpu": own_tflops,
             "mfu": own_tflops / args.peak_tflops if own_tflops else None,
             "max_peak_memory_gib": max((s["peak_gib"] for s in measured), default=None),
+            "max_peak_reserved_gib": max((s["peak_reserved_gib"] for s in measured), default=None),
             "per_step": steps,
         },
         "flops_per_token": flops_per_token(cfg, args) if cfg is not None else None,

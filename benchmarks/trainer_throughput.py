@@ -100,6 +100,7 @@ def summarise(steps: list[dict], run_dir: Path) -> dict:
         "step_s": statistics.median(s["seconds"] for s in measured),
         "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),
         "peak_memory_gib": max(s["peak_memory_gib"] for s in measured),
+        "peak_reserved_gib": max(s.get("peak_reserved_gib", 0.0) for s in measured),
         # What a step holds at rest (weights, gradient buffers, optimizer state) and what it adds on top.
         "resident_memory_gib": max(s["resident_memory_gib"] for s in measured),
         "step_added_memory_gib": max(s["peak_memory_gib"] - s["resident_memory_gib"] for s in measured),
@@ -182,7 +183,7 @@ def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
     return {"mode": args.peer_mode, "gdn_kernel": kernel, "env": PEER_GDN_ENV[kernel], "step_s": timer["median_step_s"],
             "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
             "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
-            "peak_memory_gib": timer["max_peak_memory_gib"]}
+            "peak_memory_gib": timer["max_peak_memory_gib"], "peak_reserved_gib": timer.get("max_peak_reserved_gib")}
 
 
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.

@@ -76,6 +76,9 @@ class StepStats:
     skipped: bool
     # Share of the step's token slots that were padding (BSHD rows, or THD sequences padded to a multiple).
     padding_share: float = 0.0
+    # The caching allocator's peak reservation in the step. With CUDA graphs it is the figure to compare: a graph's
+    # internal tensors live in its private pool, reserved but not counted as allocated while it replays.
+    peak_reserved_gib: float = 0.0
 
     def line(self, total: int, eta: str) -> str:
         mfu = f" ({self.mfu:.1%} MFU)" if self.mfu is not None else ""
@@ -498,7 +501,7 @@ class Trainer:
             tokens_per_second=tokens / seconds,
             tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
             lr=self.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped,
-            padding_share=1.0 - tokens / max(slots, 1))
+            padding_share=1.0 - tokens / max(slots, 1), peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30)
 
     @staticmethod
     def _sequences(batch: MicroBatch) -> int:
