@@ -84,27 +84,33 @@ def model_builder(software: dict[str, str | None]) -> Decision:
                                        "and grouped-GEMM experts")
 
 
-def torch_compile(preset: Preset, software: dict[str, str | None]) -> Decision:
+def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> Decision:
     """Whether the trainer runs Megatron-Core's torch.compile'd fused functions compiled or eagerly.
 
     Megatron-Core decorates its elementwise glue with torch.compile (megatron/core/jit.py `jit_fuser`, megatron-core
     0.19.2): the GDN output gate and norm, the g/beta gate, SwiGLU, the attention output gate. Eager, each is a chain
-    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, BENCHMARKS.md "Trainer: where
-    the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled, the step 0.821 s
-    against 0.776 s, the peak 50.84 GiB against 49.59 GiB; the first step took 2.8 s longer with a warm inductor
-    cache. Megatron-Bridge's own loop compiles them too."""
+    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows; BENCHMARKS.md
+    "Trainer: where the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled;
+    the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s eager, 0.766
+    s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. Megatron-Bridge's own loop compiles
+    them too. auto stays where that was measured: one row shape every step (a new shape recompiles)."""
     requested = preset.kernels.torch_compile
     if requested != "auto":
         return Decision(bool(requested), f"set in the preset (kernels.torch_compile: {str(requested).lower()})")
+    if gpu.sm is None:
+        return Decision(False, "no GPU: nothing to compile for")
     if model_builder(software).value == "te-free":
-        return Decision(False, "the TE-free builder (small models, CPU runs): compiling costs more than its fused "
-                               "functions save there")
-    if preset.job == "rl":
-        return Decision(False, "rl: every rollout batch brings new sequence lengths, and gdnctl has not measured "
-                               "compiled functions beside the rollout")
-    return Decision(True, "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run "
-                          "as a few compiled kernels instead of chains of fp32 ones: 0.776 s against 0.821 s a step "
-                          "and 1.25 GiB less peak on the 35B-A3B proxy (H200), about 3 s more for step 1")
+        return Decision(False, "the TE-free builder (small models): compiling costs more than its fused functions "
+                               "save there")
+    if preset.job not in ("sft", "pretrain"):
+        return Decision(False, f"{preset.job}: gdnctl has not measured compiled functions in this job")
+    if layout(preset, software).value == "thd" and packing(preset, software).value != "fill":
+        return Decision(False, "packed rows of whole documents change length every step, and a compiled function "
+                               "recompiles for new shapes (not measured)")
+    return Decision(True, "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run as "
+                          "a few compiled kernels instead of chains of fp32 ones: on the 35B-A3B proxy (H200) 120 ms "
+                          "less GPU time and 1.25 GiB less peak a step, the step 45 ms shorter without the router "
+                          "graphs and the same with them; step 1 about 3 s longer")
 
 
 # The widest head TE's cuDNN fused attention trained right on packed rows in gdnctl's check

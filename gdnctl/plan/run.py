@@ -13,7 +13,7 @@ from functools import cached_property
 
 from gdnctl.knowledge import DEFAULT_STACK, GPUS, GpuSpec, ModelArch, ModelNotFound, RankShape, catalog, per_rank_shapes
 from gdnctl.plan import decisions as decide
-from gdnctl.plan.speed import speed_options
+from gdnctl.plan.speed import cuda_graphs_blocker, speed_options
 from gdnctl.schema import Preset
 
 
@@ -70,11 +70,16 @@ class Run:
 
     @cached_property
     def torch_compile(self) -> decide.Decision:
-        return decide.torch_compile(self.preset, self.stack)
+        return decide.torch_compile(self.preset, self.stack, self.gpu)
 
     @cached_property
     def attention(self) -> decide.Decision:
         return decide.attention(self.preset, self.model, self.stack)
+
+    @cached_property
+    def cuda_graphs_blocker(self) -> str | None:
+        """Why the MoE router graphs cannot be captured here (plan/speed.py), or None."""
+        return cuda_graphs_blocker(self.preset, self.model, self.stack)
 
     @cached_property
     def speed(self) -> dict[str, decide.Decision]:

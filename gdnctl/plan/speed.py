@@ -36,8 +36,9 @@ _WHAT = {
                  "instead of pausing a step at random",
     "cuda_graphs": "each MoE layer's router and dispatch preprocessing replayed as a Transformer Engine CUDA graph "
                    "(megatron-core cuda_graph_modules moe_router, moe_preprocess): about forty small kernels per "
-                   "layer and micro-batch launched at once, captured after step {warmup}; attention and GDN stay "
-                   "eager, as megatron-core graphs no layer that is given packed-sequence offsets",
+                   "layer and micro-batch launched at once, captured after step {warmup}; attention and the GDN "
+                   "layers stay eager (megatron-core graphs attention only where it is given no packed-sequence "
+                   "offsets)",
 }
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
@@ -57,7 +58,7 @@ def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str |
         if requested != "auto":
             decided[name] = Decision(_value(name, requested), f"set in the preset (speed.{name}: {requested})")
             continue
-        decided[name] = (_auto_cuda_graphs(preset, model, software, te_free) if name == "cuda_graphs" else
+        decided[name] = (_auto_cuda_graphs(preset, model, software) if name == "cuda_graphs" else
                          _auto(name, preset, model, te_free))
     return decided
 
@@ -102,25 +103,34 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
     return Decision(on_value, what)
 
 
-def _auto_cuda_graphs(preset: Preset, model: ModelArch, software: Mapping[str, str | None],
-                      te_free: bool) -> Decision:
-    """On where a captured graph replays what it recorded: Transformer Engine layers of a MoE model, trained on one
-    row shape every step, in the layouts gdnctl has run with graphs (one pipeline stage, no context parallel, no
-    recompute, bf16)."""
+def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:
+    """Why the MoE router graphs cannot be captured for this preset, or None where they can. auto turns them on
+    exactly where this is None; validate refuses `speed.cuda_graphs: on` where it is not (TRN021)."""
     p, t = preset.parallel, preset.train
-    if te_free:
-        return Decision(False, "the TE-free builder has no Transformer Engine layers to graph")
+    if model_builder(dict(software)).value == "te-free":
+        return "the TE-free builder has no Transformer Engine layers to graph (megatron-core's graphs need TE)"
     if not model.is_moe:
-        return Decision(False, "a dense model has no MoE router to graph")
+        return "a dense model has no MoE router to graph (megatron-core: 'moe cuda graph is only supported for MoE')"
     if preset.job not in ("sft", "pretrain"):
-        return Decision(False, f"{preset.job}: only the sft and pretrain trainer captures graphs")
+        return f"{preset.job}: only the sft and pretrain trainer captures graphs"
+    if t.recompute == "full":
+        return ("full recompute: megatron-core graphs it only as a whole-iteration graph ('full recompute is only "
+                "supported with full iteration CUDA graph')")
     if p.pp > 1 or p.cp > 1:
-        return Decision(False, "pipeline or context parallel: gdnctl has not run graphs there (megatron-core captures "
-                               "one graph per micro-batch in flight)")
+        return ("pipeline or context parallel: gdnctl has not run graphs there (megatron-core captures one graph per "
+                "micro-batch in flight)")
     if t.recompute != "none" or t.precision != "bf16":
-        return Decision(False, "recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
-                               "gdnctl has not run them together")
+        return ("selective recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
+                "gdnctl has not run them together")
     if layout(preset, dict(software)).value == "thd" and packing(preset, dict(software)).value != "fill":
-        return Decision(False, "packed rows of whole documents vary in length, and a graph replays one shape "
-                               "(train.packing: fill gives one)")
+        return ("packed rows of whole documents vary in length, and a graph replays one shape (train.packing: fill "
+                "gives one)")
+    return None
+
+
+def _auto_cuda_graphs(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> Decision:
+    """On where a captured graph replays what it recorded (cuda_graphs_blocker)."""
+    blocker = cuda_graphs_blocker(preset, model, software)
+    if blocker is not None:
+        return Decision(False, blocker)
     return Decision(True, _WHAT["cuda_graphs"].format(warmup=CUDA_GRAPH_WARMUP_STEPS))

@@ -175,8 +175,9 @@ class KernelsSpec(_Section):
     gdn_backend: GdnBackendName = DEFAULT_GDN_BACKEND
     torch_compile: Literal["auto"] | bool = Field(
         "auto", description="torch.compile the trainer's fused elementwise functions (Megatron-Core's, Transformer "
-                            "Engine's, FLA's); false runs them eagerly. auto: on for sft and pretrain on the "
-                            "megatron-bridge builder, off for rl and the TE-free builder (`gdnctl explain` says why)")
+                            "Engine's, FLA's); false runs them eagerly. auto: on where sft or pretrain trains on the "
+                            "Transformer Engine builder with one row shape every step (filled or padded rows), "
+                            "off elsewhere (`gdnctl explain` says why)")
     attention: Literal["auto", "te", "torch"] = Field(
         "auto", description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
                             "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")

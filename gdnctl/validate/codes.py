@@ -120,6 +120,7 @@ CODES: dict[str, str] = {
     "TRN018": "lora_per_expert_adapters",
     "TRN019": "lora_qwen3_next_shared_expert",
     "TRN020": "lora_qwen3_next",
+    "TRN021": "cuda_graphs_cannot_capture",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

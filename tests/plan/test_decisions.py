@@ -130,19 +130,26 @@ def test_explain_and_the_engine_config_carry_the_schedule_ppo_and_eval(tmp_path)
     assert engine.eval.interval == 5 and engine.eval.max_response_tokens == run.preset.rollout.max_response_tokens
 
 
-def test_torch_compile_is_on_where_the_te_trainer_trains_fixed_jobs_and_off_elsewhere():
-    te = {"transformer_engine": "2.20.2", "megatron_bridge": "0.6.2"}
-    sft = load_preset("qwen3.5-35b-a3b-sft", []).preset
-    on = decisions.torch_compile(sft, te)
-    assert on.value is True and "0.776 s against 0.821 s" in on.reason
-    assert decisions.torch_compile(_preset(), te).value is False  # rl
-    te_free = decisions.torch_compile(sft, {"transformer_engine": None})
+def test_torch_compile_is_on_where_the_te_trainer_trains_one_row_shape_and_off_elsewhere():
+    te = {"transformer_engine": "2.20.2", "megatron_bridge": "0.6.2", "megatron_core": "0.19.2"}
+    h100 = GPUS["h100"]
+    pretrain = load_preset("qwen3.5-35b-a3b-proxy-bench", []).preset  # pretrain: filled rows
+    on = decisions.torch_compile(pretrain, te, h100)
+    assert on.value is True and "120 ms less GPU time" in on.reason
+    assert decisions.torch_compile(_preset(), te, h100).value is False  # rl
+    sft = load_preset("qwen3.5-35b-a3b-sft", []).preset  # whole documents per packed row
+    whole = decisions.torch_compile(sft, te, h100)
+    assert whole.value is False and "recompiles" in whole.reason
+    padded = load_preset("qwen3.5-35b-a3b-sft", ["train.layout=bshd"]).preset
+    assert decisions.torch_compile(padded, te, h100).value is True
+    te_free = decisions.torch_compile(pretrain, {**te, "transformer_engine": None}, h100)
     assert te_free.value is False and "TE-free" in te_free.reason
+    assert decisions.torch_compile(pretrain, te, GPUS["cpu"]).value is False
 
 
 @pytest.mark.parametrize(("value", "expected"), [("true", True), ("false", False), ("on", True), ("off", False)])
 def test_a_torch_compile_set_in_the_preset_wins(value, expected):
     preset = load_preset("qwen3.5-35b-a3b-sft", [f"kernels.torch_compile={value}"]).preset
     for software in ({"transformer_engine": "2.20.2"}, {"transformer_engine": None}):
-        decided = decisions.torch_compile(preset, software)
+        decided = decisions.torch_compile(preset, software, GPUS["h100"])
         assert decided.value is expected and "set in the preset" in decided.reason

@@ -160,6 +160,8 @@ CASES = {
                 "train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "experts"]}}}),
     "TRN020": ({"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"lora": {"rank": 8, "alpha": 16}}},
                {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}}),
+    "TRN021": ({"job": "sft", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
+               {"job": "pretrain", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}}),
     "TRN018": ({"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"megatron_bridge": "0.4.2"}},
                {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "gdn_out"]}},
                 "runtime": {"megatron_bridge": "0.4.2"}}),

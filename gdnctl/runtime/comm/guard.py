@@ -141,6 +141,10 @@ class MemoryProbe(Protocol):
 
     def empty_cache(self) -> None: ...
 
+    def capturing(self) -> bool:
+        """Whether the current stream is recording a CUDA graph (nothing runs then, and nothing may wait)."""
+        ...
+
 
 class CudaMemoryProbe:
     """The current CUDA device, as the driver and PyTorch's caching allocator see it."""
@@ -158,6 +162,9 @@ class CudaMemoryProbe:
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
 
 
 class HostMemoryProbe:
@@ -183,6 +190,9 @@ class HostMemoryProbe:
     def empty_cache(self) -> None:
         """The CPU allocator holds no cache to give back."""
 
+    def capturing(self) -> bool:
+        return False
+
 
 class CountingProbe:
     """Forwards to another probe and counts memory reads and cache releases (selftest and tests)."""
@@ -206,6 +216,9 @@ class CountingProbe:
     def empty_cache(self) -> None:
         self.releases += 1
         self.inner.empty_cache()
+
+    def capturing(self) -> bool:
+        return self.inner.capturing()
 
 
 def default_memory_probe() -> MemoryProbe:
@@ -280,6 +293,11 @@ class _Guard:
         self._used_groups: set[tuple[str, int]] = set()  # (op, id(group)) seen, while profiling
 
     def call(self, op: str, original: Callable, args: tuple, kwargs: dict) -> Any:
+        if self.probe.capturing():
+            # A collective inside a CUDA-graph capture (the MoE router's aux-loss all-reduce with speed.cuda_graphs)
+            # is recorded, not run, and its replays never come back through Python: there is nothing to check, and
+            # the check's synchronize and empty_cache would break the capture.
+            return original(*args, **kwargs)
         if self.op_profiles is not None:
             return self._call_profiled(op, original, args, kwargs)
         if op not in self.policy.skip_ops:

@@ -495,3 +495,28 @@ def lora_qwen3_next(run):
                                   "recipe raises NotImplementedError (\"PEFT is not currently supported for "
                                   "Qwen3-Next models\").",
                     "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.")
+
+
+@rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
+def cuda_graphs_cannot_capture(run):
+    """
+    What it checks: `speed.cuda_graphs: on` in a preset whose run gdnctl cannot capture the MoE router graphs for
+    (plan/speed.py cuda_graphs_blocker, the same test `auto` makes).
+
+    Why: the graphs are megatron-core's Transformer Engine graphs of each MoE layer's router and dispatch
+    preprocessing, captured after one eager step. Megatron-core stops the model build for a dense model ("moe cuda
+    graph is only supported for MoE") and for full recompute ("full recompute is only supported with full
+    iteration CUDA graph"); its TECudaGraphHelper needs Transformer Engine; a graph replays the shape it recorded,
+    so packed rows of whole documents (a new length every step) stop at step 2; and the rl loop captures nothing.
+
+    Source: megatron-core 0.19.2 megatron/core/transformer/transformer_config.py lines 2491-2525 (the asserts
+    quoted), transformer/cuda_graphs.py line 2098 ("CUDA Graphs are not supported without TE."); gdnctl's
+    runtime/train/cuda_graphs.py (check_row).
+
+    Fix: set speed.cuda_graphs to auto (on wherever it can be captured) or off; for packed pretraining rows,
+    train.packing: fill gives every row one length.
+    """
+    blocker = run.cuda_graphs_blocker
+    if run.is_training and run.gpu.sm is not None and run.preset.speed.cuda_graphs == "on" and blocker is not None:
+        yield Issue("speed.cuda_graphs", f"speed.cuda_graphs is on, but the graphs cannot be captured here: {blocker}.",
+                    "Set speed.cuda_graphs: auto (on wherever it can be captured) or off.")

@@ -145,3 +145,40 @@ def test_policy_rejects_a_threshold_below_zero(threshold):
 def test_profiling_needs_a_directory():
     with pytest.raises(CommPolicyError, match="names no profile directory"):
         CommGuardPolicy(3.0, frozenset(), profile=True)
+
+
+class _CapturingLowMemoryProbe:
+    """A stream recording a CUDA graph, with no memory free: the guard would otherwise take its clear path."""
+
+    name = "capturing"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def free_and_total_bytes(self):
+        self.calls.append("free_and_total_bytes")
+        return 0, 1
+
+    def allocator_bytes(self):
+        self.calls.append("allocator_bytes")
+        return 0, 0
+
+    def synchronize(self):
+        self.calls.append("synchronize")
+
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+
+    def capturing(self):
+        return True
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_a_collective_recorded_into_a_cuda_graph_is_passed_through_unchecked(tmp_path, profile):
+    from gdnctl.runtime.comm.guard import _Guard
+
+    policy = CommGuardPolicy(3.0, frozenset(), profile=profile, profile_dir=tmp_path if profile else None)
+    probe = _CapturingLowMemoryProbe()
+    guard = _Guard(policy, probe)
+    assert guard.call("all_reduce", lambda x, scale=1: x * scale, (2,), {"scale": 3}) == 6
+    assert probe.calls == []  # no memory read, no synchronize or empty_cache inside the capture
