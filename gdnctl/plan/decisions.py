@@ -73,6 +73,12 @@ def packing(preset: Preset, software: dict[str, str | None]) -> Decision:
                              "prompt)")
 
 
+def one_row_shape(preset: Preset, software: dict[str, str | None]) -> bool:
+    """Whether every training row has one shape: padded rows, or packed rows filled to their end (train.packing:
+    fill). Packed rows of whole documents change length every step."""
+    return layout(preset, software).value != "thd" or packing(preset, software).value == "fill"
+
+
 def model_builder(software: dict[str, str | None]) -> Decision:
     """megatron-bridge's provider where the trainer has Transformer Engine, else gdnctl's TE-free spec."""
     te = software.get("transformer_engine")
@@ -104,7 +110,7 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
                                "save there")
     if preset.job not in ("sft", "pretrain"):
         return Decision(False, f"{preset.job}: gdnctl has not measured compiled functions in this job")
-    if layout(preset, software).value == "thd" and packing(preset, software).value != "fill":
+    if not one_row_shape(preset, software):
         return Decision(False, "packed rows of whole documents change length every step, and a compiled function "
                                "recompiles for new shapes (not measured)")
     return Decision(True, "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run as "

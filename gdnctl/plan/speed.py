@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gdnctl.knowledge import ModelArch
-from gdnctl.plan.decisions import Decision, layout, model_builder, packing
+from gdnctl.plan.decisions import Decision, model_builder, one_row_shape
 from gdnctl.schema import Preset
 
 # What a user reads beside each option in `explain` when it is on; the reasons for `off` are built per case.
@@ -65,8 +65,7 @@ def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str |
 
 def needs_transformer_engine(name: str) -> bool:
     """Options that exist only in Transformer Engine's layers (the TE-free builder has none of them)."""
-    return name in ("router_fusion", "rope_fusion", "cross_entropy", "wgrad_fusion", "bias_activation_fusion",
-                    "cuda_graphs")
+    return name in ("router_fusion", "rope_fusion", "cross_entropy", "wgrad_fusion", "bias_activation_fusion")
 
 
 def option_on(name: str, value: object) -> bool:
@@ -85,7 +84,7 @@ def _value(name: str, requested: str) -> object:
 def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decision:
     off_value = {"cross_entropy": "native", "grad_reduce": "fp32"}.get(name, False)
     on_value = {"cross_entropy": "te", "grad_reduce": "bf16"}.get(name, True)
-    what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL, warmup=CUDA_GRAPH_WARMUP_STEPS)
+    what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL)
     if needs_transformer_engine(name) and te_free:
         return Decision(off_value, "the TE-free builder has no Transformer Engine layers: Megatron-Core's unfused "
                                    "path")
@@ -106,8 +105,8 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
 def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:
     """Why the MoE router graphs cannot be captured for this preset, or None where they can. auto turns them on
     exactly where this is None; validate refuses `speed.cuda_graphs: on` where it is not (TRN021)."""
-    p, t = preset.parallel, preset.train
-    if model_builder(dict(software)).value == "te-free":
+    p, t, stack = preset.parallel, preset.train, dict(software)
+    if model_builder(stack).value == "te-free":
         return "the TE-free builder has no Transformer Engine layers to graph (megatron-core's graphs need TE)"
     if not model.is_moe:
         return "a dense model has no MoE router to graph (megatron-core: 'moe cuda graph is only supported for MoE')"
@@ -122,7 +121,7 @@ def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str,
     if t.recompute != "none" or t.precision != "bf16":
         return ("selective recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
                 "gdnctl has not run them together")
-    if layout(preset, dict(software)).value == "thd" and packing(preset, dict(software)).value != "fill":
+    if not one_row_shape(preset, stack):
         return ("packed rows of whole documents vary in length, and a graph replays one shape (train.packing: fill "
                 "gives one)")
     return None

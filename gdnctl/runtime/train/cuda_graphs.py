@@ -18,9 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gdnctl.errors import GdnctlError
 
-class CudaGraphError(RuntimeError):
-    pass
+
+class CudaGraphError(GdnctlError):
+    """A micro-batch of another shape than the graphs recorded (the runtime prints the sentence)."""
 
 
 class MoeRouterGraphs:
