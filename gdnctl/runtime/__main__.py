@@ -106,6 +106,9 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
     from gdnctl.runtime.comm import CommGuardPolicy
     from gdnctl.runtime.comm import guard as comm_guard
 
+    # Built before the process group: a wrong skip_ops list stops every rank with its sentence at once, whatever
+    # the rendezvous does.
+    policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
     if config.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeSetupError("the engine config says device cuda but torch sees no CUDA device here; run "
@@ -126,7 +129,6 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
             # Its comm profile, like everything else of the smoke, goes into the smoke's own run dir.
             return run_smoke(smoke_run, CommGuardPolicy.from_engine(smoke_run.config.comm,
                                                                     base_dir=smoke_run.config_path.parent))
-        policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
         if config.job == "selftest":
             return selftest.run(config, policy, config_path.parent)
         if config.job == "rl":
