@@ -94,7 +94,7 @@ def check(python: str, preset_name: str) -> None:
 
 def check_rollout(preset, preset_name: str) -> None:
     """An rl job: raise RuntimeMissing, with the fix, when the interpreter its rollout server runs with on this host
-    (rollout.python, else the job's own: the rl job's _spawn_server) cannot start it."""
+    (rollout.python, else the job's own: the rl job's RolloutEngines._spawn) cannot start it."""
     if preset.job != "rl":
         return
     named = bool(preset.rollout is not None and preset.rollout.python)

@@ -168,6 +168,20 @@ def rollout_gpus(preset: Preset, total_gpus: int) -> Decision:
     return Decision(total_gpus // 2, "not colocated and rollout.num_gpus unset: half of the GPUs")
 
 
+def rollout_engines(preset: Preset, total_gpus: int) -> Decision:
+    """How many vLLM engines the rollout runs: its GPUs in groups of rollout.tp, each engine generating its share
+    of a step's prompts and loading every weight sync (runtime/rl/engine_layout.py)."""
+    rollout = preset.rollout
+    if preset.job != "rl" or rollout is None:
+        return Decision(0, "no rollout: the job is not rl")
+    gpus = rollout_gpus(preset, total_gpus).value
+    count = max(gpus // rollout.tp, 1)
+    driver = ("the first trainer rank of each engine's node drives it" if rollout.colocate
+              else "trainer rank 0 drives every engine")
+    return Decision(count, f"rollout_gpus / rollout.tp = {gpus} / {rollout.tp}: each engine samples its share of "
+                           f"a step's prompts and loads every weight sync; {driver}")
+
+
 def train_world_size(preset: Preset, total_gpus: int) -> Decision:
     rollout = preset.rollout
     if preset.job == "rl" and rollout is not None and not rollout.colocate:

@@ -63,6 +63,7 @@ def derived_values(run: Run) -> list[Derived]:
                         and not comm.remove_skip_ops else "the preset's skip set")))
     if preset.job == "rl":
         out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
+        out.append(Derived("rollout_engines", run.rollout_engines.value, run.rollout_engines.reason))
         out.append(Derived("weight_sync", run.weight_export.value, run.weight_export.reason))
         out.extend(_ppo(run))
         if preset.rollout is not None:

@@ -40,6 +40,10 @@ class Run:
         return decide.rollout_gpus(self.preset, self.total_gpus)
 
     @cached_property
+    def rollout_engines(self) -> decide.Decision:
+        return decide.rollout_engines(self.preset, self.total_gpus)
+
+    @cached_property
     def world_size(self) -> decide.Decision:
         return decide.train_world_size(self.preset, self.total_gpus)
 

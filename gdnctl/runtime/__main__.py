@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="engine.yaml written by gdnctl render")
     parser.add_argument("--role", choices=("trainer", "rollout"), default="trainer",
                         help="rollout: the separate vLLM step of an rl job (the Slurm script starts it)")
+    parser.add_argument("--engine", type=int, default=None, metavar="K",
+                        help="with --role rollout: serve rollout engine K (the trainer passes it to the servers it "
+                             "starts); without it, start this node's engines (the Slurm script's rollout step)")
     parser.add_argument("--smoke", action="store_true",
                         help="the job's smoke run instead of the job: a few steps of its layout in RUN_DIR/smoke, "
                              "verdicts in RUN_DIR/smoke.json (with --role rollout: serve the smoke run)")
@@ -168,13 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "rollout":
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
             from gdnctl.runtime.rl import rollout_server
+            from gdnctl.runtime.rl.engine_layout import engine_count
 
+            engines = engine_count(config.rollout.num_gpus, config.rollout.tp)
+            if args.engine is not None and not 0 <= args.engine < engines:
+                raise RuntimeSetupError(f"--engine {args.engine} names no engine of this rollout (it runs {engines}: "
+                                        f"rollout.num_gpus / rollout.tp); pass 0 to {engines - 1}.")
+            if args.engine is None:
+                return rollout_server.serve_node(config, args.config, smoke=args.smoke)
             run_dir = args.config.resolve().parent
             if args.smoke:
                 from gdnctl.runtime.smoke import smoke_config, smoke_run_dir
 
                 config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
-            return rollout_server.serve(config, run_dir)
+            return rollout_server.serve(config, run_dir, args.engine)
         check_launch(config)
         apply_env(config.env)
         return run_job(config, args.config.resolve(), smoke=args.smoke)

@@ -60,6 +60,7 @@ class ValidationResult:
             "sequence_parallel": run.sequence_parallel.value,
             "gdn_backend": run.preset.kernels.gdn_backend,
             "rollout_gpus": run.rollout_gpus.value,
+            "rollout_engines": run.rollout_engines.value,
             "stack": run.stack,
         }
 

@@ -112,7 +112,7 @@ CASES = {
     "RLT010": ({"train": {"global_batch_size": 132}}, {"train": {"global_batch_size": 136}}),
     "RLT011": ({"train": {"data_path": None}}, {}),
     "RLT012": ({"rollout": {"max_response_tokens": 8192}}, {"rollout": {"max_response_tokens": 1024}}),
-    "RLT013": ({}, {"rollout": {"tp": 1}}),
+    "RLT013": ({}, {"rollout": {"tp": 1, "num_gpus": 1}}),
     "RLT014": ({"rollout": {"weight_sync": "cuda_ipc", "colocate": False, "num_gpus": 4}, "parallel": {"ep": 4}},
                {"rollout": {"weight_sync": "cuda_ipc"}}),
     "LCH001": ({"cluster": {"nodes": 2}}, {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}}),
@@ -273,6 +273,21 @@ def test_text_only_checkpoint_needs_bridge_050(tmp_path):
 def test_separate_rollout_gpus_not_whole_engines():
     found = codes({"parallel": {"ep": 2}, "rollout": {"colocate": False, "num_gpus": 6}})
     assert any("whole number" in f.message for f in found["RLT007"])
+
+
+def test_a_rollout_engine_must_fit_one_node():
+    found = codes({"cluster": {"nodes": 2, "gpus_per_node": 6}, "rollout": {"tp": 4, "num_gpus": 12}})
+    messages = [f.message for f in found["RLT007"]]
+    assert messages == ["a rollout engine of tp=4 GPUs does not fit the nodes' 6 GPUs a whole number of times; "
+                        "gdnctl runs each engine within one node."]
+    assert "RLT007" not in codes({"cluster": {"nodes": 2, "gpus_per_node": 8}, "rollout": {"tp": 4, "num_gpus": 12}})
+
+
+def test_several_rollout_engines_are_named_as_untried_on_gpus():
+    one_engine = codes({"rollout": {"tp": 1, "num_gpus": 1}})
+    two_engines = codes({"rollout": {"tp": 1, "num_gpus": 2}})
+    assert "RLT013" not in one_engine
+    assert "2 rollout engines" in two_engines["RLT013"][0].message
 
 
 def test_skip_op_query_function_is_named_as_such():

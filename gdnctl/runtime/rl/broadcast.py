@@ -9,7 +9,8 @@ and loads them through worker_reload.py, so vLLM's name mapping, fusing and tens
 they do for a checkpoint. Every worker receives whole tensors and keeps its own shard.
 
 The group is built once, on the first in-memory sync: trainer rank 0 hosts a TCPStore and is group rank 0; the
-vLLM worker of rank r in vLLM's world is group rank 1 + r. It is a bare backend object (ProcessGroupNCCL or
+vLLM worker of rank r in rollout engine k's world is group rank 1 + k * rollout.tp + r, so one broadcast reaches
+every worker of every engine. It is a bare backend object (ProcessGroupNCCL or
 ProcessGroupGloo on the store), not a torch.distributed group, so it stands beside the trainer's and vLLM's own
 default groups without touching either. Joining and each bucket are collective, so trainer rank 0 sends the
 rollout server its request first and then takes part; the server's answer comes once the workers are done.
@@ -34,7 +35,7 @@ from gdnctl.runtime.rl import buckets as packing
 from gdnctl.runtime.rl.rollout_protocol import LOOPBACK, remote_bind_address
 from gdnctl.runtime.rl.worker_reload import load_into_model
 
-# The trainer's rank in the group; vLLM's worker r is 1 + r.
+# The trainer's rank in the group; worker r of engine k is 1 + k * rollout.tp + r.
 ROOT = 0
 _PREFIX = "gdnctl-weights"  # the store's keys, apart from anything else a store on that port might carry
 _WORKER_GROUP = "_gdnctl_weight_group"  # the attribute a worker keeps its end of the group under
@@ -181,10 +182,11 @@ class TrainerEnd:
 
 # --- rollout side: run inside vLLM's workers through LLM.collective_rpc (the first argument is the worker) -----
 
-def join_group(worker, host: str, port: int, size: int, backend: str, timeout_s: float) -> int:
-    """Join trainer rank 0's weight group as rank 1 + this worker's rank; returns that rank."""
+def join_group(worker, host: str, port: int, size: int, backend: str, timeout_s: float, first_rank: int) -> int:
+    """Join trainer rank 0's weight group as rank `first_rank` (this engine's first worker's) + this worker's rank
+    in its engine; returns that rank."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    rank = 1 + worker.rank
+    rank = first_rank + worker.rank
     store = dist.TCPStore(host, port, size, False, timeout=timeout)
     group = _group(store, rank, size, backend, timeout)
     _handshake(group, worker.device)

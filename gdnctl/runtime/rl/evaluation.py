@@ -47,14 +47,16 @@ class HeldOutEval:
     def due(self, step: int) -> bool:
         return step % self.spec.interval == 0 or step == self.config.train.train_iters
 
-    def run(self, client, tokenizer, stop_token_ids: list[int], step: int) -> dict:
-        """One evaluation through the rollout server -> the metrics row's values."""
+    def run(self, generate: Callable[..., dict | None], tokenizer, stop_token_ids: list[int], step: int) -> dict | None:
+        """One evaluation through the rollout's engines (`generate`: RolloutEngines.generate, collective) -> the
+        metrics row's values on rank 0, None on the other ranks."""
         spec = self.spec
         started = time.perf_counter()
-        reply = client.request("generate", prompts=self.prompts, n=spec.samples_per_prompt,
-                               max_tokens=spec.max_response_tokens, temperature=spec.temperature,
-                               seed=self.config.train.seed + EVAL_SEED_OFFSET, stop_token_ids=stop_token_ids,
-                               timeout=self.config.rollout.timeout_s)
+        reply = generate(self.prompts, n=spec.samples_per_prompt, max_tokens=spec.max_response_tokens,
+                         temperature=spec.temperature, seed=self.config.train.seed + EVAL_SEED_OFFSET,
+                         stop_token_ids=stop_token_ids)
+        if reply is None:
+            return None
         rewards, tokens = [], 0
         for record, outputs in zip(self.records, reply["samples"], strict=True):
             rewards.append([float(self.reward(tokenizer.decode(o["tokens"]), record.answer)) for o in outputs])

@@ -18,8 +18,6 @@ good one stays what a restart resumes from.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,20 +33,16 @@ from gdnctl.runtime.model import checkpoint, hold_save_dir
 from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, updates, weight_sync
 from gdnctl.runtime.rl.batch import Sample
 from gdnctl.runtime.rl.chat_template import load_chat_template
+from gdnctl.runtime.rl.engines import RolloutEngines
 from gdnctl.runtime.rl.evaluation import HeldOutEval
 from gdnctl.runtime.rl.logprob_gap import check_step0_gap
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompt_check import check_prompts, describe
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
 from gdnctl.runtime.rl.rewards import get_reward
-from gdnctl.runtime.rl.rollout_protocol import ADDRESS_FILE, EXTERNAL, LOCAL, ROLLOUT_ENV, RolloutClient, rollout_dir
+from gdnctl.runtime.rl.rollout_protocol import EXTERNAL, ROLLOUT_ENV, rollout_dir
 from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, lr_of, mfu, progress
 from gdnctl.schema import EngineConfig
-
-# torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
-_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 # Tokens of the weight-sync probe: enough for a mean log-prob gap to be stable, cheap to score on both sides.
 PROBE_TOKENS = 64
@@ -87,7 +81,8 @@ class RlStepStats:
     mfu: float | None  # against the GPU's dense bf16 peak; None on CPU
     peak_memory_gib: float | None  # the trainer's GPU memory; None on CPU
     gdn_backend: str
-    weight_transport: str = "disk"  # how this step's weights reached the rollout: disk or cuda_ipc
+    weight_transport: str = "disk"  # how this step's weights reached the rollout: disk, cuda_ipc or broadcast
+    rollout_engines: int = 1  # the vLLM engines that generated this step's samples, each with its share of prompts
     # grpo.rollout_correction: the mean truncated importance weight and the share of tokens its cap cut.
     tis_mean: float | None = None
     tis_capped_fraction: float | None = None
@@ -144,8 +139,8 @@ class RlJob:
             raise RlSetupError(f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
                                "tokens; the weight-sync probe scores it, so make it a sentence.")
         self.reward = get_reward(config.grpo.reward)
-        self.evaluation = None  # rank 0 evaluates (it owns the rollout client)
-        if config.eval is not None and self.rank == 0:
+        self.evaluation = None  # every rank: the engines' drivers generate the held-out samples, rank 0 scores them
+        if config.eval is not None:
             self.evaluation = HeldOutEval(config, lambda record: self._encode(record.prompt, record.line), self._log)
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
@@ -165,7 +160,11 @@ class RlJob:
         self.rollout_names = checkpoint.rollout_source(config.model, rollout.vision_language_class)
         self.sleeps = rollout.sleep_between_phases
         self.last_sync: dict = {}  # the last sync's transport and wake-up seconds, for the step's stats
-        self.client: RolloutClient | None = None
+        self.engines = RolloutEngines(config, config_path)
+        if rollout.weight_transport == "broadcast" and self.engines.gathers:
+            # Colocated broadcast is a CPU path (NCCL refuses it on shared GPUs), where one node is the rule.
+            raise RlSetupError("rollout.weight_sync: broadcast with colocated engines on several nodes: trainer rank "
+                               "0 must drive every engine it broadcasts to; set rollout.weight_sync: disk.")
         self.weight_group: broadcast.TrainerEnd | None = None  # rank 0, once the first broadcast sync built it
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.nonfinite = NonFiniteGuard(train.skip_nonfinite_steps)
@@ -184,17 +183,18 @@ class RlJob:
                       f"probe log-probs within {gap:.4f} nats/token")
         return synced
 
-    def _start_server(self) -> None:
-        """Rank 0: start the rollout server (unless the launch script did) and its engine on the weights dir."""
+    def _start_engines(self) -> None:
+        """Every rank: the drivers start their engines (or find the launch script's) on the weights dir."""
         self._log_sync_path()
-        timeout = self.config.rollout.timeout_s
-        process, log_path = None, None
-        if os.environ.get(ROLLOUT_ENV) != EXTERNAL:
-            process, log_path = self._spawn_server()
-        self.client = RolloutClient.connect(self.run_dir, timeout=timeout, process=process, log_path=log_path)
-        with progress(f"starting the rollout's vLLM engine ({engine_start_steps(self.config)})", self._log):
-            reply = self.client.request("start", model=str(self.weights_dir), timeout=timeout)
-        self._log(f"rollout engine up in {reply['seconds']:.1f} s")
+        rollout = self.config.rollout
+        self._log(f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
+                  f"({'colocated with' if rollout.colocate else 'beside'} the trainer)")
+        with progress(f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
+                      f"({engine_start_steps(self.config)})", self._log):
+            replies = self.engines.start(str(self.weights_dir))
+        if replies is not None:
+            self._log(f"rollout engine{'s' if len(replies) > 1 else ''} up in "
+                      f"{max(reply['seconds'] for reply in replies):.1f} s")
 
     def _log_sync_path(self) -> None:
         """Once, at start: what writes the weights the rollout reloads (explain's weight_sync line says the same,
@@ -207,80 +207,36 @@ class RlJob:
             path = "gdnctl's HF name rules for the TE-free model"
         self._log(f"weight sync: {path}")
 
-    def _spawn_server(self) -> tuple[subprocess.Popen, Path]:
-        (rollout_dir(self.run_dir) / ADDRESS_FILE).unlink(missing_ok=True)
-        log_path = self.run_dir / "logs" / "rollout.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        python = self.config.rollout.python or sys.executable
-        env = {name: value for name, value in os.environ.items()
-               if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
-        # The server is on this host: it listens on loopback only (rollout_server.trainer_shares_host).
-        env[ROLLOUT_ENV] = LOCAL
-        devices = self._separate_rollout_devices()
-        if devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = devices
-        command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout"]
-        self._log(f"starting the rollout server: {' '.join(command)} (log: {log_path})")
-        with log_path.open("ab") as log:
-            try:
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           cwd=self.run_dir)
-            except OSError as error:
-                raise RlSetupError(f"rollout.python {python} cannot be started ({error.strerror}); set "
-                                   "rollout.python to the interpreter of the environment that has vLLM.") from None
-        return process, log_path
-
-    def _separate_rollout_devices(self) -> str | None:
-        """Separate placement on this node: the GPUs after the trainer's (its local ranks take the first ones),
-        as CUDA_VISIBLE_DEVICES for the rollout server; None when colocated or on CPU (the server sees what the
-        trainer sees)."""
-        rollout = self.config.rollout
-        if rollout.colocate or self.config.device != "cuda":
-            return None
-        trainer_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        devices = visible.split(",") if visible else [str(index) for index in range(torch.cuda.device_count())]
-        mine = devices[trainer_ranks:trainer_ranks + rollout.num_gpus]
-        if len(mine) < rollout.num_gpus:
-            raise RlSetupError(f"rollout.num_gpus is {rollout.num_gpus} beside {trainer_ranks} trainer rank(s), "
-                               f"but this node shows {len(devices)} GPU(s); lower rollout.num_gpus or "
-                               "cluster.gpus_per_node to what the node has, or set rollout.colocate: true.")
-        return ",".join(mine)
-
     def sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
-        """Every rank: hand the weights over and score the probe; rank 0: have the rollout load them and check
-        it (the first time, start the rollout on them: always from the directory, which the engine's start-up
-        reads). Returns rank 0's checksum comparison and probe gap (None on the other ranks)."""
+        """Every rank: hand the weights over and score the probe; every engine loads them, and rank 0 checks each
+        one's checksums and probe (the first time, the engines start on them: always from the directory, which an
+        engine's start-up reads). Returns rank 0's checksum comparison and probe gap (None on the other ranks)."""
         if self.sleeps:
             # The trainer's activations and cached blocks go back to the GPU before vLLM wakes into its share.
             torch.cuda.empty_cache()
             dist.barrier()
-        started = [self.client is not None]  # rank 0 owns the client: the others learn it from rank 0
-        dist.broadcast_object_list(started, src=0)
         transport = self.config.rollout.weight_transport
-        if started[0] and transport == "cuda_ipc":
+        if self.engines.started and transport == "cuda_ipc":
             return self._sync_in_memory(step)
-        if started[0] and transport == "broadcast":
+        if self.engines.started and transport == "broadcast":
             return self._sync_broadcast(step)
         written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
-        if self.rank != 0:
-            return None
-        if self.client is None:
-            self._start_server()
+        if self.engines.gathers:
+            dist.barrier()  # drivers on other nodes read the directory rank 0 wrote
+        if not self.engines.started:
+            self._start_engines()
         with progress(f"step {step}: the rollout reloads the weights", self._log if step == self.first_step else None):
-            reply = self.client.request("load_weights", path=str(self.weights_dir), probe=self.probe,
-                                        timeout=self.config.rollout.timeout_s)
-        checksums = weight_sync.checksums_by_name(written.items())
-        return self._check(reply, checksums, probe, step, "disk")
+            replies = self.engines.request("load_weights", path=str(self.weights_dir), probe=self.probe)
+        if replies is None:
+            return None
+        return self._check(replies, weight_sync.checksums_by_name(written.items()), probe, step, "disk")
 
     def _sync_in_memory(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         """Every rank shares its GPU's copy of the HF weights bucket by bucket (cuda_ipc.py); rank 0 has the
         rollout load each bucket before any rank frees it."""
-        timeout = self.config.rollout.timeout_s
         probe = self.policy.probe_logprobs(self.probe)
         checksums: weight_sync.Checksums = {}
-        if self.rank == 0:
-            self.client.request("reload_begin", timeout=timeout)
+        self.engines.request("reload_begin")
         uuid = cuda_ipc.device_uuid()
         names = self._rollout_named_tensors()
         for bucket in cuda_ipc.buckets(names):
@@ -288,24 +244,24 @@ class RlJob:
             dist.all_gather_object(shared, (uuid, cuda_ipc.share(bucket.buffer)))
             if self.rank == 0:
                 checksums.update(weight_sync.checksums_by_name(bucket.tensors()))
-                # One handle per GPU: ranks on the same GPU hold the same weights.
-                self.client.request("ipc_bucket", shared=dict(shared), entries=bucket.wire_entries(),
-                                    timeout=timeout)
+            # One handle per GPU (ranks on the same GPU hold the same weights): every engine's workers map
+            # their own GPUs' handles.
+            self.engines.request("ipc_bucket", shared=dict(shared), entries=bucket.wire_entries())
             dist.barrier()  # no rank frees its bucket before the rollout has copied it out
             del bucket
-        if self.rank != 0:
+        replies = self.engines.request("reload_end", probe=self.probe)
+        if replies is None:
             return None
-        reply = self.client.request("reload_end", probe=self.probe, timeout=timeout)
-        return self._check(reply, checksums, probe, step, "cuda_ipc")
+        return self._check(replies, checksums, probe, step, "cuda_ipc")
 
     def _rollout_named_tensors(self):
         """The policy's HF tensors under the rollout's names (collective: every rank iterates them all)."""
         return ((self.rollout_names.stored_name(name), tensor) for name, tensor in self.policy.hf_tensors())
 
     def _sync_broadcast(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
-        """Rank 0 broadcasts every HF tensor to the rollout's workers, bucket by bucket, over the weight group
-        (broadcast.py); the other ranks only take part in gathering the tensors."""
-        timeout = self.config.rollout.timeout_s
+        """Rank 0 broadcasts every HF tensor to every engine's workers, bucket by bucket, over the weight group
+        (broadcast.py); the other ranks only take part in gathering the tensors. Rank 0 drives every engine here:
+        the broadcast serves separate rollouts, and colocated ones only on CPU, on one node."""
         probe = self.policy.probe_logprobs(self.probe)
         names = self._rollout_named_tensors()
         if self.rank != 0:
@@ -315,53 +271,58 @@ class RlJob:
         if self.weight_group is None:
             self.weight_group = self._join_weight_group()
         checksums: weight_sync.Checksums = {}
-        self.client.request("reload_begin", timeout=timeout)
+        self.engines.request("reload_begin")
         for bucket in buckets.buckets(names):
             checksums.update(weight_sync.checksums_by_name(bucket.tensors()))
-            # The workers wait in the broadcast while rank 0 sends it; the answer comes once they loaded it.
-            self.client.send("broadcast_bucket", nbytes=bucket.buffer.numel(), entries=bucket.wire_entries())
-            self.weight_group.send(bucket, check=lambda: self.client.check("broadcast_bucket"))
-            self.client.answer("broadcast_bucket", timeout=timeout)
+            # The workers wait in the broadcast while rank 0 sends it; the answers come once they loaded it.
+            self.engines.send("broadcast_bucket", nbytes=bucket.buffer.numel(), entries=bucket.wire_entries())
+            self.weight_group.send(bucket, check=lambda: self.engines.check("broadcast_bucket"))
+            self.engines.answer("broadcast_bucket")
             del bucket
-        reply = self.client.request("reload_end", probe=self.probe, timeout=timeout)
-        return self._check(reply, checksums, probe, step, "broadcast")
+        replies = self.engines.request("reload_end", probe=self.probe)
+        return self._check(replies, checksums, probe, step, "broadcast")
 
     def _join_weight_group(self) -> broadcast.TrainerEnd:
-        """Rank 0, on the first broadcast sync: build the weight group with every rollout worker."""
+        """Rank 0, on the first broadcast sync: build the weight group with every worker of every engine (engine
+        k's workers from group rank 1 + k * rollout.tp)."""
         rollout = self.config.rollout
         device = torch.device("cuda", torch.cuda.current_device()) if self.config.device == "cuda" \
             else torch.device("cpu")
-        end = broadcast.TrainerEnd(os.environ.get(ROLLOUT_ENV) != EXTERNAL, workers=rollout.tp, device=device,
-                                   timeout_s=rollout.timeout_s)
-        self.client.send("group_join", **end.join_fields())
-        end.join(check=lambda: self.client.check("group_join"))
-        reply = self.client.answer("group_join", timeout=rollout.timeout_s)
-        self._log(f"weight group up: trainer rank 0 and {len(reply['ranks'])} rollout worker(s) over "
-                  f"{end.backend} ({end.host}:{end.join_fields()['port']})")
+        end = broadcast.TrainerEnd(os.environ.get(ROLLOUT_ENV) != EXTERNAL, workers=self.engines.count * rollout.tp,
+                                   device=device, timeout_s=rollout.timeout_s)
+        fields = end.join_fields()
+        for engine, client in self.engines.clients.items():
+            client.send("group_join", **fields, first_rank=1 + engine * rollout.tp)
+        end.join(check=lambda: self.engines.check("group_join"))
+        replies = self.engines.answer("group_join")
+        workers = sum(len(reply["ranks"]) for reply in replies)
+        self._log(f"weight group up: trainer rank 0 and {workers} rollout worker(s) of {len(replies)} engine(s) "
+                  f"over {end.backend} ({end.host}:{fields['port']})")
         return end
 
-    def _check(self, reply: dict, checksums: weight_sync.Checksums, probe: list[float], step: int,
+    def _check(self, replies: list[dict], checksums: weight_sync.Checksums, probe: list[float], step: int,
                transport: str) -> tuple[weight_sync.SyncCheck, float]:
-        """Rank 0: the rollout's checksums and its log-probs on the probe must match the trainer's."""
-        trainer = weight_sync.group_checksums(checksums, reply["packed_modules"])
-        result = weight_sync.compare(trainer, reply["checksums"])
-        weight_sync.check_synced(result, step)
-        gap = weight_sync.probe_gap(probe, reply["probe_logprobs"])
-        weight_sync.check_probe(gap, step, self.config.rollout.probe_tolerance)
-        self.last_sync = {"weight_transport": transport, "wake_seconds": reply.get("wake_seconds")}
+        """Rank 0: every engine's checksums and its log-probs on the probe must match the trainer's."""
+        result, gap = weight_sync.check_engines(replies, checksums, probe, step, self.config.rollout.probe_tolerance)
+        wake = [reply["wake_seconds"] for reply in replies if reply.get("wake_seconds") is not None]
+        self.last_sync = {"weight_transport": transport, "wake_seconds": max(wake) if wake else None}
         return result, gap
 
     # --- one step --------------------------------------------------------------------------------------------
-    def rollout(self, step: int) -> tuple[list[Sample], float, int, dict]:
-        """Rank 0: the step's samples with rewards and advantages; the generation seconds and tokens; colocated
-        on GPUs, the GPU memory in use while vLLM was awake and what its sleep then gave back."""
+    def rollout(self, step: int) -> tuple[list[Sample], float, int, dict] | None:
+        """Every rank (the engines' drivers generate); rank 0 gets the step's samples with rewards and advantages,
+        the generation seconds (the slowest engine's) and tokens, and colocated on GPUs, the GPU memory in use
+        while vLLM was awake and what its sleep then gave back (engine 0's GPUs)."""
         config, rollout = self.config, self.config.rollout
         records = self.schedule.batch(step).records
         prompts = [self.encoded[record.line] for record in records]
-        reply = self.client.request(
-            "generate", prompts=prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
+        reply = self.engines.generate(
+            prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
             temperature=rollout.temperature, seed=config.train.seed + step * rollout.prompts_per_step,
-            stop_token_ids=self.stop_token_ids, timeout=rollout.timeout_s)
+            stop_token_ids=self.stop_token_ids)
+        slept = self.engines.request("sleep") if self.sleeps else None
+        if reply is None:
+            return None
         samples = []
         for group, (record, prompt, outputs) in enumerate(zip(records, prompts, reply["samples"], strict=True)):
             for output in outputs:
@@ -374,10 +335,10 @@ class RlJob:
         samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
         generated = sum(len(s.response) for s in samples)
         phases: dict = {}
-        if self.sleeps:
+        if slept is not None:
             phases["gpu_used_gib_rollout"] = reply["gpu_used_bytes"] / 2**30
-            slept = self.client.request("sleep", timeout=rollout.timeout_s)
-            phases["sleep_freed_gib"] = slept["freed_bytes"] / 2**30
+            phases["sleep_freed_gib"] = slept[0]["freed_bytes"] / 2**30
+        phases["rollout_engines"] = reply["engines"]
         return samples, reply["seconds"], generated, phases
 
     def _encode(self, prompt, line: int) -> list[int]:
@@ -399,9 +360,7 @@ class RlJob:
         config = self.config
         total = config.train.train_iters
         while self.step < total:
-            payload = [None]
-            if self.rank == 0:
-                payload = [self.rollout(self.step)]
+            payload = [self.rollout(self.step)]
             dist.broadcast_object_list(payload, src=0)
             samples, rollout_seconds, generated, phases = payload[0]
             started = time.perf_counter()
@@ -440,7 +399,7 @@ class RlJob:
                     gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
                     weight_transport=self.last_sync["weight_transport"], wake_seconds=self.last_sync["wake_seconds"],
                     **phases))
-            if self.evaluation is not None and self.evaluation.due(self.step):
+            if self.evaluation is not None and self.evaluation.due(self.step):  # every rank: a collective
                 self._evaluate()
             self.first_minute.after_step()
             interval = config.train.save_interval
@@ -455,8 +414,11 @@ class RlJob:
                               row_multiple=self.row_multiple)
 
     def _evaluate(self) -> None:
-        """Rank 0: the held-out prompts through the rollout, on the weights just synced; an `eval_reward` row."""
-        row = self.evaluation.run(self.client, self.tokenizer, self.stop_token_ids, self.step)
+        """The held-out prompts through the rollout's engines, on the weights just synced; rank 0 writes the
+        `eval_reward` row."""
+        row = self.evaluation.run(self.engines.generate, self.tokenizer, self.stop_token_ids, self.step)
+        if row is None:
+            return
         self._log(f"eval at step {self.step}: reward {row['eval_reward']:.3f}, pass@{row['eval_k']} "
                   f"{row['eval_pass_at_k']:.3f} on {row['eval_prompts']} held-out prompts "
                   f"({row['eval_seconds']:.1f} s)")
@@ -484,8 +446,7 @@ class RlJob:
     def close(self) -> None:
         if self.weight_group is not None:
             self.weight_group.close()
-        if self.client is not None:
-            self.client.close()
+        self.engines.close()
         self.metrics.close()
 
     def _report(self, stats: RlStepStats) -> None:

@@ -1,13 +1,14 @@
-"""How the rl trainer talks to its rollout server: an authenticated socket, one request and one answer at a time.
+"""How the rl trainer talks to its rollout servers: an authenticated socket each, one request and one answer at a
+time.
 
-The rollout server (`python -m gdnctl.runtime --role rollout`) runs in vLLM's own environment, so the two
-sides share nothing but this module (stdlib only) and the run dir. The server listens on a free port (loopback
-when the trainer's rank 0 is on its host, its node's address otherwise) and publishes `{host, port, authkey}` in
-RUN_DIR/rollout/address.json (mode 0600, written atomically); the trainer either spawns the server itself
-(colocated, or a local run) or finds the file the Slurm script's rollout step wrote. Requests and answers are
-plain dicts of lists and numbers (multiprocessing.connection pickles them, after the authkey handshake);
-tensors travel as safetensors files in the run dir, CUDA IPC handles or a process-group broadcast
-(cuda_ipc.py, broadcast.py).
+A rollout server (`python -m gdnctl.runtime --role rollout`) runs one vLLM engine in vLLM's own environment, so
+the two sides share nothing but this module (stdlib only) and the run dir. The server listens on a free port
+(loopback when its trainer rank is on its host, its node's address otherwise) and publishes
+`{host, port, authkey}` in RUN_DIR/rollout/address.json (address-K.json for engine K > 0; mode 0600, written
+atomically); the trainer either spawns the server itself (colocated, or a local run) or finds the file the
+Slurm script's rollout step wrote. Requests and answers are plain dicts of lists and numbers
+(multiprocessing.connection pickles them, after the authkey handshake); tensors travel as safetensors files in
+the run dir, CUDA IPC handles or a process-group broadcast (cuda_ipc.py, broadcast.py).
 
 A dead or hung server must fail the job with a sentence, never hang it: every request has a deadline, and
 while waiting the client checks that a server it spawned is still alive. Whoever else reaches the port must not
@@ -32,6 +33,7 @@ from multiprocessing.connection import (
     Connection,
     answer_challenge,
     deliver_challenge,
+    wait,
 )
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,6 @@ from typing import Any
 from gdnctl.errors import GdnctlError
 from gdnctl.files import replace_text
 
-ADDRESS_FILE = "address.json"
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
 POLL_SECONDS = 1.0
 # The trainer passes the handshake in milliseconds; the server serves one peer at a time, so a peer that takes
@@ -62,8 +63,21 @@ def rollout_dir(run_dir: Path) -> Path:
     return run_dir / "rollout"
 
 
-def listen(run_dir: Path, *, local: bool, handshake_seconds: float = HANDSHAKE_SECONDS) -> RolloutListener:
-    """Bind a free port and publish the address for the trainer; returns the listener.
+def engine_file_name(stem: str, engine: int, suffix: str) -> str:
+    """A file of one rollout engine: engine 0 keeps the plain name (`address.json`, `rollout.log`: a one-engine
+    rollout reads as it always did), engine k adds `-k`."""
+    return f"{stem}{suffix}" if engine == 0 else f"{stem}-{engine}{suffix}"
+
+
+def address_file(run_dir: Path, engine: int = 0) -> Path:
+    """Where rollout engine `engine`'s server publishes its address."""
+    return rollout_dir(run_dir) / engine_file_name("address", engine, ".json")
+
+
+def listen(run_dir: Path, *, local: bool, engine: int = 0,
+           handshake_seconds: float = HANDSHAKE_SECONDS) -> RolloutListener:
+    """Bind a free port and publish the address (engine `engine`'s address file) for the trainer; returns the
+    listener.
 
     `local`: the trainer's rank 0 runs on this host, so the server listens on loopback only; otherwise on the
     address the trainer reaches this node by (remote_bind_address)."""
@@ -74,11 +88,11 @@ def listen(run_dir: Path, *, local: bool, handshake_seconds: float = HANDSHAKE_S
         host = socket.gethostname()
         bind = remote_bind_address(host)
     listener = RolloutListener(bind, authkey, handshake_seconds)
-    directory = rollout_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    path = address_file(run_dir, engine)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"host": host, "port": listener.address[1], "authkey": authkey.hex(), "pid": os.getpid()})
     # 0600 from creation (mkstemp): the authkey is what keeps other users on a shared node out of the server.
-    replace_text(directory / ADDRESS_FILE, payload, mode=0o600)
+    replace_text(path, payload, mode=0o600)
     return listener
 
 
@@ -203,21 +217,21 @@ class RolloutClient:
         self._early: dict[str, Any] | None = None  # an answer `check` received before `answer` asked for it
 
     @classmethod
-    def connect(cls, run_dir: Path, *, timeout: float, process: subprocess.Popen | None = None,
+    def connect(cls, run_dir: Path, *, timeout: float, engine: int = 0, process: subprocess.Popen | None = None,
                 log_path: Path | None = None) -> RolloutClient:
-        """Wait up to `timeout` s for the server's address file, then connect to it."""
-        address_file = rollout_dir(run_dir) / ADDRESS_FILE
+        """Wait up to `timeout` s for engine `engine`'s address file, then connect to its server."""
+        published = address_file(run_dir, engine)
         deadline = time.monotonic() + timeout
         while True:
             _check_alive(process, "starting", log_path)
-            connection = _try_connect(address_file)
+            connection = _try_connect(published)
             if connection is not None:
                 return cls(connection, process, log_path)
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
                 raise RolloutError(f"the rollout server did not come up within {timeout:g} s (no server listening "
-                                   f"at {address_file}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
+                                   f"at {published}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
                                    "starts slowly here.")
             time.sleep(POLL_SECONDS / 4)
 
@@ -288,11 +302,30 @@ class RolloutClient:
             self._process.wait()
 
 
-def _try_connect(address_file: Path) -> Connection | None:
+def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list[dict[str, Any]]:
+    """Each client's answer to `op`, which was sent to each, in the clients' order, within `timeout` s: a server
+    that dies or answers with an error while another is still working is reported then, not once the others are
+    done."""
+    if len(clients) == 1:
+        return [clients[0].answer(op, timeout=timeout)]
+    deadline = time.monotonic() + timeout
+    while True:
+        for client in clients:
+            client.check(op)
+        pending = [client for client in clients if client._early is None]
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            pending[0].answer(op, timeout=0)  # stops the hung server and raises its sentence
+        wait([client._connection for client in pending], timeout=POLL_SECONDS)
+    return [client.answer(op, timeout=0) for client in clients]
+
+
+def _try_connect(path: Path) -> Connection | None:
     """A connection to the server the address file names; None while there is no file or nobody listens
     there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
     try:
-        address = json.loads(address_file.read_text())
+        address = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     try:

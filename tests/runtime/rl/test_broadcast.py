@@ -27,12 +27,13 @@ def _tensors(device: str) -> list[tuple[str, torch.Tensor]]:
     return [(f"model.layers.{i}.weight", torch.randn(64, 48, generator=generator).to(device)) for i in range(5)]
 
 
-def _worker(fields: dict, plan: list, device: str, results) -> None:
-    """A rollout worker's end: join as rank 1, receive each planned bucket, send back what arrived."""
+def _worker(fields: dict, first_rank: int, plan: list, device: str, results) -> None:
+    """A rollout engine's only worker: join as `first_rank`, receive each planned bucket, send back what
+    arrived."""
     if device == "cuda":
         torch.cuda.set_device(0)
     worker = SimpleNamespace(rank=0, device=torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
-    rank = broadcast.join_group(worker, **fields)
+    rank = broadcast.join_group(worker, **fields, first_rank=first_rank)
     group = getattr(worker, broadcast._WORKER_GROUP)
     received = []
     for nbytes, wire in plan:
@@ -50,28 +51,35 @@ def _trainer_device(device: str) -> torch.device:
 
 
 @pytest.mark.parametrize("device", BACKENDS)
-def test_every_bucket_reaches_the_worker_byte_for_byte(device):
+def test_every_bucket_reaches_every_engines_worker_byte_for_byte(device):
+    """One broadcast reaches every rollout engine: on gloo, two one-worker engines (group ranks 1 and 2); on
+    NCCL, one (a GPU each side)."""
+    engines = 2 if device == "cpu" else 1
     context = multiprocessing.get_context("spawn")
-    end = broadcast.TrainerEnd(True, workers=1, device=_trainer_device(device), timeout_s=60)
+    end = broadcast.TrainerEnd(True, workers=engines, device=_trainer_device(device), timeout_s=60)
     tensors = [(name, tensor.to(end.device)) for name, tensor in _tensors("cpu")]
     packed = list(packing.buckets(tensors, bucket_bytes=16 << 10))
     assert len(packed) > 1
     results = context.Queue()
-    child = context.Process(target=_worker, args=(end.join_fields(), [(b.buffer.numel(), b.wire_entries())
-                                                                       for b in packed], device, results))
-    child.start()
+    plan = [(b.buffer.numel(), b.wire_entries()) for b in packed]
+    children = [context.Process(target=_worker, args=(end.join_fields(), 1 + engine, plan, device, results))
+                for engine in range(engines)]
+    for child in children:
+        child.start()
     try:
         end.join(check=lambda: None)
         for bucket in packed:
             end.send(bucket, check=lambda: None)
-        rank, received = results.get(timeout=60)
+        arrived = sorted((results.get(timeout=60) for _ in children), key=lambda result: result[0])
     finally:
         end.close()
-        child.join(30)
-    assert rank == 1
-    assert [name for name, _ in received] == [name for name, _ in tensors]
-    for (_, sent), (_, got) in zip(tensors, received, strict=True):
-        assert torch.equal(got, sent.cpu().to(torch.bfloat16))
+        for child in children:
+            child.join(30)
+    assert [rank for rank, _ in arrived] == list(range(1, engines + 1))
+    for _, received in arrived:
+        assert [name for name, _ in received] == [name for name, _ in tensors]
+        for (_, sent), (_, got) in zip(tensors, received, strict=True):
+            assert torch.equal(got, sent.cpu().to(torch.bfloat16))
 
 
 def test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline():

@@ -198,3 +198,17 @@ def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cac
     # The engine start's progress line says which of the two the user waits for.
     assert engine_start_steps(config) == ("loads the weights, then profiles memory to size the KV cache"
                                           if expected is None else "loads the weights, then allocates a fixed KV cache")
+
+
+def test_every_engine_is_checked_and_one_that_differs_is_named():
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    checksums = weight_sync.checksums_by_name([("model.norm.weight", tensor)])
+    good = {"checksums": dict(checksums), "packed_modules": {}, "probe_logprobs": [-1.0, -2.0]}
+    stale = {**good, "checksums": weight_sync.checksums_by_name([("model.norm.weight", tensor + 1)])}
+    result, gap = weight_sync.check_engines([good, {**good, "probe_logprobs": [-1.0, -2.5]}], checksums,
+                                            [-1.0, -2.0], step=3, tolerance=0.5)
+    assert (result.checked, gap) == (1, 0.25)  # the widest gap of the two engines
+    with pytest.raises(weight_sync.WeightSyncError, match="step 3 rollout engine 1's weights are not the trainer's"):
+        weight_sync.check_engines([good, stale], checksums, [-1.0, -2.0], step=3, tolerance=0.5)
+    with pytest.raises(weight_sync.WeightSyncError, match="step 3 the rollout's weights are not the trainer's"):
+        weight_sync.check_engines([stale], checksums, [-1.0, -2.0], step=3, tolerance=0.5)

@@ -132,18 +132,39 @@ def test_an_moe_policy_syncs_into_vllm_fused_experts_and_stays_on_policy(tmp_pat
 @pytest.mark.parametrize("model", [DENSE, "gdnctl/tiny-qwen3.5-moe-bytes"])
 def test_the_broadcast_sync_sends_rank_0s_weights_over_gloo_and_keeps_the_rollout_on_policy(tmp_path, model):
     """rollout.weight_sync: broadcast on CPU: two trainer ranks (gloo) gather the weights, rank 0 broadcasts
-    them in buckets to vLLM's worker over a process group of their own, and the worker loads them through the
-    model's load_weights; every sync after the first (the engine starts from the directory) goes that way."""
+    them in buckets to the workers of both rollout engines (two colocated GPUs' worth at rollout.tp 1) over a
+    process group of their own, and each worker loads them through the model's load_weights; every sync after
+    the first (the engines start from the directory) goes that way, and both engines are checked."""
     run_dir = tmp_path / "run"
     done = launch(run_dir, *SMALL_STEPS, f"model.id={model}", "rollout.weight_sync=broadcast",
                   "cluster.gpus_per_node=2", "train.train_iters=3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "weight group up: trainer rank 0 and 1 rollout worker(s) over gloo" in done.stdout
+    # Two trainer ranks colocated with two one-worker engines: one broadcast reaches both.
+    assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 2 engine(s) over gloo" in done.stdout
     steps = metrics(run_dir)
     assert [s["weight_transport"] for s in steps] == ["broadcast"] * 3
     assert all(s["synced_parameters"] > 0 for s in steps)
     assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
     # Steps 2 and 3 sample from weights that arrived by broadcast: the trainer scores the samples as vLLM did.
+    assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+
+
+@needs_vllm
+def test_two_rollout_engines_each_generate_their_share_and_load_every_sync(tmp_path):
+    """Two colocated GPUs' worth at rollout.tp 1 run two engines, each a server of its own: a step's prompts are
+    split between them, every sync reloads both from the directory, and the job checks both engines' checksums
+    and probe (it stops on the first that differs)."""
+    run_dir = tmp_path / "run"
+    done = launch(run_dir, *SMALL_STEPS, "cluster.gpus_per_node=2", "train.train_iters=2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "rollout engines: 2 of rollout.tp 1 (colocated with the trainer)" in done.stdout
+    assert (run_dir / "logs" / "rollout.log").is_file() and (run_dir / "logs" / "rollout-1.log").is_file()
+    steps = metrics(run_dir)
+    assert [s["rollout_engines"] for s in steps] == [2, 2]
+    assert [s["weight_transport"] for s in steps] == ["disk"] * 2
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    # Both engines' samples are scored by the trainer as vLLM scored them: each engine serves the synced weights.
     assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
 
 
@@ -158,7 +179,7 @@ def test_the_broadcast_reaches_every_worker_of_a_tensor_parallel_rollout(tmp_pat
     done = launch(run_dir, *SMALL_STEPS, "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "rollout.weight_sync=broadcast",
                   "rollout.tp=2", "cluster.gpus_per_node=2", "train.train_iters=2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "weight group up: trainer rank 0 and 2 rollout worker(s) over gloo" in done.stdout
+    assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 1 engine(s) over gloo" in done.stdout
     steps = metrics(run_dir)
     assert [s["weight_transport"] for s in steps] == ["broadcast"] * 2
     assert all(s["synced_parameters"] > 0 for s in steps)  # the replicated ones; shards are skipped by size

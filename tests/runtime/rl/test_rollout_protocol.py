@@ -19,15 +19,14 @@ from pathlib import Path
 import pytest
 
 from gdnctl.runtime.rl.rollout_protocol import (
-    ADDRESS_FILE,
     LISTENING_LINE,
     LOCAL,
     ROLLOUT_ENV,
     RolloutClient,
     RolloutError,
+    address_file,
     listen,
     remote_bind_address,
-    rollout_dir,
 )
 
 HANDSHAKE_SECONDS = 2
@@ -115,7 +114,7 @@ def test_an_error_that_is_its_own_cause_quotes_nothing_an_earlier_server_logged(
 def test_the_address_file_is_private(tmp_path):
     process, log = start(tmp_path, "answer")
     client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
-    mode = stat.S_IMODE(os.stat(rollout_dir(tmp_path) / ADDRESS_FILE).st_mode)
+    mode = stat.S_IMODE(os.stat(address_file(tmp_path)).st_mode)
     assert mode == 0o600
     client.close()
 
@@ -159,7 +158,7 @@ def test_an_address_left_by_a_gone_server_is_waited_past_until_the_new_one_liste
 
 def server_address(run_dir: Path) -> tuple[str, int]:
     """The address the server published, once it listens."""
-    path = rollout_dir(run_dir) / ADDRESS_FILE
+    path = address_file(run_dir)
     deadline = time.monotonic() + 30
     while not path.exists():
         assert time.monotonic() < deadline, "the server published no address"
@@ -236,7 +235,7 @@ def test_a_peer_that_fails_the_handshake_is_logged_and_the_trainer_still_gets_th
 
 def test_a_server_beside_the_trainer_listens_on_loopback_only(tmp_path):
     with listen(tmp_path, local=True) as listener:
-        published = json.loads((rollout_dir(tmp_path) / ADDRESS_FILE).read_text())
+        published = json.loads(address_file(tmp_path).read_text())
         assert listener.address == ("127.0.0.1", published["port"])
         assert published["host"] == "127.0.0.1"
 

@@ -1,0 +1,174 @@
+"""The trainer's side of the rollout's engines: the servers this rank drives, and requests over every engine.
+
+Every rank holds a RolloutEngines; the ranks engine_layout.py names as drivers spawn (or find) their engines'
+servers and talk to them, the others hold none. Every operation here is collective: all ranks call it, the
+drivers send their engines the request, and the answers come together on rank 0 in engine order (a gather only
+when some engine's driver is not rank 0: colocated engines on other nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gdnctl.errors import GdnctlError
+from gdnctl.runtime.rl import engine_layout
+from gdnctl.runtime.rl.rollout_protocol import (
+    EXTERNAL,
+    LOCAL,
+    ROLLOUT_ENV,
+    RolloutClient,
+    address_file,
+    answer_all,
+    engine_file_name,
+)
+from gdnctl.schema import EngineConfig
+
+# torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RolloutEngineError(GdnctlError):
+    """The rollout's engines cannot be placed or started as the engine config says."""
+
+
+def rollout_log(run_dir: Path, engine: int) -> Path:
+    """Engine `engine`'s server log: logs/rollout.log for engine 0, logs/rollout-K.log for engine K."""
+    return run_dir / "logs" / engine_file_name("rollout", engine, ".log")
+
+
+class RolloutEngines:
+    def __init__(self, config: EngineConfig, config_path: Path) -> None:
+        self.config, self.config_path, self.run_dir = config, config_path, config_path.parent
+        rollout = config.rollout
+        self.rank = dist.get_rank()
+        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(dist.get_world_size())))
+        self.count = engine_layout.engine_count(rollout.num_gpus, rollout.tp)
+        self.drivers = engine_layout.drivers(self.count, rollout.tp, rollout.colocate, ranks_per_node)
+        self.external = os.environ.get(ROLLOUT_ENV) == EXTERNAL
+        self.slots = engine_layout.driven_slots(
+            count=self.count, tp=rollout.tp, colocate=rollout.colocate, rank=self.rank,
+            ranks_per_node=ranks_per_node, visible=self._visible_devices(), spawn=not self.external)
+        self.clients: dict[int, RolloutClient] = {}
+        self.started = False
+
+    @property
+    def gathers(self) -> bool:
+        """Whether ranks other than 0 drive engines, so answers travel to rank 0 by a gather."""
+        return any(self.drivers)
+
+    def _visible_devices(self) -> list[str] | None:
+        if self.config.device != "cuda":
+            return None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return visible.split(",") if visible else [str(index) for index in range(torch.cuda.device_count())]
+
+    # --- start --------------------------------------------------------------------------------------------
+    def start(self, model: str) -> list[dict] | None:
+        """Start every engine on the HF checkpoint directory `model`: the drivers spawn their servers (unless the
+        launch script did), connect, and have them build their engines at once. Rank 0 gets the answers."""
+        timeout = self.config.rollout.timeout_s
+        processes = {slot.engine: (None if self.external else self._spawn(slot)) for slot in self.slots}
+        for slot in self.slots:
+            process = processes[slot.engine]
+            self.clients[slot.engine] = RolloutClient.connect(
+                self.run_dir, timeout=timeout, engine=slot.engine, process=process,
+                log_path=None if process is None else rollout_log(self.run_dir, slot.engine))
+        self.started = True
+        return self.request("start", model=model)
+
+    def _spawn(self, slot: engine_layout.EngineSlot) -> subprocess.Popen:
+        address_file(self.run_dir, slot.engine).unlink(missing_ok=True)
+        log_path = rollout_log(self.run_dir, slot.engine)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        python = self.config.rollout.python or sys.executable
+        env = {name: value for name, value in os.environ.items()
+               if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
+        # The server is on this host: it listens on loopback only (rollout_server.trainer_shares_host).
+        env[ROLLOUT_ENV] = LOCAL
+        if slot.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot.devices
+        command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout",
+                   "--engine", str(slot.engine)]
+        on = f" on GPUs {slot.devices}" if slot.devices is not None else ""
+        self._say(f"starting rollout engine {slot.engine}{on}: {' '.join(command)} (log: {log_path})")
+        with log_path.open("ab") as log:
+            try:
+                return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.run_dir)
+            except OSError as error:
+                raise RolloutEngineError(f"rollout.python {python} cannot be started ({error.strerror}); set "
+                                         "rollout.python to the interpreter of the environment that has "
+                                         "vLLM.") from None
+
+    # --- requests -----------------------------------------------------------------------------------------
+    def request(self, op: str, **fields: Any) -> list[dict] | None:
+        """Every engine runs `op` with the same fields, all at once; rank 0 gets the answers in engine order."""
+        return self.request_each(op, {engine: fields for engine in self.clients})
+
+    def request_each(self, op: str, fields: dict[int, dict]) -> list[dict] | None:
+        """Engine k runs `op` with fields[k] (engines this rank drives that fields leaves out are skipped), all at
+        once; rank 0 gets {engine: answer} merged over the drivers, in engine order."""
+        mine = {engine: fields[engine] for engine in self.clients if engine in fields}
+        for engine, engine_fields in mine.items():
+            self.clients[engine].send(op, **engine_fields)
+        answers = dict(zip(mine, answer_all([self.clients[engine] for engine in mine], op,
+                                            timeout=self.config.rollout.timeout_s), strict=True))
+        return self._on_rank_0(answers)
+
+    def send(self, op: str, **fields: Any) -> None:
+        """Rank 0, driving every engine: send `op` to each without waiting (a collective request the trainer
+        takes part in; answer collects)."""
+        for client in self.clients.values():
+            client.send(op, **fields)
+
+    def check(self, op: str) -> None:
+        for client in self.clients.values():
+            client.check(op)
+
+    def answer(self, op: str) -> list[dict]:
+        return answer_all(list(self.clients.values()), op, timeout=self.config.rollout.timeout_s)
+
+    def _on_rank_0(self, answers: dict[int, dict]) -> list[dict] | None:
+        if self.gathers:
+            gathered: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
+            dist.gather_object(answers, gathered, dst=0)
+            if self.rank != 0:
+                return None
+            answers = {engine: answer for part in gathered for engine, answer in part.items()}
+        elif self.rank != 0:
+            return None
+        return [answers[engine] for engine in sorted(answers)]
+
+    # --- generation -------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float, seed: int,
+                 stop_token_ids: list[int]) -> dict | None:
+        """Every engine samples its share of `prompts` (engine_layout.shares), each prompt seeded by its place in
+        the whole list, so the draw does not depend on how many engines there are. Rank 0 gets the samples in
+        prompt order, the slowest engine's seconds, and engine 0's GPU memory in use."""
+        fields = {engine: {"prompts": prompts[share.start:share.stop], "n": n, "max_tokens": max_tokens,
+                           "temperature": temperature, "seed": seed + share.start,
+                           "stop_token_ids": stop_token_ids}
+                  for engine, share in enumerate(engine_layout.shares(len(prompts), self.count)) if len(share)}
+        answers = self.request_each("generate", fields)
+        if answers is None:
+            return None
+        return {"samples": [group for answer in answers for group in answer["samples"]],
+                "seconds": max(answer["seconds"] for answer in answers),
+                "gpu_used_bytes": answers[0]["gpu_used_bytes"], "engines": len(answers)}
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+
+    def _say(self, message: str) -> None:
+        # Drivers other than rank 0 speak for their own engines; rank 0's lines carry the job's prefix.
+        prefix = "[gdnctl rl]" if self.rank == 0 else f"[gdnctl rl rank {self.rank}]"
+        print(f"{prefix} {message}", flush=True)
