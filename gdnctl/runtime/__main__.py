@@ -171,19 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "rollout":
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
             from gdnctl.runtime.rl import rollout_server
-            from gdnctl.runtime.rl.engine_layout import engine_count
 
-            engines = engine_count(config.rollout.num_gpus, config.rollout.tp)
-            if args.engine is not None and not 0 <= args.engine < engines:
-                raise RuntimeSetupError(f"--engine {args.engine} names no engine of this rollout (it runs {engines}: "
-                                        f"rollout.num_gpus / rollout.tp); pass 0 to {engines - 1}.")
-            if args.engine is None:
-                return rollout_server.serve_node(config, args.config, smoke=args.smoke)
             run_dir = args.config.resolve().parent
             if args.smoke:
                 from gdnctl.runtime.smoke import smoke_config, smoke_run_dir
 
                 config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
+            if args.engine is None:
+                return rollout_server.serve_node(config, run_dir, relaunch=[
+                    "--config", str(args.config), "--role", "rollout", *(["--smoke"] if args.smoke else [])])
             return rollout_server.serve(config, run_dir, args.engine)
         check_launch(config)
         apply_env(config.env)

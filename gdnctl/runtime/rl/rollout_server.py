@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from gdnctl.errors import GdnctlError
 from gdnctl.runtime.rl import broadcast, cuda_ipc, engine_layout, rollout_protocol, weight_sync, worker_reload
 from gdnctl.schema import EngineConfig, EngineRollout
 
@@ -131,6 +132,10 @@ def refresh_cpu_moe_prepack(model) -> int:
             replace_parameter(module, "w2_weight", cpu_prepack_moe_weight(module.w2_weight, experts.isa))
             refreshed += 1
     return refreshed
+
+
+class RolloutServerError(GdnctlError):
+    """The rollout server was started for an engine this rollout does not have."""
 
 
 class VllmRollout:
@@ -264,6 +269,10 @@ class VllmRollout:
 
 def serve(config: EngineConfig, run_dir: Path, engine: int = 0) -> int:
     """Serve rollout engine `engine` to the trainer rank that drives it, until it disconnects or says shutdown."""
+    engines = engine_layout.engine_count(config.rollout.num_gpus, config.rollout.tp)
+    if not 0 <= engine < engines:
+        raise RolloutServerError(f"--engine {engine} names no engine of this rollout (it runs {engines}: "
+                                 f"rollout.num_gpus / rollout.tp); pass 0 to {engines - 1}.")
     listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout), engine=engine)
     host, port = listener.address
     print(f"{rollout_protocol.LISTENING_LINE}{host}:{port} (engine {engine})", flush=True)
@@ -271,16 +280,14 @@ def serve(config: EngineConfig, run_dir: Path, engine: int = 0) -> int:
         return _serve_connection(VllmRollout(config), connection)
 
 
-def serve_node(config: EngineConfig, config_path: Path, smoke: bool) -> int:
+def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
     """The Slurm script's rollout step, one task per rollout node: start this node's engines (engine_layout
     node_slots; the node is the task's SLURM_PROCID), each a rollout server of its own on its GPUs, and wait for
     them. One engine on the node is served in this process. The first to fail takes the others down, so the
-    trainer sees a failed step rather than a rollout that has quietly shrunk."""
-    run_dir = config_path.resolve().parent
-    if smoke:
-        from gdnctl.runtime.smoke import smoke_config, smoke_run_dir
+    trainer sees a failed step rather than a rollout that has quietly shrunk.
 
-        config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
+    relaunch: this process's own arguments, which each engine's server gets with --engine K added.
+    """
     rollout = config.rollout
     visible = None
     if config.device == "cuda":
@@ -301,8 +308,7 @@ def serve_node(config: EngineConfig, config_path: Path, smoke: bool) -> int:
         env = dict(os.environ)
         if slot.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.devices
-        command = [sys.executable, "-m", "gdnctl.runtime", "--config", str(config_path), "--role", "rollout",
-                   "--engine", str(slot.engine), *(["--smoke"] if smoke else [])]
+        command = [sys.executable, "-m", "gdnctl.runtime", *relaunch, "--engine", str(slot.engine)]
         print(f"gdnctl rollout: node {node} starts engine {slot.engine} on GPUs {slot.devices}", flush=True)
         children.append(subprocess.Popen(command, env=env))
     try:

@@ -64,3 +64,22 @@ def test_a_steps_prompts_split_into_contiguous_near_equal_shares(prompts, count,
     parts = shares(prompts, count)
     assert [len(part) for part in parts] == sizes
     assert [index for part in parts for index in part] == list(range(prompts))
+
+
+def test_a_server_started_for_an_engine_the_rollout_lacks_stops_with_a_sentence(engine, tmp_path, capsys):
+    from gdnctl.runtime.__main__ import main
+
+    config_path = tmp_path / "run" / "engine.yaml"
+    assert engine.rollout.num_gpus // engine.rollout.tp == 1
+    assert main(["--config", str(config_path), "--role", "rollout", "--engine", "1"]) == 2
+    assert ("--engine 1 names no engine of this rollout (it runs 1: rollout.num_gpus / rollout.tp); pass 0 to 0."
+            in capsys.readouterr().err)
+
+
+def test_a_rollout_step_node_past_the_engines_starts_none(engine, tmp_path, capsys, monkeypatch):
+    from gdnctl.runtime.__main__ import main
+
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert main(["--config", str(tmp_path / "run" / "engine.yaml"), "--role", "rollout"]) == 0
+    assert "node 1 of the rollout step has no engine to run" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "rollout").exists()  # nothing listened, nothing was published
