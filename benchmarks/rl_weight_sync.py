@@ -208,8 +208,9 @@ def main() -> int:
             root = context.Process(target=broadcast_root, args=(theirs, layers), daemon=True)
             root.start()
             fields, plan = connection.recv()
+            # One engine: its worker is the group's rank 1, after the broadcasting root.
             llm.collective_rpc(broadcast.join_group, args=(fields["host"], fields["port"], fields["size"],
-                                                           fields["backend"], fields["timeout_s"]))
+                                                           fields["backend"], fields["timeout_s"], 1))
         probe = list(range(100, 164))
         reference = probe_logprobs(llm, probe)
         for _ in range(args.repeats):

@@ -106,7 +106,7 @@ def test_separate_rl_broadcasts_the_weights_over_nccl_to_the_rollout_gpu(tmp_pat
     done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
                   "cluster.gpus_per_node=2", "rollout.num_gpus=1")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "weight group up: trainer rank 0 and 1 rollout worker(s) over nccl" in done.stdout
+    assert "weight group up: trainer rank 0 and 1 rollout worker(s) of 1 engine(s) over nccl" in done.stdout
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 21))
     first, last = first_and_last_rewards(steps)
@@ -153,6 +153,44 @@ def test_a_tensor_parallel_rollout_colocated_takes_each_gpus_weights_through_cud
     assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
     assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
     assert all(s["sleep_freed_gib"] > 1.0 for s in steps)
+
+
+@SECOND_WORKER
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for two rollout engines")
+def test_two_colocated_engines_each_take_their_gpus_weights_through_cuda_ipc(tmp_path):
+    """Two GPUs at rollout.tp 1, colocated: two engines, each a server on its own GPU; a step's prompts split
+    between them, and every sync reaches both through CUDA IPC (each engine's worker opens the bucket of the
+    trainer rank on its GPU), each checked by its checksums and the probe."""
+    run_dir = tmp_path / "colocated-two-engines"
+    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "cluster.gpus_per_node=2", "train.train_iters=5",
+                  *MEMORY_READINGS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "rollout engines: 2 of rollout.tp 1 (colocated with the trainer)" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 6))
+    assert [s["rollout_engines"] for s in steps] == [2] * 5
+    assert {s["weight_transport"] for s in steps} == {"cuda_ipc"}
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+    assert all(s["sleep_freed_gib"] > 1.0 for s in steps)
+
+
+@FIRST_WORKER
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="needs 3 GPUs: one for the trainer, two rollout engines")
+def test_separate_engines_all_receive_one_nccl_broadcast(tmp_path):
+    """Two separate engines beside a one-GPU trainer: trainer rank 0 drives both and one broadcast per bucket
+    reaches both engines' workers (group ranks 1 and 2)."""
+    run_dir = tmp_path / "separate-two-engines"
+    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
+                  "cluster.gpus_per_node=3", "rollout.num_gpus=2", "train.train_iters=5")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 2 engine(s) over nccl" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["rollout_engines"] for s in steps] == [2] * 5
+    assert {s["weight_transport"] for s in steps} == {"broadcast"}
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
 
 
 @SECOND_WORKER

@@ -1,0 +1,108 @@
+"""Rollout tokens/s with one vLLM engine and with two, on the same prompts, measured by the rl job itself.
+
+    python benchmarks/rollout_engines.py --vllm-python PY --out rollout_engines.json [--steps 6] [--cuda-graphs]
+
+Each arm is `gdnctl launch` of the tiny rl preset on GPUs (the GPU tests' settings: the TE-free trainer, FLA,
+vLLM with a fixed 2 GiB KV cache and the triton GDN prefill) with heavier steps: 32 prompts x 8 samples of up to
+256 tokens. The figure is the median of the job's own `rollout_tokens_per_second` (a step's generated tokens
+over the slowest engine's generation seconds) over steps 2..N; step 1 is left out as warm-up. Arms:
+
+- colocated, 2 GPUs, two trainer ranks: rollout.num_gpus 1 (one engine on GPU 0) vs 2 (one engine per GPU);
+- separate, 3 GPUs or more: a one-GPU trainer beside one engine vs two (rollout.num_gpus 1 vs 2, the trainer
+  keeping the remaining GPUs).
+
+The same seeds draw the same prompts in both arms of a placement, each prompt sampled with its own seed.
+Results go to --out after every arm, with the device, versions, date and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+PRESET = "tiny-qwen3.5-rl-cpu"
+ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0", "kernels.gdn_backend=fla",
+          "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2", "rollout.gdn_prefill_backend=triton",
+          "model.id=gdnctl/tiny-qwen3-next-bytes")
+# Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip,
+# takes a step's rollout time.
+LOAD = ("train.global_batch_size=256", "train.micro_batch_size=16", "rollout.n_samples_per_prompt=8",
+        "rollout.max_response_tokens=256", "train.seq_length=512", "eval=null")
+
+
+def arms(gpus: int) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(placement, engines, settings) for every arm this machine can run."""
+    out = []
+    if gpus >= 2:
+        out += [("colocated", engines, ("cluster.gpus_per_node=2", f"rollout.num_gpus={engines}"))
+                for engines in (1, 2)]
+    if gpus >= 3:
+        out += [("separate", engines, ("cluster.gpus_per_node=3", "rollout.colocate=false",
+                                       f"rollout.num_gpus={engines}")) for engines in (1, 2)]
+    return out
+
+
+def run_arm(run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool) -> dict:
+    sets = (*ON_GPU, *LOAD, *settings, f"train.train_iters={steps}", f"rollout.python={vllm_python}",
+            f"rollout.enforce_eager={'true' if eager else 'false'}")
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
+               *(arg for value in sets for arg in ("--set", value))]
+    done = subprocess.run(command, text=True, capture_output=True, timeout=3600, check=False)
+    (run_dir.parent / f"{run_dir.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}", "tail": (done.stdout + done.stderr)[-2000:]}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "rollout_tokens_per_second" in row]
+    measured = rows[1:]
+    return {"rollout_tokens_per_second": statistics.median(r["rollout_tokens_per_second"] for r in measured),
+            "rollout_seconds": statistics.median(r["rollout_seconds"] for r in measured),
+            "response_length": statistics.median(r["response_length"] for r in measured),
+            "engines_seen": sorted({r["rollout_engines"] for r in rows}), "steps": len(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", required=True, help="interpreter with a CUDA vLLM and gdnctl")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=6, help="rl steps per arm (the first is warm-up)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (default: enforce_eager, "
+                                                                   "as the GPU tests run it)")
+    parser.add_argument("--work", type=Path, default=None, help="where the run dirs go (default: a temp dir)")
+    args = parser.parse_args(argv)
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        print("rollout_engines: needs 2 GPUs (colocated arms), 3 for the separate ones", file=sys.stderr)
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="gdnctl-engines-"))
+    result = {"date": datetime.date.today().isoformat(), "device": f"{gpus} x {torch.cuda.get_device_name()}",
+              "versions": {name: importlib.metadata.version(name) for name in ("torch",)},
+              "command": " ".join(sys.argv), "arms": []}
+    for placement, engines, settings in arms(gpus):
+        print(f"rollout_engines: {placement}, {engines} engine(s) ...", flush=True)
+        arm = {"placement": placement, "engines": engines,
+               **run_arm(work / f"{placement}-{engines}", args.vllm_python, settings, args.steps,
+                         eager=not args.cuda_graphs)}
+        result["arms"].append(arm)
+        print(f"rollout_engines: {json.dumps(arm)}", flush=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    for placement in ("colocated", "separate"):
+        by_engines = {arm["engines"]: arm.get("rollout_tokens_per_second")
+                      for arm in result["arms"] if arm["placement"] == placement}
+        if by_engines.get(1) and by_engines.get(2):
+            result[f"{placement}_scaling"] = by_engines[2] / by_engines[1]
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({key: value for key, value in result.items() if key.endswith("_scaling")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
