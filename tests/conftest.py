@@ -30,6 +30,23 @@ SHARED_FIXTURE_GROUPS = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker's torch gets its share of the cores for its intra-op threads, not all of them.
+
+    torch starts one OpenMP thread per core in every process; with `-n auto` every worker does, so on 2 cores two
+    workers ran 4 threads that spin-wait at each parallel op for a thread the other worker had preempted: the
+    in-process torch tests (data layout, weight sharding, LoRA merges) took about twice the CPU time they take
+    with one thread each. Only the thread count changes; a subprocess (torchrun ranks, the CLI) keeps its own.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1:
+        return
+    try:
+        import torch
+    except ImportError:  # a machine with gdnctl alone: the runtime tests skip (RUNTIME_PACKAGES below)
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 # The `slow` mark, kept in one place so the inner loop's contents (`pytest -m "not slow"`, at most 2 minutes on
 # 2 cores) are read and changed here: modules whose every test starts processes, and single tests that take
 # seconds (measured with --durations on a 2-core machine). Tests marked slurm or gpu are slow as well.
