@@ -85,7 +85,7 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
         "test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped"},
     "tests/runtime/data/test_layout.py": {"test_padding_follows_the_documented_values", "test_round_trips_are_exact"},
     "tests/runtime/rl/test_broadcast.py": {
-        "test_every_bucket_reaches_the_worker_byte_for_byte",
+        "test_every_bucket_reaches_every_engines_worker_byte_for_byte",
         "test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline"},  # waits out its 2 s
     "tests/launch/test_follow_runs.py": {"test_status_and_logs_of_a_rendered_run_dir_and_of_no_run_dir"},  # 11 CLIs
     "tests/runtime/model/test_hf_weights.py": {
