@@ -169,6 +169,41 @@ def test_two_rollout_engines_each_generate_their_share_and_load_every_sync(tmp_p
 
 
 @needs_vllm
+def test_colocated_engines_on_two_nodes_are_driven_by_each_nodes_first_rank(tmp_path):
+    """Two one-rank nodes (two torchrun agents on this host, static rendezvous), colocated: each node's first
+    rank starts and drives its node's engine, the weights are the directory rank 0 wrote, and the engines' answers
+    (samples, checksums, probes) are gathered on rank 0, which checks both."""
+    import socket
+
+    run_dir = tmp_path / "run"
+    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir),
+                               "--set", f"rollout.python={VLLM_PYTHON}", "--set", "cluster.nodes=2",
+                               "--set", "launch.executor=slurm", "--set", "train.train_iters=2",
+                               *(arg for value in SMALL_STEPS for arg in ("--set", value))],
+                              text=True, capture_output=True, check=False)
+    assert rendered.returncode == 0, rendered.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                                "1", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                                str(port), "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml")],
+                               cwd=run_dir, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+              for node in (0, 1)]
+    outputs = [agent.communicate(timeout=900)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "rollout engines: 2 of rollout.tp 1 (colocated with the trainer)" in outputs[0]
+    assert "[gdnctl rl] starting rollout engine 0" in outputs[0]
+    assert "[gdnctl rl rank 1] starting rollout engine 1" in outputs[1]
+    assert (run_dir / "logs" / "rollout-1.log").is_file()
+    steps = metrics(run_dir)
+    assert [s["rollout_engines"] for s in steps] == [2, 2]
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+
+
+@needs_vllm
 def test_the_broadcast_reaches_every_worker_of_a_tensor_parallel_rollout(tmp_path, monkeypatch):
     """rollout.tp 2 on vLLM's CPU build: the weight group holds trainer rank 0 and both workers; each receives
     whole tensors and keeps its shard through load_weights, and the samples stay on policy (the probe and the
