@@ -348,8 +348,9 @@ def rl_rollout_layout_untested(run):
     (rollout.tp 2, the broadcast over gloo: tests/runtime/rl/test_rl_vllm.py), not on GPUs. A rollout step on
     other nodes reaches trainer rank 0's store by the node's name and NCCL across the network; the tests' local
     Slurm has one node, so that step has not run. Several engines (each its own server, each loading every sync,
-    a step's prompts split between them) have run on vLLM's CPU build, driven by one trainer rank, over the
-    directory and the gloo broadcast (tests/runtime/rl/test_rl_vllm.py), not on GPUs.
+    a step's prompts split between them) have run on vLLM's CPU build, over the directory and the gloo broadcast,
+    driven by one trainer rank or by each node's first rank on two one-rank nodes (tests/runtime/rl/
+    test_rl_vllm.py), not on GPUs.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
 
