@@ -258,6 +258,11 @@ def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: d
         # ProcessGroupNCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected").
         return ("colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
                 "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs")
+    elif preset.rollout.colocate and preset.cluster.nodes > 1:
+        # runtime/rl/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the buckets.
+        return ("colocated engines on several nodes: each node's first trainer rank drives its node's engines, and "
+                "trainer rank 0 can broadcast only to the engines it drives; the directory in the run dir reaches "
+                "them all")
     if model_builder(software).value == "te-free" and (p.pp > 1 or p.ep > 1):
         return ("the TE-free builder gathers HF tensors over tensor parallel only, so with pp or ep > 1 no rank "
                 "holds every weight to send; the directory in the run dir carries them")

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        if args.engine is not None and args.role != "rollout":
+            raise RuntimeSetupError("--engine names the rollout engine a rollout server serves; pass it with "
+                                    "--role rollout, or leave it out.")
         if args.role == "rollout" and config.job != "rl":
             raise RuntimeSetupError(f"--role rollout belongs to rl jobs, but this engine config runs "
                                     f"'{config.job}'; start it without --role.")

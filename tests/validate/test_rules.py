@@ -283,6 +283,13 @@ def test_a_rollout_engine_must_fit_one_node():
     assert "RLT007" not in codes({"cluster": {"nodes": 2, "gpus_per_node": 8}, "rollout": {"tp": 4, "num_gpus": 12}})
 
 
+def test_a_broadcast_to_colocated_engines_on_several_nodes_is_refused():
+    cpu_nodes = {"cluster": {"gpu": "cpu", "nodes": 2, "gpus_per_node": 1}, "launch": {"executor": "slurm"},
+                 "rollout": {"tp": 1, "weight_sync": "broadcast"}}
+    finding = codes(cpu_nodes)["RLT014"][0]
+    assert "each node's first trainer rank drives its node's engines" in finding.message
+
+
 def test_several_rollout_engines_are_named_as_untried_on_gpus():
     one_engine = codes({"rollout": {"tp": 1, "num_gpus": 1}})
     two_engines = codes({"rollout": {"tp": 1, "num_gpus": 2}})

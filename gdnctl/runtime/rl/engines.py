@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from gdnctl.runtime.rl.rollout_protocol import (
 )
 from gdnctl.schema import EngineConfig
 
+# How long servers get to exit after the job asked them to, together.
+SHUTDOWN_SECONDS = 60.0
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
 _LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -57,6 +60,7 @@ class RolloutEngines:
             count=self.count, tp=rollout.tp, colocate=rollout.colocate, rank=self.rank,
             ranks_per_node=ranks_per_node, visible=self._visible_devices(), spawn=not self.external)
         self.clients: dict[int, RolloutClient] = {}
+        self._processes: dict[int, subprocess.Popen] = {}  # every server this rank spawned, connected or not
         self.started = False
 
     @property
@@ -75,11 +79,13 @@ class RolloutEngines:
         """Start every engine on the HF checkpoint directory `model`: the drivers spawn their servers (unless the
         launch script did), connect, and have them build their engines at once. Rank 0 gets the answers."""
         timeout = self.config.rollout.timeout_s
-        processes = {slot.engine: (None if self.external else self._spawn(slot)) for slot in self.slots}
+        if not self.external:
+            for slot in self.slots:
+                self._processes[slot.engine] = self._spawn(slot)
         for slot in self.slots:
-            process = processes[slot.engine]
+            process = self._processes.get(slot.engine)
             self.clients[slot.engine] = RolloutClient.connect(
-                self.run_dir, timeout=timeout, engine=slot.engine, process=process,
+                self.run_dir, timeout=timeout, engine=slot.engine, process=process, named=self.count > 1,
                 log_path=None if process is None else rollout_log(self.run_dir, slot.engine))
         self.started = True
         return self.request("start", model=model)
@@ -97,7 +103,7 @@ class RolloutEngines:
             env["CUDA_VISIBLE_DEVICES"] = slot.devices
         command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout",
                    "--engine", str(slot.engine)]
-        on = f" on GPUs {slot.devices}" if slot.devices is not None else ""
+        on = f" on GPUs {slot.devices}" if slot.devices is not None else ""  # CPU servers get no devices
         self._say(f"starting rollout engine {slot.engine}{on}: {' '.join(command)} (log: {log_path})")
         with log_path.open("ab") as log:
             try:
@@ -163,10 +169,20 @@ class RolloutEngines:
                 "seconds": max(answer["seconds"] for answer in answers),
                 "gpu_used_bytes": answers[0]["gpu_used_bytes"], "engines": len(answers)}
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Ask every server to exit, then wait for them together (a server busy with a request exits once it is
+        done, within a minute); after a failure, stop them at once. Servers that never connected are stopped."""
         for client in self.clients.values():
-            client.close()
+            client.shutdown()
+        deadline = time.monotonic() + (0.0 if failed else SHUTDOWN_SECONDS)
+        for client in self.clients.values():
+            client.wait(deadline - time.monotonic())
+        for process in self._processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         self.clients.clear()
+        self._processes.clear()
 
     def _say(self, message: str) -> None:
         # Drivers other than rank 0 speak for their own engines; rank 0's lines carry the job's prefix.

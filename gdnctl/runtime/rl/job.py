@@ -443,10 +443,11 @@ class RlJob:
         return per_token * tokens / max(seconds, 1e-9) / dist.get_world_size() / 1e12
 
     # --- logs -------------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """failed: the job is stopping on an error, so the rollout's servers are stopped at once."""
         if self.weight_group is not None:
             self.weight_group.close()
-        self.engines.close()
+        self.engines.close(failed=failed)
         self.metrics.close()
 
     def _report(self, stats: RlStepStats) -> None:
@@ -466,6 +467,8 @@ def run(config: EngineConfig, config_path: Path, comm_policy) -> int:
     try:
         job.start_rollout()
         job.train()
-    finally:
-        job.close()
+    except BaseException:
+        job.close(failed=True)
+        raise
+    job.close()
     return 0

@@ -210,27 +210,33 @@ def _refusal(error: BaseException, handshake_seconds: float) -> str:
 class RolloutClient:
     """The trainer's end: `request(op, timeout=..., **fields)` -> the server's answer dict."""
 
-    def __init__(self, connection: Connection, process: subprocess.Popen | None, log_path: Path | None) -> None:
+    def __init__(self, connection: Connection, process: subprocess.Popen | None, log_path: Path | None,
+                 engine: int | None = None) -> None:
+        """engine: which of several rollout engines this server runs (None: the only one), for the messages."""
         self._connection = connection
         self._process = process
         self._log_path = log_path
+        self.engine = engine
+        self.who = server_name(engine)
         self._early: dict[str, Any] | None = None  # an answer `check` received before `answer` asked for it
 
     @classmethod
     def connect(cls, run_dir: Path, *, timeout: float, engine: int = 0, process: subprocess.Popen | None = None,
-                log_path: Path | None = None) -> RolloutClient:
-        """Wait up to `timeout` s for engine `engine`'s address file, then connect to its server."""
+                log_path: Path | None = None, named: bool = False) -> RolloutClient:
+        """Wait up to `timeout` s for engine `engine`'s address file, then connect to its server. named: the
+        rollout has several engines, so messages name this one."""
         published = address_file(run_dir, engine)
+        who = server_name(engine if named else None)
         deadline = time.monotonic() + timeout
         while True:
-            _check_alive(process, "starting", log_path)
+            _check_alive(process, "starting", log_path, who=who)
             connection = _try_connect(published)
             if connection is not None:
-                return cls(connection, process, log_path)
+                return cls(connection, process, log_path, engine if named else None)
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
-                raise RolloutError(f"the rollout server did not come up within {timeout:g} s (no server listening "
+                raise RolloutError(f"{who} did not come up within {timeout:g} s (no server listening "
                                    f"at {published}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
                                    "starts slowly here.")
             time.sleep(POLL_SECONDS / 4)
@@ -245,14 +251,14 @@ class RolloutClient:
         try:
             self._connection.send({"op": op, **fields})
         except OSError:
-            _check_alive(self._process, op, self._log_path)
-            raise RolloutError(f"the rollout server closed the connection before '{op}'; "
+            _check_alive(self._process, op, self._log_path, who=self.who)
+            raise RolloutError(f"{self.who} closed the connection before '{op}'; "
                                f"{_see_log(self._log_path)}") from None
 
     def check(self, op: str) -> None:
         """While trainer rank 0 takes part in the collective request `op`: raise if the server died or answered
         it with an error; an answer that came already is kept for `answer`."""
-        _check_alive(self._process, op, self._log_path)
+        _check_alive(self._process, op, self._log_path, who=self.who)
         if self._early is None and self._connection.poll(0):
             self._early = self._receive(op)
 
@@ -263,10 +269,10 @@ class RolloutClient:
             return reply
         deadline = time.monotonic() + timeout
         while not self._connection.poll(POLL_SECONDS):
-            _check_alive(self._process, op, self._log_path)
+            _check_alive(self._process, op, self._log_path, who=self.who)
             if time.monotonic() > deadline:
                 self.kill()
-                raise RolloutError(f"the rollout server did not answer '{op}' within {timeout:g} s "
+                raise RolloutError(f"{self.who} did not answer '{op}' within {timeout:g} s "
                                    "(rollout.timeout_s), so it was stopped as hung; "
                                    f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow.")
         return self._receive(op)
@@ -275,24 +281,32 @@ class RolloutClient:
         try:
             reply = self._connection.recv()
         except (EOFError, OSError):
-            _check_alive(self._process, op, self._log_path, wait=5.0)
-            raise RolloutError(f"the rollout server closed the connection during '{op}'; "
+            _check_alive(self._process, op, self._log_path, wait=5.0, who=self.who)
+            raise RolloutError(f"{self.who} closed the connection during '{op}'; "
                                f"{_see_log(self._log_path)}") from None
         if "error" in reply:
-            raise RolloutError(f"the rollout server failed '{op}': {reply['error']}"
+            raise RolloutError(f"{self.who} failed '{op}': {reply['error']}"
                                f"{_cause_in_log(self._log_path, reply['error'])}")
         return reply
 
     def close(self, timeout: float = 60.0) -> None:
         """Ask the server to exit; stop it if it does not."""
+        self.shutdown()
+        self.wait(timeout)
+
+    def shutdown(self) -> None:
+        """Ask the server to exit, without waiting (a server busy with a request exits once it is done)."""
         try:
             self._connection.send({"op": "shutdown"})
             self._connection.close()
         except OSError:
             pass
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` s for a server this side spawned to exit after `shutdown`; stop it if it does not."""
         if self._process is not None:
             try:
-                self._process.wait(timeout)
+                self._process.wait(max(timeout, 0.0))
             except subprocess.TimeoutExpired:
                 self.kill()
 
@@ -305,7 +319,7 @@ class RolloutClient:
 def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list[dict[str, Any]]:
     """Each client's answer to `op`, which was sent to each, in the clients' order, within `timeout` s: a server
     that dies or answers with an error while another is still working is reported then, not once the others are
-    done."""
+    done. At the deadline every server still working is stopped as hung, and the sentence names them all."""
     if len(clients) == 1:
         return [clients[0].answer(op, timeout=timeout)]
     deadline = time.monotonic() + timeout
@@ -314,11 +328,21 @@ def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list
             client.check(op)
         pending = [client for client in clients if client._early is None]
         if not pending:
-            break
+            return [client.answer(op, timeout=0) for client in clients]
         if time.monotonic() > deadline:
-            pending[0].answer(op, timeout=0)  # stops the hung server and raises its sentence
+            for client in pending:
+                client.kill()
+            hung = ", ".join(client.who for client in pending)
+            logs = "; ".join(_see_log(client._log_path).removesuffix("; ") for client in pending)
+            raise RolloutError(f"{hung} did not answer '{op}' within {timeout:g} s (rollout.timeout_s), so "
+                               f"{'it was' if len(pending) == 1 else 'they were'} stopped as hung ({logs}); raise "
+                               f"rollout.timeout_s if '{op}' is just slow.")
         wait([client._connection for client in pending], timeout=POLL_SECONDS)
-    return [client.answer(op, timeout=0) for client in clients]
+
+
+def server_name(engine: int | None) -> str:
+    """How messages call a rollout server: the only one, or rollout engine K's among several."""
+    return "the rollout server" if engine is None else f"rollout engine {engine}'s server"
 
 
 def _try_connect(path: Path) -> Connection | None:
@@ -368,7 +392,8 @@ def _see_log(log_path: Path | None) -> str:
     return f"its log is {log_path}; " if log_path else "see the rollout step's log; "
 
 
-def _check_alive(process: subprocess.Popen | None, op: str, log_path: Path | None, wait: float = 0.0) -> None:
+def _check_alive(process: subprocess.Popen | None, op: str, log_path: Path | None, wait: float = 0.0,
+                 who: str = "the rollout server") -> None:
     if process is None:
         return
     try:
@@ -376,5 +401,5 @@ def _check_alive(process: subprocess.Popen | None, op: str, log_path: Path | Non
     except subprocess.TimeoutExpired:
         code = None
     if code is not None:
-        raise RolloutError(f"the rollout server exited with code {code} during '{op}'; {_see_log(log_path)}"
+        raise RolloutError(f"{who} exited with code {code} during '{op}'; {_see_log(log_path)}"
                            "fix what it reports and start the job again (it resumes from the last checkpoint).")

@@ -283,8 +283,9 @@ def serve(config: EngineConfig, run_dir: Path, engine: int = 0) -> int:
 def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
     """The Slurm script's rollout step, one task per rollout node: start this node's engines (engine_layout
     node_slots; the node is the task's SLURM_PROCID), each a rollout server of its own on its GPUs, and wait for
-    them. One engine on the node is served in this process. The first to fail takes the others down, so the
-    trainer sees a failed step rather than a rollout that has quietly shrunk.
+    them; each writes RUN_DIR/logs/rollout.log or rollout-K.log. A node with a single engine serves it in this
+    process (its output is the step's). The first engine to fail takes the others down, so the trainer sees a
+    failed step rather than a rollout that has quietly shrunk.
 
     relaunch: this process's own arguments, which each engine's server gets with --engine K added.
     """
@@ -304,19 +305,26 @@ def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = slots[0].devices
         return serve(config, run_dir, slots[0].engine)
     children = []
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     for slot in slots:
         env = dict(os.environ)
         if slot.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.devices
         command = [sys.executable, "-m", "gdnctl.runtime", *relaunch, "--engine", str(slot.engine)]
-        print(f"gdnctl rollout: node {node} starts engine {slot.engine} on GPUs {slot.devices}", flush=True)
-        children.append(subprocess.Popen(command, env=env))
+        log_path = run_dir / "logs" / rollout_protocol.engine_file_name("rollout", slot.engine, ".log")
+        on = "" if slot.devices is None else f" on GPUs {slot.devices}"
+        print(f"gdnctl rollout: node {node} starts engine {slot.engine}{on} (log: {log_path})", flush=True)
+        with log_path.open("ab") as log:
+            children.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         while True:
             codes = [child.poll() for child in children]
-            failed = [code for code in codes if code not in (None, 0)]
+            failed = [(slot, code) for slot, code in zip(slots, codes, strict=True) if code not in (None, 0)]
             if failed:
-                return failed[0]
+                slot, code = failed[0]
+                print(f"gdnctl rollout: engine {slot.engine} exited with code {code}; stopping this node's other "
+                      "engines", flush=True)
+                return code if code > 0 else 128 - code  # killed by signal N: the shell's 128 + N
             if all(code == 0 for code in codes):
                 return 0
             time.sleep(1.0)

@@ -83,3 +83,11 @@ def test_a_rollout_step_node_past_the_engines_starts_none(engine, tmp_path, caps
     assert main(["--config", str(tmp_path / "run" / "engine.yaml"), "--role", "rollout"]) == 0
     assert "node 1 of the rollout step has no engine to run" in capsys.readouterr().out
     assert not (tmp_path / "run" / "rollout").exists()  # nothing listened, nothing was published
+
+
+def test_engine_without_the_rollout_role_is_refused(engine, tmp_path, capsys):
+    from gdnctl.runtime.__main__ import main
+
+    assert main(["--config", str(tmp_path / "run" / "engine.yaml"), "--engine", "0"]) == 2
+    assert "--engine names the rollout engine a rollout server serves; pass it with --role rollout" in \
+        capsys.readouterr().err

@@ -25,6 +25,7 @@ from gdnctl.runtime.rl.rollout_protocol import (
     RolloutClient,
     RolloutError,
     address_file,
+    answer_all,
     listen,
     remote_bind_address,
 )
@@ -35,7 +36,8 @@ import sys, time
 from pathlib import Path
 from gdnctl.runtime.rl.rollout_protocol import listen
 behaviour = sys.argv[2]
-with listen(Path(sys.argv[1]), local=True, handshake_seconds=float(sys.argv[3])) as listener, \\
+engine = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+with listen(Path(sys.argv[1]), local=True, engine=engine, handshake_seconds=float(sys.argv[3])) as listener, \\
         listener.accept() as connection:
     while True:
         request = connection.recv()
@@ -69,14 +71,14 @@ def stop_servers():
         process.wait(timeout=30)
 
 
-def start(tmp_path: Path, behaviour: str, earlier_log: str = "") -> tuple[subprocess.Popen, Path]:
-    """The server, its output appended to rollout.log after `earlier_log` (an earlier server's output) and the
-    line a real server writes once it listens."""
-    log = tmp_path / "rollout.log"
+def start(tmp_path: Path, behaviour: str, earlier_log: str = "", engine: int = 0) -> tuple[subprocess.Popen, Path]:
+    """The server (of rollout engine `engine`), its output appended to its log after `earlier_log` (an earlier
+    server's output) and the line a real server writes once it listens."""
+    log = tmp_path / f"rollout-{engine}.log"
     log.write_text(f"{earlier_log}{LISTENING_LINE}127.0.0.1:1\n")
     with log.open("a") as handle:
-        process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS)],
-                                   stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS),
+                                    str(engine)], stdout=handle, stderr=subprocess.STDOUT)
     STARTED.append(process)
     return process, log
 
@@ -109,6 +111,45 @@ def test_an_error_that_is_its_own_cause_quotes_nothing_an_earlier_server_logged(
         client.request("start", timeout=10)
     assert str(failed.value) == f"the rollout server failed 'start': ValueError: unknown request; its log is {log}"
     client.close()
+
+
+def engines(tmp_path: Path, *behaviours: str) -> list[RolloutClient]:
+    """A named client per engine, engine k's server behaving as behaviours[k]."""
+    clients = []
+    for engine, behaviour in enumerate(behaviours):
+        process, log = start(tmp_path, behaviour, engine=engine)
+        clients.append(RolloutClient.connect(tmp_path, timeout=30, engine=engine, process=process, log_path=log,
+                                             named=True))
+    return clients
+
+
+def test_every_engines_answer_comes_back_in_engine_order(tmp_path):
+    clients = engines(tmp_path, "answer", "answer")
+    for engine, client in enumerate(clients):
+        client.send("echo", value=engine)
+    assert answer_all(clients, "echo", timeout=30) == [{"echo": 0}, {"echo": 1}]
+
+
+def test_an_engine_that_dies_is_reported_while_another_still_works(tmp_path):
+    clients = engines(tmp_path, "hang", "die")
+    for client in clients:
+        client.send("echo", value=1)
+    began = time.monotonic()
+    with pytest.raises(RolloutError, match=r"rollout engine 1's server exited with code 3 during 'echo'"):
+        answer_all(clients, "echo", timeout=60)
+    assert time.monotonic() - began < 30  # not at the deadline: engine 0 still hangs
+
+
+def test_engines_that_miss_the_deadline_are_all_stopped_and_named(tmp_path):
+    clients = engines(tmp_path, "answer", "hang", "hang")
+    for client in clients:
+        client.send("echo", value=1)
+    with pytest.raises(RolloutError) as failed:
+        answer_all(clients, "echo", timeout=2)
+    assert str(failed.value).startswith("rollout engine 1's server, rollout engine 2's server did not answer 'echo' "
+                                        "within 2 s (rollout.timeout_s), so they were stopped as hung")
+    assert [process.poll() is not None for process in STARTED[1:]] == [True, True]
+    assert STARTED[0].poll() is None  # the one that answered is left to its shutdown
 
 
 def test_the_address_file_is_private(tmp_path):
