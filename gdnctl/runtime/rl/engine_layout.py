@@ -15,6 +15,7 @@ No torch: the rollout server's side imports it in vLLM's environment.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gdnctl.errors import GdnctlError
@@ -27,6 +28,12 @@ class EngineSlot:
 
     engine: int
     devices: str | None = None
+
+
+def visible_devices(count: int) -> list[str]:
+    """This node's GPUs as CUDA_VISIBLE_DEVICES lists them, or the first `count` when it is unset."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return listed.split(",") if listed else [str(index) for index in range(count)]
 
 
 def engine_count(num_gpus: int, tp: int) -> int:

@@ -27,7 +27,7 @@ from gdnctl.runtime.rl.rollout_protocol import (
     RolloutClient,
     address_file,
     answer_all,
-    engine_file_name,
+    rollout_log,
 )
 from gdnctl.schema import EngineConfig
 
@@ -40,11 +40,6 @@ _LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "
 
 class RolloutEngineError(GdnctlError):
     """The rollout's engines cannot be placed or started as the engine config says."""
-
-
-def rollout_log(run_dir: Path, engine: int) -> Path:
-    """Engine `engine`'s server log: logs/rollout.log for engine 0, logs/rollout-K.log for engine K."""
-    return run_dir / "logs" / engine_file_name("rollout", engine, ".log")
 
 
 class RolloutEngines:
@@ -71,8 +66,7 @@ class RolloutEngines:
     def _visible_devices(self) -> list[str] | None:
         if self.config.device != "cuda":
             return None
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return visible.split(",") if visible else [str(index) for index in range(torch.cuda.device_count())]
+        return engine_layout.visible_devices(torch.cuda.device_count())
 
     # --- start --------------------------------------------------------------------------------------------
     def start(self, model: str) -> list[dict] | None:

@@ -74,6 +74,11 @@ def address_file(run_dir: Path, engine: int = 0) -> Path:
     return rollout_dir(run_dir) / engine_file_name("address", engine, ".json")
 
 
+def rollout_log(run_dir: Path, engine: int) -> Path:
+    """Engine `engine`'s server log: logs/rollout.log for engine 0, logs/rollout-K.log for engine K."""
+    return run_dir / "logs" / engine_file_name("rollout", engine, ".log")
+
+
 def listen(run_dir: Path, *, local: bool, engine: int = 0,
            handshake_seconds: float = HANDSHAKE_SECONDS) -> RolloutListener:
     """Bind a free port and publish the address (engine `engine`'s address file) for the trainer; returns the

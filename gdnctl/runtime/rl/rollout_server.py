@@ -290,10 +290,8 @@ def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
     relaunch: this process's own arguments, which each engine's server gets with --engine K added.
     """
     rollout = config.rollout
-    visible = None
-    if config.device == "cuda":
-        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-        visible = listed.split(",") if listed else [str(index) for index in range(config.parallel.gpus_per_node)]
+    # The node's GPU count from the config, not torch: this process starts servers, it uses no GPU itself.
+    visible = engine_layout.visible_devices(config.parallel.gpus_per_node) if config.device == "cuda" else None
     node = int(os.environ.get("SLURM_PROCID", "0"))
     slots = engine_layout.node_slots(count=engine_layout.engine_count(rollout.num_gpus, rollout.tp), tp=rollout.tp,
                                      gpus_per_node=config.parallel.gpus_per_node, node=node, visible=visible)
@@ -311,7 +309,7 @@ def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
         if slot.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.devices
         command = [sys.executable, "-m", "gdnctl.runtime", *relaunch, "--engine", str(slot.engine)]
-        log_path = run_dir / "logs" / rollout_protocol.engine_file_name("rollout", slot.engine, ".log")
+        log_path = rollout_protocol.rollout_log(run_dir, slot.engine)
         on = "" if slot.devices is None else f" on GPUs {slot.devices}"
         print(f"gdnctl rollout: node {node} starts engine {slot.engine}{on} (log: {log_path})", flush=True)
         with log_path.open("ab") as log:
