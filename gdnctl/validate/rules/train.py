@@ -247,25 +247,25 @@ def vpp_not_built(run):
                     "Remove parallel.vpp; parallel.pp alone is built.")
 
 
-@rule("TRN010", Severity.ERROR, "gdnctl's trainer does not train LoRA adapters yet (train.lora)")
+@rule("TRN010", Severity.ERROR, "gdnctl's rl job does not train LoRA adapters yet (train.lora)")
 def lora_not_trained(run):
     """
-    What it checks: a training job with train.lora set.
+    What it checks: an rl job with train.lora set.
 
-    Why: the preset, the targets and their checks (TRN016-TRN018), the memory estimate of a frozen base with
-    adapters (plan/memory.py) and the adapters' Hugging Face layout and merge (runtime/model/lora_adapters.py) are
-    in place, but neither builder wraps the model in megatron-bridge's LoRA yet (runtime/model/builders.py calls
-    no megatron.bridge.peft), so the job would update every parameter while explain counts the adapters only.
+    Why: the sft and pretrain trainer wraps the megatron-bridge model in megatron-bridge's LoRA (runtime/model/
+    lora_wrap.py) and saves the adapters (runtime/model/lora_checkpoint.py), but the rl job's weight sync sends
+    the rollout whole base weights by their Hugging Face names and knows nothing of adapters: rl LoRA is not wired
+    yet, and the rollout would serve the base while the policy trained adapters.
 
-    Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no frozen base).
+    Source: gdnctl's runtime/rl/ (weight_sync.py and the policies export full weights, never adapters);
+    runtime/train/trainer.py refuses keep_initial_weights (the rl policy's KL reference) with LoRA.
 
-    Fix: remove train.lora (full-parameter training), or train adapters with megatron-bridge's PEFT recipes.
+    Fix: remove train.lora for full-parameter rl, or train the adapters with an sft job.
     """
-    if run.is_training and run.preset.train.lora is not None:
-        yield Issue("train.lora", "gdnctl's trainer does not add LoRA adapters yet: the job would update every "
-                                  "parameter while the memory estimate counts a frozen base and adapters.",
-                    "Remove train.lora for full-parameter training, or use megatron-bridge's PEFT recipes for "
-                    "adapters.")
+    if run.preset.job == "rl" and run.preset.train.lora is not None:
+        yield Issue("train.lora", "rl LoRA is not wired yet: the rl job's weight sync sends the rollout whole "
+                                  "weights, not adapters, so the rollout would serve the untrained base.",
+                    "Remove train.lora for full-parameter rl, or train the adapters with an sft job.")
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
@@ -495,6 +495,30 @@ def lora_qwen3_next(run):
                                   "recipe raises NotImplementedError (\"PEFT is not currently supported for "
                                   "Qwen3-Next models\").",
                     "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.")
+
+
+@rule("TRN022", Severity.ERROR, "LoRA needs a base checkpoint (model.path)")
+def lora_needs_base(run):
+    """
+    What it checks: a training job with train.lora and no model.path.
+
+    Why: LoRA trains adapters on a frozen base, so the base is the whole point, and gdnctl's LoRA checkpoints hold
+    the adapters and their optimizer state but not the base (runtime/model/lora_checkpoint.py): a resume, and the
+    smoke run's checkpoint round trip, load the base again from model.path and check it against the fingerprint
+    the checkpoint recorded. Random weights could not be loaded again, and adapters on a random base learn
+    nothing a later job can use.
+
+    Source: gdnctl's runtime/model/lora_checkpoint.py (what a LoRA checkpoint holds) and runtime/train/trainer.py
+    (the base is loaded from model.path before megatron-bridge's LoRA wraps it, as megatron-bridge's own finetune
+    loads the pretrained checkpoint in its PEFT pre-wrap hook: training/setup.py _create_peft_pre_wrap_hook,
+    0.6.2).
+
+    Fix: set model.path to the base checkpoint's directory, or remove train.lora.
+    """
+    if run.is_training and run.preset.train.lora is not None and run.preset.model.path is None:
+        yield Issue("model.path", "train.lora trains adapters on a frozen base, and model.path is unset, so the base "
+                                  "would be random weights that a resume cannot load again.",
+                    "Set model.path to the base checkpoint's directory, or remove train.lora.")
 
 
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
