@@ -16,6 +16,11 @@ What this rests on, read in megatron-bridge 0.6.2 (megatron/bridge/) and megatro
 - megatron-core distributed/distributed_data_parallel.py lines 114-116 and optimizer/__init__.py lines 329-331:
   DDP allocates gradient buffer space, and the optimizer builds parameter groups, only for parameters with
   requires_grad, so the frozen base has neither gradients nor Adam state (plan/memory.py counts it so).
+- Transformer Engine 2.20.2 touches a weight's `main_grad` (the DDP buffer weight-gradient fusion adds into) only
+  when the weight requires a gradient (transformer_engine/pytorch/module/linear.py lines 1077-1085 and 1168,
+  layernorm_linear.py line 542, grouped_linear.py line 582), so the frozen base linears need no gradient buffer
+  even with gradient_accumulation_fusion; megatron-core's finalize_model_grads skips a frozen tied embedding
+  (distributed/finalize_model_grads.py lines 250-257: "When the embedding is frozen, the grad is None").
 - peft/utils.py ParallelLinearAdapter.__init__ (lines 1006-1053): lora_A and lora_B are Megatron-Core's own
   ColumnParallelLinear / RowParallelLinear, built with the wrapped linear's config, so with
   gradient_accumulation_fusion and no APEX they meet the same build-time check as the output layer

@@ -215,3 +215,13 @@ def test_the_engine_config_names_megatron_bridges_target_modules(tmp_path):
     assert engine.train.lora.targets == list(lora.default_targets(run.model))
     assert engine.train.lora.target_modules == lora.megatron_target_modules(lora.default_targets(run.model))
     assert (engine.train.lora.rank, engine.train.lora.alpha, engine.train.lora.dropout) == (8, 16.0, 0.1)
+
+
+def test_an_adapters_only_checkpoint_named_as_model_path_says_where_the_model_is(tmp_path):
+    from gdnctl.runtime.model import checkpoint
+
+    adapters = {"model.layers.3.self_attn.q_proj.weight": Adapter(torch.zeros(2, 8), torch.zeros(6, 2))}
+    lora_checkpoint.write_peft(tmp_path, adapters, SPEC, base="/models/base", durable=False)
+    with pytest.raises(CheckpointError, match="holds LoRA adapters without the model .* at the base the adapters "
+                                              "were trained on, or at the LoRA run's last checkpoint"):
+        checkpoint.HFReader(tmp_path)
