@@ -32,6 +32,8 @@ order a GPU adds them in), so the same base gives the same fingerprint on any GP
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -45,10 +47,13 @@ from gdnctl.schema import EngineLora
 ADAPTER_DIR = "adapter"
 STATE_KEY = "lora"  # trainer_state.json's record of the adapters
 # megatron-bridge's HF names of an adapter's two matrices (models/conversion/peft_bridge.py
-# MEGATRON_TO_HF_LORA_SUFFIX, lines 91-94): `<HF weight without .weight>.lora_A.weight` and `.lora_B.weight`; a
-# routed experts' 3-D parameter (Qwen3.5-MoE's mlp.experts.gate_up_proj, with no `.weight`) gets the suffix
-# appended to its own name (_make_lora_param_name, lines 239-250), its A and B stacked per expert
-# (stream_adapter_weights_megatron_to_hf, lines 934-963).
+# MEGATRON_TO_HF_LORA_SUFFIX, lines 91-94): `<HF weight without .weight>.lora_A.weight` and `.lora_B.weight`. A
+# grouped-GEMM routed expert's adapter is exported in the layout of the bridge's expert mapping
+# (stream_adapter_weights_megatron_to_hf, lines 885-1019): per expert (`mlp.experts.N.gate_proj` / `up_proj` /
+# `down_proj`, 2-D) when the mapping is per-expert, stacked per expert under the 3-D parameter's own name
+# (`mlp.experts.gate_up_proj`, _make_lora_param_name lines 239-250) when it is fused. Which one is
+# models/conversion/utils.py moe_experts_stored_packed (lines 320-355): the checkpoint's keys decide, and without
+# them (gdnctl's bridge is built from a config, runtime/model/bridge.py) the default is per-expert.
 LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
 # Elements hashed per piece of a large tensor (the int64 copy of a piece is 8 bytes an element).
 FINGERPRINT_PIECE = 1 << 26
@@ -70,8 +75,9 @@ def adapters_from_hf(pairs: Iterable[tuple[str, torch.Tensor]],
                      rename: Callable[[str], str] = lambda name: name) -> dict[str, Adapter]:
     """megatron-bridge's exported adapter tensors (`X.lora_A.weight`, `X.lora_B.weight`) as lora_adapters.Adapter
     by the HF weight they adapt: `X.weight` for a module's 2-D weight, `X` itself for a routed experts' 3-D
-    parameter (A and B then one per expert, experts first). `rename` maps a text-model name to the name the base
-    checkpoint stores it under (a vision-language class keeps the language model under its own prefix)."""
+    parameter (A and B then one per expert, experts first), per-expert routed adapters fused into those
+    (fused_routed_experts). `rename` maps a text-model name to the name the base checkpoint stores it under (a
+    vision-language class keeps the language model under its own prefix)."""
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in pairs:
         for suffix, half in ((LORA_A, "a"), (LORA_B, "b")):
@@ -85,8 +91,61 @@ def adapters_from_hf(pairs: Iterable[tuple[str, torch.Tensor]],
         if set(pair) != {"a", "b"}:
             raise ValueError(f"megatron-bridge exported only lora_{'A' if 'a' in pair else 'B'} of {base}")
         weight = base if pair["a"].dim() == 3 else f"{base}.weight"
-        adapters[rename(weight)] = Adapter(pair["a"], pair["b"])
-    return adapters
+        adapters[weight] = Adapter(pair["a"], pair["b"])
+    return {rename(name): adapter for name, adapter in fused_routed_experts(adapters).items()}
+
+
+# A routed expert's projection as a per-expert export names it (text-model names).
+_ROUTED_EXPERT = re.compile(r"(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\."
+                            r"(?P<projection>gate_proj|up_proj|down_proj)\.weight")
+
+
+def fused_routed_experts(adapters: Mapping[str, Adapter]) -> dict[str, Adapter]:
+    """Per-expert adapters of the routed experts (`X.mlp.experts.N.gate_proj.weight`, `up_proj`, `down_proj`) as
+    adapters of the two 3-D parameters transformers 5's Qwen3.5-MoE class holds, which `peft` targets:
+    `X.mlp.experts.gate_up_proj` (experts x 2I x H: every expert's gate rows, then its up rows, as transformers
+    fuses a per-expert checkpoint) and `X.mlp.experts.down_proj`, A and B stacked over experts 0..E-1. The other
+    adapters are returned as they are.
+
+    Exact: Megatron's linear_fc1 adapter is one lora_A for the fused gate and up weight and one lora_B whose rows
+    are gate's then up's, and megatron-bridge exports it as gate_proj and up_proj with that same A and the two
+    halves of B (peft_bridge.py _get_fused_adapter_linear_out_slices, _split_fused_fc1_linear_out_weight), so
+    stacking A once and concatenating B's halves gives back exactly the adapter of the fused weight."""
+    kept: dict[str, Adapter] = {}
+    experts: dict[str, dict[int, dict[str, Adapter]]] = defaultdict(lambda: defaultdict(dict))
+    for name, adapter in adapters.items():
+        match = _ROUTED_EXPERT.fullmatch(name)
+        if match is None or adapter.a.dim() != 2:
+            kept[name] = adapter
+        else:
+            experts[match["experts"]][int(match["index"])][match["projection"]] = adapter
+    for prefix, by_expert in experts.items():
+        indices = sorted(by_expert)
+        projections = {frozenset(found) for found in by_expert.values()}
+        if indices != list(range(len(indices))) or len(projections) != 1:
+            raise ValueError(f"megatron-bridge exported adapters of {prefix} for experts {indices} with projections "
+                             f"{sorted(sorted(found) for found in projections)}, not the same projections of every "
+                             "expert 0..E-1; use the megatron-bridge version the preset's runtime.megatron_bridge "
+                             "names.")
+        found = next(iter(projections))
+        if found & {"gate_proj", "up_proj"}:
+            if not {"gate_proj", "up_proj"} <= found:
+                raise ValueError(f"megatron-bridge exported {prefix}'s {' '.join(sorted(found))} adapters, which "
+                                 "cannot be fused into gate_up_proj without both gate_proj and up_proj; use the "
+                                 "megatron-bridge version the preset's runtime.megatron_bridge names.")
+            for index in indices:
+                if not torch.equal(by_expert[index]["gate_proj"].a, by_expert[index]["up_proj"].a):
+                    raise ValueError(f"megatron-bridge exported different lora_A for {prefix}.{index}.gate_proj and "
+                                     "up_proj, which one fused adapter cannot hold; use the megatron-bridge version "
+                                     "the preset's runtime.megatron_bridge names.")
+            kept[f"{prefix}.gate_up_proj"] = Adapter(
+                torch.stack([by_expert[index]["gate_proj"].a for index in indices]),
+                torch.stack([torch.cat([by_expert[index]["gate_proj"].b, by_expert[index]["up_proj"].b])
+                             for index in indices]))
+        if "down_proj" in found:
+            kept[f"{prefix}.down_proj"] = Adapter(torch.stack([by_expert[index]["down_proj"].a for index in indices]),
+                                                  torch.stack([by_expert[index]["down_proj"].b for index in indices]))
+    return kept
 
 
 # --- trainer_state.json's record ------------------------------------------------------------------------------

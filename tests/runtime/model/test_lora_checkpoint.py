@@ -16,6 +16,7 @@ from gdnctl.knowledge import lora
 from gdnctl.runtime.model import lora_checkpoint
 from gdnctl.runtime.model.checkpoint_layout import CheckpointError
 from gdnctl.runtime.model.lora_adapters import CONFIG_FILE, Adapter, merged_state
+from gdnctl.runtime.model.lora_checkpoint import LORA_A, LORA_B
 from gdnctl.runtime.model.lora_wrap import trainable
 from gdnctl.runtime.model.megatron_config import ModelBuildError
 from gdnctl.runtime.model.passthrough import HFSource
@@ -27,10 +28,11 @@ SPEC = EngineLora(rank=4, alpha=ALPHA, dropout=0.0, targets=["attention_qkv", "m
 
 
 def _as_bridge_exports(adapters: dict[str, Adapter]) -> list[tuple[str, torch.Tensor]]:
-    """The adapters as megatron-bridge 0.6.2's export_adapter_weights yields them: `X.lora_A.weight` and
-    `X.lora_B.weight` for a module's weight X.weight; for a routed experts' 3-D parameter P (no `.weight`), P.lora_A
-    and P.lora_B stacked per expert (models/conversion/peft_bridge.py _make_lora_param_name and
-    stream_adapter_weights_megatron_to_hf)."""
+    """The adapters as megatron-bridge 0.6.2's export_adapter_weights yields them with a fused expert mapping (a
+    bridge that read a checkpoint storing experts.gate_up_proj): `X.lora_A.weight` and `X.lora_B.weight` for a
+    module's weight X.weight; for a routed experts' 3-D parameter P (no `.weight`), P.lora_A and P.lora_B stacked
+    per expert (models/conversion/peft_bridge.py _make_lora_param_name and stream_adapter_weights_megatron_to_hf).
+    gdnctl's bridge, built from a config, exports them per expert instead (the test below)."""
     pairs = []
     for name, adapter in adapters.items():
         base = name.removesuffix(".weight") if adapter.a.dim() == 2 else name
@@ -60,6 +62,97 @@ def test_the_exported_adapters_load_with_peft_and_give_the_merged_models_logits(
     tokens = torch.randint(0, arch.vocab_size, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(adapted(tokens).logits, merged(tokens).logits, atol=2e-5, rtol=1e-4)
+
+
+def _per_expert_bridge_exports(arch, state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """Random routed-expert adapters as megatron-bridge 0.6.2 exports them through a per-expert mapping (what
+    gdnctl's config-built bridge has: models/conversion/utils.py moe_experts_stored_packed defaults to per-expert):
+    Megatron's linear_fc1 adapter (one A, B over gate's rows then up's) as experts.N.gate_proj and up_proj with
+    that A and the halves of B (peft_bridge.py _split_fused_fc1_linear_out_weight), linear_fc2's as down_proj; and
+    one attention adapter, which passes through as it is."""
+    rank, pairs = 4, []
+    for name, tensor in state.items():
+        if not name.endswith(".mlp.experts.gate_up_proj"):
+            continue
+        prefix = name.removesuffix(".gate_up_proj")
+        experts, fused, hidden = tensor.shape
+        inner = state[f"{prefix}.down_proj"].shape[2]
+        for expert in range(experts):
+            a, b = 0.1 * torch.randn(rank, hidden), 0.1 * torch.randn(fused, rank)
+            one = f"{prefix}.{expert}"
+            pairs += [(f"{one}.gate_proj{LORA_A}", a), (f"{one}.gate_proj{LORA_B}", b[:fused // 2]),
+                      (f"{one}.up_proj{LORA_A}", a.clone()), (f"{one}.up_proj{LORA_B}", b[fused // 2:]),
+                      (f"{one}.down_proj{LORA_A}", 0.1 * torch.randn(rank, inner)),
+                      (f"{one}.down_proj{LORA_B}", 0.1 * torch.randn(hidden, rank))]
+    q_proj = "model.layers.3.self_attn.q_proj"
+    fan_out, fan_in = state[f"{q_proj}.weight"].shape
+    return pairs + [(f"{q_proj}{LORA_A}", 0.1 * torch.randn(rank, fan_in)),
+                    (f"{q_proj}{LORA_B}", 0.1 * torch.randn(fan_out, rank))]
+
+
+def test_per_expert_exports_become_the_fused_experts_adapters_that_peft_loads(tmp_path):
+    """The expected model is built without gdnctl's fusing: each per-expert adapter is merged into the per-expert
+    tensor of the same name in the checkpoint transformers' save_pretrained writes, and transformers fuses the
+    experts when it loads that checkpoint. `peft` must give its logits from the fused adapters gdnctl writes."""
+    import peft
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from gdnctl.runtime.model.lora_adapters import merge
+
+    torch.manual_seed(0)
+    base = _hf_model(TINY_MOE)
+    base.save_pretrained(tmp_path / "base")
+    pairs = _per_expert_bridge_exports(TINY_MOE, base.state_dict())
+    stored = {name: tensor for file in sorted((tmp_path / "base").glob("*.safetensors"))
+              for name, tensor in load_file(str(file)).items()}
+    assert "model.layers.0.mlp.experts.1.gate_proj.weight" in stored  # save_pretrained writes experts per expert
+    exported = dict(pairs)
+    merged = {name: merge(tensor, Adapter(exported[f"{name.removesuffix('.weight')}{LORA_A}"],
+                                          exported[f"{name.removesuffix('.weight')}{LORA_B}"]), ALPHA)
+              if f"{name.removesuffix('.weight')}{LORA_A}" in exported else tensor for name, tensor in stored.items()}
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "merged" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
+    save_file(merged, str(tmp_path / "merged" / "model.safetensors"), metadata={"format": "pt"})
+
+    adapters = lora_checkpoint.adapters_from_hf(pairs)
+    routed = sorted(name for name in adapters if ".mlp.experts." in name)
+    assert routed and all(name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for name in routed)
+    assert "model.layers.3.self_attn.q_proj.weight" in adapters
+    spec = SPEC.model_copy(update={"rank": 4, "targets": ["attention_qkv", "experts"]})
+    lora_checkpoint.write_peft(tmp_path, adapters, spec, base=str(tmp_path / "base"), durable=False)
+    config = json.loads((tmp_path / "adapter" / CONFIG_FILE).read_text())
+    assert config["target_parameters"] == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    tokens = torch.randint(0, TINY_MOE.vocab_size, (2, 12))
+    with torch.no_grad():
+        got, want = adapted(tokens).logits, expected(tokens).logits
+    assert not torch.allclose(want, _hf_model_logits(tmp_path / "base", tokens), atol=1e-3)  # the adapters show
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def _hf_model_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()(tokens).logits
+
+
+def test_per_expert_adapters_that_do_not_fuse_are_refused():
+    a = torch.zeros(2, 8)
+    gate_only = {f"model.layers.0.mlp.experts.{expert}.gate_proj.weight": Adapter(a, torch.zeros(4, 2))
+                 for expert in range(2)}
+    with pytest.raises(ValueError, match="without both gate_proj and up_proj"):
+        lora_checkpoint.fused_routed_experts(gate_only)
+    gaps = {"model.layers.0.mlp.experts.1.down_proj.weight": Adapter(torch.zeros(2, 4), torch.zeros(8, 2))}
+    with pytest.raises(ValueError, match=r"for experts \[1\]"):
+        lora_checkpoint.fused_routed_experts(gaps)
+    other_a = {f"model.layers.0.mlp.experts.0.{p}.weight": Adapter(torch.randn(2, 8), torch.zeros(4, 2))
+               for p in ("gate_proj", "up_proj")}
+    with pytest.raises(ValueError, match="different lora_A"):
+        lora_checkpoint.fused_routed_experts(other_a)
 
 
 def test_the_adapters_take_the_base_checkpoints_names():
