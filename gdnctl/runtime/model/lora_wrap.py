@@ -77,14 +77,19 @@ def trainable(parameters: Iterable[tuple[str, bool, int]]) -> Trainable:
         else:
             frozen += numel
     if base_training:
-        raise ModelBuildError(f"megatron-bridge's LoRA left base parameters trainable ({', '.join(base_training[:3])}"
-                              f"{', ...' if len(base_training) > 2 else ''}), so train.lora would update the base; "
-                              "use the megatron-bridge version the preset's runtime.megatron_bridge names.")
+        raise ModelBuildError(f"megatron-bridge's LoRA left base parameters trainable ({_some(base_training)}), so "
+                              "train.lora would update the base; use the megatron-bridge version the preset's "
+                              "runtime.megatron_bridge names.")
     if adapters_frozen:
-        raise ModelBuildError(f"megatron-bridge's LoRA built frozen adapters ({', '.join(adapters_frozen[:3])}), so "
+        raise ModelBuildError(f"megatron-bridge's LoRA built frozen adapters ({_some(adapters_frozen)}), so "
                               "train.lora would train nothing; use the megatron-bridge version the preset's "
                               "runtime.megatron_bridge names.")
     return Trainable(tuple(adapters), adapter_params, frozen)
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first names, and `...` when there are more."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def make_lora(spec: EngineLora):

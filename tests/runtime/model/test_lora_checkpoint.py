@@ -232,6 +232,14 @@ def test_only_adapters_train():
     assert found.frozen_params == 8 * 12 + 8 * 16 + 2 * 8
 
 
+def test_the_refusal_names_three_trainable_base_parameters_and_says_when_there_are_more():
+    names = [(f"layer{index}.weight", True, 4) for index in range(3)]
+    with pytest.raises(ModelBuildError, match=r"\(layer0.weight, layer1.weight, layer2.weight\), so"):
+        trainable(names)
+    with pytest.raises(ModelBuildError, match=r"layer2.weight, \.\.\.\), so"):
+        trainable([*names, ("layer3.weight", True, 4)])
+
+
 def test_a_trainable_base_or_a_frozen_adapter_stops_the_build():
     model = _model()
     model.norm.weight.requires_grad_(True)
