@@ -300,8 +300,11 @@ class Trainer:
         LoRA (every base parameter frozen) and, on a resume, put the checkpoint's adapters in; all before DDP and
         the optimizer, which then hold the adapters alone (runtime/model/lora_wrap.py)."""
         if self.keep_initial_weights:
-            raise TrainerError("train.lora is set for an rl job, and rl LoRA is not wired yet (TRN010): the weight "
-                               "sync sends the rollout whole weights; remove train.lora.")
+            # A programming error, not a setting: MegatronPolicy asks for no copy with train.lora.
+            raise TrainerError("keep_initial_weights copies every parameter as the rl policy's KL reference, and with "
+                               "train.lora that reference is the frozen base with the adapters switched off "
+                               "(runtime/rl/megatron_policy.py); build the Trainer without keep_initial_weights when "
+                               "train.lora is set.")
         if base is None:
             raise TrainerError("train.lora trains adapters on a frozen base, and model.path is unset (TRN022); set "
                                "model.path to the base checkpoint's directory.")

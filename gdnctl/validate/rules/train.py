@@ -247,25 +247,29 @@ def vpp_not_built(run):
                     "Remove parallel.vpp; parallel.pp alone is built.")
 
 
-@rule("TRN010", Severity.ERROR, "gdnctl's rl job does not train LoRA adapters yet (train.lora)")
+@rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
 def lora_not_trained(run):
     """
-    What it checks: an rl job with train.lora set.
+    What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
-    Why: the sft and pretrain trainer wraps the megatron-bridge model in megatron-bridge's LoRA (runtime/model/
-    lora_wrap.py) and saves the adapters (runtime/model/lora_checkpoint.py), but the rl job's weight sync sends
-    the rollout whole base weights by their Hugging Face names and knows nothing of adapters: rl LoRA is not wired
-    yet, and the rollout would serve the base while the policy trained adapters.
+    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/torch_policy.py), which wraps
+    nothing in adapters: it would update every parameter while explain and the memory estimate count the adapters
+    alone. On GPUs the rl policy is the trainer's megatron-bridge model, which wraps the base in megatron-bridge's
+    LoRA (runtime/model/lora_wrap.py); its weight sync sends the rollout megatron-bridge's export, which merges the
+    adapters into the base tensors, and its KL reference is the base with the adapters switched off
+    (runtime/rl/megatron_policy.py). TRN016 refuses LoRA with the TE-free builder on GPUs.
 
-    Source: gdnctl's runtime/rl/ (weight_sync.py and the policies export full weights, never adapters);
-    runtime/train/trainer.py refuses keep_initial_weights (the rl policy's KL reference) with LoRA.
+    Source: gdnctl's runtime/rl/policy.py (device cpu takes TorchPolicy) and runtime/rl/torch_policy.py (no
+    adapters); megatron-bridge 0.6.2 models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights
+    defaults to True) for the GPU policy's sync.
 
-    Fix: remove train.lora for full-parameter rl, or train the adapters with an sft job.
+    Fix: run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter rl on CPU.
     """
-    if run.preset.job == "rl" and run.preset.train.lora is not None:
-        yield Issue("train.lora", "rl LoRA is not wired yet: the rl job's weight sync sends the rollout whole "
-                                  "weights, not adapters, so the rollout would serve the untrained base.",
-                    "Remove train.lora for full-parameter rl, or train the adapters with an sft job.")
+    if run.preset.job == "rl" and run.preset.train.lora is not None and run.gpu.sm is None:
+        yield Issue("train.lora", "gdnctl's CPU rl policy (transformers in plain torch) adds no LoRA adapters, so it "
+                                  "would update every parameter while the memory estimate counts the adapters alone.",
+                    "Run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for "
+                    "full-parameter rl on CPU.")
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")

@@ -179,7 +179,7 @@ def preset_dicts(draw, root: Path) -> dict:
         "distributed_optimizer": draw(st.booleans()),
         "optimizer_cpu_offload": draw(st.sampled_from([True, True, False])),
     }
-    # LoRA leaves the TransformerConfig as it is (megatron-bridge wraps the built model); TRN010 (rl), TRN016
+    # LoRA leaves the TransformerConfig as it is (megatron-bridge wraps the built model); TRN010 (CPU rl), TRN016
     # (TE-free) and TRN022 (no model.path) refuse some of these draws: a few draws show both outcomes.
     if draw(st.integers(0, 11)) == 0:
         train["lora"] = {"rank": 8, "alpha": 16}
