@@ -49,7 +49,7 @@ STATE_KEY = "lora"  # trainer_state.json's record of the adapters
 # megatron-bridge's HF names of an adapter's two matrices (models/conversion/peft_bridge.py
 # MEGATRON_TO_HF_LORA_SUFFIX, lines 91-94): `<HF weight without .weight>.lora_A.weight` and `.lora_B.weight`. A
 # grouped-GEMM routed expert's adapter is exported in the layout of the bridge's expert mapping
-# (stream_adapter_weights_megatron_to_hf, lines 885-1019): per expert (`mlp.experts.N.gate_proj` / `up_proj` /
+# (stream_adapter_weights_megatron_to_hf, lines 843-1019): per expert (`mlp.experts.N.gate_proj` / `up_proj` /
 # `down_proj`, 2-D) when the mapping is per-expert, stacked per expert under the 3-D parameter's own name
 # (`mlp.experts.gate_up_proj`, _make_lora_param_name lines 239-250) when it is fused. Which one is
 # models/conversion/utils.py moe_experts_stored_packed (lines 320-355): the checkpoint's keys decide, and without
@@ -85,11 +85,13 @@ def adapters_from_hf(pairs: Iterable[tuple[str, torch.Tensor]],
                 halves.setdefault(name.removesuffix(suffix), {})[half] = tensor
                 break
         else:
-            raise ValueError(f"megatron-bridge exported {name}, which is neither a lora_A nor a lora_B weight")
+            raise ValueError(f"megatron-bridge exported {name}, which is neither a lora_A nor a lora_B weight; use the "
+                             "megatron-bridge version the preset's runtime.megatron_bridge names.")
     adapters = {}
     for base, pair in halves.items():
         if set(pair) != {"a", "b"}:
-            raise ValueError(f"megatron-bridge exported only lora_{'A' if 'a' in pair else 'B'} of {base}")
+            raise ValueError(f"megatron-bridge exported only lora_{'A' if 'a' in pair else 'B'} of {base}; use the "
+                             "megatron-bridge version the preset's runtime.megatron_bridge names.")
         weight = base if pair["a"].dim() == 3 else f"{base}.weight"
         adapters[weight] = Adapter(pair["a"], pair["b"])
     return {rename(name): adapter for name, adapter in fused_routed_experts(adapters).items()}
