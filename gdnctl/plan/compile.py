@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from gdnctl import __version__
+from gdnctl.knowledge import lora
 from gdnctl.plan.decisions import environment, kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
@@ -20,6 +21,7 @@ from gdnctl.schema import (
     EngineEval,
     EngineGrpo,
     EngineKernels,
+    EngineLora,
     EngineMetrics,
     EngineParallel,
     EngineRollout,
@@ -27,6 +29,15 @@ from gdnctl.schema import (
     EngineSpeed,
     EngineTrain,
 )
+
+
+def _lora(run: Run) -> EngineLora | None:
+    spec = run.preset.train.lora
+    if spec is None:
+        return None
+    targets = run.lora_targets.value
+    return EngineLora(rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout, targets=list(targets),
+                      target_modules=lora.megatron_target_modules(targets))
 
 
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
@@ -80,7 +91,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         train=EngineTrain(
             precision=t.precision,
             model_builder=run.model_builder.value, model_builder_reason=run.model_builder.reason,
-            lora_rank=t.lora.rank if t.lora else None, lora_alpha=t.lora.alpha if t.lora else None,
+            lora=_lora(run),
             micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
             seq_length=t.seq_length, num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
             lr=t.lr, lr_warmup_steps=run.lr_schedule["warmup_steps"].value,

@@ -96,6 +96,11 @@ def _lora(run: Run) -> list[Derived]:
                 f"rank {spec.rank} x (in + out features) of every wrapped linear, each routed expert its own "
                 f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
                 f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}"),
+        Derived("lora.checkpoints", "adapters and their optimizer state at every save; the merged model at the last",
+                "the base is model.path's and does not change, so a save holds adapter/ in the peft layout and each "
+                "rank's adapter tensors, and a resume loads model.path again and checks it against the base's "
+                "fingerprint the checkpoint recorded; the last step's save also writes base + (alpha / rank)·B·A as "
+                "a full HF checkpoint (runtime/model/lora_checkpoint.py)"),
     ]
 
 

@@ -19,6 +19,7 @@ from gdnctl.schema.engine import (
     EngineEval,
     EngineGrpo,
     EngineKernels,
+    EngineLora,
     EngineMetrics,
     EngineParallel,
     EngineRollout,
@@ -32,7 +33,7 @@ from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured
 
 __all__ = ["CommProfile", "DEFAULT_PROFILE_SUBDIR", "ENGINE_CONFIG_VERSION", "EngineComm", "EngineConfig",
            "EngineEstimate", "EngineEval", "EngineGrpo",
-           "EngineKernels", "EngineMetrics", "EngineParallel", "EngineRollout",
+           "EngineKernels", "EngineLora", "EngineMetrics", "EngineParallel", "EngineRollout",
            "EngineSelftest", "EngineSpeed", "EngineTrain", "LOCAL_EXIT_FILE", "LocalExit", "PROFILE_FILE_PATTERN",
            "PROFILE_FORMAT",
            "PROFILE_VERSION", "Preset",

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 10  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 11  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
-# 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto)
+# 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps)
 
 
 class _Frozen(BaseModel):
@@ -39,13 +39,24 @@ class EngineParallel(_Frozen):
     sequence_parallel: bool
 
 
+class EngineLora(_Frozen):
+    """The LoRA adapters the trainer adds to the frozen base (runtime/model/lora_wrap.py)."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    # The readable targets (knowledge/lora.py TARGETS) and the megatron-bridge LoRA target_modules they become.
+    targets: list[str]
+    target_modules: list[str]
+
+
 class EngineTrain(_Frozen):
     precision: str
     # Who builds the Megatron model (runtime/model/builders.py), and why (from the preset's runtime:).
     model_builder: Literal["megatron-bridge", "te-free"]
     model_builder_reason: str
-    lora_rank: int | None
-    lora_alpha: float | None
+    # None: every parameter trains.
+    lora: EngineLora | None = None
     micro_batch_size: int
     global_batch_size: int
     seq_length: int

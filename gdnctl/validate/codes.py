@@ -121,6 +121,7 @@ CODES: dict[str, str] = {
     "TRN019": "lora_qwen3_next_shared_expert",
     "TRN020": "lora_qwen3_next",
     "TRN021": "cuda_graphs_cannot_capture",
+    "TRN022": "lora_needs_base",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

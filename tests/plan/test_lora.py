@@ -111,6 +111,7 @@ def test_explain_shows_the_targets_and_the_adapter_count():
     expected = memory.count_lora_params(run.model, tuple(shown["lora.targets"].value), 8).total
     assert shown["lora.adapter_params"].value == f"{expected:,}"
     assert "alpha / rank = 2" in shown["lora.adapter_params"].reason
+    assert shown["lora.checkpoints"].value.endswith("the merged model at the last")
 
 
 def test_a_dense_model_refuses_the_expert_targets_by_position():

@@ -33,7 +33,7 @@ def tiny_engine_config(**overrides: Any) -> EngineConfig:
         "layout": "thd",
         "train": {
             "precision": "bf16", "model_builder": "te-free",
-            "model_builder_reason": "runtime.transformer_engine is none", "lora_rank": None, "lora_alpha": None,
+            "model_builder_reason": "runtime.transformer_engine is none", "lora": None,
             "micro_batch_size": 1,
             "global_batch_size": 2, "seq_length": 128, "num_microbatches": 2, "lr": 1e-4, "train_iters": 1,
             "seed": 1234, "recompute": "none", "optimizer_cpu_offload": False, "distributed_optimizer": True,

@@ -149,18 +149,44 @@ class BridgeModel:
                                   "set runtime.transformer_engine: none to use gdnctl's TE-free builder.")
 
     def build(self, *, pre_process: bool, post_process: bool):
-        from gdnctl.runtime.model import wgrad_fusion
-
-        fuse_without_apex = self.config.speed.wgrad_fusion and not wgrad_fusion.apex_fused_wgrad_available()
-        with wgrad_fusion.building_with_wgrad_fusion() if fuse_without_apex else contextlib.nullcontext():
+        with self._non_te_linears_built():
             model = self.transformer.provide(pre_process=pre_process, post_process=post_process).cuda()
-        if fuse_without_apex:
-            wgrad_fusion.unfuse_non_te_linears(model)
+        self._unfuse_non_te_linears(model)
         if self.config.kernels.attention == "torch":
             from gdnctl.runtime.model.core_attention import replace_core_attention
 
             replace_core_attention(model)
         return model
+
+    def add_lora(self, model):
+        """Freeze the built, loaded model and wrap its targeted linears in megatron-bridge's LoRA (train.lora),
+        before DDP and the optimizer are built (lora_wrap.py says why); returns what trains on this rank. The
+        adapters' own linears are Megatron-Core's non-TE ones, so they are built and unfused as the output
+        layer is (wgrad_fusion.py)."""
+        from gdnctl.runtime.model.lora_wrap import apply_lora
+
+        assert self.config.train.lora is not None
+        with self._non_te_linears_built():
+            trained = apply_lora(model, self.config.train.lora)
+        self._unfuse_non_te_linears(model)
+        return trained
+
+    def _fuses_without_apex(self) -> bool:
+        from gdnctl.runtime.model import wgrad_fusion
+
+        return self.config.speed.wgrad_fusion and not wgrad_fusion.apex_fused_wgrad_available()
+
+    def _non_te_linears_built(self):
+        """While Megatron-Core's non-TE linears are built: its APEX check passes when gdnctl fuses without APEX."""
+        from gdnctl.runtime.model import wgrad_fusion
+
+        return wgrad_fusion.building_with_wgrad_fusion() if self._fuses_without_apex() else contextlib.nullcontext()
+
+    def _unfuse_non_te_linears(self, model) -> None:
+        from gdnctl.runtime.model import wgrad_fusion
+
+        if self._fuses_without_apex():
+            wgrad_fusion.unfuse_non_te_linears(model)
 
     # --- HF weights ---------------------------------------------------------------------------------------
     def load(self, model, directory: Path) -> int:
@@ -175,6 +201,12 @@ class BridgeModel:
         every rank receives every tensor, on the CPU)."""
         yield from as_stored_in_hf(self.config.model,
                                    self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False))
+
+    def export_adapters(self, model) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapters alone, in HF names (`<weight>.lora_A.weight` / `.lora_B.weight`), gathered over the
+        parallel groups onto the CPU (collective: all ranks iterate; megatron-bridge 0.6.2
+        models/conversion/auto_bridge.py export_adapter_weights, lines 782-811)."""
+        yield from self.bridge.export_adapter_weights([_unwrapped(model)], cpu=True, show_progress=False)
 
     def hf_tensors(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model on this rank's GPU (collective: every rank receives every tensor)."""

@@ -6,7 +6,9 @@ quietly switching to the other, because the two do not allow the same settings (
 Each builder: `transformer` (the Megatron TransformerConfig the model was built from), `build(pre_process,
 post_process)`, `load(model, directory)` (HF checkpoint -> this rank's shards, returns a tensor count) and
 `save(model, directory, source, durable=...)` (collective; writes an HF checkpoint shaped like the
-`passthrough.HFSource` and returns the files this rank wrote).
+`passthrough.HFSource` and returns the files this rank wrote); `add_lora(model)` wraps the loaded model in
+train.lora's adapters (megatron-bridge only: TRN016 refuses LoRA with the TE-free builder) and
+`export_adapters(model)` yields them in HF names.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class TeFreeModel:
 
     def load(self, model, directory: Path) -> int:
         return checkpoint.load_hf(model, self.config.model, self._place(), directory)
+
+    def add_lora(self, model):
+        raise ModelBuildError("train.lora needs megatron-bridge's LoRA, which needs Transformer Engine, and the "
+                              "engine config names gdnctl's TE-free builder; name the trainer's Transformer Engine "
+                              "in runtime.transformer_engine, or remove train.lora.")
 
     def hf_tensors(self, model):
         """Every HF tensor on this rank's GPU (collective; whole only with pp == ep == 1: checkpoint.iter_hf)."""

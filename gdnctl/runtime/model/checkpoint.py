@@ -70,6 +70,8 @@ from gdnctl.runtime.model.hf_weights import (
     group_rank_and_size,
     rules_for,
 )
+from gdnctl.runtime.model.lora_adapters import CONFIG_FILE as ADAPTER_CONFIG
+from gdnctl.runtime.model.lora_checkpoint import ADAPTER_DIR
 from gdnctl.runtime.model.passthrough import PASSTHROUGH_FILE, HFSource, source_checkpoint, write_passthrough
 from gdnctl.runtime.model.resume_choice import latest_checkpoint  # noqa: F401 (re-exported)
 from gdnctl.runtime.model.training_state import (  # noqa: F401 (re-exported)
@@ -289,6 +291,10 @@ def _weight_map(directory: Path) -> dict[str, str]:
         except (SafetensorError, OSError) as error:
             raise CheckpointError(f"{directory / SINGLE_FILE} cannot be read as safetensors ({error}); "
                                   f"{RESTORE}.") from None
+    if (directory / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
+        raise CheckpointError(f"{directory} holds LoRA adapters without the model (a LoRA run writes the merged model "
+                              "only at its last step); point model.path at the base the adapters were trained on, "
+                              "or at the LoRA run's last checkpoint for the merged model.")
     raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
                           "an HF checkpoint directory with safetensors weights.")
 

@@ -14,7 +14,17 @@ The KL reference (grpo.kl_coef > 0) is the policy as the job first started: mode
 init, also after a resume. It is kept as a copy of this rank's parameters in pinned host memory, not as a second
 model on the GPU; its log-probs come from a forward-only pass with those weights copied in, and the current
 weights copied back after (slime swaps its reference the same way). That costs two host-device copies of the
-rank's parameters per step instead of a second model's GPU memory.
+rank's parameters per step instead of a second model's GPU memory. With train.lora the policy is megatron-bridge's
+LoRA on a frozen base (runtime/model/lora_wrap.py), and the reference is that base: the adapters are switched off
+for the reference's forward instead (nothing is copied).
+
+With train.lora the rollout still gets whole HF weights, with the adapters merged in: the builder's export is
+megatron-bridge's export_hf_weights, whose merge_adapter_weights defaults to True (megatron-bridge 0.6.2
+models/conversion/auto_bridge.py lines 631-696, model_bridge.py stream_weights_megatron_to_hf lines 1323-1405),
+and the merge adds (alpha / rank) B A to a copy of the base tensor (peft_bridge.py _merge_single_adapter_weight,
+peft/lora_merge.py LoRAMerge.merge returns base + delta), so every export merges once and never changes the model.
+The disk, CUDA IPC and broadcast transports all send that export (`export`, `hf_tensors`), so their per-parameter
+checksums and the probe check the merged weights as they check full ones.
 """
 
 from __future__ import annotations
@@ -39,10 +49,15 @@ class MegatronPolicy:
         from gdnctl.runtime.train import Trainer
 
         self.config = config
-        self.trainer = Trainer(config, config_path, comm_policy, keep_initial_weights=config.grpo.kl_coef > 0)
+        lora = config.train.lora is not None
+        # A LoRA policy's reference is its frozen base, reached by switching the adapters off (_reference_weights):
+        # no copy of the weights is kept.
+        self.trainer = Trainer(config, config_path, comm_policy,
+                               keep_initial_weights=config.grpo.kl_coef > 0 and not lora)
         self.trainer.setup()
         self.trainer.warm_up_kernel()
-        self.reference = self.trainer.initial_weights
+        self.has_reference = config.grpo.kl_coef > 0
+        self.reference = self.trainer.initial_weights  # None with train.lora
         # Where the current weights wait while the reference's are in the model (allocated once).
         self._parked = None if self.reference is None else {
             name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
@@ -78,6 +93,10 @@ class MegatronPolicy:
 
         The copies are queued on the current stream, so the GPU runs them in order with the forward between
         them; the parked buffers are pinned, so the device-to-host copies do not block the host either."""
+        if self.reference is None:  # train.lora: the base is the reference
+            with _adapters_off(self.trainer.model.module):
+                yield
+            return
         params = dict(self.trainer.model.module.named_parameters())
         with torch.no_grad():
             for name, reference in self.reference.items():
@@ -134,7 +153,7 @@ class MegatronPolicy:
         if lr is not None:
             set_lr(self.optimizer, lr)
         references = [None] * len(micro_batches)
-        if self.reference is not None:
+        if self.has_reference:
             references = self._reference_token_losses(micro_batches, forward_backward)
         olds = old_logprobs if old_logprobs is not None else [None] * len(micro_batches)
         trainer.model.zero_grad_buffer()
@@ -185,7 +204,7 @@ class MegatronPolicy:
         if settings.rollout_correction:
             stats["tis_mean"] = float(totals[7] / totals[3].clamp(min=1))
             stats["tis_capped_fraction"] = float(totals[8] / totals[3].clamp(min=1))
-        if self.reference is not None:
+        if self.has_reference:
             # kl sums are count-weighted like the loss, so this is the batch's KL, aggregated like the loss.
             stats["kl"] = float(totals[4] / totals[1].clamp(min=1))
         return stats
@@ -209,6 +228,27 @@ class MegatronPolicy:
     def save(self, save_dir: Path, step: int) -> None:
         self.trainer.iteration = step
         self.trainer.save(save_dir)
+
+
+@contextmanager
+def _adapters_off(model) -> Iterator[None]:
+    """megatron-bridge's LoRA wrappers compute their base linear alone for the duration: LoRALinear.forward returns
+    the wrapped linear's output untouched while its adapter is disabled (megatron-bridge 0.6.2
+    peft/lora_layers.py lines 65-86, peft/adapter_wrapper.py lines 105-111; PEFT.disable_adapter, peft/base.py
+    lines 143-175, walks the model the same way). That is exactly the base the LoRA policy started from, its lora_B
+    having been zero (peft/lora.py: lora_B_init_method "zero")."""
+    wrappers = [module for module in model.modules() if callable(getattr(module, "disable_adapter_layers", None))]
+    if not wrappers:
+        raise RuntimeError("train.lora is set but the policy's model has no LoRA wrapper to switch off, so the KL "
+                           "reference would be the trained policy itself; build it through the megatron-bridge "
+                           "builder (runtime.transformer_engine).")
+    for module in wrappers:
+        module.disable_adapter_layers()
+    try:
+        yield
+    finally:
+        for module in wrappers:
+            module.enable_adapter_layers()
 
 
 def _keep_token_losses(token_losses: torch.Tensor):

@@ -33,7 +33,7 @@ from gdnctl.files import replace_text
 from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
-from gdnctl.runtime.model import checkpoint
+from gdnctl.runtime.model import checkpoint, lora_checkpoint
 from gdnctl.runtime.train.cuda_graphs import MoeRouterGraphs
 from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
@@ -170,6 +170,7 @@ class Trainer:
         self.held_out = None  # eval:'s DataPipeline, built in train()
         self.startup = StartupClock()  # where the time to step 1 goes (logged after it)
         self.graphs = None  # speed.cuda_graphs: the MoE router graphs, built in train()
+        self.base_fingerprints: list = []  # train.lora: each rank's fingerprint of its frozen base (lora_checkpoint)
 
     # --- set-up ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -243,15 +244,26 @@ class Trainer:
         if train.save_dir:
             self.resume_dir = checkpoint.latest_checkpoint(Path(train.save_dir))
         initial = Path(config.model.path) if config.model.path else None
-        if self.keep_initial_weights:
+        # Read before any weights: a LoRA checkpoint holds adapters, not the weights a full resume loads, and the
+        # reverse (runtime/model/lora_checkpoint.py).
+        self.resume_state = None if self.resume_dir is None else \
+            checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
+        if self.resume_state is not None:
+            problem = lora_checkpoint.resume_problem(self.resume_state, train.lora, self.resume_dir)
+            if problem is not None:
+                raise TrainerError(problem)
+        if train.lora is not None:
+            self._load_and_wrap_lora(model, initial)
+        elif self.keep_initial_weights:
             self._load(model, initial)
             self.initial_weights = {name: param.detach().to("cpu", copy=True).pin_memory()
                                     for name, param in model.named_parameters()}
             self._load(model, self.resume_dir)
         else:
             self._load(model, self.resume_dir or initial)
-        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
-        self.source = checkpoint.run_source(config.model, self.resume_dir or initial)
+        # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps. A
+        # LoRA checkpoint holds no HF weights until the last step, so a LoRA run's saves are shaped like its base.
+        self.source = checkpoint.run_source(config.model, initial if train.lora else (self.resume_dir or initial))
         self.startup.mark("weights")
         self.model = DistributedDataParallel(
             config=self.transformer, module=model,
@@ -271,7 +283,7 @@ class Trainer:
         self.transformer.finalize_model_grads_func = finalize_model_grads
         self.iteration, self.consumed_samples = 0, 0
         if self.resume_dir is not None:
-            state = checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
+            state = self.resume_state
             checkpoint.load_training_state(self.resume_dir, self.optimizer)
             if "consumed_samples" not in state:  # an rl checkpoint: rl counts rollout steps, not data samples
                 raise TrainerError(
@@ -283,10 +295,49 @@ class Trainer:
             self.metrics.resumed_at(self.iteration)
         self.startup.mark("DDP and optimizer")
 
+    def _load_and_wrap_lora(self, model, base: Path | None) -> None:
+        """train.lora: load the base from model.path into the bare model, fingerprint it, wrap it in megatron-bridge's
+        LoRA (every base parameter frozen) and, on a resume, put the checkpoint's adapters in; all before DDP and
+        the optimizer, which then hold the adapters alone (runtime/model/lora_wrap.py)."""
+        if self.keep_initial_weights:
+            # A programming error, not a setting: MegatronPolicy asks for no copy with train.lora.
+            raise TrainerError("keep_initial_weights copies every parameter as the rl policy's KL reference, and with "
+                               "train.lora that reference is the frozen base with the adapters switched off "
+                               "(runtime/rl/megatron_policy.py); build the Trainer without keep_initial_weights when "
+                               "train.lora is set.")
+        if base is None:
+            raise TrainerError("train.lora trains adapters on a frozen base, and model.path is unset (TRN022); set "
+                               "model.path to the base checkpoint's directory.")
+        self._load(model, base)
+        mine = lora_checkpoint.base_fingerprint(model.named_parameters())
+        self.base_fingerprints = [None] * dist.get_world_size()
+        dist.all_gather_object(self.base_fingerprints, mine)
+        if self.resume_state is not None:
+            # Every rank compares the same gathered list with the same record, so all stop or none does.
+            problem = lora_checkpoint.base_problem(self.resume_state.get(lora_checkpoint.STATE_KEY, {}),
+                                                   self.base_fingerprints, str(base))
+            if problem is not None:
+                raise TrainerError(problem)
+        trained = self.builder.add_lora(model)
+        adapters = torch.tensor([trained.adapter_params], dtype=torch.int64, device="cuda")
+        dist.all_reduce(adapters)
+        if int(adapters) == 0:
+            raise TrainerError(f"train.lora.targets ({', '.join(self.config.train.lora.targets)}) matched no linear of "
+                               f"{self.config.model.label}, so no adapter was added; name targets the model has "
+                               "(gdnctl explain PRESET lists them).")
+        self._log(trained.line())
+        if self.resume_dir is not None:
+            count = lora_checkpoint.load_shard(model, self.resume_dir, self.rank)
+            self._log(f"loaded {count} adapter tensors from {self.resume_dir}")
+
     def reload(self, directory: Path) -> None:
         """Load a checkpoint of this run into the built model and optimizer, with the calls a resume makes (the
-        smoke run's round trip)."""
-        self._load(self.model.module, directory)
+        smoke run's round trip). A LoRA checkpoint holds the adapters; the base comes from model.path again."""
+        if self.config.train.lora is not None:
+            self._load(self.model.module, Path(self.config.model.path))
+            lora_checkpoint.load_shard(self.model, directory, self.rank)
+        else:
+            self._load(self.model.module, directory)
         checkpoint.load_training_state(directory, self.optimizer)
 
     def _load(self, model, weights: Path | None) -> None:
@@ -521,15 +572,35 @@ class Trainer:
         name = checkpoint.checkpoint_name(self.iteration)
         directory = save_dir / name
         start = time.perf_counter()
-        written = self.builder.save(self.model, directory, self.source)
-        checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.iteration,
-                                                                   "consumed_samples": self.consumed_samples},
-                                       written)
+        state = {"iteration": self.iteration, "consumed_samples": self.consumed_samples}
+        if self.config.train.lora is None:
+            written = self.builder.save(self.model, directory, self.source)
+        else:
+            written = self._save_lora(directory)
+            state[lora_checkpoint.STATE_KEY] = lora_checkpoint.state_record(
+                self.config.train.lora, str(self.config.model.path), self.base_fingerprints)
+        checkpoint.save_training_state(directory, self.optimizer, state, written)
         dist.barrier()
         if self.rank == 0:
             checkpoint.mark_latest(save_dir, name)
         dist.barrier()
         self._log(f"saved {directory} in {time.perf_counter() - start:.1f} s")
+
+    def _save_lora(self, directory: Path) -> checkpoint.Files:
+        """A LoRA checkpoint's weights (runtime/model/lora_checkpoint.py): every rank's adapter tensors, the adapters
+        in the `peft` layout (rank 0), and at the last step the merged model through the builder's export
+        (collective). Returns the files this rank wrote."""
+        lora = self.config.train.lora
+        written = lora_checkpoint.write_shard(self.model, directory, self.rank)
+        # Collective: every rank takes part in the gathers; rank 0 keeps the tensors (megabytes).
+        exported = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in
+                    self.builder.export_adapters(self.model) if self.rank == 0]
+        if self.rank == 0:
+            adapters = lora_checkpoint.adapters_from_hf(exported, self.source.stored_name)
+            written.update(lora_checkpoint.write_peft(directory, adapters, lora, str(self.config.model.path)))
+        if lora_checkpoint.writes_merged(self.iteration, self.config.train.train_iters):
+            written.update(self.builder.save(self.model, directory, self.source))
+        return written
 
     def _log(self, message: str) -> None:
         if self.rank == 0:

@@ -247,25 +247,29 @@ def vpp_not_built(run):
                     "Remove parallel.vpp; parallel.pp alone is built.")
 
 
-@rule("TRN010", Severity.ERROR, "gdnctl's trainer does not train LoRA adapters yet (train.lora)")
+@rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
 def lora_not_trained(run):
     """
-    What it checks: a training job with train.lora set.
+    What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
-    Why: the preset, the targets and their checks (TRN016-TRN018), the memory estimate of a frozen base with
-    adapters (plan/memory.py) and the adapters' Hugging Face layout and merge (runtime/model/lora_adapters.py) are
-    in place, but neither builder wraps the model in megatron-bridge's LoRA yet (runtime/model/builders.py calls
-    no megatron.bridge.peft), so the job would update every parameter while explain counts the adapters only.
+    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/torch_policy.py), which wraps
+    nothing in adapters: it would update every parameter while explain and the memory estimate count the adapters
+    alone. On GPUs the rl policy is the trainer's megatron-bridge model, which wraps the base in megatron-bridge's
+    LoRA (runtime/model/lora_wrap.py); its weight sync sends the rollout megatron-bridge's export, which merges the
+    adapters into the base tensors, and its KL reference is the base with the adapters switched off
+    (runtime/rl/megatron_policy.py). TRN016 refuses LoRA with the TE-free builder on GPUs.
 
-    Source: gdnctl's runtime/model/builders.py (no PEFT wrappers, no frozen base).
+    Source: gdnctl's runtime/rl/policy.py (device cpu takes TorchPolicy) and runtime/rl/torch_policy.py (no
+    adapters); megatron-bridge 0.6.2 models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights
+    defaults to True) for the GPU policy's sync.
 
-    Fix: remove train.lora (full-parameter training), or train adapters with megatron-bridge's PEFT recipes.
+    Fix: run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter rl on CPU.
     """
-    if run.is_training and run.preset.train.lora is not None:
-        yield Issue("train.lora", "gdnctl's trainer does not add LoRA adapters yet: the job would update every "
-                                  "parameter while the memory estimate counts a frozen base and adapters.",
-                    "Remove train.lora for full-parameter training, or use megatron-bridge's PEFT recipes for "
-                    "adapters.")
+    if run.preset.job == "rl" and run.preset.train.lora is not None and run.gpu.sm is None:
+        yield Issue("train.lora", "gdnctl's CPU rl policy (transformers in plain torch) adds no LoRA adapters, so it "
+                                  "would update every parameter while the memory estimate counts the adapters alone.",
+                    "Run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for "
+                    "full-parameter rl on CPU.")
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
@@ -495,6 +499,30 @@ def lora_qwen3_next(run):
                                   "recipe raises NotImplementedError (\"PEFT is not currently supported for "
                                   "Qwen3-Next models\").",
                     "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.")
+
+
+@rule("TRN022", Severity.ERROR, "LoRA needs a base checkpoint (model.path)")
+def lora_needs_base(run):
+    """
+    What it checks: a training job with train.lora and no model.path.
+
+    Why: LoRA trains adapters on a frozen base, so the base is the whole point, and gdnctl's LoRA checkpoints hold
+    the adapters and their optimizer state but not the base (runtime/model/lora_checkpoint.py): a resume, and the
+    smoke run's checkpoint round trip, load the base again from model.path and check it against the fingerprint
+    the checkpoint recorded. Random weights could not be loaded again, and adapters on a random base learn
+    nothing a later job can use.
+
+    Source: gdnctl's runtime/model/lora_checkpoint.py (what a LoRA checkpoint holds) and runtime/train/trainer.py
+    (the base is loaded from model.path before megatron-bridge's LoRA wraps it, as megatron-bridge's own finetune
+    loads the pretrained checkpoint in its PEFT pre-wrap hook: training/setup.py _create_peft_pre_wrap_hook,
+    0.6.2).
+
+    Fix: set model.path to the base checkpoint's directory, or remove train.lora.
+    """
+    if run.is_training and run.preset.train.lora is not None and run.preset.model.path is None:
+        yield Issue("model.path", "train.lora trains adapters on a frozen base, and model.path is unset, so the base "
+                                  "would be random weights that a resume cannot load again.",
+                    "Set model.path to the base checkpoint's directory, or remove train.lora.")
 
 
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
