@@ -12,7 +12,8 @@ JSON line with the measured errors.
 Under torchrun the model is tensor-parallel over all the ranks, and the ranks share GPU 0 and talk through gloo:
 NCCL refuses two ranks on one device, while gloo moves CUDA tensors for every collective tensor parallelism uses
 here. That runs the TP layouts a larger machine would (TP above the KV heads included: every builder, loader and
-exporter sees the real group sizes) on the one GPU a session may get.
+exporter sees the real group sizes) on the one GPU a session may get. With GDNCTL_CHECK_GPU_PER_RANK=1 each rank
+takes its own GPU (LOCAL_RANK) and the ranks talk NCCL, as a trainer on that many GPUs does.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def _engine_config(run_dir: Path, model_id: str, builder: str, tp: int):
 
 
 def main(out_dir: str, model_id: str = "gdnctl/tiny-qwen3.5", builder_name: str = "te-free") -> None:
-    torch.cuda.set_device(0)
     # One rank per GPU talks NCCL; ranks sharing GPU 0 under torchrun talk gloo (the docstring says why).
-    backend = "nccl" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
+    own_gpu = os.environ.get("GDNCTL_CHECK_GPU_PER_RANK") == "1" or int(os.environ.get("WORLD_SIZE", "1")) == 1
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if own_gpu else 0)
+    backend = "nccl" if own_gpu else "gloo"
     rank, tp = init_check_process_group(Path(out_dir), backend)
     from megatron.core import parallel_state, tensor_parallel
 
@@ -109,7 +111,7 @@ def main(out_dir: str, model_id: str = "gdnctl/tiny-qwen3.5", builder_name: str 
         attention = next(m for m in first.modules() if type(m).__name__ == "SelfAttention")
         print(json.dumps({"reload_max_abs_diff": reload_max_abs, "before_reload_max_abs_diff": before,
                           "transformers_relative_error": relative, "transformers_argmax_agreement": agree,
-                          "gradients_finite_on_every_rank": bool(finite.item()), "tp": tp,
+                          "gradients_finite_on_every_rank": bool(finite.item()), "tp": tp, "backend": backend,
                           "kv_heads": arch.num_key_value_heads,
                           "kv_heads_per_rank": attention.num_query_groups_per_partition,
                           "core_attention": type(attention.core_attention).__name__,

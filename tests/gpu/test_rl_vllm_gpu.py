@@ -193,6 +193,60 @@ def test_separate_engines_all_receive_one_nccl_broadcast(tmp_path):
     assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
 
 
+@FIRST_WORKER
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs: two for the trainer, two rollout engines")
+def test_a_two_gpu_trainer_and_two_separate_engines_learn_over_nccl(tmp_path):
+    """Two GPU pairs: a data-parallel trainer on GPUs 0-1, two TP1 engines on GPUs 2-3, 20 GRPO steps of tiny
+    Qwen3.5 with every sync one NCCL broadcast from trainer rank 0, each engine checked."""
+    run_dir = tmp_path / "two-pairs"
+    done = launch(run_dir, "rollout.colocate=false", "cluster.gpus_per_node=4", "rollout.num_gpus=2")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 2 engine(s) over nccl" in done.stdout
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 21))
+    assert [s["rollout_engines"] for s in steps] == [2] * 20
+    assert {s["weight_transport"] for s in steps} == {"broadcast"}
+    assert all(s["synced_parameters"] > 0 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps), [s["probe_logprob_abs_diff"] for s in steps]
+    assert all(s["rollout_logprob_abs_diff"] < 0.05 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
+    first, last = first_and_last_rewards(steps)
+    assert last > first + 0.02, [round(s["reward_mean"], 3) for s in steps]
+
+
+@SECOND_WORKER
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs: one for the trainer, one for the rollout")
+def test_a_separate_rollout_killed_mid_run_fails_the_job_in_bounded_time(tmp_path):
+    """The rollout on its own GPU, killed after step 3: whatever the trainer waits on next (a request, or a
+    broadcast its workers will never receive), it notices the dead server and stops with a sentence instead of
+    waiting on NCCL, and `latest` stays on a checkpoint."""
+    run_dir, save_dir = tmp_path / "killed-separate", tmp_path / "checkpoints"
+    job = subprocess.Popen(command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
+                                   "cluster.gpus_per_node=2", f"train.save_dir={save_dir}", "train.save_interval=2"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 1200
+        while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "the job did not reach step 3"
+            time.sleep(0.2)
+        server = json.loads((run_dir / "rollout" / "address.json").read_text())["pid"]
+        os.kill(server, signal.SIGKILL)
+        killed = time.monotonic()
+        stdout, stderr = job.communicate(timeout=600)
+        seconds_to_stop = time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _keep_log(run_dir, stdout + stderr)
+    assert job.returncode != 0
+    sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
+    assert "rollout" in sentence and "resumes from the last checkpoint" in sentence, sentence
+    # The rollout's default timeout is far longer: the trainer saw the dead server, not a timeout.
+    assert seconds_to_stop < 120, (seconds_to_stop, sentence)
+    latest = (save_dir / "latest").read_text().strip()
+    assert (save_dir / latest / "trainer_state.json").is_file()
+
+
 @SECOND_WORKER
 def test_the_disk_sync_serves_qwen35_through_the_vision_language_class(tmp_path):
     """vLLM 0.26 has Qwen3.5 only as Qwen3_5ForConditionalGeneration: the sync names the language model as that
