@@ -36,7 +36,9 @@ def _engine_config(run_dir: Path, model_id: str, builder: str, tp: int):
     from gdnctl.schema.engine import EngineConfig
 
     te = "none" if builder == "te-free" else "2.20.2"
-    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla", f"model.id={model_id}",
+    # The backward pass below runs without Megatron's DDP wrapper, so no parameter has the main_grad buffer that
+    # Transformer Engine's fused weight-gradient accumulation writes into: build without it.
+    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla", f"model.id={model_id}", "speed.wgrad_fusion=off",
                                          f"runtime.transformer_engine={te}", f"cluster.gpus_per_node={tp}",
                                          f"parallel.tp={tp}"])
     config = EngineConfig.from_file(run_dir / "engine.yaml")

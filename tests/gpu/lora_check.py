@@ -150,7 +150,8 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
 
 def main(phase: str, out_dir: str, model_id: str, *rest: str) -> None:
     torch.cuda.set_device(0)
-    backend = "nccl" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
+    # NCCL for CUDA tensors; gloo for the CPU ones the trainer's checks reduce (the runtime's own pair).
+    backend = "cpu:gloo,cuda:nccl" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
     # A store of its own per phase and save dir: a file store left by an earlier process must not be reused.
     init_check_process_group(Path(out_dir) / f"pg-{phase}-{Path(rest[0]).name if rest else 'source'}", backend)
     if phase == "source":
