@@ -3,8 +3,8 @@
     python benchmarks/rollout_engines.py --vllm-python PY --out rollout_engines.json [--steps 6] [--cuda-graphs]
 
 Each arm is `gdnctl launch` of the tiny rl preset on GPUs (the GPU tests' settings: the TE-free trainer, FLA,
-vLLM with a fixed 2 GiB KV cache and the triton GDN prefill) with heavier steps: 32 prompts x 8 samples of up to
-256 tokens. The figure is the median of the job's own `rollout_tokens_per_second` (a step's generated tokens
+vLLM with a fixed 2 GiB KV cache and the triton GDN prefill) with heavier steps: all 64 prompts of the toy dataset
+x 16 samples of up to 256 tokens. The figure is the median of the job's own `rollout_tokens_per_second` (a step's generated tokens
 over the slowest engine's generation seconds) over steps 2..N; step 1 is left out as warm-up. Arms:
 
 - colocated, 2 GPUs, two trainer ranks: rollout.num_gpus 1 (one engine on GPU 0) vs 2 (one engine per GPU);
@@ -33,9 +33,11 @@ PRESET = "tiny-qwen3.5-rl-cpu"
 ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0", "kernels.gdn_backend=fla",
           "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2", "rollout.gdn_prefill_backend=triton",
           "model.id=gdnctl/tiny-qwen3-next-bytes")
-# Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip,
-# takes a step's rollout time.
-LOAD = ("train.global_batch_size=256", "train.micro_batch_size=16", "rollout.n_samples_per_prompt=8",
+# Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip or
+# a decode step's fixed cost, takes a step's rollout time. A tiny model's decode step costs about the same at any
+# batch, so halving each engine's batch barely shortens it: on two H100s 256 sequences a step gave two engines
+# 1.43x one engine's tokens/s, 1024 gave 1.72x (BENCHMARKS.md).
+LOAD = ("train.global_batch_size=1024", "train.micro_batch_size=16", "rollout.n_samples_per_prompt=16",
         "rollout.max_response_tokens=256", "train.seq_length=512", "eval=null")
 
 

@@ -294,11 +294,12 @@ def test_a_broadcast_to_colocated_engines_on_several_nodes_is_refused():
     assert "each node's first trainer rank drives its node's engines" in finding.message
 
 
-def test_several_rollout_engines_are_named_as_untried_on_gpus():
-    one_engine = codes({"rollout": {"tp": 1, "num_gpus": 1}})
-    two_engines = codes({"rollout": {"tp": 1, "num_gpus": 2}})
-    assert "RLT013" not in one_engine
-    assert "2 rollout engines" in two_engines["RLT013"][0].message
+def test_rlt013_names_only_the_rollout_layouts_that_have_not_run_on_gpus():
+    assert "RLT013" not in codes({"rollout": {"tp": 1, "num_gpus": 1}})
+    assert "RLT013" not in codes({"rollout": {"tp": 1, "num_gpus": 2}})  # two colocated engines ran on two H100s
+    assert "RLT013" not in codes({"rollout": {"tp": 2, "num_gpus": 2}})  # one colocated tp-2 engine did too
+    assert "4 rollout engines" in codes({"rollout": {"tp": 1, "num_gpus": 4}})["RLT013"][0].message
+    assert "2 engines of rollout.tp 2" in codes({"rollout": {"tp": 2, "num_gpus": 4}})["RLT013"][0].message
 
 
 def test_skip_op_query_function_is_named_as_such():

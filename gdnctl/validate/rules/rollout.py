@@ -336,23 +336,24 @@ def response_fits_context(run):
 @rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
 def rl_rollout_layout_untested(run):
     """
-    What it checks: an rl job on GPUs whose rollout runs vLLM tensor parallel (rollout.tp > 1), runs several
-    engines (rollout GPUs / rollout.tp > 1), or runs as the Slurm script's own step on other nodes
+    What it checks: an rl job on GPUs whose rollout is past the layouts gdnctl's GPU tests have run: more than two
+    engines, several engines of rollout.tp > 1, one engine of rollout.tp > 1 on GPUs of its own (the broadcast to
+    each of its workers), engines on several nodes, or the Slurm script's own rollout step on other nodes
     (rollout.colocate: false with launch.executor: slurm).
 
-    Why: gdnctl's GPU tests run rl with one vLLM worker on the trainer's node: colocated on one H100 (vLLM sleeps
-    while the trainer steps, the weights arrive through CUDA IPC or the disk directory) and on a GPU of its own on
-    2 H200s (the weights broadcast over NCCL from trainer rank 0, the group's store on loopback), with checksums
-    and the probe matching after every sync (tests/gpu/test_rl_vllm_gpu.py). With vLLM tensor parallel each worker
-    loads its shard of every tensor and only worker 0's view is checksummed; that has run on vLLM's CPU build
-    (rollout.tp 2, the broadcast over gloo: tests/runtime/rl/test_rl_vllm.py), not on GPUs. A rollout step on
-    other nodes reaches trainer rank 0's store by the node's name and NCCL across the network; the tests' local
-    Slurm has one node, so that step has not run. Several engines (each its own server, each loading every sync,
-    a step's prompts split between them) have run on vLLM's CPU build, over the directory and the gloo broadcast,
-    driven by one trainer rank or by each node's first rank on two one-rank nodes (tests/runtime/rl/
-    test_rl_vllm.py), not on GPUs.
+    Why: gdnctl's GPU tests have run, on one node, with checksums and the probe matching after every sync
+    (tests/gpu/test_rl_vllm_gpu.py): one engine colocated on one H100 (vLLM sleeps while the trainer steps, the
+    weights arrive through CUDA IPC or the disk directory); one engine of rollout.tp 2 colocated on two H100s (each
+    worker opens the bucket of the trainer rank on its own GPU); two engines of rollout.tp 1 colocated on two H100s;
+    one and two engines on GPUs of their own beside a one-GPU trainer, and two beside a two-GPU data-parallel
+    trainer on four H100s (one NCCL broadcast from trainer rank 0 reaches every engine's worker). The broadcast to
+    the workers of one tensor-parallel engine has run on vLLM's CPU build over gloo (tests/runtime/rl/
+    test_rl_vllm.py), not on GPUs; colocated engines on two one-rank nodes have run there too, driven by each
+    node's first rank. A rollout step on other nodes reaches trainer rank 0's store by the node's name and NCCL
+    across the network; the tests' local Slurm has one node, so that step has not run.
 
-    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100 and on 2 H200s (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s (BENCHMARKS.md "Weight sync: rl on
+    GPU vLLM" and "Four GPUs of one host").
 
     Fix: try the preset at small scale first.
     """
@@ -360,14 +361,19 @@ def rl_rollout_layout_untested(run):
     if rollout is None or run.gpu.sm is None:
         return
     p = run.preset
+    engines = run.rollout_engines.value
     untried = [text for untested, text in (
-        (rollout.tp > 1, f"vLLM tensor parallel (rollout.tp {rollout.tp})"),
-        (run.rollout_engines.value > 1, f"{run.rollout_engines.value} rollout engines"),
+        (engines > 2, f"{engines} rollout engines"),
+        (engines > 1 and rollout.tp > 1, f"{engines} engines of rollout.tp {rollout.tp}"),
+        (engines == 1 and rollout.tp > 1 and not rollout.colocate,
+         f"one engine of rollout.tp {rollout.tp} on GPUs of its own (the broadcast to each worker)"),
+        (rollout.colocate and p.cluster.nodes > 1, "colocated engines on several nodes"),
         (not rollout.colocate and p.launch.executor == "slurm",
          "a rollout step on other nodes (the weight broadcast across the network)")) if untested]
     if untried:
-        yield Issue("rollout", f"gdnctl's GPU tests have run rl with one vLLM worker on the trainer's node only, "
-                               f"not with {' or '.join(untried)}.", "Try the preset at small scale first.")
+        yield Issue("rollout", "gdnctl's GPU tests have run rl on one node with up to two rollout engines of "
+                               "rollout.tp 1 or one colocated engine of rollout.tp 2, not with "
+                               f"{' or '.join(untried)}.", "Try the preset at small scale first.")
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")
