@@ -4,8 +4,9 @@
 
 Each arm is `gdnctl launch` of the tiny rl preset on GPUs (the GPU tests' settings: the TE-free trainer, FLA,
 vLLM with a fixed 2 GiB KV cache and the triton GDN prefill) with heavier steps: all 64 prompts of the toy dataset
-x 16 samples of up to 256 tokens. The figure is the median of the job's own `rollout_tokens_per_second` (a step's generated tokens
-over the slowest engine's generation seconds) over steps 2..N; step 1 is left out as warm-up. Arms:
+x 16 samples of up to 256 tokens (`--samples` and `--model` make a step heavier). The figure is the median of
+the job's own `rollout_tokens_per_second` (a step's generated tokens over the slowest engine's generation seconds)
+over steps 2..N; step 1 is left out as warm-up. Arms:
 
 - colocated, 2 GPUs, two trainer ranks: rollout.num_gpus 1 (one engine on GPU 0) vs 2 (one engine per GPU);
 - separate, 3 GPUs or more: a one-GPU trainer beside one engine vs two (rollout.num_gpus 1 vs 2, the trainer
@@ -31,14 +32,21 @@ import torch
 
 PRESET = "tiny-qwen3.5-rl-cpu"
 ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0", "kernels.gdn_backend=fla",
-          "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2", "rollout.gdn_prefill_backend=triton",
-          "model.id=gdnctl/tiny-qwen3-next-bytes")
+          "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2", "rollout.gdn_prefill_backend=triton")
+DEFAULT_MODEL = "gdnctl/tiny-qwen3-next-bytes"
+PROMPTS = 64  # every prompt of the toy dataset, each step
 # Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip or
 # a decode step's fixed cost, takes a step's rollout time. A tiny model's decode step costs about the same at any
 # batch, so halving each engine's batch barely shortens it: on two H100s 256 sequences a step gave two engines
-# 1.43x one engine's tokens/s, 1024 gave 1.72x (BENCHMARKS.md).
-LOAD = ("train.global_batch_size=1024", "train.micro_batch_size=16", "rollout.n_samples_per_prompt=16",
-        "rollout.max_response_tokens=256", "train.seq_length=512", "eval=null")
+# 1.43x one engine's tokens/s, 1024 gave 1.72x (BENCHMARKS.md). --samples and --model make the step heavier.
+DEFAULT_SAMPLES = 16
+
+
+def load(model: str = DEFAULT_MODEL, samples: int = DEFAULT_SAMPLES) -> tuple[str, ...]:
+    """The settings of a step: every prompt x `samples` responses of up to 256 tokens from `model`."""
+    return (f"model.id={model}", f"train.global_batch_size={PROMPTS * samples}", "train.micro_batch_size=16",
+            f"rollout.n_samples_per_prompt={samples}", "rollout.max_response_tokens=256", "train.seq_length=512",
+            "eval=null")
 
 
 def arms(gpus: int) -> list[tuple[str, int, tuple[str, ...]]]:
@@ -53,8 +61,9 @@ def arms(gpus: int) -> list[tuple[str, int, tuple[str, ...]]]:
     return out
 
 
-def run_arm(run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool) -> dict:
-    sets = (*ON_GPU, *LOAD, *settings, f"train.train_iters={steps}", f"rollout.python={vllm_python}",
+def run_arm(run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool,
+            step_load: tuple[str, ...]) -> dict:
+    sets = (*ON_GPU, *step_load, *settings, f"train.train_iters={steps}", f"rollout.python={vllm_python}",
             f"rollout.enforce_eager={'true' if eager else 'false'}")
     command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
                *(arg for value in sets for arg in ("--set", value))]
@@ -79,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (default: enforce_eager, "
                                                                    "as the GPU tests run it)")
     parser.add_argument("--work", type=Path, default=None, help="where the run dirs go (default: a temp dir)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the catalog model both sides run (random weights)")
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
+                        help=f"responses per prompt ({PROMPTS} prompts a step)")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
     if gpus < 2:
@@ -87,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="gdnctl-engines-"))
     result = {"date": datetime.date.today().isoformat(), "device": f"{gpus} x {torch.cuda.get_device_name()}",
               "versions": {name: importlib.metadata.version(name) for name in ("torch",)},
-              "command": " ".join(sys.argv), "arms": []}
+              "command": " ".join(sys.argv), "model": args.model, "sequences_per_step": PROMPTS * args.samples,
+              "arms": []}
     for placement, engines, settings in arms(gpus):
         print(f"rollout_engines: {placement}, {engines} engine(s) ...", flush=True)
         arm = {"placement": placement, "engines": engines,
                **run_arm(work / f"{placement}-{engines}", args.vllm_python, settings, args.steps,
-                         eager=not args.cuda_graphs)}
+                         eager=not args.cuda_graphs, step_load=load(args.model, args.samples))}
         result["arms"].append(arm)
         print(f"rollout_engines: {json.dumps(arm)}", flush=True)
         args.out.write_text(json.dumps(result, indent=2))

@@ -36,7 +36,7 @@ def test_two_gpus_run_the_colocated_arms_and_three_add_the_separate_ones():
 def test_every_arm_validates_and_runs_the_engines_it_names(arm, tmp_path):
     benchmark = load_benchmark()
     placement, engines, settings = benchmark.arms(3)[arm]
-    sets = (*benchmark.ON_GPU, *benchmark.LOAD, *settings, "train.train_iters=6", f"rollout.python={sys.executable}")
+    sets = (*benchmark.ON_GPU, *benchmark.load(), *settings, "train.train_iters=6", f"rollout.python={sys.executable}")
     result = CliRunner().invoke(app, ["validate", benchmark.PRESET, "--json",
                                       *(arg for value in sets for arg in ("--set", value))])
     assert result.exit_code == 0, result.output
