@@ -47,7 +47,7 @@ def packed_rows(count: int, rng: random.Random) -> list[list[int]]:
 def reference(q, k, v, lengths):
     outputs, start = [], 0
     for length in lengths:
-        qq, kk, vv = (t[start:start + length].float().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        qq, kk, vv = (t[start : start + length].float().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
         outputs.append(out[0].transpose(0, 1).reshape(length, -1))
         start += length
@@ -60,27 +60,43 @@ def backends(lengths):
     longest, total = max(lengths), sum(lengths)
     calls = {}
     if DotProductAttention is not None:
-        thd = DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=KV_HEADS, attn_mask_type="padding_causal",
-                                  qkv_format="thd", attention_dropout=0.0)
-        sbhd = DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=KV_HEADS, attn_mask_type="causal",
-                                   qkv_format="sbhd", attention_dropout=0.0)
-        calls["te_thd"] = lambda q, k, v: thd(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                                              max_seqlen_kv=longest)
+        thd = DotProductAttention(
+            HEADS,
+            HEAD_DIM,
+            num_gqa_groups=KV_HEADS,
+            attn_mask_type="padding_causal",
+            qkv_format="thd",
+            attention_dropout=0.0,
+        )
+        sbhd = DotProductAttention(
+            HEADS, HEAD_DIM, num_gqa_groups=KV_HEADS, attn_mask_type="causal", qkv_format="sbhd", attention_dropout=0.0
+        )
+        calls["te_thd"] = lambda q, k, v: thd(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
 
         def te_sbhd(q, k, v):  # one full row per sequence, as BSHD batches them
             outs, start = [], 0
             for length in lengths:
-                part = [t[start:start + length].unsqueeze(1).contiguous() for t in (q, k, v)]
+                part = [t[start : start + length].unsqueeze(1).contiguous() for t in (q, k, v)]
                 outs.append(sbhd(*part).reshape(length, -1))
                 start += length
             return torch.cat(outs)
+
         calls["te_sbhd"] = te_sbhd
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from gdnctl.runtime.model.core_attention import TorchCoreAttention
 
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                             cu_seqlens_kv_padded=cu, max_seqlen_q=longest, max_seqlen_kv=longest)
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        cu_seqlens_q_padded=cu,
+        cu_seqlens_kv_padded=cu,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
     torch_attention = TorchCoreAttention.__new__(TorchCoreAttention)
     torch.nn.Module.__init__(torch_attention)
     torch_attention.softmax_scale = None
@@ -137,8 +153,10 @@ def main() -> None:
         rows = [t[name] for t in results["trials"] if "error" not in t.get(name, {"error": 1})]
         results["summary"][name] = {
             "trials": len(rows),
-            "wrong": sum(any(r[g]["nonfinite"] or not r[g]["rel_err"] <= BAD_RELATIVE_ERROR
-                             for g in ("out", "dq", "dk", "dv")) for r in rows),
+            "wrong": sum(
+                any(r[g]["nonfinite"] or not r[g]["rel_err"] <= BAD_RELATIVE_ERROR for g in ("out", "dq", "dk", "dv"))
+                for r in rows
+            ),
             "max_rel_err": {g: max((r[g]["rel_err"] for r in rows), default=None) for g in ("out", "dq", "dk", "dv")},
             "median_ms_fwd_bwd": sorted(r["ms_fwd_bwd"] for r in rows)[len(rows) // 2] if rows else None,
         }

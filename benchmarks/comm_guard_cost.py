@@ -49,6 +49,7 @@ def _per_call_us(fn, calls: int = CALLS) -> float:
 
 def _host_overhead_us(skip_ops, calls: int = 200_000) -> float:
     """The guard's wrapper around a no-op: its host cost alone, without any collective."""
+
     def noop(*args, **kwargs):
         return None
 
@@ -100,14 +101,16 @@ def main() -> None:
         dist.all_reduce(small)
         dist.broadcast(small, src=0)
 
-    results: dict = {"mem_get_info_us": _per_call_us(torch.cuda.mem_get_info, calls=500),
-                     "host_overhead_skipped_us": _host_overhead_us(comm_ops.DEFAULT_SKIP_OPS)}
+    results: dict = {
+        "mem_get_info_us": _per_call_us(torch.cuda.mem_get_info, calls=500),
+        "host_overhead_skipped_us": _host_overhead_us(comm_ops.DEFAULT_SKIP_OPS),
+    }
     modes = {"no_guard": None, "default_policy": comm_ops.DEFAULT_SKIP_OPS, "all_checked": ()}
     benches = {"all_gather_256KiB": (all_gather, CALLS), "hot_loop": (hot_loop, 400), "mixed_loop": (mixed_loop, 300)}
     samples: dict[str, list[float]] = {}
     names = list(modes)
     for round_index in range(ROUNDS):
-        for mode in names[round_index % len(names):] + names[:round_index % len(names)]:
+        for mode in names[round_index % len(names) :] + names[: round_index % len(names)]:
             skip = modes[mode]
             if skip is not None:
                 comm_guard.install(_policy(skip))
@@ -121,17 +124,24 @@ def main() -> None:
     results["skipped_overhead_us"] = results["all_gather_256KiB_default_policy_us"] - raw
     results["checked_overhead_us"] = results["all_gather_256KiB_all_checked_us"] - raw
     for loop in ("hot_loop", "mixed_loop"):
-        results[f"{loop}_default_throughput_pct"] = 100 * results[f"{loop}_no_guard_us"] / results[
-            f"{loop}_default_policy_us"]
-        results[f"{loop}_all_checked_throughput_pct"] = 100 * results[f"{loop}_no_guard_us"] / results[
-            f"{loop}_all_checked_us"]
+        results[f"{loop}_default_throughput_pct"] = (
+            100 * results[f"{loop}_no_guard_us"] / results[f"{loop}_default_policy_us"]
+        )
+        results[f"{loop}_all_checked_throughput_pct"] = (
+            100 * results[f"{loop}_no_guard_us"] / results[f"{loop}_all_checked_us"]
+        )
     gathered_results = [None] * world
     dist.all_gather_object(gathered_results, results)
     if dist.get_rank() == 0:
         record = {
-            "date": date.today().isoformat(), "device": torch.cuda.get_device_name(), "gpus": world,
-            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "python": platform.python_version(), "calls": CALLS, "rounds": ROUNDS,
+            "date": date.today().isoformat(),
+            "device": torch.cuda.get_device_name(),
+            "gpus": world,
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "python": platform.python_version(),
+            "calls": CALLS,
+            "rounds": ROUNDS,
             "per_rank": gathered_results,
             "max_over_ranks": {k: max(r[k] for r in gathered_results) for k in results if k.endswith("_us")},
             "min_over_ranks": {k: min(r[k] for r in gathered_results) for k in results if k.endswith("_pct")},

@@ -50,8 +50,12 @@ def log(message: str) -> None:
 
 def package_versions() -> dict[str, str | None]:
     found = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-    for label, distribution in (("triton", "triton"), ("fla", "fla-core"), ("flash_qla", "flash-qla"),
-                                ("tilelang", "tilelang")):
+    for label, distribution in (
+        ("triton", "triton"),
+        ("fla", "fla-core"),
+        ("flash_qla", "flash-qla"),
+        ("tilelang", "tilelang"),
+    ):
         try:
             found[label] = importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:
@@ -65,9 +69,17 @@ def training_call(kernel, inputs):
     upstream = torch.randn_like(inputs["v"])
 
     def forward():
-        return kernel(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
-                      initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
-                      cu_seqlens=inputs["cu_seqlens"])[0]
+        return kernel(
+            leaves["q"],
+            leaves["k"],
+            leaves["v"],
+            g=leaves["g"],
+            beta=leaves["beta"],
+            initial_state=None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=False,
+            cu_seqlens=inputs["cu_seqlens"],
+        )[0]
 
     def forward_backward():
         forward().backward(upstream)
@@ -86,13 +98,15 @@ def time_variants(variants, inputs, rounds: int) -> dict[str, dict[str, list[flo
         for name, (forward, forward_backward, leaves) in calls.items():
             samples[name]["fwd"].append(triton.testing.do_bench(forward, return_mode="median"))
             samples[name]["fwd_bwd"].append(
-                triton.testing.do_bench(forward_backward, grad_to_none=leaves, return_mode="median"))
+                triton.testing.do_bench(forward_backward, grad_to_none=leaves, return_mode="median")
+            )
     return samples
 
 
 def medians(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
-    return {name: {mode: statistics.median(values) for mode, values in modes.items()}
-            for name, modes in samples.items()}
+    return {
+        name: {mode: statistics.median(values) for mode, values in modes.items()} for name, modes in samples.items()
+    }
 
 
 def speedups(samples: dict[str, dict[str, list[float]]]) -> dict[str, float]:
@@ -106,26 +120,43 @@ def speedups(samples: dict[str, dict[str, list[float]]]) -> dict[str, float]:
     for mode in ("fwd", "fwd_bwd"):
         result[f"raw_speedup_{mode}"] = timings["fla raw"][mode] / timings["flashqla raw"][mode]
         result[f"adapter_speedup_{mode}"] = timings["fla adapter"][mode] / timings["flashqla adapter"][mode]
-        shares = [100 * (fla_a / fq_a) / (fla_r / fq_r) for fla_r, fla_a, fq_r, fq_a in zip(
-            samples["fla raw"][mode], samples["fla adapter"][mode], samples["flashqla raw"][mode],
-            samples["flashqla adapter"][mode], strict=True)]
+        shares = [
+            100 * (fla_a / fq_a) / (fla_r / fq_r)
+            for fla_r, fla_a, fq_r, fq_a in zip(
+                samples["fla raw"][mode],
+                samples["fla adapter"][mode],
+                samples["flashqla raw"][mode],
+                samples["flashqla adapter"][mode],
+                strict=True,
+            )
+        ]
         result[f"adapter_share_of_raw_pct_{mode}"] = statistics.median(shares)
-        result[f"adapter_share_of_raw_pct_{mode}_quartiles"] = statistics.quantiles(shares, n=4) \
-            if len(shares) > 1 else [shares[0]] * 3
+        result[f"adapter_share_of_raw_pct_{mode}_quartiles"] = (
+            statistics.quantiles(shares, n=4) if len(shares) > 1 else [shares[0]] * 3
+        )
     return result
 
 
 def run_shape(shape: GdnShape, kernels, parity_only: bool, rounds: int) -> dict:
-    result = {"shape": {"qk_heads": shape.qk_heads, "v_heads": shape.v_heads, "seq_lens": list(shape.seq_lens),
-                        "packed": shape.packed, "head_dim": shape.head_dim}}
+    result = {
+        "shape": {
+            "qk_heads": shape.qk_heads,
+            "v_heads": shape.v_heads,
+            "seq_lens": list(shape.seq_lens),
+            "packed": shape.packed,
+            "head_dim": shape.head_dim,
+        }
+    }
     inputs = make_gdn_inputs(shape, device="cuda")
     result["parity"] = {}
     for name, kernel in kernels.items():
         started = time.perf_counter()
         errors = parity_errors(kernel, inputs)
         result["parity"][name] = errors
-        log(f"{shape.name} parity {name} ({time.perf_counter() - started:.0f} s): "
-            + " ".join(f"{key}={value:.2e}" for key, value in errors.items()))
+        log(
+            f"{shape.name} parity {name} ({time.perf_counter() - started:.0f} s): "
+            + " ".join(f"{key}={value:.2e}" for key, value in errors.items())
+        )
     if parity_only:
         return result
     variants = {}
@@ -152,16 +183,20 @@ def print_table(report: dict) -> None:
         for variant, modes in result.get("timings_ms", {}).items():
             backend = variant.split()[0]
             worst = max(result["parity"][backend].values())
-            print(f"| {shape_name} | {BACKEND_LABELS[backend]} {variant.split()[1]} | {modes['fwd']:.3f} | "
-                  f"{modes['fwd_bwd']:.3f} | {worst:.1e} |")
+            print(
+                f"| {shape_name} | {BACKEND_LABELS[backend]} {variant.split()[1]} | {modes['fwd']:.3f} | "
+                f"{modes['fwd_bwd']:.3f} | {worst:.1e} |"
+            )
     for shape_name, result in report["shapes"].items():
         if "speedups" in result:
             s = result["speedups"]
             q1, _, q3 = s["adapter_share_of_raw_pct_fwd_bwd_quartiles"]
-            print(f"{shape_name}: FlashQLA/FLA fwd+bwd speedup raw {s['raw_speedup_fwd_bwd']:.2f}x, adapter "
-                  f"{s['adapter_speedup_fwd_bwd']:.2f}x; adapter keeps {s['adapter_share_of_raw_pct_fwd_bwd']:.1f}% "
-                  f"of the raw speedup (median of per-round shares, quartiles {q1:.1f}-{q3:.1f}%; "
-                  f"target >= {ADAPTER_RATIO_TARGET_PCT:.0f}%)")
+            print(
+                f"{shape_name}: FlashQLA/FLA fwd+bwd speedup raw {s['raw_speedup_fwd_bwd']:.2f}x, adapter "
+                f"{s['adapter_speedup_fwd_bwd']:.2f}x; adapter keeps {s['adapter_share_of_raw_pct_fwd_bwd']:.1f}% "
+                f"of the raw speedup (median of per-round shares, quartiles {q1:.1f}-{q3:.1f}%; "
+                f"target >= {ADAPTER_RATIO_TARGET_PCT:.0f}%)"
+            )
     sys.stdout.flush()
 
 
@@ -175,8 +210,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
-        print("benchmarks/gdn_kernels.py needs a CUDA GPU; run it on a Hopper or Blackwell GPU node.",
-              file=sys.stderr)
+        print("benchmarks/gdn_kernels.py needs a CUDA GPU; run it on a Hopper or Blackwell GPU node.", file=sys.stderr)
         return 2
     unknown = set(args.shapes.split(",")) - set(SHAPES)
     if unknown:
@@ -215,8 +249,11 @@ def main() -> int:
         log(f"{shape_name}: done, written to {args.out}")
 
     print_table(report)
-    failed = [name for name, result in report["shapes"].items()
-              if "error" in result or any(max(e.values()) > PARITY_TOLERANCE for e in result["parity"].values())]
+    failed = [
+        name
+        for name, result in report["shapes"].items()
+        if "error" in result or any(max(e.values()) > PARITY_TOLERANCE for e in result["parity"].values())
+    ]
     return 1 if failed or report["unavailable"] else 0
 
 

@@ -29,8 +29,19 @@ DEFAULT_CACHE = Path("~/.cache/gdnctl/tilelang").expanduser()
 SLOWEST = 12
 # Where this file, loaded by pytest as a plugin, writes each test phase it hears of.
 REPORT_ENV = "GDNCTL_SUITE_REPORT"
-TRAINER_PACKAGES = ("torch", "triton", "transformer-engine", "megatron-core", "megatron-bridge", "fla-core",
-                    "flash-qla", "tilelang", "transformers", "pytest", "pytest-xdist")
+TRAINER_PACKAGES = (
+    "torch",
+    "triton",
+    "transformer-engine",
+    "megatron-core",
+    "megatron-bridge",
+    "fla-core",
+    "flash-qla",
+    "tilelang",
+    "transformers",
+    "pytest",
+    "pytest-xdist",
+)
 
 
 def cache_env(cache_dir: Path) -> dict[str, str]:
@@ -55,15 +66,24 @@ def versions(vllm_python: str | None) -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     if vllm_python:
-        proc = subprocess.run([vllm_python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                              text=True, capture_output=True, check=False)
+        proc = subprocess.run(
+            [vllm_python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+            text=True,
+            capture_output=True,
+            check=False,
+        )
         found["vllm"] = proc.stdout.strip() if proc.returncode == 0 else None
     return found
 
 
 def device_name() -> str | None:
-    proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], text=True,
-                          capture_output=True, check=False) if shutil.which("nvidia-smi") else None
+    proc = (
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], text=True, capture_output=True, check=False
+        )
+        if shutil.which("nvidia-smi")
+        else None
+    )
     names = proc.stdout.strip().splitlines() if proc and proc.returncode == 0 else []
     return f"{len(names)} x {names[0]}" if names else None
 
@@ -76,8 +96,18 @@ def pytest_runtest_logreport(report) -> None:
     if node is None or not target:
         return
     with open(target, "a") as out:
-        out.write(json.dumps({"test": _without_group(report.nodeid), "worker": node.gateway.id, "when": report.when,
-                              "seconds": report.duration, "outcome": report.outcome}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "test": _without_group(report.nodeid),
+                    "worker": node.gateway.id,
+                    "when": report.when,
+                    "seconds": report.duration,
+                    "outcome": report.outcome,
+                }
+            )
+            + "\n"
+        )
 
 
 def _without_group(nodeid: str) -> str:
@@ -114,24 +144,38 @@ def summarise(wall_s: float, exit_code: int, tests: dict[str, dict]) -> dict:
         "pytest_exit_code": exit_code,
         **counts,
         "worker_busy_s": {name: round(seconds, 1) for name, seconds in sorted(busy.items())},
-        "slowest": [{"test": name, "seconds": round(test["seconds"], 1), "outcome": test["outcome"],
-                     "worker": test["worker"]} for name, test in ran[:SLOWEST]],
+        "slowest": [
+            {"test": name, "seconds": round(test["seconds"], 1), "outcome": test["outcome"], "worker": test["worker"]}
+            for name, test in ran[:SLOWEST]
+        ],
     }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers on the one GPU (default 8)")
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
-                        help=f"the kernel cache the suite reads and fills (default {DEFAULT_CACHE})")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help=f"the kernel cache the suite reads and fills (default {DEFAULT_CACHE})",
+    )
     parser.add_argument("--cold", action="store_true", help="time from empty caches: --cache-dir must be empty")
-    parser.add_argument("--vllm-python", help="interpreter with a CUDA vLLM (GDNCTL_TEST_VLLM_PYTHON) for the rl "
-                                              "tests on vLLM; without it they skip")
-    parser.add_argument("--log-dir", type=Path, default=Path("gpu-suite-logs"),
-                        help="pytest's output, each test's record and the GPU tests' launch logs "
-                             "(default gpu-suite-logs)")
-    parser.add_argument("--tests", default=str(REPO / "tests"),
-                        help="what pytest collects: a path or node id (default this repository's tests)")
+    parser.add_argument(
+        "--vllm-python",
+        help="interpreter with a CUDA vLLM (GDNCTL_TEST_VLLM_PYTHON) for the rl tests on vLLM; without it they skip",
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("gpu-suite-logs"),
+        help="pytest's output, each test's record and the GPU tests' launch logs (default gpu-suite-logs)",
+    )
+    parser.add_argument(
+        "--tests",
+        default=str(REPO / "tests"),
+        help="what pytest collects: a path or node id (default this repository's tests)",
+    )
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     args = parser.parse_args(argv)
     if args.workers < 1:
@@ -143,8 +187,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.cache_dir.exists() and not args.cache_dir.is_dir():
         parser.error(f"--cache-dir {args.cache_dir} is a file; name a directory (the suite fills it)")
     if args.cold and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
-        parser.error(f"--cold needs an empty --cache-dir, and {args.cache_dir} holds files; name a new directory "
-                     "(the suite fills it) or leave out --cold")
+        parser.error(
+            f"--cold needs an empty --cache-dir, and {args.cache_dir} holds files; name a new directory "
+            "(the suite fills it) or leave out --cold"
+        )
     return args
 
 
@@ -156,17 +202,42 @@ def main(argv: list[str] | None = None) -> int:
     report.unlink(missing_ok=True)
     shutil.rmtree(launches, ignore_errors=True)  # this run's launch logs only
     here = str(Path(__file__).resolve().parent)
-    env = {**os.environ, **cache_env(args.cache_dir), "GDNCTL_GPU_LOG_DIR": str(launches),
-           REPORT_ENV: str(report), "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        **cache_env(args.cache_dir),
+        "GDNCTL_GPU_LOG_DIR": str(launches),
+        REPORT_ENV: str(report),
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+    }
     if args.vllm_python:
         env["GDNCTL_TEST_VLLM_PYTHON"] = args.vllm_python
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rA", "-m", "gpu",
-               "-n", str(args.workers), "--dist", "loadgroup", "-p", "gpu_suite", args.tests]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rA",
+        "-m",
+        "gpu",
+        "-n",
+        str(args.workers),
+        "--dist",
+        "loadgroup",
+        "-p",
+        "gpu_suite",
+        args.tests,
+    ]
     cache_before = tree_bytes(args.cache_dir)
     print("$ " + shlex.join(command), flush=True)
     started = time.monotonic()
-    with subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT) as proc, log.open("w", buffering=1) as kept:
+    with (
+        subprocess.Popen(
+            command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        ) as proc,
+        log.open("w", buffering=1) as kept,
+    ):
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -181,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(args.vllm_python),
         "command": shlex.join(command),
         "workers": args.workers,
-        "cache": {"dir": str(args.cache_dir), "cold": args.cold, "bytes_before": cache_before,
-                  "bytes_after": tree_bytes(args.cache_dir)},
+        "cache": {
+            "dir": str(args.cache_dir),
+            "cold": args.cold,
+            "bytes_before": cache_before,
+            "bytes_after": tree_bytes(args.cache_dir),
+        },
         **summarise(wall, proc.returncode, tests),
     }
     text = json.dumps(result, indent=2)

@@ -63,14 +63,34 @@ import types
 # --------------------------------------------------------------------------------------------------------------------
 # The proxy: gdnctl's hf_text_config("gdnctl/qwen3.5-35b-a3b-proxy"), written out (keeps this file standalone).
 PROXY_HF_TEXT_CONFIG = {
-    "num_hidden_layers": 8, "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2,
-    "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "vocab_size": 248320,
-    "num_experts": 32, "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
-    "mtp_num_hidden_layers": 0, "rms_norm_eps": 1e-06, "architectures": ["Qwen3_5MoeForCausalLM"],
-    "model_type": "qwen3_5_moe_text", "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+    "num_hidden_layers": 8,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "vocab_size": 248320,
+    "num_experts": 32,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "mtp_num_hidden_layers": 0,
+    "rms_norm_eps": 1e-06,
+    "architectures": ["Qwen3_5MoeForCausalLM"],
+    "model_type": "qwen3_5_moe_text",
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "attention_bias": False,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    "torch_dtype": "bfloat16", "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "torch_dtype": "bfloat16",
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
 }
 H100_DENSE_BF16_TFLOPS = 989.0
 TUNED_CUDA_GRAPH_MODULES = ["attn", "moe_router", "moe_preprocess"]
@@ -80,15 +100,24 @@ TUNED_CUDA_GRAPH_MODULES = ["attn", "moe_router", "moe_preprocess"]
 #   data/energon/base_energon_datamodule.py: megatron.energon;  data/sources/hf.py, data/datasets/gpt_sft.py: datasets
 OPTIONAL_PACKAGES = {
     "nvidia_resiliency_ext": ["nvidia_resiliency_ext", "nvidia_resiliency_ext.inprocess"],
-    "modelopt": ["modelopt", "modelopt.torch", "modelopt.torch.distill", "modelopt.torch.distill.plugins",
-                 "modelopt.torch.distill.plugins.megatron", "modelopt.torch.opt", "modelopt.torch.opt.plugins"],
+    "modelopt": [
+        "modelopt",
+        "modelopt.torch",
+        "modelopt.torch.distill",
+        "modelopt.torch.distill.plugins",
+        "modelopt.torch.distill.plugins.megatron",
+        "modelopt.torch.opt",
+        "modelopt.torch.opt.plugins",
+    ],
     "megatron.energon": ["megatron.energon"],
     "datasets": ["datasets", "datasets.builder"],
 }
 # Stand-ins that are called on every step and must answer as the real package does for a non-distillation model.
 STUB_FUNCTIONS = {
-    ("modelopt.torch.distill.plugins.megatron", "get_tensor_shapes_adjust_fn_for_distillation"):
-        lambda *args, **kwargs: None,
+    (
+        "modelopt.torch.distill.plugins.megatron",
+        "get_tensor_shapes_adjust_fn_for_distillation",
+    ): lambda *args, **kwargs: None,
 }
 
 
@@ -109,41 +138,79 @@ def fail(message: str, code: int = 2) -> None:
 
 # --------------------------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--mode", choices=["matched", "tuned"], default="matched")
     p.add_argument("--steps", type=int, default=12, help="training iterations (default 12)")
-    p.add_argument("--skip", type=int, default=None,
-                   help="first steps left out of the medians (default 3; tuned with CUDA graphs: warm-up + 3)")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=None,
+        help="first steps left out of the medians (default 3; tuned with CUDA graphs: warm-up + 3)",
+    )
     p.add_argument("--mbs", type=int, default=1, help="micro-batch size (gdnctl preset: 1)")
     p.add_argument("--gbs", type=int, default=4, help="global batch size in sequences (gdnctl preset: 4)")
     p.add_argument("--seq", type=int, default=8192, help="sequence length (gdnctl preset: 8192)")
     p.add_argument("--layers", type=int, default=8, help="decoder layers (proxy: 8; multiple of 4 keeps 3:1)")
     p.add_argument("--experts", type=int, default=32, help="routed experts (proxy: 32)")
     p.add_argument("--ep", type=int, default=1, help="expert parallel size (needs that many GPUs)")
-    p.add_argument("--gdn-kernel", choices=["megatron", "fla", "flashqla"], default="megatron",
-                   help="megatron: Megatron-Core's own FLA import; fla/flashqla: gdnctl's kernels "
-                        "(gdnctl importable, e.g. PYTHONPATH=...:. from the repository root)")
-    p.add_argument("--torch-compile", choices=["auto", "on", "off"], default="auto",
-                   help="auto: off in matched (gdnctl's default), on in tuned (Megatron's default)")
-    p.add_argument("--grad-acc-fusion", choices=["auto", "on", "off"], default="auto",
-                   help="TE wgrad accumulation into main_grad; auto: off in matched, on in tuned")
-    p.add_argument("--cuda-graph-modules", default="auto",
-                   help="comma list for TE-scoped CUDA graphs, or 'none'; auto: none in matched, "
-                        + ",".join(TUNED_CUDA_GRAPH_MODULES) + " in tuned")
-    p.add_argument("--ce-impl", choices=["auto", "native", "te"], default="auto",
-                   help="cross_entropy_fusion_impl; auto: native in matched, te in tuned")
+    p.add_argument(
+        "--gdn-kernel",
+        choices=["megatron", "fla", "flashqla"],
+        default="megatron",
+        help="megatron: Megatron-Core's own FLA import; fla/flashqla: gdnctl's kernels "
+        "(gdnctl importable, e.g. PYTHONPATH=...:. from the repository root)",
+    )
+    p.add_argument(
+        "--torch-compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="auto: off in matched (gdnctl's default), on in tuned (Megatron's default)",
+    )
+    p.add_argument(
+        "--grad-acc-fusion",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="TE wgrad accumulation into main_grad; auto: off in matched, on in tuned",
+    )
+    p.add_argument(
+        "--cuda-graph-modules",
+        default="auto",
+        help="comma list for TE-scoped CUDA graphs, or 'none'; auto: none in matched, "
+        + ",".join(TUNED_CUDA_GRAPH_MODULES)
+        + " in tuned",
+    )
+    p.add_argument(
+        "--ce-impl",
+        choices=["auto", "native", "te"],
+        default="auto",
+        help="cross_entropy_fusion_impl; auto: native in matched, te in tuned",
+    )
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    p.add_argument("--recompute-modules", default="",
-                   help="with --recompute selective, e.g. 'moe_act,layernorm' (Megatron's names)")
-    p.add_argument("--precision-aware-optimizer", action="store_true",
-                   help="bf16 Adam moments (Megatron-Bridge's 16-H100 recipes); default off as in gdnctl")
-    p.add_argument("--force-balance", action="store_true",
-                   help="moe_router_force_load_balancing (benchmark-only; Megatron-Bridge's published MoE numbers "
-                        "use it; default off: learned routing as in gdnctl)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override any ConfigContainer field, e.g. model.moe_router_fusion=True (repeatable, "
-                        "applied last)")
+    p.add_argument(
+        "--recompute-modules",
+        default="",
+        help="with --recompute selective, e.g. 'moe_act,layernorm' (Megatron's names)",
+    )
+    p.add_argument(
+        "--precision-aware-optimizer",
+        action="store_true",
+        help="bf16 Adam moments (Megatron-Bridge's 16-H100 recipes); default off as in gdnctl",
+    )
+    p.add_argument(
+        "--force-balance",
+        action="store_true",
+        help="moe_router_force_load_balancing (benchmark-only; Megatron-Bridge's published MoE numbers "
+        "use it; default off: learned routing as in gdnctl)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any ConfigContainer field, e.g. model.moe_router_fusion=True (repeatable, applied last)",
+    )
     p.add_argument("--peak-tflops", type=float, default=H100_DENSE_BF16_TFLOPS, help="for MFU (H100 bf16: 989)")
     p.add_argument("--out", default=None, help="write the summary JSON here")
     p.add_argument("--no-stubs", action="store_true", help="do not stand in for missing optional packages")
@@ -180,8 +247,14 @@ def set_process_environment(args: argparse.Namespace) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
     if args.mode == "tuned":
         # Megatron-Bridge's H100 MoE perf recipes (perf_recipes/qwen/h100/qwen3_moe.py env_vars); with CUDA graphs
         # and expandable segments the recipes also set NCCL_GRAPH_REGISTER=0.
@@ -198,11 +271,15 @@ class _StubError(RuntimeError):
 
 def _stub_class(module_name: str, attr: str):
     def _refuse(*_args, **_kwargs):
-        raise _StubError(f"{module_name}.{attr} was called, but {module_name.split('.')[0]} is not installed "
-                         "(megatron_bridge_loop.py stood in for it); install the package or use a path that does not "
-                         "need it")
-    return type(attr, (), {"__init__": _refuse, "__module__": module_name,
-                           "__doc__": "megatron_bridge_loop.py stand-in"})
+        raise _StubError(
+            f"{module_name}.{attr} was called, but {module_name.split('.')[0]} is not installed "
+            "(megatron_bridge_loop.py stood in for it); install the package or use a path that does not "
+            "need it"
+        )
+
+    return type(
+        attr, (), {"__init__": _refuse, "__module__": module_name, "__doc__": "megatron_bridge_loop.py stand-in"}
+    )
 
 
 class _StubModule(types.ModuleType):
@@ -239,8 +316,10 @@ def install_stubs(enabled: bool) -> list[str]:
             if module_name in sys.modules and isinstance(sys.modules[module_name], _StubModule):
                 setattr(sys.modules[module_name], attr, fn)
     if missing and not enabled:
-        fail("not installed: " + ", ".join(missing) + ". megatron-bridge 0.6.2's training modules import them at "
-             "module level; install them next to megatron-bridge, or drop --no-stubs.")
+        fail(
+            "not installed: " + ", ".join(missing) + ". megatron-bridge 0.6.2's training modules import them at "
+            "module level; install them next to megatron-bridge, or drop --no-stubs."
+        )
     return missing
 
 
@@ -291,8 +370,13 @@ class StdoutTee:
         it, ms = self.ITERATION.search(line), self.ELAPSED.search(line)
         if it and ms:
             tf = self.TFLOPS.search(line)
-            self.records.append({"iteration": int(it.group(1)), "elapsed_ms": float(ms.group(1)),
-                                 "tflops_per_gpu": float(tf.group(1)) if tf else None})
+            self.records.append(
+                {
+                    "iteration": int(it.group(1)),
+                    "elapsed_ms": float(ms.group(1)),
+                    "tflops_per_gpu": float(tf.group(1)) if tf else None,
+                }
+            )
 
     def flush(self):
         self._stream.flush()
@@ -388,38 +472,74 @@ def build_config(args: argparse.Namespace):
     mixed_precision.grad_reduce_in_fp32 = grad_reduce_fp32
 
     optimizer = OptimizerConfig(  # gdnctl/runtime/train/trainer.py: adam, constant lr 1e-5, wd 0.01, clip 1.0
-        optimizer="adam", lr=1e-5, min_lr=1e-5, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
-        clip_grad=1.0, bf16=True, use_distributed_optimizer=True,
+        optimizer="adam",
+        lr=1e-5,
+        min_lr=1e-5,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_eps=1e-8,
+        clip_grad=1.0,
+        bf16=True,
+        use_distributed_optimizer=True,
         use_precision_aware_optimizer=args.precision_aware_optimizer,
     )
     if args.precision_aware_optimizer:
         optimizer.main_grads_dtype, optimizer.main_params_dtype = torch.float32, torch.float32
         optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype = torch.bfloat16, torch.bfloat16
-    scheduler = SchedulerConfig(lr_decay_style="constant", lr_warmup_iters=0, lr_decay_iters=args.steps,
-                                start_weight_decay=0.01, end_weight_decay=0.01, weight_decay_incr_style="constant",
-                                override_opt_param_scheduler=True)
+    scheduler = SchedulerConfig(
+        lr_decay_style="constant",
+        lr_warmup_iters=0,
+        lr_decay_iters=args.steps,
+        start_weight_decay=0.01,
+        end_weight_decay=0.01,
+        weight_decay_incr_style="constant",
+        override_opt_param_scheduler=True,
+    )
     dataset = GPTDatasetConfig(  # blend=None: Megatron's mock GPT data (recipes/common.py _pretrain_common)
-        seq_length=args.seq, random_seed=1234, reset_attention_mask=False, reset_position_ids=False,
-        eod_mask_loss=False, num_dataset_builder_threads=1, blend=None, blend_per_split=None, split="9999,8,2",
-        data_sharding=True, dataloader_type="single", skip_getting_attention_mask_from_dataset=True, num_workers=1,
+        seq_length=args.seq,
+        random_seed=1234,
+        reset_attention_mask=False,
+        reset_position_ids=False,
+        eod_mask_loss=False,
+        num_dataset_builder_threads=1,
+        blend=None,
+        blend_per_split=None,
+        split="9999,8,2",
+        data_sharding=True,
+        dataloader_type="single",
+        skip_getting_attention_mask_from_dataset=True,
+        num_workers=1,
     )
     cfg = ConfigContainer(
         model=model,
-        train=TrainingConfig(train_iters=args.steps, global_batch_size=args.gbs, micro_batch_size=args.mbs,
-                             manual_gc=tuned, manual_gc_interval=100 if tuned else 0),
+        train=TrainingConfig(
+            train_iters=args.steps,
+            global_batch_size=args.gbs,
+            micro_batch_size=args.mbs,
+            manual_gc=tuned,
+            manual_gc_interval=100 if tuned else 0,
+        ),
         validation=ValidationConfig(eval_iters=0, eval_interval=None),
         optimizer=optimizer,
         scheduler=scheduler,
-        ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_fp32, overlap_grad_reduce=False,
-                                          overlap_param_gather=False, use_distributed_optimizer=True,
-                                          check_for_nan_in_grad=False,
-                                          # per-token loss asserts average_in_collective=False (mcore DDP)
-                                          average_in_collective=False),
+        ddp=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=grad_reduce_fp32,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            use_distributed_optimizer=True,
+            check_for_nan_in_grad=False,
+            # per-token loss asserts average_in_collective=False (mcore DDP)
+            average_in_collective=False,
+        ),
         dataset=dataset,
-        logger=LoggerConfig(log_interval=1, log_throughput=True, tensorboard_dir=None,
-                            log_timers_to_tensorboard=False),
-        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", tokenizer_model=None,
-                                  vocab_size=PROXY_HF_TEXT_CONFIG["vocab_size"], use_tokenizer_vocab_size=False),
+        logger=LoggerConfig(log_interval=1, log_throughput=True, tensorboard_dir=None, log_timers_to_tensorboard=False),
+        tokenizer=TokenizerConfig(
+            tokenizer_type="NullTokenizer",
+            tokenizer_model=None,
+            vocab_size=PROXY_HF_TEXT_CONFIG["vocab_size"],
+            use_tokenizer_vocab_size=False,
+        ),
         checkpoint=CheckpointConfig(save=None, load=None, save_interval=None),
         rng=RNGConfig(seed=1234, te_rng_tracker=bool(args.graph_modules)),
         rerun_state_machine=RerunStateMachineConfig(check_for_nan_in_loss=False, check_for_spiky_loss=False),
@@ -439,27 +559,56 @@ def build_config(args: argparse.Namespace):
 
 
 REPORTED_OPTIONS = [
-    "num_layers", "hidden_size", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
-    "moe_shared_expert_intermediate_size", "vocab_size", "seq_length", "experimental_attention_variant",
-    "linear_attention_freq", "moe_grouped_gemm", "moe_permute_fusion", "moe_router_fusion",
-    "moe_token_dispatcher_type", "moe_router_dtype", "moe_router_load_balancing_type",
-    "moe_router_force_load_balancing", "moe_shared_expert_overlap", "cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl", "bias_activation_fusion", "apply_rope_fusion", "masked_softmax_fusion",
-    "gradient_accumulation_fusion", "calculate_per_token_loss", "recompute_granularity", "recompute_modules",
-    "cuda_graph_impl", "cuda_graph_modules", "use_te_rng_tracker", "use_transformer_engine_op_fuser",
-    "expert_model_parallel_size", "bf16",
+    "num_layers",
+    "hidden_size",
+    "num_moe_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "vocab_size",
+    "seq_length",
+    "experimental_attention_variant",
+    "linear_attention_freq",
+    "moe_grouped_gemm",
+    "moe_permute_fusion",
+    "moe_router_fusion",
+    "moe_token_dispatcher_type",
+    "moe_router_dtype",
+    "moe_router_load_balancing_type",
+    "moe_router_force_load_balancing",
+    "moe_shared_expert_overlap",
+    "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl",
+    "bias_activation_fusion",
+    "apply_rope_fusion",
+    "masked_softmax_fusion",
+    "gradient_accumulation_fusion",
+    "calculate_per_token_loss",
+    "recompute_granularity",
+    "recompute_modules",
+    "cuda_graph_impl",
+    "cuda_graph_modules",
+    "use_te_rng_tracker",
+    "use_transformer_engine_op_fuser",
+    "expert_model_parallel_size",
+    "bf16",
 ]
 
 
 def describe(cfg) -> dict:
     out = {f"model.{k}": _plain(getattr(cfg.model, k, "<absent>")) for k in REPORTED_OPTIONS}
-    out.update({
-        "train.micro_batch_size": cfg.train.micro_batch_size, "train.global_batch_size": cfg.train.global_batch_size,
-        "train.manual_gc": cfg.train.manual_gc, "ddp.grad_reduce_in_fp32": cfg.ddp.grad_reduce_in_fp32,
-        "ddp.overlap_grad_reduce": cfg.ddp.overlap_grad_reduce, "ddp.use_distributed_optimizer":
-        cfg.ddp.use_distributed_optimizer, "optimizer.use_precision_aware_optimizer":
-        cfg.optimizer.use_precision_aware_optimizer, "dataset.seq_length": cfg.dataset.seq_length,
-    })
+    out.update(
+        {
+            "train.micro_batch_size": cfg.train.micro_batch_size,
+            "train.global_batch_size": cfg.train.global_batch_size,
+            "train.manual_gc": cfg.train.manual_gc,
+            "ddp.grad_reduce_in_fp32": cfg.ddp.grad_reduce_in_fp32,
+            "ddp.overlap_grad_reduce": cfg.ddp.overlap_grad_reduce,
+            "ddp.use_distributed_optimizer": cfg.ddp.use_distributed_optimizer,
+            "optimizer.use_precision_aware_optimizer": cfg.optimizer.use_precision_aware_optimizer,
+            "dataset.seq_length": cfg.dataset.seq_length,
+        }
+    )
     return out
 
 
@@ -511,8 +660,10 @@ def make_callback(args, holder: dict):
         def on_train_start(self, context):
             holder["cfg"] = context.state.cfg
             if self._rank0():
-                log("resolved options (after Megatron-Bridge's finalize): "
-                    + json.dumps(describe(context.state.cfg), sort_keys=True))
+                log(
+                    "resolved options (after Megatron-Bridge's finalize): "
+                    + json.dumps(describe(context.state.cfg), sort_keys=True)
+                )
 
         def _close_previous(self, context):
             if self.steps and self.steps[-1].get("flops") is None and self._flops0 is not None:
@@ -529,11 +680,17 @@ def make_callback(args, holder: dict):
         def on_train_step_end(self, context):
             torch.cuda.synchronize()
             seconds = time.perf_counter() - self._t0
-            self.steps.append({"step": len(self.steps) + 1, "seconds": seconds, "flops": None,
-                               "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                               # with CUDA graphs, their pools' tensors are reserved, not counted as allocated
-                               "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-                               "skipped": bool(context.skipped_iter)})
+            self.steps.append(
+                {
+                    "step": len(self.steps) + 1,
+                    "seconds": seconds,
+                    "flops": None,
+                    "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                    # with CUDA graphs, their pools' tensors are reserved, not counted as allocated
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+                    "skipped": bool(context.skipped_iter),
+                }
+            )
 
         def on_train_end(self, context):
             self._close_previous(context)
@@ -558,10 +715,19 @@ def summarise(args, holder, tee, stubbed, wgrad_note) -> dict:
     own_step = median([s["seconds"] for s in measured])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return {
-        "mode": args.mode, "world_size": world, "steps": args.steps, "skipped_warmup_steps": args.skip,
-        "shape": {"micro_batch_size": args.mbs, "global_batch_size": args.gbs, "seq_length": args.seq,
-                  "tokens_per_step": tokens, "micro_batches_per_gpu": args.gbs // (args.mbs * world),
-                  "layers": args.layers, "experts": args.experts},
+        "mode": args.mode,
+        "world_size": world,
+        "steps": args.steps,
+        "skipped_warmup_steps": args.skip,
+        "shape": {
+            "micro_batch_size": args.mbs,
+            "global_batch_size": args.gbs,
+            "seq_length": args.seq,
+            "tokens_per_step": tokens,
+            "micro_batches_per_gpu": args.gbs // (args.mbs * world),
+            "layers": args.layers,
+            "experts": args.experts,
+        },
         "megatron_bridge_log": {
             "median_elapsed_ms": median([r["elapsed_ms"] for r in mb]),
             "median_tflops_per_gpu": mb_tflops,
@@ -579,22 +745,34 @@ def summarise(args, holder, tee, stubbed, wgrad_note) -> dict:
         },
         "flops_per_token": flops_per_token(cfg, args) if cfg is not None else None,
         "options": describe(cfg) if cfg is not None else None,
-        "gdn_kernel": args.gdn_kernel, "torch_compile": args.torch_compile, "wgrad_fusion": wgrad_note,
+        "gdn_kernel": args.gdn_kernel,
+        "torch_compile": args.torch_compile,
+        "wgrad_fusion": wgrad_note,
         "stood_in_for": stubbed,
     }
 
 
 # --------------------------------------------------------------------------------------------------------------------
 HINTS = [
-    ("fused_weight_gradient_mlp_cuda", "gradient_accumulation_fusion needs APEX in Megatron-Core's non-TE linears: "
-                                       "use --grad-acc-fusion on (TE layers only) or off."),
-    ("out of memory", "CUDA OOM: try --recompute selective --recompute-modules moe_act,layernorm, "
-                      "--precision-aware-optimizer, --ce-impl te, a smaller --mbs, or --cuda-graph-modules none."),
+    (
+        "fused_weight_gradient_mlp_cuda",
+        "gradient_accumulation_fusion needs APEX in Megatron-Core's non-TE linears: "
+        "use --grad-acc-fusion on (TE layers only) or off.",
+    ),
+    (
+        "out of memory",
+        "CUDA OOM: try --recompute selective --recompute-modules moe_act,layernorm, "
+        "--precision-aware-optimizer, --ce-impl te, a smaller --mbs, or --cuda-graph-modules none.",
+    ),
     ("graph", "a CUDA-graph problem: rerun with --cuda-graph-modules none (or only moe_router,moe_preprocess)."),
-    ("No module named", "a package is missing from PYTHONPATH (Transformer Engine, megatron-core and "
-                        "megatron-bridge must import)."),
-    ("not installed (megatron_bridge_loop.py stood in",
-     "this run reached a feature of a package that is not installed."),
+    (
+        "No module named",
+        "a package is missing from PYTHONPATH (Transformer Engine, megatron-core and megatron-bridge must import).",
+    ),
+    (
+        "not installed (megatron_bridge_loop.py stood in",
+        "this run reached a feature of a package that is not installed.",
+    ),
 ]
 
 
@@ -607,8 +785,10 @@ def main(argv=None) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401  (imported before any stand-in, so its package probes see the truth)
     except Exception as error:
-        fail(f"cannot import torch/transformers ({type(error).__name__}: {error}); "
-             "run where Transformer Engine, megatron-core and megatron-bridge import")
+        fail(
+            f"cannot import torch/transformers ({type(error).__name__}: {error}); "
+            "run where Transformer Engine, megatron-core and megatron-bridge import"
+        )
     stubbed = install_stubs(enabled=not args.no_stubs)
     if stubbed:
         log("not installed, stood in for (only imported, never used by this run): " + ", ".join(stubbed))
@@ -618,8 +798,10 @@ def main(argv=None) -> int:
         import megatron.bridge  # noqa: F401
         import megatron.core
 
-        log(f"megatron-core {getattr(megatron.core, '__version__', '?')}, megatron-bridge "
-            f"{getattr(megatron.bridge, '__version__', '?')}, torch {torch.__version__}, mode {args.mode}")
+        log(
+            f"megatron-core {getattr(megatron.core, '__version__', '?')}, megatron-bridge "
+            f"{getattr(megatron.bridge, '__version__', '?')}, torch {torch.__version__}, mode {args.mode}"
+        )
         if args.torch_compile == "off":
             torch.compiler.set_stance("force_eager")  # what gdnctl's trainer does by default
         if args.grad_acc_fusion == "on":
@@ -659,16 +841,21 @@ def main(argv=None) -> int:
         sys.stdout = tee._stream
     if is_report_rank():
         summary = summarise(args, holder, tee, stubbed, wgrad_note)
-        short = dict(summary, options=None,
-                     megatron_bridge_log={k: v for k, v in summary["megatron_bridge_log"].items()
-                                          if k != "per_iteration"},
-                     train_step_timer={k: v for k, v in summary["train_step_timer"].items() if k != "per_step"})
+        short = dict(
+            summary,
+            options=None,
+            megatron_bridge_log={k: v for k, v in summary["megatron_bridge_log"].items() if k != "per_iteration"},
+            train_step_timer={k: v for k, v in summary["train_step_timer"].items() if k != "per_step"},
+        )
         print("PEER_SUMMARY " + json.dumps(short, default=str), flush=True)
         t, m = summary["train_step_timer"], summary["megatron_bridge_log"]
-        print(f"[peer] median step {t['median_step_s']} s (train_step timer), {m['median_elapsed_ms']} ms "
-              f"(Megatron-Bridge log); TFLOP/s/GPU {m['median_tflops_per_gpu']} (Megatron-Bridge log), "
-              f"{t['median_tflops_per_gpu']} (timer); MFU {m['mfu']} of {args.peak_tflops} TFLOPS; "
-              f"peak {t['max_peak_memory_gib']} GiB", flush=True)
+        print(
+            f"[peer] median step {t['median_step_s']} s (train_step timer), {m['median_elapsed_ms']} ms "
+            f"(Megatron-Bridge log); TFLOP/s/GPU {m['median_tflops_per_gpu']} (Megatron-Bridge log), "
+            f"{t['median_tflops_per_gpu']} (timer); MFU {m['mfu']} of {args.peak_tflops} TFLOPS; "
+            f"peak {t['max_peak_memory_gib']} GiB",
+            flush=True,
+        )
         if args.out:
             with open(args.out, "w") as f:
                 f.write(json.dumps(summary, default=str, indent=1) + "\n")

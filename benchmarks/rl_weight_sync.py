@@ -50,16 +50,36 @@ HIDDEN, VOCAB, EXPERTS, EXPERT_FFN = 2048, 248320, 256, 512
 def proxy_config(layers: int) -> dict:
     """Qwen3-Next with the 35B-A3B's width, vocabulary and experts; every fourth layer full attention."""
     return {
-        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": HIDDEN,
-        "vocab_size": VOCAB, "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": EXPERTS, "num_experts_per_tok": 8,
-        "moe_intermediate_size": EXPERT_FFN, "shared_expert_intermediate_size": EXPERT_FFN, "intermediate_size": 512,
-        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "hidden_act": "silu",
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 10000000.0,
-        "partial_rotary_factor": 0.25, "tie_word_embeddings": False, "attention_bias": False,
-        "full_attention_interval": 4, "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                                                      for i in range(layers)],
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": HIDDEN,
+        "vocab_size": VOCAB,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": EXPERTS,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": EXPERT_FFN,
+        "shared_expert_intermediate_size": EXPERT_FFN,
+        "intermediate_size": 512,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "full_attention_interval": 4,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
         "torch_dtype": "bfloat16",
     }
 
@@ -141,8 +161,11 @@ def probe_logprobs(llm, tokens: list[int]) -> list[float]:
     from vllm.inputs import TokensPrompt
 
     llm.reset_prefix_cache()
-    scored = llm.generate([TokensPrompt(prompt_token_ids=tokens)],
-                          SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+    scored = llm.generate(
+        [TokensPrompt(prompt_token_ids=tokens)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )[0]
     return [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], tokens[1:], strict=True)]
 
 
@@ -158,19 +181,29 @@ def generation_speed(llm, prompts: int, tokens: int, repeats: int) -> dict:
     ids = [[(7 * p + 3 * i) % 1000 + 10 for i in range(32)] for p in range(prompts)]
     plain_rates, gdnctl_rates = [], []
     for repeat in range(repeats):
-        params = [SamplingParams(n=1, max_tokens=tokens, temperature=1.0, logprobs=0,
-                                 detokenize=False, seed=repeat * prompts + index) for index in range(prompts)]
+        params = [
+            SamplingParams(
+                n=1, max_tokens=tokens, temperature=1.0, logprobs=0, detokenize=False, seed=repeat * prompts + index
+            )
+            for index in range(prompts)
+        ]
         began = time.perf_counter()
         outputs = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False)
         plain_rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - began))
         began = time.perf_counter()
-        reply = rollout.generate(ids, n=1, max_tokens=tokens, temperature=1.0, seed=repeat * prompts,
-                                 stop_token_ids=[])
+        reply = rollout.generate(ids, n=1, max_tokens=tokens, temperature=1.0, seed=repeat * prompts, stop_token_ids=[])
         gdnctl_rates.append(sum(len(s[0]["tokens"]) for s in reply["samples"]) / (time.perf_counter() - began))
     plain, ours = statistics.median(plain_rates[1:]), statistics.median(gdnctl_rates[1:])
-    return {"prompts": prompts, "tokens_per_prompt": tokens, "repeats": repeats,
-            "plain_vllm_tokens_per_s": plain_rates, "gdnctl_tokens_per_s": gdnctl_rates,
-            "median_plain": plain, "median_gdnctl": ours, "gdnctl_over_plain": ours / plain}
+    return {
+        "prompts": prompts,
+        "tokens_per_prompt": tokens,
+        "repeats": repeats,
+        "plain_vllm_tokens_per_s": plain_rates,
+        "gdnctl_tokens_per_s": gdnctl_rates,
+        "median_plain": plain,
+        "median_gdnctl": ours,
+        "gdnctl_over_plain": ours / plain,
+    }
 
 
 def main() -> int:
@@ -183,9 +216,13 @@ def main() -> int:
     args = parser.parse_args()
     from vllm import LLM
 
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "versions": {name: importlib.metadata.version(name) for name in ("vllm", "torch")},
-              "command": " ".join(sys.argv), "sizes": []}
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "versions": {name: importlib.metadata.version(name) for name in ("vllm", "torch")},
+        "command": " ".join(sys.argv),
+        "sizes": [],
+    }
     for index, layers in enumerate(int(x) for x in args.layers.split(",")):
         config = proxy_config(layers)
         model_dir = args.work / f"proxy-{layers}"
@@ -194,11 +231,24 @@ def main() -> int:
         weight_sync.write_weights(tensors.items(), model_dir, config=config)
         gib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30
         began = time.perf_counter()
-        llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-                  gpu_memory_utilization=0.5, max_model_len=1024, enable_sleep_mode=True,
-                  gdn_prefill_backend="triton")
-        size = {"layers": layers, "weights_gib": gib, "engine_start_s": time.perf_counter() - began,
-                "disk_s": [], "cuda_ipc_s": [], "broadcast_s": []}
+        llm = LLM(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype="bfloat16",
+            enforce_eager=True,
+            gpu_memory_utilization=0.5,
+            max_model_len=1024,
+            enable_sleep_mode=True,
+            gdn_prefill_backend="triton",
+        )
+        size = {
+            "layers": layers,
+            "weights_gib": gib,
+            "engine_start_s": time.perf_counter() - began,
+            "disk_s": [],
+            "cuda_ipc_s": [],
+            "broadcast_s": [],
+        }
         root = connection = None
         if args.broadcast:
             import multiprocessing
@@ -209,8 +259,10 @@ def main() -> int:
             root.start()
             fields, plan = connection.recv()
             # One engine: its worker is the group's rank 1, after the broadcasting root.
-            llm.collective_rpc(broadcast.join_group, args=(fields["host"], fields["port"], fields["size"],
-                                                           fields["backend"], fields["timeout_s"], 1))
+            llm.collective_rpc(
+                broadcast.join_group,
+                args=(fields["host"], fields["port"], fields["size"], fields["backend"], fields["timeout_s"], 1),
+            )
         probe = list(range(100, 164))
         reference = probe_logprobs(llm, probe)
         for _ in range(args.repeats):
@@ -222,8 +274,9 @@ def main() -> int:
             if root is not None:
                 size["broadcast_s"].append(sync_broadcast(llm, connection, plan))
                 after_broadcast = probe_logprobs(llm, probe)
-                size["probe_gap_broadcast_vs_disk"] = max(abs(a - b) for a, b in zip(after_broadcast, after_disk,
-                                                                                     strict=True))
+                size["probe_gap_broadcast_vs_disk"] = max(
+                    abs(a - b) for a, b in zip(after_broadcast, after_disk, strict=True)
+                )
         size["probe_gap_disk_vs_start"] = max(abs(a - b) for a, b in zip(after_disk, reference, strict=True))
         size["probe_gap_ipc_vs_disk"] = max(abs(a - b) for a, b in zip(after_ipc, after_disk, strict=True))
         size["speedup"] = statistics.median(size["disk_s"]) / statistics.median(size["cuda_ipc_s"])

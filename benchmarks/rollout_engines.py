@@ -31,8 +31,15 @@ from pathlib import Path
 import torch
 
 PRESET = "tiny-qwen3.5-rl-cpu"
-ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0", "kernels.gdn_backend=fla",
-          "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2", "rollout.gdn_prefill_backend=triton")
+ON_GPU = (
+    "cluster.gpu=h100",
+    "runtime.transformer_engine=none",
+    "runtime.vllm=0.26.0",
+    "kernels.gdn_backend=fla",
+    "rollout.gpu_memory_utilization=0.1",
+    "rollout.kv_cache_gib=2",
+    "rollout.gdn_prefill_backend=triton",
+)
 DEFAULT_MODEL = "gdnctl/tiny-qwen3-next-bytes"
 PROMPTS = 64  # every prompt of the toy dataset, each step
 # Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip or
@@ -44,29 +51,54 @@ DEFAULT_SAMPLES = 16
 
 def load(model: str = DEFAULT_MODEL, samples: int = DEFAULT_SAMPLES) -> tuple[str, ...]:
     """The settings of a step: every prompt x `samples` responses of up to 256 tokens from `model`."""
-    return (f"model.id={model}", f"train.global_batch_size={PROMPTS * samples}", "train.micro_batch_size=16",
-            f"rollout.n_samples_per_prompt={samples}", "rollout.max_response_tokens=256", "train.seq_length=512",
-            "eval=null")
+    return (
+        f"model.id={model}",
+        f"train.global_batch_size={PROMPTS * samples}",
+        "train.micro_batch_size=16",
+        f"rollout.n_samples_per_prompt={samples}",
+        "rollout.max_response_tokens=256",
+        "train.seq_length=512",
+        "eval=null",
+    )
 
 
 def arms(gpus: int) -> list[tuple[str, int, tuple[str, ...]]]:
     """(placement, engines, settings) for every arm this machine can run."""
     out = []
     if gpus >= 2:
-        out += [("colocated", engines, ("cluster.gpus_per_node=2", f"rollout.num_gpus={engines}"))
-                for engines in (1, 2)]
+        out += [
+            ("colocated", engines, ("cluster.gpus_per_node=2", f"rollout.num_gpus={engines}")) for engines in (1, 2)
+        ]
     if gpus >= 3:
-        out += [("separate", engines, ("cluster.gpus_per_node=3", "rollout.colocate=false",
-                                       f"rollout.num_gpus={engines}")) for engines in (1, 2)]
+        out += [
+            ("separate", engines, ("cluster.gpus_per_node=3", "rollout.colocate=false", f"rollout.num_gpus={engines}"))
+            for engines in (1, 2)
+        ]
     return out
 
 
-def run_arm(run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool,
-            step_load: tuple[str, ...]) -> dict:
-    sets = (*ON_GPU, *step_load, *settings, f"train.train_iters={steps}", f"rollout.python={vllm_python}",
-            f"rollout.enforce_eager={'true' if eager else 'false'}")
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
-               *(arg for value in sets for arg in ("--set", value))]
+def run_arm(
+    run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool, step_load: tuple[str, ...]
+) -> dict:
+    sets = (
+        *ON_GPU,
+        *step_load,
+        *settings,
+        f"train.train_iters={steps}",
+        f"rollout.python={vllm_python}",
+        f"rollout.enforce_eager={'true' if eager else 'false'}",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "-o",
+        str(run_dir),
+        "--force",
+        *(arg for value in sets for arg in ("--set", value)),
+    ]
     done = subprocess.run(command, text=True, capture_output=True, timeout=3600, check=False)
     (run_dir.parent / f"{run_dir.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -74,10 +106,13 @@ def run_arm(run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: i
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [row for row in rows if "rollout_tokens_per_second" in row]
     measured = rows[1:]
-    return {"rollout_tokens_per_second": statistics.median(r["rollout_tokens_per_second"] for r in measured),
-            "rollout_seconds": statistics.median(r["rollout_seconds"] for r in measured),
-            "response_length": statistics.median(r["response_length"] for r in measured),
-            "engines_seen": sorted({r["rollout_engines"] for r in rows}), "steps": len(rows)}
+    return {
+        "rollout_tokens_per_second": statistics.median(r["rollout_tokens_per_second"] for r in measured),
+        "rollout_seconds": statistics.median(r["rollout_seconds"] for r in measured),
+        "response_length": statistics.median(r["response_length"] for r in measured),
+        "engines_seen": sorted({r["rollout_engines"] for r in rows}),
+        "steps": len(rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,33 +120,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-python", required=True, help="interpreter with a CUDA vLLM and gdnctl")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=6, help="rl steps per arm (the first is warm-up)")
-    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (default: enforce_eager, "
-                                                                   "as the GPU tests run it)")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="vLLM with CUDA graphs (default: enforce_eager, as the GPU tests run it)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="where the run dirs go (default: a temp dir)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the catalog model both sides run (random weights)")
-    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
-                        help=f"responses per prompt ({PROMPTS} prompts a step)")
+    parser.add_argument(
+        "--samples", type=int, default=DEFAULT_SAMPLES, help=f"responses per prompt ({PROMPTS} prompts a step)"
+    )
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
     if gpus < 2:
         print("rollout_engines: needs 2 GPUs (colocated arms), 3 for the separate ones", file=sys.stderr)
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="gdnctl-engines-"))
-    result = {"date": datetime.date.today().isoformat(), "device": f"{gpus} x {torch.cuda.get_device_name()}",
-              "versions": {name: importlib.metadata.version(name) for name in ("torch",)},
-              "command": " ".join(sys.argv), "model": args.model, "sequences_per_step": PROMPTS * args.samples,
-              "arms": []}
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "device": f"{gpus} x {torch.cuda.get_device_name()}",
+        "versions": {name: importlib.metadata.version(name) for name in ("torch",)},
+        "command": " ".join(sys.argv),
+        "model": args.model,
+        "sequences_per_step": PROMPTS * args.samples,
+        "arms": [],
+    }
     for placement, engines, settings in arms(gpus):
         print(f"rollout_engines: {placement}, {engines} engine(s) ...", flush=True)
-        arm = {"placement": placement, "engines": engines,
-               **run_arm(work / f"{placement}-{engines}", args.vllm_python, settings, args.steps,
-                         eager=not args.cuda_graphs, step_load=load(args.model, args.samples))}
+        arm = {
+            "placement": placement,
+            "engines": engines,
+            **run_arm(
+                work / f"{placement}-{engines}",
+                args.vllm_python,
+                settings,
+                args.steps,
+                eager=not args.cuda_graphs,
+                step_load=load(args.model, args.samples),
+            ),
+        }
         result["arms"].append(arm)
         print(f"rollout_engines: {json.dumps(arm)}", flush=True)
         args.out.write_text(json.dumps(result, indent=2))
     for placement in ("colocated", "separate"):
-        by_engines = {arm["engines"]: arm.get("rollout_tokens_per_second")
-                      for arm in result["arms"] if arm["placement"] == placement}
+        by_engines = {
+            arm["engines"]: arm.get("rollout_tokens_per_second")
+            for arm in result["arms"]
+            if arm["placement"] == placement
+        }
         if by_engines.get(1) and by_engines.get(2):
             result[f"{placement}_scaling"] = by_engines[2] / by_engines[1]
     args.out.write_text(json.dumps(result, indent=2))

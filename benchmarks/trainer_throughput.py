@@ -122,7 +122,7 @@ def builders(args, work: Path) -> dict:
         steps = launch(work / builder, [*sets, "kernels.gdn_backend=fla", f"train.train_iters={args.steps}", *args.set])
         results[builder] = summarise(steps, work / builder)
         results[builder]["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
-    results["bridge_speedup"] = (results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"])
+    results["bridge_speedup"] = results["megatron-bridge"]["tokens_per_s"] / results["te-free"]["tokens_per_s"]
     return results
 
 
@@ -166,29 +166,65 @@ def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     train = engine["train"]
     peer_out = work / "summary.json"
-    command = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"] if args.gpus > 1
-               else [sys.executable]) + [
-        str(PEER_SCRIPT), "--mode", args.peer_mode, "--steps", str(args.steps), "--skip", str(WARMUP_STEPS),
-        "--gbs", str(train["global_batch_size"]), "--seq", str(train["seq_length"]),
-        "--mbs", str(train["micro_batch_size"]), "--ep", str(engine["parallel"]["ep"]),
-        "--peak-tflops", str(engine["metrics"]["peak_bf16_tflops"]), "--out", str(peer_out)]
+    command = (
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"]
+        if args.gpus > 1
+        else [sys.executable]
+    ) + [
+        str(PEER_SCRIPT),
+        "--mode",
+        args.peer_mode,
+        "--steps",
+        str(args.steps),
+        "--skip",
+        str(WARMUP_STEPS),
+        "--gbs",
+        str(train["global_batch_size"]),
+        "--seq",
+        str(train["seq_length"]),
+        "--mbs",
+        str(train["micro_batch_size"]),
+        "--ep",
+        str(engine["parallel"]["ep"]),
+        "--peak-tflops",
+        str(engine["metrics"]["peak_bf16_tflops"]),
+        "--out",
+        str(peer_out),
+    ]
     env = {**os.environ, **PEER_GDN_ENV[kernel]}
     print(f"$ {' '.join(f'{k}={v}' for k, v in PEER_GDN_ENV[kernel].items())} {shlex.join(command)}", flush=True)
     proc = subprocess.run(command, text=True, capture_output=True, check=False, env=env)
     (work / "megatron-bridge.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
-                         f"\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
+            f"\n{proc.stderr[-3000:]}"
+        )
     timer = json.loads(peer_out.read_text())["train_step_timer"]
-    return {"mode": args.peer_mode, "gdn_kernel": kernel, "env": PEER_GDN_ENV[kernel], "step_s": timer["median_step_s"],
-            "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
-            "tflops_per_gpu": timer["median_tflops_per_gpu"], "mfu": timer["mfu"],
-            "peak_memory_gib": timer["max_peak_memory_gib"], "peak_reserved_gib": timer.get("max_peak_reserved_gib")}
+    return {
+        "mode": args.peer_mode,
+        "gdn_kernel": kernel,
+        "env": PEER_GDN_ENV[kernel],
+        "step_s": timer["median_step_s"],
+        "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
+        "tflops_per_gpu": timer["median_tflops_per_gpu"],
+        "mfu": timer["mfu"],
+        "peak_memory_gib": timer["max_peak_memory_gib"],
+        "peak_reserved_gib": timer.get("max_peak_reserved_gib"),
+    }
 
 
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
-SPEED_OFF = {"router_fusion": "off", "bias_activation_fusion": "off", "rope_fusion": "off", "cross_entropy": "native",
-             "wgrad_fusion": "off", "grad_reduce": "fp32", "manual_gc": "off", "cuda_graphs": "off"}
+SPEED_OFF = {
+    "router_fusion": "off",
+    "bias_activation_fusion": "off",
+    "rope_fusion": "off",
+    "cross_entropy": "native",
+    "wgrad_fusion": "off",
+    "grad_reduce": "fp32",
+    "manual_gc": "off",
+    "cuda_graphs": "off",
+}
 
 
 def speed_options(args, work: Path) -> dict:
@@ -196,8 +232,11 @@ def speed_options(args, work: Path) -> dict:
     them off: step time, tokens/s and peak memory beside explain's estimate, and each option's share of the step."""
     base = [f"train.train_iters={args.steps}", *args.set]
     chosen = SPEED_OFF if args.options is None else {name: SPEED_OFF[name] for name in args.options}
-    arms = {"all-auto": [], **{f"{name}-off": [f"speed.{name}={off}"] for name, off in chosen.items()},
-            "all-off": [f"speed.{name}={off}" for name, off in SPEED_OFF.items()]}
+    arms = {
+        "all-auto": [],
+        **{f"{name}-off": [f"speed.{name}={off}"] for name, off in chosen.items()},
+        "all-off": [f"speed.{name}={off}" for name, off in SPEED_OFF.items()],
+    }
     if args.with_torch_compile:
         # Not a speed option (kernels.torch_compile, off by default): the same step with Megatron-Core's, TE's and
         # FLA's torch.compile'd functions compiled, as Megatron-Bridge's tuned recipe runs them.
@@ -208,8 +247,9 @@ def speed_options(args, work: Path) -> dict:
         results[arm] = summarise(steps, work / arm)
         results[arm]["explain_estimate_gib"] = explain_memory([*base, *sets])
     auto_step = results["all-auto"]["step_s"]
-    results["step_s_added_when_off"] = {arm.removesuffix("-off"): round(results[arm]["step_s"] - auto_step, 4)
-                                        for arm in arms if arm.endswith("-off")}
+    results["step_s_added_when_off"] = {
+        arm.removesuffix("-off"): round(results[arm]["step_s"] - auto_step, 4) for arm in arms if arm.endswith("-off")
+    }
     if "torch_compile-on" in results:
         results["step_s_added_by_torch_compile"] = round(results["torch_compile-on"]["step_s"] - auto_step, 4)
     return results
@@ -226,8 +266,12 @@ def explain_memory(sets: list[str]) -> dict:
     rows = {row["name"]: row["gib"] for row in memory["rows"]}
     resident = sum(rows.get(name, 0.0) for name in RESIDENT_ROWS)
     allocated = memory["total_gib"] - rows.get("overhead", 0.0)
-    return {"total_gib": memory["total_gib"], "allocated_gib": round(allocated, 3), "resident_gib": round(resident, 3),
-            "step_added_gib": round(allocated - resident, 3)}
+    return {
+        "total_gib": memory["total_gib"],
+        "allocated_gib": round(allocated, 3),
+        "resident_gib": round(resident, 3),
+        "step_added_gib": round(allocated - resident, 3),
+    }
 
 
 def kernels(args, work: Path) -> dict:
@@ -242,8 +286,14 @@ def kernels(args, work: Path) -> dict:
 def context_parallel_sets(args, cp: int) -> list[str]:
     """One arm of `context-parallel`: packed sequences (CP needs THD: LAY004), the same global batch for both CP
     sizes, so each step trains the same number of tokens."""
-    return ["train.layout=thd", f"parallel.cp={cp}", f"cluster.gpus_per_node={args.gpus}",
-            f"train.seq_length={args.seq_length}", f"train.train_iters={args.steps}", *args.set]
+    return [
+        "train.layout=thd",
+        f"parallel.cp={cp}",
+        f"cluster.gpus_per_node={args.gpus}",
+        f"train.seq_length={args.seq_length}",
+        f"train.train_iters={args.steps}",
+        *args.set,
+    ]
 
 
 def context_parallel(args, work: Path) -> dict:
@@ -252,8 +302,10 @@ def context_parallel(args, work: Path) -> dict:
     results = {}
     for cp in (1, 2):
         sets = context_parallel_sets(args, cp)
-        results[f"cp{cp}"] = {**summarise(launch(work / f"cp{cp}", sets), work / f"cp{cp}"),
-                              "explain_estimate_gib": explain_memory(sets)}
+        results[f"cp{cp}"] = {
+            **summarise(launch(work / f"cp{cp}", sets), work / f"cp{cp}"),
+            "explain_estimate_gib": explain_memory(sets),
+        }
     results["cp2_tokens_per_s_ratio"] = results["cp2"]["tokens_per_s"] / results["cp1"]["tokens_per_s"]
     return results
 
@@ -281,19 +333,28 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         parts = text.split("/")
-        if len(parts) not in (2, 3) or parts[0] not in GDN_BACKENDS or (
-                parts[1] not in (*GUARD_POLICIES, RECOMMENDED)) or (len(parts) == 3 and parts[2] != "pressure"):
+        if (
+            len(parts) not in (2, 3)
+            or parts[0] not in GDN_BACKENDS
+            or (parts[1] not in (*GUARD_POLICIES, RECOMMENDED))
+            or (len(parts) == 3 and parts[2] != "pressure")
+        ):
             raise argparse.ArgumentTypeError(
                 f"variant {text!r} is not BACKEND/POLICY[/pressure] with BACKEND one of {', '.join(GDN_BACKENDS)} "
-                f"and POLICY one of {', '.join((*GUARD_POLICIES, RECOMMENDED))}")
+                f"and POLICY one of {', '.join((*GUARD_POLICIES, RECOMMENDED))}"
+            )
         return cls(parts[0], parts[1], len(parts) == 3)
 
     def comm_policy(self, default_skip: frozenset[str], recommended: frozenset[str] | None):
         from gdnctl.runtime.comm.guard import CommGuardPolicy
         from gdnctl.schema import comm_ops
 
-        skip = {"guard-always": frozenset(), "default-skip": default_skip, "guard-off": comm_ops.ALL_OPS,
-                RECOMMENDED: recommended}
+        skip = {
+            "guard-always": frozenset(),
+            "default-skip": default_skip,
+            "guard-off": comm_ops.ALL_OPS,
+            RECOMMENDED: recommended,
+        }
         threshold = PRESSURE_THRESHOLD_GIB if self.pressure else 3.0
         return CommGuardPolicy(threshold, skip[self.policy], profile=False)
 
@@ -322,25 +383,44 @@ def interleaved(args, work: Path) -> dict:
         recommended = list(build_report(args.recommended_from).recommended_skip_ops)
         print(f"recommended skip set from {args.recommended_from}: {recommended}", flush=True)
     elif any(v.policy == RECOMMENDED for v in plan):
-        raise SystemExit("a 'recommended' variant needs --recommended-from RUN_DIR (a run profiled with "
-                         "comm.profile: true)")
+        raise SystemExit(
+            "a 'recommended' variant needs --recommended-from RUN_DIR (a run profiled with comm.profile: true)"
+        )
     # --profile: one more step per variant after the measured ones, each under torch.profiler (not in the medians).
     profiled = list(dict.fromkeys(plan)) if args.profile else []
     run_dir = work / "interleaved"
-    render(run_dir, [f"cluster.gpus_per_node={args.gpus}", f"train.global_batch_size={4 * args.gpus}",
-                     f"train.train_iters={len(plan) + len(profiled)}", "comm.memory_guard=true", *args.set])
-    (run_dir / "plan.json").write_text(json.dumps({"steps": [v.name for v in plan + profiled],
-                                                   "profile_from": len(plan),
-                                                   "recommended_skip_ops": recommended}))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.gpus}",
-               f"--master-port={_free_port()}", __file__, "rank", "--work-dir", str(run_dir)]
+    render(
+        run_dir,
+        [
+            f"cluster.gpus_per_node={args.gpus}",
+            f"train.global_batch_size={4 * args.gpus}",
+            f"train.train_iters={len(plan) + len(profiled)}",
+            "comm.memory_guard=true",
+            *args.set,
+        ],
+    )
+    (run_dir / "plan.json").write_text(
+        json.dumps(
+            {"steps": [v.name for v in plan + profiled], "profile_from": len(plan), "recommended_skip_ops": recommended}
+        )
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={args.gpus}",
+        f"--master-port={_free_port()}",
+        __file__,
+        "rank",
+        "--work-dir",
+        str(run_dir),
+    ]
     print("$ " + shlex.join(command), flush=True)
     log = work / "interleaved.log"
     with log.open("w") as handle:
         proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"interleaved run failed (exit {proc.returncode}); see {log}:\n"
-                         f"{log.read_text()[-3000:]}")
+        raise SystemExit(f"interleaved run failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     import yaml
 
@@ -348,8 +428,9 @@ def interleaved(args, work: Path) -> dict:
     # The preset's bshd layout pads every row to seq_length, so each step computes the same tokens whatever the
     # data; the real-token rate moves with the lengths a step happens to draw.
     padded_tokens = train["global_batch_size"] * train["seq_length"]
-    results = summarise_interleaved(plan, steps[:len(plan)], args.rounds,
-                                    json.loads((run_dir / "warm_ups.json").read_text()), padded_tokens)
+    results = summarise_interleaved(
+        plan, steps[: len(plan)], args.rounds, json.loads((run_dir / "warm_ups.json").read_text()), padded_tokens
+    )
     if profiled:
         results["profiled_steps"] = json.loads((run_dir / PROFILED_STEPS_FILE).read_text())
         results["kernel_win_delivered"] = kernel_win_delivered(results["variants"], results["profiled_steps"])
@@ -370,14 +451,18 @@ def kernel_win_delivered(variants: dict, profiled: dict) -> dict:
         step_saved = fla["step_s"] - variants[other]["step_s"]
         kernel_saved = (sum(profiled[name]["gdn_gpu_ms"].values()) - sum(profiled[other]["gdn_gpu_ms"].values())) / 1e3
         delivered[name.removeprefix("fla/")] = {
-            "step_saved_s": round(step_saved, 4), "gdn_kernel_saved_s": round(kernel_saved, 4),
+            "step_saved_s": round(step_saved, 4),
+            "gdn_kernel_saved_s": round(kernel_saved, 4),
             "fraction": step_saved / kernel_saved if kernel_saved > 0 else None,
-            "gdn_share_fla": profiled[name]["gdn_share"], "gdn_share_flashqla": profiled[other]["gdn_share"]}
+            "gdn_share_fla": profiled[name]["gdn_share"],
+            "gdn_share_flashqla": profiled[other]["gdn_share"],
+        }
     return delivered
 
 
-def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, warm_ups: dict,
-                          padded_tokens_per_step: int) -> dict:
+def summarise_interleaved(
+    plan: list[Variant], steps: list[dict], rounds: int, warm_ups: dict, padded_tokens_per_step: int
+) -> dict:
     by_variant: dict[str, list[dict]] = {}
     seen: dict[str, int] = {}
     for variant, step in zip(plan, steps, strict=True):
@@ -387,13 +472,14 @@ def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, w
     variants = {}
     for name, measured in by_variant.items():
         assert len(measured) == rounds
-        variants[name] = {"step_s": statistics.median(s["seconds"] for s in measured),
-                          "padded_tokens_per_s": padded_tokens_per_step / statistics.median(
-                              s["seconds"] for s in measured),
-                          "real_tokens_per_s": statistics.median(s["tokens_per_second"] for s in measured),
-                          "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),
-                          "peak_memory_gib": max(s["peak_memory_gib"] for s in measured),
-                          "steps_s": [round(s["seconds"], 3) for s in measured]}
+        variants[name] = {
+            "step_s": statistics.median(s["seconds"] for s in measured),
+            "padded_tokens_per_s": padded_tokens_per_step / statistics.median(s["seconds"] for s in measured),
+            "real_tokens_per_s": statistics.median(s["tokens_per_second"] for s in measured),
+            "tflops_per_gpu": statistics.median(s["tflops_per_gpu"] for s in measured),
+            "peak_memory_gib": max(s["peak_memory_gib"] for s in measured),
+            "steps_s": [round(s["seconds"], 3) for s in measured],
+        }
 
     def ratio(numerator: str, denominator: str) -> float | None:
         if numerator in variants and denominator in variants:
@@ -403,18 +489,25 @@ def summarise_interleaved(plan: list[Variant], steps: list[dict], rounds: int, w
     speedups = {}
     for suffix in ("", "/pressure"):
         for policy in (*GUARD_POLICIES, RECOMMENDED):
-            speedups[f"flashqla vs fla, {policy}{suffix}"] = ratio(f"flashqla/{policy}{suffix}",
-                                                                   f"fla/{policy}{suffix}")
+            speedups[f"flashqla vs fla, {policy}{suffix}"] = ratio(
+                f"flashqla/{policy}{suffix}", f"fla/{policy}{suffix}"
+            )
         for backend in GDN_BACKENDS:
             for policy in ("default-skip", "guard-off", RECOMMENDED):
                 speedups[f"{policy} vs guard-always, {backend}{suffix}"] = ratio(
-                    f"{backend}/{policy}{suffix}", f"{backend}/guard-always{suffix}")
+                    f"{backend}/{policy}{suffix}", f"{backend}/guard-always{suffix}"
+                )
     # slime PR #1947's before/after: FLA with every collective checked -> FlashQLA with its skip set.
-    speedups["flashqla/default-skip vs fla/guard-always, pressure"] = ratio("flashqla/default-skip/pressure",
-                                                                           "fla/guard-always/pressure")
-    return {"variants": variants, "speedups": {k: v for k, v in speedups.items() if v is not None},
-            "kernel_warm_up": warm_ups, "order": [v.name for v in plan],
-            "all_steps_s": [round(s["seconds"], 3) for s in steps]}
+    speedups["flashqla/default-skip vs fla/guard-always, pressure"] = ratio(
+        "flashqla/default-skip/pressure", "fla/guard-always/pressure"
+    )
+    return {
+        "variants": variants,
+        "speedups": {k: v for k, v in speedups.items() if v is not None},
+        "kernel_warm_up": warm_ups,
+        "order": [v.name for v in plan],
+        "all_steps_s": [round(s["seconds"], 3) for s in steps],
+    }
 
 
 def rank(args) -> None:
@@ -474,8 +567,11 @@ def rank(args) -> None:
         if stats.iteration < len(plan):
             use(plan[stats.iteration])
             if stats.iteration >= profile_from:
-                running.append(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                                  torch.profiler.ProfilerActivity.CUDA]))
+                running.append(
+                    torch.profiler.profile(
+                        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                    )
+                )
                 running[0].start()
 
     Trainer._report = report_and_switch
@@ -503,8 +599,9 @@ def profile(args, work: Path) -> dict:
 
     from gdnctl.runtime.train.trainer import Trainer
 
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                  torch.profiler.ProfilerActivity.CUDA])
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    )
     noncontiguous = _annotate_gdn_calls()
     report = Trainer._report
 
@@ -525,10 +622,14 @@ def profile(args, work: Path) -> dict:
         # A step whose GPU time is well under its wall time waits on the host: the ops that hold the CPU longest.
         cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
         args.out.with_name(f"{args.out.stem}-cpu-top{TOP_OPS}.txt").write_text(cpu_table)
-    return {"backend": args.backend, "profiled_step_s": steps[-1]["seconds"],
-            "unprofiled_step_s": steps[-2]["seconds"], "noncontiguous_gdn_inputs": sorted(noncontiguous),
-            **_gdn_share(profiler.events()),
-            "kernel_warm_up": json.loads((run_dir / KERNEL_WARM_UP_FILE).read_text())}
+    return {
+        "backend": args.backend,
+        "profiled_step_s": steps[-1]["seconds"],
+        "unprofiled_step_s": steps[-2]["seconds"],
+        "noncontiguous_gdn_inputs": sorted(noncontiguous),
+        **_gdn_share(profiler.events()),
+        "kernel_warm_up": json.loads((run_dir / KERNEL_WARM_UP_FILE).read_text()),
+    }
 
 
 def memory(args, work: Path) -> dict:
@@ -565,14 +666,20 @@ def memory(args, work: Path) -> dict:
             if block["state"] != "active_allocated":
                 continue
             frames = block.get("frames") or []
-            site = next((f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
-                         for frame in frames if any(part in frame["filename"] for part in
-                                                    ("gdnctl", "megatron", "transformer_engine", "fla"))),
-                        "(no Python frame)")
+            site = next(
+                (
+                    f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
+                    for frame in frames
+                    if any(part in frame["filename"] for part in ("gdnctl", "megatron", "transformer_engine", "fla"))
+                ),
+                "(no Python frame)",
+            )
             by_site[site] = by_site.get(site, 0) + block["size"]
     top = sorted(by_site.items(), key=lambda item: -item[1])[:TOP_OPS]
-    return {"allocated_between_steps_gib": round(snapshot["allocated_gib"], 3),
-            "by_site_gib": {site: round(size / 2**30, 3) for site, size in top}}
+    return {
+        "allocated_between_steps_gib": round(snapshot["allocated_gib"], 3),
+        "by_site_gib": {site: round(size / 2**30, 3) for site, size in top},
+    }
 
 
 def render(run_dir: Path, sets: list[str]) -> None:
@@ -620,12 +727,19 @@ def _gdn_share(events) -> dict:
         wrapper = name.startswith("autograd::engine::evaluate_function")
         if event.name == GDN_RANGE or ("backward" in name and "gateddelta" in name and not wrapper):
             gdn[event.name] = gdn.get(event.name, 0.0) + event.device_time_total
-    return {"step_gpu_ms": total / 1e3, "gdn_gpu_ms": {name: us / 1e3 for name, us in gdn.items()},
-            "gdn_share": sum(gdn.values()) / total if total else None}
+    return {
+        "step_gpu_ms": total / 1e3,
+        "gdn_gpu_ms": {name: us / 1e3 for name, us in gdn.items()},
+        "gdn_share": sum(gdn.values()) / total if total else None,
+    }
 
 
-DEFAULT_VARIANTS = [Variant(backend, policy, pressure) for pressure in (False, True)
-                    for backend in GDN_BACKENDS for policy in GUARD_POLICIES]
+DEFAULT_VARIANTS = [
+    Variant(backend, policy, pressure)
+    for pressure in (False, True)
+    for backend in GDN_BACKENDS
+    for policy in GUARD_POLICIES
+]
 
 
 def _variant_list(text: str) -> list[Variant]:
@@ -637,38 +751,82 @@ def _variant_list(text: str) -> list[Variant]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "builders", "interleaved", "profile", "context-parallel", "compare",
-                                         "speed-options", "memory", "rank"),
-                        help="rank: one torchrun rank of `interleaved` (started by it)")
-    parser.add_argument("--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps "
-                                                             "per run")
-    parser.add_argument("--gpus", type=int, default=None,
-                        help="interleaved: GPUs, data parallel (default 2); context-parallel: GPUs (default 2); "
-                             "compare: GPUs of both runs (default 1)")
-    parser.add_argument("--peer-mode", choices=("tuned", "matched"), default="tuned",
-                        help="compare: Megatron-Bridge's performance-recipe options, or the options gdnctl sets")
-    parser.add_argument("--kernels", type=lambda text: text.split(","), default=["fla"],
-                        help="compare: GDN kernels (fla,flashqla): per kernel, gdnctl's launch and the peer's loop "
-                             "on that kernel")
-    parser.add_argument("--options", type=lambda text: [] if text == "none" else text.split(","), default=None,
-                        help="speed-options: the options turned off one at a time (default: every one; none: only "
-                             "all on and all off)")
-    parser.add_argument("--with-torch-compile", action="store_true",
-                        help="speed-options: one more arm with kernels.torch_compile: true")
+    parser.add_argument(
+        "what",
+        choices=(
+            "kernels",
+            "builders",
+            "interleaved",
+            "profile",
+            "context-parallel",
+            "compare",
+            "speed-options",
+            "memory",
+            "rank",
+        ),
+        help="rank: one torchrun rank of `interleaved` (started by it)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps per run"
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="interleaved: GPUs, data parallel (default 2); context-parallel: GPUs (default 2); "
+        "compare: GPUs of both runs (default 1)",
+    )
+    parser.add_argument(
+        "--peer-mode",
+        choices=("tuned", "matched"),
+        default="tuned",
+        help="compare: Megatron-Bridge's performance-recipe options, or the options gdnctl sets",
+    )
+    parser.add_argument(
+        "--kernels",
+        type=lambda text: text.split(","),
+        default=["fla"],
+        help="compare: GDN kernels (fla,flashqla): per kernel, gdnctl's launch and the peer's loop on that kernel",
+    )
+    parser.add_argument(
+        "--options",
+        type=lambda text: [] if text == "none" else text.split(","),
+        default=None,
+        help="speed-options: the options turned off one at a time (default: every one; none: only all on and all off)",
+    )
+    parser.add_argument(
+        "--with-torch-compile", action="store_true", help="speed-options: one more arm with kernels.torch_compile: true"
+    )
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
-    parser.add_argument("--variants", type=_variant_list, default=DEFAULT_VARIANTS,
-                        help="interleaved: comma-separated BACKEND/POLICY[/pressure] (default: every backend and "
-                             "policy but 'recommended', with and without memory pressure)")
-    parser.add_argument("--recommended-from", type=Path, metavar="RUN_DIR",
-                        help="interleaved: a run profiled with comm.profile: true; the POLICY 'recommended' is "
-                             "the skip set `gdnctl comm-report RUN_DIR` recommends")
-    parser.add_argument("--profile", action="store_true",
-                        help="interleaved: after the measured rounds, one more step per variant under torch.profiler; "
-                             "reports each one's GDN kernel time and how much of FlashQLA's win reaches the step")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a preset override, as gdnctl's --set (repeatable; wins over the mode's own)")
+    parser.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=DEFAULT_VARIANTS,
+        help="interleaved: comma-separated BACKEND/POLICY[/pressure] (default: every backend and "
+        "policy but 'recommended', with and without memory pressure)",
+    )
+    parser.add_argument(
+        "--recommended-from",
+        type=Path,
+        metavar="RUN_DIR",
+        help="interleaved: a run profiled with comm.profile: true; the POLICY 'recommended' is "
+        "the skip set `gdnctl comm-report RUN_DIR` recommends",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="interleaved: after the measured rounds, one more step per variant under torch.profiler; "
+        "reports each one's GDN kernel time and how much of FlashQLA's win reaches the step",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a preset override, as gdnctl's --set (repeatable; wins over the mode's own)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
@@ -680,9 +838,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work_dir or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        results = {"kernels": kernels, "builders": builders, "interleaved": interleaved, "profile": profile,
-                   "context-parallel": context_parallel, "compare": compare,
-                   "speed-options": speed_options, "memory": memory}[args.what](args, work)
+        results = {
+            "kernels": kernels,
+            "builders": builders,
+            "interleaved": interleaved,
+            "profile": profile,
+            "context-parallel": context_parallel,
+            "compare": compare,
+            "speed-options": speed_options,
+            "memory": memory,
+        }[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

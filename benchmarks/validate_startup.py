@@ -62,7 +62,7 @@ def main() -> None:
         print(json.dumps(result))
     else:
         print(f"gdnctl validate {args.preset}: {result['validate_median_s'] * 1000:.0f} ms (median of {args.repeat})")
-        torch_ms = result['import_torch_median_s'] * 1000
+        torch_ms = result["import_torch_median_s"] * 1000
         print(f"python -c 'import torch':   {torch_ms:.0f} ms (torch {torch.__version__})")
         print(f"ratio: {result['ratio']:.3f} (target <= 0.2)")
 

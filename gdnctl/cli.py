@@ -102,8 +102,10 @@ def _report_error(err: GdnctlError, as_json: bool) -> None:
 
 def _report_crash(err: Exception, as_json: bool) -> None:
     traceback.print_exception(err, file=sys.stderr)
-    message = (f"internal error ({type(err).__name__}): this is a bug in gdnctl {__version__}, not a problem with "
-               "your preset. Please report it with the command you ran and the traceback above.")
+    message = (
+        f"internal error ({type(err).__name__}): this is a bug in gdnctl {__version__}, not a problem with "
+        "your preset. Please report it with the command you ran and the traceback above."
+    )
     typer.echo(f"gdnctl: {message}", err=True)
     if as_json:
         _emit_json({"ok": False, "error": message, "internal_error": True, "exit_code": INTERNAL_ERROR_EXIT})
@@ -112,8 +114,7 @@ def _report_crash(err: Exception, as_json: bool) -> None:
 app = typer.Typer(
     cls=_Group,
     name="gdnctl",
-    help="Validate, render and launch Qwen3.5 / Qwen3-Next Gated-DeltaNet training and RL jobs "
-         "on Megatron + vLLM.",
+    help="Validate, render and launch Qwen3.5 / Qwen3-Next Gated-DeltaNet training and RL jobs on Megatron + vLLM.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -133,11 +134,17 @@ def _complete_preset(incomplete: str) -> list[str]:
     return sorted(path.stem for path in presets_dir().glob("*.yaml") if path.stem.startswith(incomplete))
 
 
-PresetArg = Annotated[str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.",
-                                          autocompletion=_complete_preset)]
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", metavar="KEY=VALUE",
-    help="Override a preset field; the value parses as YAML (e.g. --set parallel.tp=2). Repeatable.")]
+PresetArg = Annotated[
+    str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.", autocompletion=_complete_preset)
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a preset field; the value parses as YAML (e.g. --set parallel.tp=2). Repeatable.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
@@ -180,14 +187,21 @@ def _version_callback(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
     pass
 
 
 @app.command()
-def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False,
-             strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False) -> None:
+def validate(
+    preset: PresetArg,
+    set_: SetOpt = None,
+    json_output: JsonOpt = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+) -> None:
     """Check a preset before any GPU is spent. Exit 0: valid, 1: errors (or warnings with --strict),
     2: the file cannot be read or the arguments are wrong."""
     from gdnctl.validate import Severity, format_findings, summary_line
@@ -203,8 +217,16 @@ def validate(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = Fals
         text = format_findings(result.findings, _colour())
         if text:
             typer.echo(text)
-        typer.echo(summary_line(result.loaded.source, result.count(Severity.ERROR), result.count(Severity.WARNING),
-                                result.count(Severity.INFO), _colour(), strict=strict))
+        typer.echo(
+            summary_line(
+                result.loaded.source,
+                result.count(Severity.ERROR),
+                result.count(Severity.WARNING),
+                result.count(Severity.INFO),
+                _colour(),
+                strict=strict,
+            )
+        )
     raise typer.Exit(1 if failed else 0)
 
 
@@ -221,15 +243,19 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
     estimate = memory_table(run) if run is not None else None
     rollout_phase = memory.estimate_rollout_phase(run) if run is not None else None
     if json_output:
-        _emit_json({
-            **result.to_json(),
-            "derived": [{"name": d.name, "value": d.value, "reason": d.reason} for d in derived],
-            "memory": _memory_json(estimate),
-            "memory_rollout_phase": _memory_json(rollout_phase),
-        })
+        _emit_json(
+            {
+                **result.to_json(),
+                "derived": [{"name": d.name, "value": d.value, "reason": d.reason} for d in derived],
+                "memory": _memory_json(estimate),
+                "memory_rollout_phase": _memory_json(rollout_phase),
+            }
+        )
         raise typer.Exit(0 if result.ok else 1)
-    typer.echo(f"{result.loaded.source}" + (f" (built on {', '.join(result.loaded.chain[:-1])})"
-                                            if len(result.loaded.chain) > 1 else ""))
+    typer.echo(
+        f"{result.loaded.source}"
+        + (f" (built on {', '.join(result.loaded.chain[:-1])})" if len(result.loaded.chain) > 1 else "")
+    )
     if derived:
         typer.echo("\nderived values:")
         typer.echo(format_derived(derived))
@@ -248,16 +274,23 @@ def explain(preset: PresetArg, set_: SetOpt = None, json_output: JsonOpt = False
 def _memory_json(estimate) -> dict | None:
     if estimate is None:
         return None
-    return {"rows": [{"name": r.name, "gib": round(r.gib, 3), "note": r.note} for r in estimate.rows],
-            "total_gib": round(estimate.total_gib, 3), "capacity_gib": estimate.capacity_gib,
-            "usage": round(estimate.usage, 4)}
+    return {
+        "rows": [{"name": r.name, "gib": round(r.gib, 3), "note": r.note} for r in estimate.rows],
+        "total_gib": round(estimate.total_gib, 3),
+        "capacity_gib": estimate.capacity_gib,
+        "usage": round(estimate.usage, 4),
+    }
 
 
 @app.command()
-def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
-          json_output: JsonOpt = False,
-          markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's rule table (code, "
-                                                 "severity, checks, source) in Markdown.")] = False) -> None:
+def rules(
+    code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
+    json_output: JsonOpt = False,
+    markdown: Annotated[
+        bool,
+        typer.Option("--markdown", help="Print the README's rule table (code, severity, checks, source) in Markdown."),
+    ] = False,
+) -> None:
     """List every rule, or print one rule's documentation."""
     from gdnctl.validate import (  # importing registers every code
         RULES,
@@ -274,8 +307,19 @@ def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. 
         if markdown:
             typer.echo(format_rule_table(ordered))
         elif json_output:
-            _emit_json([{"code": r.code, "name": r.name, "severity": r.severity.value, "concern": r.concern,
-                         "summary": r.summary, "source": r.source} for r in ordered])
+            _emit_json(
+                [
+                    {
+                        "code": r.code,
+                        "name": r.name,
+                        "severity": r.severity.value,
+                        "concern": r.concern,
+                        "summary": r.summary,
+                        "source": r.source,
+                    }
+                    for r in ordered
+                ]
+            )
         else:
             typer.echo(format_rule_list(sorted(ordered, key=lambda r: (r.concern, r.code))))
         return
@@ -289,8 +333,16 @@ def rules(code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. 
         close = difflib.get_close_matches(code.upper(), list(RULES), n=1)
         _fail(f"no rule {code}." + (f" Did you mean {close[0]}?" if close else "") + " `gdnctl rules` lists them.")
     if json_output:
-        _emit_json({"code": info.code, "name": info.name, "severity": info.severity.value,
-                    "summary": info.summary, "source": info.source, "doc": info.doc})
+        _emit_json(
+            {
+                "code": info.code,
+                "name": info.name,
+                "severity": info.severity.value,
+                "summary": info.summary,
+                "source": info.source,
+                "doc": info.doc,
+            }
+        )
     else:
         typer.echo(format_rule_doc(info))
 
@@ -301,28 +353,58 @@ def schema() -> None:
     from gdnctl.schema import Preset
 
     data = Preset.model_json_schema()
-    data["properties"]["base"] = {"type": "string",
-                                  "description": "Preset this one builds on (path or shipped preset name)"}
+    data["properties"]["base"] = {
+        "type": "string",
+        "description": "Preset this one builds on (path or shipped preset name)",
+    }
     _emit_json(data)
 
 
-RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Run dir to write (default: "
-                                                   "runs/NAME-TIMESTAMP-XXXX, a new one).")]
-TemplatesOpt = Annotated[Optional[Path], typer.Option("--templates", help="Directory with your own copies of "
-                                                      "gdnctl's templates.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the files gdnctl rendered into a non-empty run "
-                                        "dir; what else is there stays. Refused while a job uses the run dir.")]
+RunDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--run-dir", "-o", help="Run dir to write (default: runs/NAME-TIMESTAMP-XXXX, a new one)."),
+]
+TemplatesOpt = Annotated[
+    Optional[Path], typer.Option("--templates", help="Directory with your own copies of gdnctl's templates.")
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace the files gdnctl rendered into a non-empty run "
+        "dir; what else is there stays. Refused while a job uses the run dir.",
+    ),
+]
 
 
-def _render(preset: str, run_dir: Optional[Path], overrides: list[str], force: bool,
-            templates: Optional[Path], dry_run: bool = False, before_write=None, as_is: bool = False):
+def _render(
+    preset: str,
+    run_dir: Optional[Path],
+    overrides: list[str],
+    force: bool,
+    templates: Optional[Path],
+    dry_run: bool = False,
+    before_write=None,
+    as_is: bool = False,
+):
     from gdnctl.launch import render
 
-    rendered = render(preset, run_dir, overrides, force=force, templates=templates, dry_run=dry_run,
-                      before_write=before_write, as_is=as_is)
+    rendered = render(
+        preset,
+        run_dir,
+        overrides,
+        force=force,
+        templates=templates,
+        dry_run=dry_run,
+        before_write=before_write,
+        as_is=as_is,
+    )
     if rendered.kept:
-        typer.echo(f"gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it "
-                   f"was: {', '.join(rendered.kept)}", err=True)
+        typer.echo(
+            f"gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it "
+            f"was: {', '.join(rendered.kept)}",
+            err=True,
+        )
     return rendered
 
 
@@ -337,18 +419,28 @@ def _print_dry_run(rendered) -> None:
 
 
 @app.command()
-def render(preset: PresetArg,
-           output: Annotated[Path, typer.Option("--output", "-o", help="Run dir to write.")],
-           set_: SetOpt = None, force: ForceOpt = False, templates: TemplatesOpt = None,
-           json_output: JsonOpt = False) -> None:
+def render(
+    preset: PresetArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Run dir to write.")],
+    set_: SetOpt = None,
+    force: ForceOpt = False,
+    templates: TemplatesOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
     """Write the run dir: engine.yaml, launch_local.sh, launch_slurm.sbatch, manifest.json.
     Refuses a preset with errors (exit 1)."""
     from gdnctl.launch import next_step
 
     rendered = _render(preset, output, set_ or [], force, templates)
     if json_output:
-        _emit_json({"run_dir": str(rendered.run_dir), "files": sorted([*rendered.files, "manifest.json"]),
-                    "kept": rendered.kept, "manifest": rendered.manifest})
+        _emit_json(
+            {
+                "run_dir": str(rendered.run_dir),
+                "files": sorted([*rendered.files, "manifest.json"]),
+                "kept": rendered.kept,
+                "manifest": rendered.manifest,
+            }
+        )
         return
     typer.echo(f"rendered {rendered.run_dir}")
     for name in sorted([*rendered.files, "manifest.json"]):
@@ -357,32 +449,59 @@ def render(preset: PresetArg,
     typer.echo(f"run it: {command}   (or: bash {shlex.quote(str(rendered.run_dir / 'launch_local.sh'))})")
 
 
-SmokeOpt = Annotated[bool, typer.Option(
-    "--smoke", help="Run the job's smoke run instead of the job: the preset's real parallel layout and shapes for 2 "
-                    "optimizer steps, one checkpoint saved and loaded back and, for rl, the checked weight syncs, all "
-                    "in RUN_DIR/smoke (the job's checkpoints and metrics are not touched). Prints a verdict per "
-                    "check, with the measured step time and peak memory against explain's estimate, and writes "
-                    "RUN_DIR/smoke.json. Exit 0 when no check failed, 1 otherwise.")]
-ThenRunOpt = Annotated[bool, typer.Option(
-    "--then-run", help="With --smoke: start the job after a green smoke run, in the same launch (on Slurm: in the "
-                       "same allocation, as the step after the smoke's). After a failed smoke the job is not "
-                       "started; the exit code is then 1, else the job's.")]
+SmokeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--smoke",
+        help="Run the job's smoke run instead of the job: the preset's real parallel layout and shapes for 2 "
+        "optimizer steps, one checkpoint saved and loaded back and, for rl, the checked weight syncs, all "
+        "in RUN_DIR/smoke (the job's checkpoints and metrics are not touched). Prints a verdict per "
+        "check, with the measured step time and peak memory against explain's estimate, and writes "
+        "RUN_DIR/smoke.json. Exit 0 when no check failed, 1 otherwise.",
+    ),
+]
+ThenRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--then-run",
+        help="With --smoke: start the job after a green smoke run, in the same launch (on Slurm: in the "
+        "same allocation, as the step after the smoke's). After a failed smoke the job is not "
+        "started; the exit code is then 1, else the job's.",
+    ),
+]
 
 
 @app.command()
-def launch(preset: PresetArg, set_: SetOpt = None,
-           slurm: Annotated[Optional[bool], typer.Option("--slurm/--local", help="Submit with sbatch, or run "
-                                                         "here (default: the preset's launch.executor).")] = None,
-           dry_run: Annotated[bool, typer.Option("--dry-run", help="Render and print the scripts and the "
-                                                 "environment; run nothing.")] = False,
-           run_dir: RunDirOpt = None, force: ForceOpt = False, templates: TemplatesOpt = None,
-           wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and "
-                                              "exit with its exit code.")] = False,
-           smoke: SmokeOpt = False, then_run: ThenRunOpt = False,
-           json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text: the "
-                                                     "run dir, the smoke's verdicts and the job's exit code (or "
-                                                     "Slurm job id); the runs' own output goes to stderr.")] = False,
-           ) -> None:
+def launch(
+    preset: PresetArg,
+    set_: SetOpt = None,
+    slurm: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--slurm/--local", help="Submit with sbatch, or run here (default: the preset's launch.executor)."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Render and print the scripts and the environment; run nothing.")
+    ] = False,
+    run_dir: RunDirOpt = None,
+    force: ForceOpt = False,
+    templates: TemplatesOpt = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and exit with its exit code.")
+    ] = False,
+    smoke: SmokeOpt = False,
+    then_run: ThenRunOpt = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object instead of text: the "
+            "run dir, the smoke's verdicts and the job's exit code (or "
+            "Slurm job id); the runs' own output goes to stderr.",
+        ),
+    ] = False,
+) -> None:
     """Render the preset and run it: locally (torchrun on this host) or on Slurm (sbatch); with --smoke, its smoke
     run first. The preset's warnings are printed before it starts.
 
@@ -397,8 +516,10 @@ def launch(preset: PresetArg, set_: SetOpt = None,
     from gdnctl.launch import interpreter, local_inputs, submit
 
     if then_run and not smoke:
-        _fail("--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
-              "directly.")
+        _fail(
+            "--then-run starts the job after a green smoke run: add --smoke, or drop --then-run to start the job "
+            "directly."
+        )
     overrides = list(set_ or [])
     if slurm is not None:
         overrides.append(f"launch.executor={'slurm' if slurm else 'local'}")
@@ -412,20 +533,38 @@ def launch(preset: PresetArg, set_: SetOpt = None,
         else:
             submit.check_sbatch()
 
-    rendered = _render(preset, run_dir, overrides, force, templates, dry_run=dry_run,
-                       before_write=None if dry_run else check, as_is=run_dir is not None)
+    rendered = _render(
+        preset,
+        run_dir,
+        overrides,
+        force,
+        templates,
+        dry_run=dry_run,
+        before_write=None if dry_run else check,
+        as_is=run_dir is not None,
+    )
     if dry_run:
         if json_output:
-            _emit_json({"run_dir": str(rendered.run_dir), "scripts": {name: rendered.files[name] for name in
-                                                                      ("launch_local.sh", "launch_slurm.sbatch")},
-                        "environment": [{"name": n, "value": v, "source": s} for n, v, s in rendered.env_table]})
+            _emit_json(
+                {
+                    "run_dir": str(rendered.run_dir),
+                    "scripts": {name: rendered.files[name] for name in ("launch_local.sh", "launch_slurm.sbatch")},
+                    "environment": [{"name": n, "value": v, "source": s} for n, v, s in rendered.env_table],
+                }
+            )
         else:
             _print_dry_run(rendered)
         return
     _say_findings(rendered.result)
     _say(f"rendered {rendered.run_dir}")
-    _start(rendered.run_dir, rendered.result.run.preset.launch.executor, smoke=smoke, then_run=then_run, wait=wait,
-           json_output=json_output)
+    _start(
+        rendered.run_dir,
+        rendered.result.run.preset.launch.executor,
+        smoke=smoke,
+        then_run=then_run,
+        wait=wait,
+        json_output=json_output,
+    )
 
 
 def _say(text: str) -> None:
@@ -441,16 +580,18 @@ def _say_findings(result) -> None:
         typer.echo(format_findings(shown, sys.stderr.isatty()), err=True)
 
 
-def _start(run_dir: Path, executor: str, *, smoke: bool, then_run: bool, wait: bool, json_output: bool,
-           resumed: bool = False) -> None:
+def _start(
+    run_dir: Path, executor: str, *, smoke: bool, then_run: bool, wait: bool, json_output: bool, resumed: bool = False
+) -> None:
     """Run a run dir as it is: here, or submitted to Slurm (launch and resume)."""
     from gdnctl.launch import runs
     from gdnctl.launch import smoke as smoke_run
     from gdnctl.launch import submit as launcher
 
     if executor == "local":
-        result = smoke_run.launch_local(run_dir, smoke=smoke, then_run=then_run, say=_say,
-                                        stdout=sys.stderr if json_output else None)
+        result = smoke_run.launch_local(
+            run_dir, smoke=smoke, then_run=then_run, say=_say, stdout=sys.stderr if json_output else None
+        )
         if json_output:
             _emit_json({**result.to_json(), "run_dir": str(run_dir), "executor": "local"})
         raise typer.Exit(result.exit_code)
@@ -459,14 +600,21 @@ def _start(run_dir: Path, executor: str, *, smoke: bool, then_run: bool, wait: b
     job_name = runs.launch_facts(run_dir)[1]
     log = runs.slurm_log(run_dir, job_name, job.job_id)
     what = " (the smoke run, then the job after a green smoke)" if then_run else " (the smoke run)" if smoke else ""
-    data = {"ok": True, "run_dir": str(run_dir), "executor": "slurm", "job_id": job.job_id, "log": str(log),
-            "smoke": None}
+    data = {
+        "ok": True,
+        "run_dir": str(run_dir),
+        "executor": "slurm",
+        "job_id": job.job_id,
+        "log": str(log),
+        "smoke": None,
+    }
     if not json_output:
         typer.echo(f"submitted job {job.job_id}{what}{' to resume the run' if resumed else ''}; log: {log}")
     exit_code = 0
     if wait:
-        job = launcher.follow(run_dir, job, job_name,
-                              (lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
+        job = launcher.follow(
+            run_dir, job, job_name, (lambda text: typer.echo(text, err=True)) if json_output else typer.echo
+        )
         _say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
         exit_code = job.exit_code
         if smoke:
@@ -478,24 +626,32 @@ def _start(run_dir: Path, executor: str, *, smoke: bool, then_run: bool, wait: b
         data.update(ok=exit_code == 0, state=job.state, exit_code=exit_code)
     elif not json_output:
         quoted = shlex.quote(str(run_dir))
-        typer.echo(f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
-                   f"{quoted} (or scancel {job.job_id})")
+        typer.echo(
+            f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
+            f"{quoted} (or scancel {job.job_id})"
+        )
     if json_output:
         _emit_json(data)
     raise typer.Exit(exit_code)
 
 
-RunDirArg = Annotated[Path, typer.Argument(help="A run dir that `gdnctl render` or `gdnctl launch` wrote.",
-                                           show_default=False)]
+RunDirArg = Annotated[
+    Path, typer.Argument(help="A run dir that `gdnctl render` or `gdnctl launch` wrote.", show_default=False)
+]
 
 
 @app.command()
-def resume(run_dir: RunDirArg,
-           slurm: Annotated[Optional[bool], typer.Option("--slurm/--local", help="Submit with sbatch, or run here "
-                                                         "(default: how it was launched).")] = None,
-           wait: Annotated[bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and exit "
-                                              "with its exit code.")] = False,
-           json_output: JsonOpt = False) -> None:
+def resume(
+    run_dir: RunDirArg,
+    slurm: Annotated[
+        Optional[bool],
+        typer.Option("--slurm/--local", help="Submit with sbatch, or run here (default: how it was launched)."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --slurm: follow the job, tail its log and exit with its exit code.")
+    ] = False,
+    json_output: JsonOpt = False,
+) -> None:
     """Run a run dir again as it is, continuing from its latest checkpoint (train.save_dir): the engine.yaml and
     scripts it holds are not re-rendered, and nothing in it is replaced. Refused while its job still runs."""
     from gdnctl.launch import interpreter, runs
@@ -503,16 +659,17 @@ def resume(run_dir: RunDirArg,
 
     current = runs.status(run_dir)
     if current.state == "running" or (current.job_ids and launcher.unfinished_jobs(current.job_ids)):
-        _fail(f"{run_dir} still has a job running ({current.line()}); follow it with `gdnctl status "
-              f"{shlex.quote(str(run_dir))}`, or stop it with `gdnctl cancel {shlex.quote(str(run_dir))}` first.")
+        _fail(
+            f"{run_dir} still has a job running ({current.line()}); follow it with `gdnctl status "
+            f"{shlex.quote(str(run_dir))}`, or stop it with `gdnctl cancel {shlex.quote(str(run_dir))}` first."
+        )
     executor = ("slurm" if slurm else "local") if slurm is not None else current.executor
     if executor == "local":
         python = _script_python(run_dir)
         if python is not None:
             interpreter.check(python, str(run_dir))
     _say(f"resuming {run_dir} ({executor}) from its latest checkpoint, if it has one")
-    _start(run_dir.resolve(), executor, smoke=False, then_run=False, wait=wait, json_output=json_output,
-           resumed=True)
+    _start(run_dir.resolve(), executor, smoke=False, then_run=False, wait=wait, json_output=json_output, resumed=True)
 
 
 def _script_python(run_dir: Path) -> str | None:
@@ -549,9 +706,12 @@ def status(run_dir: RunDirArg, json_output: JsonOpt = False) -> None:
 
 
 @app.command()
-def logs(run_dir: RunDirArg,
-         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the log grows, until the "
-                                              "job ends.")] = False) -> None:
+def logs(
+    run_dir: RunDirArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing as the log grows, until the job ends.")
+    ] = False,
+) -> None:
     """Print the log of a run dir's latest job: its Slurm job's logs/NAME-JOBID.out, or a local run's
     logs/local-*.out."""
     import time
@@ -562,8 +722,11 @@ def logs(run_dir: RunDirArg,
     if follow:  # a queued Slurm job has no log yet: wait for it to start (or end) rather than give up
         while True:
             found = runs.status(run_dir)
-            if (found.log is not None and found.log.is_file()) or not found.job_ids \
-                    or found.state in ("unknown", *launcher.TERMINAL_STATES):
+            if (
+                (found.log is not None and found.log.is_file())
+                or not found.job_ids
+                or found.state in ("unknown", *launcher.TERMINAL_STATES)
+            ):
                 break
             time.sleep(launcher.POLL_SECONDS)
     path = runs.log_path(run_dir)
@@ -600,8 +763,10 @@ def cancel(run_dir: RunDirArg) -> None:
 
 
 @app.command("runs")
-def runs_command(root: Annotated[Path, typer.Argument(help="Directory that holds run dirs.")] = Path("runs"),
-                 json_output: JsonOpt = False) -> None:
+def runs_command(
+    root: Annotated[Path, typer.Argument(help="Directory that holds run dirs.")] = Path("runs"),
+    json_output: JsonOpt = False,
+) -> None:
     """List the run dirs under runs/ (where `gdnctl launch` writes them), oldest first, with each job's state."""
     from gdnctl.launch import runs
 
@@ -616,25 +781,51 @@ def runs_command(root: Annotated[Path, typer.Argument(help="Directory that holds
 
 
 @app.command()
-def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this preset against the machine.")] = None,
-           set_: SetOpt = None,
-           json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text: the "
-                                                     "checks, and the machine facts as --save-facts writes them "
-                                                     "(credential-like values redacted); progress goes to "
-                                                     "stderr.")] = False,
-           kernels: Annotated[bool, typer.Option("--kernels", help="Run every GDN kernel backend and an fp32 "
-                                                 "reference at the preset's per-rank GDN shapes and compare "
-                                                 "(GPU).")] = False,
-           bench: Annotated[bool, typer.Option("--bench", help="Time the GDN kernel backends at those shapes, each "
-                                               "against the default one (GPU).")] = False,
-           chart: Annotated[Optional[Path], typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
-           facts_file: Annotated[Optional[Path], typer.Option("--facts", help="Judge facts saved with "
-                                                              "--save-facts instead of probing this machine.")] = None,
-           save_facts: Annotated[Optional[Path], typer.Option("--save-facts", help="Write the probed machine "
-                                                              "facts as JSON (to share or replay): the versions, "
-                                                              "GPUs and kernel cache, and only the environment "
-                                                              "variables listed above, a credential-like name's "
-                                                              "value replaced by <redacted>.")] = None) -> None:
+def doctor(
+    preset: Annotated[Optional[str], typer.Argument(help="Also check this preset against the machine.")] = None,
+    set_: SetOpt = None,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object instead of text: the "
+            "checks, and the machine facts as --save-facts writes them "
+            "(credential-like values redacted); progress goes to "
+            "stderr.",
+        ),
+    ] = False,
+    kernels: Annotated[
+        bool,
+        typer.Option(
+            "--kernels",
+            help="Run every GDN kernel backend and an fp32 "
+            "reference at the preset's per-rank GDN shapes and compare "
+            "(GPU).",
+        ),
+    ] = False,
+    bench: Annotated[
+        bool,
+        typer.Option(
+            "--bench", help="Time the GDN kernel backends at those shapes, each against the default one (GPU)."
+        ),
+    ] = False,
+    chart: Annotated[Optional[Path], typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
+    facts_file: Annotated[
+        Optional[Path],
+        typer.Option("--facts", help="Judge facts saved with --save-facts instead of probing this machine."),
+    ] = None,
+    save_facts: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--save-facts",
+            help="Write the probed machine "
+            "facts as JSON (to share or replay): the versions, "
+            "GPUs and kernel cache, and only the environment "
+            "variables listed above, a credential-like name's "
+            "value replaced by <redacted>.",
+        ),
+    ] = None,
+) -> None:
     """Can this machine run the preset? One line per check (OK/WARN/FAIL/SKIP); exit 1 on any FAIL.
 
     The machine facts (--json, --save-facts) are: the Python, torch and CUDA versions, the GPUs, the driver,
@@ -653,9 +844,16 @@ def doctor(preset: Annotated[Optional[str], typer.Argument(help="Also check this
 
     # Kernel libraries (TileLang) log to stdout; with --json, stdout must carry the one JSON object only.
     with _stdout_to_stderr(json_output and (kernels or bench)):
-        result = doctor_report(preset, set_ or [], facts_file=facts_file, save_facts=save_facts, kernels=kernels,
-                               bench=bench, chart=chart,
-                               progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
+        result = doctor_report(
+            preset,
+            set_ or [],
+            facts_file=facts_file,
+            save_facts=save_facts,
+            kernels=kernels,
+            bench=bench,
+            chart=chart,
+            progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo,
+        )
     if json_output:
         _emit_json(result.to_json())
     else:
@@ -682,15 +880,28 @@ def _complete_gdn_backend(incomplete: str) -> list[str]:
 
 
 @app.command()
-def prewarm(preset: PresetArg, set_: SetOpt = None,
-            cache_dir: Annotated[Optional[Path], typer.Option("--cache-dir", help="Kernel cache to fill (default: "
-                                                              "the preset's launch.kernel_cache_dir).")] = None,
-            verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh "
-                                                 "process afterwards.")] = True,
-            backend: Annotated[Optional[str], typer.Option(
-                "--backend", metavar="<name>", callback=_known_gdn_backend, autocompletion=_complete_gdn_backend,
-                help="GDN kernel to compile, a kernels.gdn_backend value (default: the preset's).")] = None,
-            json_output: JsonOpt = False) -> None:
+def prewarm(
+    preset: PresetArg,
+    set_: SetOpt = None,
+    cache_dir: Annotated[
+        Optional[Path],
+        typer.Option("--cache-dir", help="Kernel cache to fill (default: the preset's launch.kernel_cache_dir)."),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh process afterwards.")
+    ] = True,
+    backend: Annotated[
+        Optional[str],
+        typer.Option(
+            "--backend",
+            metavar="<name>",
+            callback=_known_gdn_backend,
+            autocompletion=_complete_gdn_backend,
+            help="GDN kernel to compile, a kernels.gdn_backend value (default: the preset's).",
+        ),
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
     """Compile the GDN kernels for every per-rank shape of the preset into the shared kernel cache.
 
     FlashQLA (TileLang) goes into the kernel cache directory, FLA (Triton) into its triton/ folder, where the
@@ -709,23 +920,36 @@ def prewarm(preset: PresetArg, set_: SetOpt = None,
     directory = cache_dir or Path(result.run.preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE)
     # Kernel libraries print to stdout while they compile; with --json, stdout must carry the one JSON object only.
     with _stdout_to_stderr(json_output):
-        report = warmer.prewarm(result.run, directory, verify=verify, backend=backend,
-                                progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo)
+        report = warmer.prewarm(
+            result.run,
+            directory,
+            verify=verify,
+            backend=backend,
+            progress=(lambda text: typer.echo(text, err=True)) if json_output else typer.echo,
+        )
     if json_output:
         _emit_json(report)
         return
     typer.echo(f"{report['backend']} kernel cache: {report['compiler_cache']}")
     for timing in report.get("fresh_process", []):
         ratio = report["first_over_warm"][timing["shape"]]
-        typer.echo(f"  {timing['shape']}: first call in a fresh process {timing['first_call_s'] * 1000:.1f} ms, "
-                   f"warm {timing['warm_call_s'] * 1000:.1f} ms ({ratio:.2f}x)")
+        typer.echo(
+            f"  {timing['shape']}: first call in a fresh process {timing['first_call_s'] * 1000:.1f} ms, "
+            f"warm {timing['warm_call_s'] * 1000:.1f} ms ({ratio:.2f}x)"
+        )
 
 
 @app.command("comm-report")
-def comm_report(run_dir: Annotated[Path, typer.Argument(help="Run dir of a job that ran with comm.profile: true.")],
-                threshold_mib: Annotated[float, typer.Option("--threshold-mib", help="Largest steady-state memory "
-                                                             "change (MiB) for an op to count as skip-safe.")] = 64,
-                json_output: JsonOpt = False) -> None:
+def comm_report(
+    run_dir: Annotated[Path, typer.Argument(help="Run dir of a job that ran with comm.profile: true.")],
+    threshold_mib: Annotated[
+        float,
+        typer.Option(
+            "--threshold-mib", help="Largest steady-state memory change (MiB) for an op to count as skip-safe."
+        ),
+    ] = 64,
+    json_output: JsonOpt = False,
+) -> None:
     """Merge the per-rank communication profiles into slime PR #1947's table and recommend a skip set."""
     from gdnctl.launch import comm_report as reports
 
@@ -746,8 +970,11 @@ def _shipped(name: str) -> Path:
 
         names = sorted(p.stem for p in presets_dir().glob("*.yaml"))
         close = difflib.get_close_matches(name.removesuffix(".yaml"), names, n=3, cutoff=0.6)
-        _fail(f"no shipped preset '{name}'." + (f" Did you mean {' or '.join(close)}?" if close else "")
-              + f" Shipped: {', '.join(names)}.")
+        _fail(
+            f"no shipped preset '{name}'."
+            + (f" Did you mean {' or '.join(close)}?" if close else "")
+            + f" Shipped: {', '.join(names)}."
+        )
     return path
 
 
@@ -764,10 +991,15 @@ def presets_list(json_output: JsonOpt = False) -> None:
         loaded = load_preset(path)
         p = loaded.preset
         description = (yaml.safe_load(path.read_text()) or {}).get("description") or (p.description if p else "")
-        rows.append({"name": path.stem, "job": p.job if p else "?",
-                     "model": (p.model.id or p.model.path) if p else "?",
-                     "cluster": f"{p.cluster.nodes}x{p.cluster.gpus_per_node} {p.cluster.gpu}" if p else "?",
-                     "description": description or ""})
+        rows.append(
+            {
+                "name": path.stem,
+                "job": p.job if p else "?",
+                "model": (p.model.id or p.model.path) if p else "?",
+                "cluster": f"{p.cluster.nodes}x{p.cluster.gpus_per_node} {p.cluster.gpu}" if p else "?",
+                "description": description or "",
+            }
+        )
     if json_output:
         _emit_json(rows)
         return
@@ -777,16 +1009,19 @@ def presets_list(json_output: JsonOpt = False) -> None:
 
 
 @presets_app.command("show")
-def presets_show(name: Annotated[str, typer.Argument(help="Shipped preset name.",
-                                                    autocompletion=_complete_preset)]) -> None:
+def presets_show(
+    name: Annotated[str, typer.Argument(help="Shipped preset name.", autocompletion=_complete_preset)],
+) -> None:
     """Print a shipped preset."""
     typer.echo(_shipped(name).read_text(), nl=False)
 
 
 @presets_app.command("cp")
-def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.", autocompletion=_complete_preset)],
-               dest: Annotated[Path, typer.Argument(help="File or directory to copy it to.")],
-               force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False) -> None:
+def presets_cp(
+    name: Annotated[str, typer.Argument(help="Shipped preset name.", autocompletion=_complete_preset)],
+    dest: Annotated[Path, typer.Argument(help="File or directory to copy it to.")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
     """Copy a shipped preset to edit it (or better: write `base: NAME` in your own)."""
     from gdnctl.launch import portable_text
 
@@ -798,8 +1033,10 @@ def presets_cp(name: Annotated[str, typer.Argument(help="Shipped preset name.", 
     target.write_text(text)
     typer.echo(f"copied {source.name} to {target}")
     if changed:
-        typer.echo(f"  {', '.join(changed)} now name the shipped example files by their absolute paths, so the "
-                   "copy runs from any directory.")
+        typer.echo(
+            f"  {', '.join(changed)} now name the shipped example files by their absolute paths, so the "
+            "copy runs from any directory."
+        )
 
 
 def main() -> None:

@@ -26,8 +26,13 @@ class UnreadableFile(Exception):
 
 
 def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
@@ -75,8 +80,9 @@ def read_json(path: str | Path, limit: int) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise UnreadableFile(f"{path} is not valid JSON ({error.msg} at line {error.lineno} column "
-                             f"{error.colno})") from None
+        raise UnreadableFile(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+        ) from None
     except RecursionError:
         raise UnreadableFile(f"{path} nests its JSON deeper than a reader can follow") from None
     except ValueError as error:  # an integer of more than 4,300 digits

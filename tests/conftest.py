@@ -47,57 +47,87 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
+
 # The `slow` mark, kept in one place so the inner loop's contents (`pytest -m "not slow"`, at most 2 minutes on
 # 2 cores) are read and changed here: modules whose every test starts processes, and single tests that take
 # seconds (measured with --durations on a 2-core machine). Tests marked slurm or gpu are slow as well.
 SLOW_MODULES = {
     # gdnctl launch, a job, a Slurm submission or doctor's probes in subprocesses
-    "tests/launch/test_launch.py", "tests/launch/test_requeue.py", "tests/launch/test_run_dir_safety.py",
-    "tests/launch/test_smoke.py", "tests/launch/test_stop.py", "tests/doctor/test_doctor_cli.py",
-    "tests/doctor/test_doctor_compile.py", "tests/doctor/test_doctor_input.py", "tests/doctor/test_doctor_secrets.py",
-    "tests/test_cli_environment.py", "tests/test_local_slurm.py", "tests/validate/test_sbatch_premises.py",
-    "tests/test_wheel_contents.py", "tests/runtime/train/test_metrics.py", "tests/test_walkthrough.py",
+    "tests/launch/test_launch.py",
+    "tests/launch/test_requeue.py",
+    "tests/launch/test_run_dir_safety.py",
+    "tests/launch/test_smoke.py",
+    "tests/launch/test_stop.py",
+    "tests/doctor/test_doctor_cli.py",
+    "tests/doctor/test_doctor_compile.py",
+    "tests/doctor/test_doctor_input.py",
+    "tests/doctor/test_doctor_secrets.py",
+    "tests/test_cli_environment.py",
+    "tests/test_local_slurm.py",
+    "tests/validate/test_sbatch_premises.py",
+    "tests/test_wheel_contents.py",
+    "tests/runtime/train/test_metrics.py",
+    "tests/test_walkthrough.py",
     "tests/launch/test_launch_seams.py",
     # a real 2-rank gloo run (torchrun) and what reads it
-    "tests/launch/test_comm_report.py", "tests/launch/test_comm_report_input.py",
-    "tests/runtime/comm/test_comm_guard.py", "tests/runtime/comm/test_comm_guard_coverage.py",
+    "tests/launch/test_comm_report.py",
+    "tests/launch/test_comm_report_input.py",
+    "tests/runtime/comm/test_comm_guard.py",
+    "tests/runtime/comm/test_comm_guard_coverage.py",
     # the runtime started in subprocesses: jobs, rollout servers, vLLM CPU, policy steps
-    "tests/runtime/test_runtime_main.py", "tests/runtime/test_runtime_input.py",
-    "tests/runtime/kernels/test_compile_output.py", "tests/runtime/model/test_checkpoint_durability.py",
-    "tests/runtime/model/test_save_lock.py", "tests/runtime/rl/test_rl_vllm.py", "tests/runtime/rl/test_rl_requeue.py",
-    "tests/runtime/rl/test_hf_export.py", "tests/runtime/rl/test_torch_policy.py", "tests/runtime/rl/test_step0_gap.py",
-    "tests/runtime/rl/test_rollout_protocol.py", "tests/runtime/rl/test_updates.py",
-    "tests/runtime/rl/test_prompt_check.py", "tests/runtime/rl/test_chat_template.py",
+    "tests/runtime/test_runtime_main.py",
+    "tests/runtime/test_runtime_input.py",
+    "tests/runtime/kernels/test_compile_output.py",
+    "tests/runtime/model/test_checkpoint_durability.py",
+    "tests/runtime/model/test_save_lock.py",
+    "tests/runtime/rl/test_rl_vllm.py",
+    "tests/runtime/rl/test_rl_requeue.py",
+    "tests/runtime/rl/test_hf_export.py",
+    "tests/runtime/rl/test_torch_policy.py",
+    "tests/runtime/rl/test_step0_gap.py",
+    "tests/runtime/rl/test_rollout_protocol.py",
+    "tests/runtime/rl/test_updates.py",
+    "tests/runtime/rl/test_prompt_check.py",
+    "tests/runtime/rl/test_chat_template.py",
     # generated inputs by the thousand (hypothesis)
-    "tests/validate/test_fuzz.py", "tests/validate/test_hostile_input.py",
+    "tests/validate/test_fuzz.py",
+    "tests/validate/test_hostile_input.py",
     "tests/runtime/model/test_config_agreement.py",
 }
 SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},
     "tests/runtime/data/test_context_parallel.py": {
         "test_the_ranks_hold_every_position_once_and_equal_shares_of_each_sequence",
-        "test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata"},
+        "test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata",
+    },
     "tests/runtime/data/test_data.py": {
         "test_resuming_from_consumed_samples_continues_the_same_stream",
-        "test_every_document_is_trained_exactly_once_per_epoch_across_ranks", "test_thd_and_bshd_train_the_same_tokens",
+        "test_every_document_is_trained_exactly_once_per_epoch_across_ranks",
+        "test_thd_and_bshd_train_the_same_tokens",
         "test_micro_batches_fit_the_row_and_line_labels_up_with_tokens",
         "test_filled_rows_are_one_length_and_cut_the_epochs_documents_in_order",
-        "test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped"},
+        "test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped",
+    },
     "tests/runtime/data/test_layout.py": {"test_padding_follows_the_documented_values", "test_round_trips_are_exact"},
     "tests/runtime/rl/test_broadcast.py": {
         "test_every_bucket_reaches_every_engines_worker_byte_for_byte",
-        "test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline"},  # waits out its 2 s
+        "test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline",
+    },  # waits out its 2 s
     "tests/launch/test_follow_runs.py": {"test_status_and_logs_of_a_rendered_run_dir_and_of_no_run_dir"},  # 11 CLIs
     "tests/runtime/model/test_hf_weights.py": {
         "test_qwen3_next_is_qwen35_moe_up_to_the_gdn_projection_layout",
-        "test_qwen3_next_regrouping_matches_transformers_split", "test_every_tensor_survives_sharding_and_gathering"},
+        "test_qwen3_next_regrouping_matches_transformers_split",
+        "test_every_tensor_survives_sharding_and_gathering",
+    },
     "tests/runtime/model/test_lora_adapters.py": {
         "test_hf_adapters_merge_into_what_the_megatron_adapter_merges_into",
         "test_peft_loads_the_written_adapter_and_gives_the_merged_models_logits",
-        "test_peft_cannot_load_a_qwen3_next_shared_expert_adapter"},
+        "test_peft_cannot_load_a_qwen3_next_shared_expert_adapter",
+    },
     "tests/runtime/model/test_passthrough.py": {
         "test_save_hf_gives_back_the_source_checkpoint_and_a_resume_carries_it_on",
-        "test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else"},
+        "test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else",
+    },
     "tests/test_gpu_suite_benchmark.py": {"test_the_result_names_each_workers_time_and_the_outcomes"},
     "tests/runtime/rl/test_grpo.py": {"test_toy_policy_learns_the_rewarded_answer"},
 }
@@ -129,8 +159,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The runtime extra's packages (pyproject's `runtime` and `test` extras). Without them a runtime test module
 # cannot import; it is skipped with the reason rather than failing collection, so the rest of the suite runs on
 # a machine that installed only `gdnctl` (CI installs them all, so nothing skips there for this).
-RUNTIME_PACKAGES = frozenset({"torch", "numpy", "megatron", "transformers", "safetensors", "tokenizers", "pyarrow",
-                              "tensorboard", "wandb"})
+RUNTIME_PACKAGES = frozenset(
+    {"torch", "numpy", "megatron", "transformers", "safetensors", "tokenizers", "pyarrow", "tensorboard", "wandb"}
+)
 
 
 class _RuntimeTestModule(pytest.Module):
@@ -140,8 +171,9 @@ class _RuntimeTestModule(pytest.Module):
         except self.CollectError as error:
             missing = error.__cause__
             if isinstance(missing, ModuleNotFoundError) and (missing.name or "").split(".")[0] in RUNTIME_PACKAGES:
-                raise pytest.skip.Exception(f"needs {missing.name}, not installed (pip install -e '.[test]')",
-                                            allow_module_level=True) from None
+                raise pytest.skip.Exception(
+                    f"needs {missing.name}, not installed (pip install -e '.[test]')", allow_module_level=True
+                ) from None
             raise
 
 
@@ -150,8 +182,11 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true",
-                     help="Rewrite tests/golden from the current templates instead of comparing against it.")
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="Rewrite tests/golden from the current templates instead of comparing against it.",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -59,9 +59,7 @@ def _tail(text: str | bytes | None, lines: int = 40) -> str:
 
 
 def _default_dir(state_dir: str | None) -> Path:
-    return Path(
-        state_dir or os.environ.get("LOCAL_SLURM_DIR") or "/tmp/gdnctl-local-slurm"
-    )
+    return Path(state_dir or os.environ.get("LOCAL_SLURM_DIR") or "/tmp/gdnctl-local-slurm")
 
 
 def _log_tail(state_dir: str | None, lines: int = 25) -> str:
@@ -93,32 +91,25 @@ def local_slurm_running(state_dir: str | os.PathLike[str] | None = None) -> bool
     return _run_script("status", *_state_dir(state_dir), timeout=60).returncode == 0
 
 
-def ensure_local_slurm(
-    state_dir: str | os.PathLike[str] | None = None, *, install: bool = True
-) -> dict[str, str]:
+def ensure_local_slurm(state_dir: str | os.PathLike[str] | None = None, *, install: bool = True) -> dict[str, str]:
     """Install (if missing) and start (or reuse) the local cluster; return the env vars to use.
 
     Raises RuntimeError with the script's error and the daemons' log tails on failure.
     """
     if os.name != "posix" or os.geteuid() != 0:
-        raise RuntimeError(
-            "the local Slurm cluster needs root (it starts munged, slurmctld, slurmd)"
-        )
+        raise RuntimeError("the local Slurm cluster needs root (it starts munged, slurmctld, slurmd)")
     if not SCRIPT.exists():
         raise RuntimeError(f"{SCRIPT} not found")
     if install:
         proc = _run_script("install", timeout=INSTALL_TIMEOUT_S)
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"{SCRIPT.name} install failed (exit {proc.returncode}):\n{_tail(proc.stderr)}"
-            )
+            raise RuntimeError(f"{SCRIPT.name} install failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
     proc = _run_script("start", *_state_dir(state_dir), timeout=START_TIMEOUT_S)
     env = _parse_exports(proc.stdout)
     if proc.returncode != 0 or "SLURM_CONF" not in env:
         sd = os.fspath(state_dir) if state_dir is not None else None
         raise RuntimeError(
-            f"{SCRIPT.name} start failed (exit {proc.returncode}):\n{_tail(proc.stderr, 80)}\n"
-            f"{_log_tail(sd)}"
+            f"{SCRIPT.name} start failed (exit {proc.returncode}):\n{_tail(proc.stderr, 80)}\n{_log_tail(sd)}"
         )
     return env
 
@@ -129,18 +120,12 @@ def stop_local_slurm(state_dir: str | os.PathLike[str] | None = None) -> None:
         return
     proc = _run_script("stop", *_state_dir(state_dir), timeout=120)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"{SCRIPT.name} stop failed (exit {proc.returncode}):\n{_tail(proc.stderr)}"
-        )
+        raise RuntimeError(f"{SCRIPT.name} stop failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
 
 
 def slurm_env(env: dict[str, str]) -> dict[str, str]:
     """os.environ without a surrounding job's SLURM_* variables, plus the cluster's ``env``."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
-    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     return {**base, **env}
 
 
@@ -164,16 +149,10 @@ def job_exit_code(job_id: str | int, env: dict[str, str]) -> tuple[str, int, int
         check=False,
     )
     candidates = [proc.stdout] if proc.returncode == 0 else []
-    jobcomp = (
-        Path(env.get("LOCAL_SLURM_DIR", _default_dir(None))) / "log" / "jobcomp.txt"
-    )
+    jobcomp = Path(env.get("LOCAL_SLURM_DIR", _default_dir(None))) / "log" / "jobcomp.txt"
     if jobcomp.exists():
         # Job ids restart at 1 after a fresh start; the newest record for the id wins.
-        records = [
-            ln
-            for ln in jobcomp.read_text(errors="replace").splitlines()
-            if ln.startswith(f"JobId={job_id} ")
-        ]
+        records = [ln for ln in jobcomp.read_text(errors="replace").splitlines() if ln.startswith(f"JobId={job_id} ")]
         candidates += records[-1:]
     for text in candidates:
         exit_m, state_m = _EXIT_RE.search(text), _STATE_RE.search(text)

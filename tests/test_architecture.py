@@ -18,8 +18,17 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "gdnctl"
 
 # Bottom up. Modules directly in gdnctl/ other than cli and __main__ (errors, resources, the version) are the
 # base everything may use. launch and doctor sit side by side and do not import each other.
-LAYER_RANK = {"base": 0, "knowledge": 1, "schema": 2, "plan": 3, "validate": 4, "launch": 5, "doctor": 5,
-              "cli": 6, "__main__": 7}
+LAYER_RANK = {
+    "base": 0,
+    "knowledge": 1,
+    "schema": 2,
+    "plan": 3,
+    "validate": 4,
+    "launch": 5,
+    "doctor": 5,
+    "cli": 6,
+    "__main__": 7,
+}
 # What the runtime (the code the rendered scripts execute on the cluster) may import besides itself.
 RUNTIME_MAY_IMPORT = {"base", "knowledge", "schema"}
 # Above the runtime: launch (prewarm) and doctor (kernel checks) run the runtime's kernels.
@@ -28,8 +37,20 @@ MAY_IMPORT_RUNTIME = {"launch", "doctor", "cli", "__main__"}
 # so two of one rank sit side by side. The checks every job makes (checks/) sit below the jobs (train/, rl/), and
 # the smoke run that drives the jobs (smoke/) above them; `gdnctl.runtime` itself (the lazy __init__) is for the
 # entry point only.
-RUNTIME_RANK = {"exports": 0, "comm": 1, "data": 1, "kernels": 1, "checks": 1, "launcher": 1, "model": 2, "train": 3,
-                "rl": 4, "selftest": 4, "smoke": 5, "__main__": 6}
+RUNTIME_RANK = {
+    "exports": 0,
+    "comm": 1,
+    "data": 1,
+    "kernels": 1,
+    "checks": 1,
+    "launcher": 1,
+    "model": 2,
+    "train": 3,
+    "rl": 4,
+    "selftest": 4,
+    "smoke": 5,
+    "__main__": 6,
+}
 
 
 @dataclass(frozen=True)
@@ -184,8 +205,11 @@ def runtime_rank_violations(modules: dict[str, Path]) -> list[str]:
             problems.append(f"gdnctl.runtime.{here} has no rank: add it to RUNTIME_RANK")
             continue
         for imp in imports_of(name, path):
-            targets = ([f"{imp.target}.{n}" for n in imp.names] or [imp.target]) \
-                if imp.target == "gdnctl.runtime" else [imp.target]
+            targets = (
+                ([f"{imp.target}.{n}" for n in imp.names] or [imp.target])
+                if imp.target == "gdnctl.runtime"
+                else [imp.target]
+            )
             for target in targets:
                 there = runtime_part(target)
                 if there is None or there == here:
@@ -275,7 +299,8 @@ def test_the_runtime_check_sees_a_job_importing_the_smoke_run(tmp_path):
     module = tmp_path / "trainer.py"
     module.write_text("from gdnctl.runtime.smoke import runner\nfrom gdnctl.runtime.checks import verdicts\n")
     assert runtime_rank_violations({"gdnctl.runtime.train.trainer": module}) == [
-        f"{module}:1: runtime/train imports gdnctl.runtime.smoke, which is not below it (smoke)"]
+        f"{module}:1: runtime/train imports gdnctl.runtime.smoke, which is not below it (smoke)"
+    ]
 
 
 if __name__ == "__main__":

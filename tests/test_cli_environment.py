@@ -18,8 +18,9 @@ from gdnctl.resources import presets_dir
 
 
 def gdnctl(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, timeout=120,
-                          **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, timeout=120, **kwargs
+    )
 
 
 @pytest.fixture
@@ -31,8 +32,9 @@ def tmpfs(tmp_path):
         point = tmp_path / f"mnt{len(mounted)}"
         point.mkdir()
         options = f"size={size}" + (",ro" if read_only else "")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()})")
         mounted.append(point)
@@ -74,11 +76,18 @@ def test_a_file_size_limit_names_the_file(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("args", [["explain", "qwen3.5-35b-a3b-grpo"], ["rules", "--markdown"], ["presets", "list"],
-                                  ["--help"], ["validate", "qwen3.5-35b-a3b-grpo", "--json"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["explain", "qwen3.5-35b-a3b-grpo"],
+        ["rules", "--markdown"],
+        ["presets", "list"],
+        ["--help"],
+        ["validate", "qwen3.5-35b-a3b-grpo", "--json"],
+    ],
+)
 def test_a_closed_stdout_ends_the_command_quietly(args):
-    process = subprocess.Popen([sys.executable, "-m", "gdnctl", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "gdnctl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     process.stdout.close()  # `| head` that has read what it wanted
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == BROKEN_PIPE_EXIT, stderr.decode()

@@ -25,22 +25,25 @@ def _one_json_object(stdout: str) -> dict:
     return data
 
 
-@pytest.mark.parametrize("args, exit_code", [
-    (["validate", "qwen3.5-35b-a3b-grpo", *TP4], 1),
-    (["validate", "no-such-preset.yaml"], 2),
-    (["explain", "qwen3.5-35b-a3b-grpo", *TP4], 1),
-    (["explain", "no-such-preset.yaml"], 2),
-    (["render", "qwen3.5-35b-a3b-grpo", "-o", "{tmp}/run", *TP4], 1),
-    (["render", "no-such-preset.yaml", "-o", "{tmp}/run"], 2),
-    (["launch", "qwen3.5-35b-a3b-grpo", "--dry-run", *TP4], 1),
-    (["launch", "selftest-cpu", "--then-run"], 2),  # --then-run without --smoke
-    (["prewarm", "qwen3.5-35b-a3b-grpo", *TP4], 1),
-    (["prewarm", "selftest-cpu"], 2),
-    (["rules", "NOPE001"], 2),
-    (["comm-report", "{tmp}/nothing-here"], 2),
-    (["doctor", "no-such-preset.yaml"], 2),
-    (["validate"], 2),  # a usage error: missing argument
-])
+@pytest.mark.parametrize(
+    "args, exit_code",
+    [
+        (["validate", "qwen3.5-35b-a3b-grpo", *TP4], 1),
+        (["validate", "no-such-preset.yaml"], 2),
+        (["explain", "qwen3.5-35b-a3b-grpo", *TP4], 1),
+        (["explain", "no-such-preset.yaml"], 2),
+        (["render", "qwen3.5-35b-a3b-grpo", "-o", "{tmp}/run", *TP4], 1),
+        (["render", "no-such-preset.yaml", "-o", "{tmp}/run"], 2),
+        (["launch", "qwen3.5-35b-a3b-grpo", "--dry-run", *TP4], 1),
+        (["launch", "selftest-cpu", "--then-run"], 2),  # --then-run without --smoke
+        (["prewarm", "qwen3.5-35b-a3b-grpo", *TP4], 1),
+        (["prewarm", "selftest-cpu"], 2),
+        (["rules", "NOPE001"], 2),
+        (["comm-report", "{tmp}/nothing-here"], 2),
+        (["doctor", "no-such-preset.yaml"], 2),
+        (["validate"], 2),  # a usage error: missing argument
+    ],
+)
 def test_json_is_one_object_on_stdout_for_every_outcome(tmp_path, args, exit_code):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = runner.invoke(app, [*args, "--json"])
@@ -77,10 +80,12 @@ def test_a_crash_exits_with_its_own_code_and_asks_for_a_bug_report(monkeypatch):
 
 def test_the_installed_command_exits_70_on_a_crash(tmp_path):
     """The same through the real entry point, in a fresh interpreter (no test runner in between)."""
-    code = ("import sys, gdnctl.validate as v\n"
-            "def broken(*a, **k):\n    raise KeyError('planted')\n"
-            "v.validate = broken\n"
-            "from gdnctl.cli import main\nsys.argv = ['gdnctl', 'validate', 'selftest-cpu']\nmain()\n")
+    code = (
+        "import sys, gdnctl.validate as v\n"
+        "def broken(*a, **k):\n    raise KeyError('planted')\n"
+        "v.validate = broken\n"
+        "from gdnctl.cli import main\nsys.argv = ['gdnctl', 'validate', 'selftest-cpu']\nmain()\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == INTERNAL_ERROR_EXIT, proc.stderr
     assert "this is a bug in gdnctl" in proc.stderr

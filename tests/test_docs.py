@@ -119,25 +119,40 @@ def _smoke_lines(text: str) -> list[str]:
 
 def _documented_smoke() -> str:
     page = (ROOT / "docs" / "smoke.md").read_text()
-    return page[page.index("```\nsmoke: ") + 4:page.index("```", page.index("```\nsmoke: ") + 4)]
+    return page[page.index("```\nsmoke: ") + 4 : page.index("```", page.index("```\nsmoke: ") + 4)]
 
 
 def test_the_documented_smoke_example_has_every_check():
     lines = _smoke_lines(_documented_smoke())
     assert [line.split(" ok ")[0] for line in lines[:5]] == [
-        "smoke: job start", "smoke: weight sync", "smoke: step-0 log-prob gap", "smoke: optimizer steps",
-        "smoke: checkpoint save+load"]
+        "smoke: job start",
+        "smoke: weight sync",
+        "smoke: step-0 log-prob gap",
+        "smoke: optimizer steps",
+        "smoke: checkpoint save+load",
+    ]
     assert lines[-1].startswith("smoke: green: 5 ok")
 
 
 @pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no vLLM CPU venv)")
 def test_the_documented_smoke_example_is_what_the_smoke_run_prints(tmp_path):
-    command = [sys.executable, "-m", "gdnctl", "launch", "tiny-qwen3.5-rl-cpu", "--smoke", "-o", str(tmp_path / "run"),
-               "--set", f"rollout.python={VLLM_PYTHON}"]
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        "tiny-qwen3.5-rl-cpu",
+        "--smoke",
+        "-o",
+        str(tmp_path / "run"),
+        "--set",
+        f"rollout.python={VLLM_PYTHON}",
+    ]
     done = subprocess.run(command, text=True, capture_output=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert _smoke_lines(done.stdout) == _smoke_lines(_documented_smoke()), \
+    assert _smoke_lines(done.stdout) == _smoke_lines(_documented_smoke()), (
         "docs/smoke.md's example is not what `gdnctl launch tiny-qwen3.5-rl-cpu --smoke` prints: paste a new run"
+    )
 
 
 def test_the_documented_compile_lines_are_what_gdnctl_prints():
@@ -153,7 +168,7 @@ def test_the_documented_compile_lines_are_what_gdnctl_prints():
 
     page = (ROOT / "docs" / "doctor.md").read_text()
     start = page.index("```\nFlashQLA kernels for ") + 4
-    lines = [line for line in page[start:page.index("```", start)].splitlines() if line != "..."]
+    lines = [line for line in page[start : page.index("```", start)].splitlines() if line != "..."]
     cache = Path("/shared/tilelang")
     expected = expected_kernels(qk_heads=8, v_heads=8)
     assert lines == [

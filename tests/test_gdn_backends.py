@@ -51,15 +51,21 @@ def spelled_backend_names(path: Path) -> list[tuple[int, str]]:
     """(line, name) of every string constant that is exactly a backend's name: a name compared, looked up,
     passed or keyed. A name inside a sentence (a hint such as "set kernels.gdn_backend: fla") is not one."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and node.value in GDN_BACKENDS)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in GDN_BACKENDS
+    )
 
 
 def test_only_the_table_spells_a_backends_name():
-    found = [f"{path.relative_to(PACKAGE_DIR)}:{line}: {name!r}"
-             for path in sorted(PACKAGE_DIR.rglob("*.py")) if path != TABLE
-             for line, name in spelled_backend_names(path)
-             if (path.relative_to(PACKAGE_DIR).as_posix(), name) not in NOT_A_BACKEND]
+    found = [
+        f"{path.relative_to(PACKAGE_DIR)}:{line}: {name!r}"
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if path != TABLE
+        for line, name in spelled_backend_names(path)
+        if (path.relative_to(PACKAGE_DIR).as_posix(), name) not in NOT_A_BACKEND
+    ]
     assert found == [], "read the backend from gdnctl/knowledge/gdn_backends.py instead:\n" + "\n".join(found)
 
 

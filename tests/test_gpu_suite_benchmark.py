@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.py"
-SUITE = '''
+SUITE = """
 import time
 import pytest
 
@@ -45,20 +45,35 @@ def broken():
 
 def test_erroring(broken):
     pass
-'''
+"""
 
 
 def run_suite(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), *args],
-                          text=True, capture_output=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), *args],
+        text=True,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_the_result_names_each_workers_time_and_the_outcomes(tmp_path):
     (tmp_path / "suite").mkdir()
     (tmp_path / "suite" / "test_small.py").write_text(SUITE)
     out = tmp_path / "result.json"
-    done = run_suite(tmp_path, "--tests", str(tmp_path / "suite"), "--workers", "2", "--cache-dir",
-                     str(tmp_path / "cache"), "--cold", "--out", str(out))
+    done = run_suite(
+        tmp_path,
+        "--tests",
+        str(tmp_path / "suite"),
+        "--workers",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--cold",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 1, done.stdout + done.stderr  # pytest's own exit code: one test failed
     result = json.loads(out.read_text())
     assert (result["passed"], result["failed"], result["error"], result["skipped"]) == (4, 1, 1, 1)
@@ -70,8 +85,12 @@ def test_the_result_names_each_workers_time_and_the_outcomes(tmp_path):
     assert slowest["test"].endswith("test_small.py::test_slow") and slowest["seconds"] >= 0.5
     assert slowest["worker"] in ("gw0", "gw1")
     assert "test_skipped" not in json.dumps(result["slowest"])  # a skip took no time worth listing
-    assert result["cache"] == {"dir": str((tmp_path / "cache").resolve()), "cold": True, "bytes_before": 0,
-                               "bytes_after": 0}
+    assert result["cache"] == {
+        "dir": str((tmp_path / "cache").resolve()),
+        "cold": True,
+        "bytes_before": 0,
+        "bytes_after": 0,
+    }
     assert (tmp_path / "logs" / "pytest.log").read_text().count("PASSED") >= 4
 
 

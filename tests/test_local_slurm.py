@@ -30,9 +30,7 @@ def _sbatch_wait(script: Path, env: dict[str, str]) -> tuple[int, str]:
         check=False,
     )
     job_id = proc.stdout.strip().split(";")[0]
-    assert job_id.isdigit(), (
-        f"sbatch printed no job id: {proc.stdout!r} {proc.stderr!r}"
-    )
+    assert job_id.isdigit(), f"sbatch printed no job id: {proc.stdout!r} {proc.stderr!r}"
     return proc.returncode, job_id
 
 
@@ -78,17 +76,11 @@ def test_failing_job_exit_code(local_slurm: dict[str, str], tmp_path: Path) -> N
     assert job_exit_code(job_id, local_slurm) == ("FAILED", 3, 0)
     # The permanent record (no accounting): one jobcomp/filetxt line per finished job.
     jobcomp = Path(local_slurm["LOCAL_SLURM_DIR"]) / "log" / "jobcomp.txt"
-    lines = [
-        ln
-        for ln in jobcomp.read_text().splitlines()
-        if ln.startswith(f"JobId={job_id} ")
-    ]
+    lines = [ln for ln in jobcomp.read_text().splitlines() if ln.startswith(f"JobId={job_id} ")]
     assert lines and "ExitCode=3:0" in lines[-1]
 
 
-def test_wait_for_job_without_sbatch_wait(
-    local_slurm: dict[str, str], tmp_path: Path
-) -> None:
+def test_wait_for_job_without_sbatch_wait(local_slurm: dict[str, str], tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             "sbatch",
@@ -119,29 +111,39 @@ SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "local-slurm.sh"
 
 
 def _ports(conf: str) -> tuple[int, int]:
-    values = dict(line.split("=", 1) for line in conf.splitlines() if line.startswith(("SlurmctldPort=",
-                                                                                        "SlurmdPort=")))
+    values = dict(
+        line.split("=", 1) for line in conf.splitlines() if line.startswith(("SlurmctldPort=", "SlurmdPort="))
+    )
     return int(values["SlurmctldPort"]), int(values["SlurmdPort"])
 
 
-def test_a_second_cluster_picks_ports_the_running_one_does_not_hold(local_slurm: dict[str, str],
-                                                                    tmp_path: Path) -> None:
+def test_a_second_cluster_picks_ports_the_running_one_does_not_hold(
+    local_slurm: dict[str, str], tmp_path: Path
+) -> None:
     """Another Slurm on the machine (here the session's own cluster) holds its ports: a cluster in another
     directory gets a free pair instead of failing to bind (or talking to the other cluster)."""
     running = _ports(Path(local_slurm["SLURM_CONF"]).read_text())
-    done = subprocess.run(["bash", str(SCRIPT), "conf", str(tmp_path / "other")], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "conf", str(tmp_path / "other")], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     chosen = _ports(done.stdout)
     assert not set(chosen) & set(running), (chosen, running)
 
 
-def test_ports_the_caller_names_that_are_taken_are_refused_with_a_sentence(local_slurm: dict[str, str],
-                                                                          tmp_path: Path) -> None:
+def test_ports_the_caller_names_that_are_taken_are_refused_with_a_sentence(
+    local_slurm: dict[str, str], tmp_path: Path
+) -> None:
     running = _ports(Path(local_slurm["SLURM_CONF"]).read_text())
     env = {**slurm_env({}), "LOCAL_SLURM_CTLD_PORT": str(running[0]), "LOCAL_SLURM_SLURMD_PORT": str(running[1])}
-    done = subprocess.run(["bash", str(SCRIPT), "start", str(tmp_path / "other")], capture_output=True, text=True,
-                          timeout=120, env=env, check=False)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(tmp_path / "other")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 1
     assert f"port {running[0]} on 127.0.0.1 is already in use" in done.stderr, done.stderr
     assert "cannot start there" in done.stderr

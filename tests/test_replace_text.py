@@ -29,8 +29,13 @@ def test_links_planted_at_the_old_temporary_names_are_never_opened(tmp_path):
     assert target.read_text() == "precious\n"
     assert (tmp_path / "run_id").read_text() == "abc\n"
     # nothing but the planted links and the file itself is left behind
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".run_id.tmp", "metrics.tmp", "run_id", "run_id.tmp",
-                                                          "victim"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".run_id.tmp",
+        "metrics.tmp",
+        "run_id",
+        "run_id.tmp",
+        "victim",
+    ]
 
 
 def test_the_mode_is_set_from_creation(tmp_path):

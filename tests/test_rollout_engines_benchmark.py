@@ -26,10 +26,11 @@ def load_benchmark():
 
 def test_two_gpus_run_the_colocated_arms_and_three_add_the_separate_ones():
     benchmark = load_benchmark()
-    assert [(placement, engines) for placement, engines, _ in benchmark.arms(2)] == [("colocated", 1),
-                                                                                   ("colocated", 2)]
-    assert [(placement, engines) for placement, engines, _ in benchmark.arms(3)][2:] == [("separate", 1),
-                                                                                       ("separate", 2)]
+    assert [(placement, engines) for placement, engines, _ in benchmark.arms(2)] == [("colocated", 1), ("colocated", 2)]
+    assert [(placement, engines) for placement, engines, _ in benchmark.arms(3)][2:] == [
+        ("separate", 1),
+        ("separate", 2),
+    ]
 
 
 @pytest.mark.parametrize("arm", range(4))
@@ -37,8 +38,9 @@ def test_every_arm_validates_and_runs_the_engines_it_names(arm, tmp_path):
     benchmark = load_benchmark()
     placement, engines, settings = benchmark.arms(3)[arm]
     sets = (*benchmark.ON_GPU, *benchmark.load(), *settings, "train.train_iters=6", f"rollout.python={sys.executable}")
-    result = CliRunner().invoke(app, ["validate", benchmark.PRESET, "--json",
-                                      *(arg for value in sets for arg in ("--set", value))])
+    result = CliRunner().invoke(
+        app, ["validate", benchmark.PRESET, "--json", *(arg for value in sets for arg in ("--set", value))]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["ok"], report["findings"]

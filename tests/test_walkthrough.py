@@ -38,8 +38,9 @@ class User:
         self.home, self.env = home, env
 
     def run(self, *args: str, expect: int = 0, timeout: float = 300) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*_gdnctl_command(), *args], capture_output=True, text=True, cwd=self.home,
-                              env=self.env, timeout=timeout)
+        proc = subprocess.run(
+            [*_gdnctl_command(), *args], capture_output=True, text=True, cwd=self.home, env=self.env, timeout=timeout
+        )
         said = proc.stdout + proc.stderr
         assert proc.returncode == expect, f"gdnctl {' '.join(args)} exited {proc.returncode}:\n{said}"
         assert "Traceback" not in said and "internal error" not in said, f"gdnctl {' '.join(args)}:\n{said}"
@@ -102,8 +103,19 @@ def readme_commands(text: str) -> list[tuple[list[str], int]]:
 def test_the_readme_parse_finds_its_commands():
     commands = readme_commands((ROOT / "README.md").read_text())
     verbs = {args[0] for args, _ in commands}
-    assert {"validate", "explain", "rules", "presets", "render", "launch", "resume", "runs", "status", "logs",
-            "cancel"} <= verbs
+    assert {
+        "validate",
+        "explain",
+        "rules",
+        "presets",
+        "render",
+        "launch",
+        "resume",
+        "runs",
+        "status",
+        "logs",
+        "cancel",
+    } <= verbs
     assert (["validate", "qwen3.5-35b-a3b-grpo", "--set", "parallel.tp=3", "--json"], 1) in commands
     assert (["launch", CPU_PRESET], 0) in commands and (["validate", "my.yaml", "--strict"], 1) in commands
 

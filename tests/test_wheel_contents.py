@@ -16,8 +16,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_relative_path_of_a_shipped_preset_is_in_the_wheel(tmp_path):
     # No build isolation: hatchling comes with the test extra, so this builds offline.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("gdnctl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(tmp_path / "site")

@@ -42,8 +42,9 @@ CATEGORIES = (
 
 
 def _gap_bucket(us: float) -> str:
-    return ("<5us" if us < 5 else "5-20us" if us < 20 else "20-100us" if us < 100 else "100us-1ms" if us < 1000
-            else ">1ms")
+    return (
+        "<5us" if us < 5 else "5-20us" if us < 20 else "20-100us" if us < 100 else "100us-1ms" if us < 1000 else ">1ms"
+    )
 
 
 def summarize(prof, wall_s: float, steps: int, out_dir: str, tag: str) -> None:
@@ -90,8 +91,11 @@ def summarize(prof, wall_s: float, steps: int, out_dir: str, tag: str) -> None:
         return round(us / 1e3 / steps, 2)
 
     summary = {
-        "tag": tag, "steps": steps, "wall_ms_per_step": round(wall_s * 1e3 / steps, 1),
-        "gpu_busy_ms_per_step": ms(busy), "kernels_per_step": len(kernels) / steps,
+        "tag": tag,
+        "steps": steps,
+        "wall_ms_per_step": round(wall_s * 1e3 / steps, 1),
+        "gpu_busy_ms_per_step": ms(busy),
+        "kernels_per_step": len(kernels) / steps,
         "kernel_ms_per_step": ms(sum(by_kernel.values())),
         "categories_ms_per_step": {c: ms(t) for c, t in by_category.most_common()},
         "category_kernels_per_step": {c: count_by_category[c] / steps for c in by_category},
@@ -103,8 +107,7 @@ def summarize(prof, wall_s: float, steps: int, out_dir: str, tag: str) -> None:
     with open(os.path.join(out_dir, f"{tag}.prof.json"), "w") as handle:
         json.dump(summary, handle, indent=1)
     with open(os.path.join(out_dir, f"{tag}.cpu.txt"), "w") as handle:
-        handle.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60,
-                                               max_name_column_width=90))
+        handle.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=90))
 
 
 def _profiled(schedule, out_dir: str, tag: str, first: int, steps: int):
@@ -121,7 +124,8 @@ def _profiled(schedule, out_dir: str, tag: str, first: int, steps: int):
         if state["calls"] == first:
             torch.cuda.synchronize()
             state["profiler"] = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            )
             state["profiler"].__enter__()
             state["started"] = time.perf_counter()
         elif state["calls"] == first + steps and state["profiler"] is not None:
@@ -130,8 +134,11 @@ def _profiled(schedule, out_dir: str, tag: str, first: int, steps: int):
             profiler, state["profiler"] = state["profiler"], None
             profiler.__exit__(None, None, None)
             summarize(profiler, wall, steps, out_dir, tag)
-            print(f"step profile: {out_dir}/{tag}.prof.json ({wall / steps * 1e3:.1f} ms a step under the profiler)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"step profile: {out_dir}/{tag}.prof.json ({wall / steps * 1e3:.1f} ms a step under the profiler)",
+                file=sys.stderr,
+                flush=True,
+            )
         return schedule(*args, **kwargs)
 
     return forward_backward

@@ -14,11 +14,27 @@ from gdnctl.knowledge import KERNEL_DISTRIBUTIONS
 
 # Distributions the doctor looks up (by metadata, without importing them): torch, every GDN kernel backend's, and
 # those of training and rollouts.
-PACKAGES = ("torch", *KERNEL_DISTRIBUTIONS, "megatron-core", "megatron-bridge", "transformer-engine",
-            "transformer_engine", "vllm", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "transformers")
+PACKAGES = (
+    "torch",
+    *KERNEL_DISTRIBUTIONS,
+    "megatron-core",
+    "megatron-bridge",
+    "transformer-engine",
+    "transformer_engine",
+    "vllm",
+    "nvidia-cudnn-cu12",
+    "nvidia-cudnn-cu13",
+    "transformers",
+)
 # Environment variables the env lint reads; the only ones facts record (cli.py's doctor help lists them too).
-ENV_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH",
-             "TILELANG_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
+ENV_NAMES = (
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "FLA_FLASH_QLA",
+    "FLA_DISABLE_BACKEND_DISPATCH",
+    "TILELANG_CACHE_DIR",
+    "CUDA_VISIBLE_DEVICES",
+)
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 # Facts are shared and pasted into issues, so a variable whose name looks like a credential keeps its name (the
 # env lint still sees that it is set) and loses its value: a prefix such as NCCL_ matches whatever a site or a
@@ -125,8 +141,9 @@ class MachineFacts:
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "the top level"
-            raise FactsFileError(f"{path} is not a facts file written by --save-facts ({where}: "
-                                 f"{first['msg'].lower()}); {fix}.") from None
+            raise FactsFileError(
+                f"{path} is not a facts file written by --save-facts ({where}: {first['msg'].lower()}); {fix}."
+            ) from None
 
 
 @cache

@@ -60,23 +60,28 @@ def _available(backend: str, run):
 
 
 @contextlib.contextmanager
-def kernels_compiled(run, facts: MachineFacts, preset_args: str,
-                     progress: Callable[[str], None] | None) -> Iterator[Callable[[str], None] | None]:
+def kernels_compiled(
+    run, facts: MachineFacts, preset_args: str, progress: Callable[[str], None] | None
+) -> Iterator[Callable[[str], None] | None]:
     """Compile (or load) the kernels of the backends that show compile progress at the preset's shapes, then run
     the block with the compiler's output still going to the kernel cache's log; yields the progress callback for
     the block. A backend that cannot run here compiles nothing, and the checks say why. `preset_args`: the preset
     and its --set overrides, as typed."""
     watched = [backend.name for backend in GDN_BACKENDS.values() if backend.shows_compile_progress]
-    kernels = [kernel for kernel, _ in (_available(name, run) for name in watched) if kernel is not None] \
-        if facts.gpus else []
+    kernels = (
+        [kernel for kernel, _ in (_available(name, run) for name in watched) if kernel is not None]
+        if facts.gpus
+        else []
+    )
     if not kernels:
         yield progress
         return
     from gdnctl.runtime.kernels import compile_quietly, time_shapes
 
     shapes = run.gdn_rank_shapes()
-    with compile_quietly(shapes, progress, header=f"gdnctl doctor {preset_args}",
-                         prewarm=f"gdnctl prewarm {preset_args}") as say:
+    with compile_quietly(
+        shapes, progress, header=f"gdnctl doctor {preset_args}", prewarm=f"gdnctl prewarm {preset_args}"
+    ) as say:
         for kernel in kernels:
             time_shapes(shapes, say, kernel=kernel)
         yield say
@@ -101,9 +106,17 @@ def parity_checks(run, facts: MachineFacts, progress=None) -> list[Check]:
             worst = worst_error(errors)
             text = ", ".join(f"{name} {value:.1e}" for name, value in errors.items())
             ok = errors[worst] <= TOLERANCE  # False for NaN too
-            results.append(Check(f"kernels.{backend}.{shape.name}", Status.OK if ok else Status.FAIL, text,
-                                 "" if ok else f"{worst} is {errors[worst]:.2e} > {TOLERANCE}: check the kernel "
-                                               "versions (flash-qla >= 0.1.3, fla 0.6)"))
+            results.append(
+                Check(
+                    f"kernels.{backend}.{shape.name}",
+                    Status.OK if ok else Status.FAIL,
+                    text,
+                    ""
+                    if ok
+                    else f"{worst} is {errors[worst]:.2e} > {TOLERANCE}: check the kernel "
+                    "versions (flash-qla >= 0.1.3, fla 0.6)",
+                )
+            )
     return results
 
 
@@ -126,8 +139,7 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
 
     rows = []
     for shape in run.gdn_rank_shapes():
-        row: dict = {"shape": shape.name, "qk_heads": shape.qk_heads, "v_heads": shape.v_heads,
-                     "tokens": shape.tokens}
+        row: dict = {"shape": shape.name, "qk_heads": shape.qk_heads, "v_heads": shape.v_heads, "tokens": shape.tokens}
         for backend in GDN_BACKENDS:
             kernel, reason = _available(backend, run)
             if kernel is None:
@@ -135,12 +147,20 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
                 continue
             _say(progress, f"doctor: timing {backend} at {shape.name}")
             inputs = make_gdn_inputs(_gdn_shape(shape), device="cuda")
-            leaves = {k: (v.detach().requires_grad_(True) if k in ("q", "k", "v", "g", "beta") else v)
-                      for k, v in inputs.items()}
+            leaves = {
+                k: (v.detach().requires_grad_(True) if k in ("q", "k", "v", "g", "beta") else v)
+                for k, v in inputs.items()
+            }
 
             def forward():
-                return kernel(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
-                              cu_seqlens=leaves["cu_seqlens"])[0]
+                return kernel(
+                    leaves["q"],
+                    leaves["k"],
+                    leaves["v"],
+                    g=leaves["g"],
+                    beta=leaves["beta"],
+                    cu_seqlens=leaves["cu_seqlens"],
+                )[0]
 
             def forward_backward():
                 forward().sum().backward()
@@ -148,8 +168,9 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
             row[backend] = {"fwd_ms": round(_time_ms(forward), 4), "fwd_bwd_ms": round(_time_ms(forward_backward), 4)}
         for challenger in CHALLENGERS:
             if all("fwd_ms" in row[name] for name in (BASELINE, challenger)):
-                row[challenger].update({mode.speedup: round(row[BASELINE][mode.key] / row[challenger][mode.key], 3)
-                                        for mode in MODES})
+                row[challenger].update(
+                    {mode.speedup: round(row[BASELINE][mode.key] / row[challenger][mode.key], 3) for mode in MODES}
+                )
         rows.append(row)
     return rows
 
@@ -161,9 +182,12 @@ def format_bench(rows: list[dict]) -> str:
     def line(first: str, cells: list[str]) -> str:
         return " ".join([f"{first:<24}", *(f"{cell:>{width}}" for cell, width in zip(cells, widths * len(MODES)))])
 
-    headings = [heading for mode in MODES for heading in
-                [f"{backend.bench_label} {mode.heading}" for backend in GDN_BACKENDS.values()]
-                + ["x"] * len(CHALLENGERS)]
+    headings = [
+        heading
+        for mode in MODES
+        for heading in [f"{backend.bench_label} {mode.heading}" for backend in GDN_BACKENDS.values()]
+        + ["x"] * len(CHALLENGERS)
+    ]
     lines = [line("shape", headings)]
     for row in rows:
         cells = []
@@ -172,8 +196,9 @@ def format_bench(rows: list[dict]) -> str:
             cells += [str(row[name].get(mode.speedup, "n/a")) for name in CHALLENGERS]
         lines.append(line(row["shape"], cells))
     challengers = " or ".join(GDN_BACKENDS[name].label for name in CHALLENGERS)
-    lines.append(f"times in ms (median of triton do_bench); x = {GDN_BACKENDS[BASELINE].label} time / "
-                 f"{challengers} time")
+    lines.append(
+        f"times in ms (median of triton do_bench); x = {GDN_BACKENDS[BASELINE].label} time / {challengers} time"
+    )
     return "\n".join(lines)
 
 
@@ -192,8 +217,9 @@ def save_chart(rows: list[dict], path: Path) -> None:
     middle = (len(bars) - 1) / 2
     for offset, (backend, mode) in enumerate(bars):
         values = [row[backend].get(mode.key, 0.0) for row in rows]
-        ax.bar([i + (offset - middle) * width for i in range(len(rows))], values, width,
-               label=f"{backend} {mode.label}")
+        ax.bar(
+            [i + (offset - middle) * width for i in range(len(rows))], values, width, label=f"{backend} {mode.label}"
+        )
     ax.set_xticks(range(len(rows)), shapes)
     ax.set_ylabel("ms (median)")
     ax.set_title("GDN kernel time per call at the preset's per-rank shapes")

@@ -74,8 +74,13 @@ def _driver_version() -> str | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=False).stdout.strip()
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.splitlines()[0] if out else None
@@ -86,8 +91,9 @@ def _flash_qla_import_error() -> str | None:
         return None
     statement = f"import {FLASHQLA.import_name}"
     try:
-        proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True,
-                              timeout=IMPORT_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", statement], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"{statement} did not finish within {IMPORT_TIMEOUT_S} s"
     if proc.returncode == 0:
@@ -123,8 +129,14 @@ def rollout_env(python: str) -> RolloutEnvFact:
         return RolloutEnvFact(python, None, f"not run: another user could replace it ({replaceable})")
     try:
         # From /, so that a gdnctl in the current directory does not stand in for the one installed there.
-        proc = subprocess.run([python, "-c", _ROLLOUT_PROBE], capture_output=True, text=True,
-                              timeout=IMPORT_TIMEOUT_S, check=False, cwd="/")
+        proc = subprocess.run(
+            [python, "-c", _ROLLOUT_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_TIMEOUT_S,
+            check=False,
+            cwd="/",
+        )
     except FileNotFoundError:
         return RolloutEnvFact(python, None, "no such interpreter")
     except (PermissionError, subprocess.TimeoutExpired) as error:
@@ -136,8 +148,9 @@ def rollout_env(python: str) -> RolloutEnvFact:
     return RolloutEnvFact(python, version, gdnctl_runtime=runtime == "True")
 
 
-def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = None,
-           interpreters: list[tuple[str, str]] = ()) -> MachineFacts:
+def gather(
+    kernel_cache_dir: str | None = None, rollout_python: str | None = None, interpreters: list[tuple[str, str]] = ()
+) -> MachineFacts:
     """`interpreters`: (field, command) of the interpreters a preset makes gdnctl run, judged for who could
     replace them."""
     env = {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
@@ -150,7 +163,8 @@ def gather(kernel_cache_dir: str | None = None, rollout_python: str | None = Non
         env=env,
         kernel_cache=_kernel_cache(cache),
         rollout_env=rollout_env(rollout_python) if rollout_python else None,
-        interpreters=tuple(InterpreterFact(field, command, replaceable_by_others(command))
-                           for field, command in interpreters),
+        interpreters=tuple(
+            InterpreterFact(field, command, replaceable_by_others(command)) for field, command in interpreters
+        ),
         **_torch_facts(),
     )

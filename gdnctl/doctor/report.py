@@ -31,8 +31,14 @@ class DoctorResult:
         return any(c.status is Status.FAIL for c in self.checks)
 
     def to_json(self) -> dict:
-        return {"preset": self.preset, "ok": not self.failed, "summary": machine_checks.summary(self.checks),
-                "checks": [c.to_json() for c in self.checks], "bench": self.bench, "facts": self.facts.to_json()}
+        return {
+            "preset": self.preset,
+            "ok": not self.failed,
+            "summary": machine_checks.summary(self.checks),
+            "checks": [c.to_json() for c in self.checks],
+            "bench": self.bench,
+            "facts": self.facts.to_json(),
+        }
 
     def text(self, colour: bool) -> str:
         width = max(len(c.name) for c in self.checks)
@@ -49,22 +55,33 @@ class DoctorResult:
 
             lines += ["", format_bench(self.bench)]
         counts = machine_checks.summary(self.checks)
-        lines.append(f"\n{counts['passed']} passed, {counts['warnings']} warnings, {counts['failed']} failed, "
-                     f"{counts['skipped']} skipped")
+        lines.append(
+            f"\n{counts['passed']} passed, {counts['warnings']} warnings, {counts['failed']} failed, "
+            f"{counts['skipped']} skipped"
+        )
         return "\n".join(lines)
 
 
-def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path | None = None,
-                  save_facts: Path | None = None, kernels: bool = False, bench: bool = False,
-                  chart: Path | None = None, progress: Callable[[str], None] | None = None) -> DoctorResult:
+def doctor_report(
+    preset: str | None,
+    overrides: list[str],
+    *,
+    facts_file: Path | None = None,
+    save_facts: Path | None = None,
+    kernels: bool = False,
+    bench: bool = False,
+    chart: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> DoctorResult:
     run = None
     if preset is not None:
         from gdnctl.validate import validate
 
         result = validate(preset, overrides)
         if result.run is None:
-            raise GdnctlError(f"{preset} cannot be resolved ({result.findings[0].message}); "
-                              f"gdnctl validate {preset} shows why.")
+            raise GdnctlError(
+                f"{preset} cannot be resolved ({result.findings[0].message}); gdnctl validate {preset} shows why."
+            )
         run = result.run
     if facts_file is not None:
         facts = MachineFacts.load(facts_file)
@@ -74,8 +91,11 @@ def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path 
 
         kernel_cache = run.preset.launch.kernel_cache_dir if run is not None else None
         rollout = run.preset.rollout if run is not None and run.preset.job == "rl" else None
-        facts = gather(kernel_cache, rollout.python if rollout is not None else None,
-                       preset_interpreters(run.preset) if run is not None else [])
+        facts = gather(
+            kernel_cache,
+            rollout.python if rollout is not None else None,
+            preset_interpreters(run.preset) if run is not None else [],
+        )
     if save_facts is not None:
         save_facts.write_text(json.dumps(facts.to_json(), indent=2) + "\n")
     checks = machine_checks.run_checks(facts, run)
@@ -88,8 +108,16 @@ def doctor_report(preset: str | None, overrides: list[str], *, facts_file: Path 
     return doctor
 
 
-def _run_kernels(doctor: DoctorResult, run, preset_args: str, *, kernels: bool, bench: bool, chart: Path | None,
-                 progress: Callable[[str], None] | None) -> None:
+def _run_kernels(
+    doctor: DoctorResult,
+    run,
+    preset_args: str,
+    *,
+    kernels: bool,
+    bench: bool,
+    chart: Path | None,
+    progress: Callable[[str], None] | None,
+) -> None:
     from gdnctl.doctor import kernels as kernel_checks
 
     facts = doctor.facts

@@ -93,8 +93,14 @@ HF_CONFIG_KEYS = {
 ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 # HF keys whose value is a real number; every other key of HF_CONFIG_KEYS holds an integer.
 _FLOAT_KEYS = frozenset({"rms_norm_eps", "rope_theta", "partial_rotary_factor"})
-_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-             "linear_num_key_heads", "linear_num_value_heads")
+_REQUIRED = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
 # A config.json is a few KiB (a vision-language one with its vision config included); a file past this, a FIFO or
 # a device is not one, and reading it would block or take the machine's memory.
 MAX_CONFIG_BYTES = 4 * 1024**2
@@ -106,11 +112,14 @@ class _WrongType(ValueError):
 
 def _typed(value: object, key: str, kind: str) -> object:
     """`value` when it is of `kind` as JSON writes it, checked strictly: a bool is no integer, a string no bool."""
-    fits = {"an integer": isinstance(value, int) and not isinstance(value, bool),
-            "a number": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "true or false": isinstance(value, bool), "a string": isinstance(value, str),
-            "an object": isinstance(value, dict),
-            "a list of strings": isinstance(value, list) and all(isinstance(item, str) for item in value)}[kind]
+    fits = {
+        "an integer": isinstance(value, int) and not isinstance(value, bool),
+        "a number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "true or false": isinstance(value, bool),
+        "a string": isinstance(value, str),
+        "an object": isinstance(value, dict),
+        "a list of strings": isinstance(value, list) and all(isinstance(item, str) for item in value),
+    }[kind]
     if not fits:
         raise _WrongType(f"{key} is {value!r}, not {kind}")
     return value
@@ -140,8 +149,9 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
         raw = read_json(config_file, MAX_CONFIG_BYTES)
     except UnreadableFile as err:
         if not config_file.exists():
-            raise ModelNotFound(f"{config_file} does not exist: model.path must be a checkpoint directory "
-                                "with a config.json") from None
+            raise ModelNotFound(
+                f"{config_file} does not exist: model.path must be a checkpoint directory with a config.json"
+            ) from None
         raise ModelNotFound(f"{err}: model.path must be a checkpoint directory with its config.json.") from None
     if not isinstance(raw, dict):
         raise ModelNotFound(f"{config_file} is not a JSON object.")
@@ -155,8 +165,9 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
         raise ModelNotFound(f"{config_file} has values gdnctl cannot use ({type(err).__name__}: {err}).") from None
     missing = [name for name in _REQUIRED if fields.get(name) is None]
     if missing:
-        raise ModelNotFound(f"{config_file} lacks {', '.join(missing)}: is this a Qwen3.5 or Qwen3-Next "
-                            "(Gated DeltaNet) checkpoint?")
+        raise ModelNotFound(
+            f"{config_file} lacks {', '.join(missing)}: is this a Qwen3.5 or Qwen3-Next (Gated DeltaNet) checkpoint?"
+        )
     fields["path"] = str(path)
     fields["id"] = fallback_id and _canonical_id(fallback_id)
     try:

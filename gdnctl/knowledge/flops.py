@@ -52,9 +52,11 @@ def _mlp(arch: ModelArch) -> float:
 
 def forward_flops_per_token(arch: ModelArch, mean_sequence_length: float) -> float:
     context = mean_sequence_length / 2  # causal: a token attends to half the sequence on average
-    layers = (arch.num_gdn_layers * _gdn_layer(arch)
-              + arch.num_full_attention_layers * _attention_layer(arch, context)
-              + arch.num_layers * _mlp(arch))
+    layers = (
+        arch.num_gdn_layers * _gdn_layer(arch)
+        + arch.num_full_attention_layers * _attention_layer(arch, context)
+        + arch.num_layers * _mlp(arch)
+    )
     return layers + 2 * arch.hidden_size * arch.vocab_size
 
 

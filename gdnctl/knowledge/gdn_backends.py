@@ -82,7 +82,7 @@ FLA = GdnBackend(
     # variable on every call, so "fla" only means FLA's own Triton kernels while the variable is "0".
     environment={"FLA_FLASH_QLA": "0"},
     environment_reason="FLA 0.6 silently dispatches to FlashQLA when it is importable; this keeps fla meaning "
-                       "FLA's own Triton kernels",
+    "FLA's own Triton kernels",
     cache_variable="TRITON_CACHE_DIR",
     shows_compile_progress=False,
     # 98.5 s at the 35B-A3B proxy's shape (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call").
@@ -113,5 +113,6 @@ GDN_BACKENDS: Mapping[str, GdnBackend] = {backend.name: backend for backend in (
 # What a preset gets when it names none: FLA runs on every CUDA GPU. doctor's bench times the others against it.
 DEFAULT_GDN_BACKEND: GdnBackendName = FLA.name
 # Every distribution a backend needs, each once, in table order.
-KERNEL_DISTRIBUTIONS: tuple[str, ...] = tuple(dict.fromkeys(
-    name for backend in GDN_BACKENDS.values() for name in (*backend.distributions, *backend.requires)))
+KERNEL_DISTRIBUTIONS: tuple[str, ...] = tuple(
+    dict.fromkeys(name for backend in GDN_BACKENDS.values() for name in (*backend.distributions, *backend.requires))
+)

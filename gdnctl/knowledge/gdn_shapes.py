@@ -37,8 +37,7 @@ def kernel_heads(model, tp: int, cp: int) -> int:
     return model.linear_num_value_heads // (tp * cp)
 
 
-def per_rank_shapes(model, *, tp: int, cp: int, seq_length: int, micro_batch_size: int,
-                    layout: str) -> list[RankShape]:
+def per_rank_shapes(model, *, tp: int, cp: int, seq_length: int, micro_batch_size: int, layout: str) -> list[RankShape]:
     """A fixed-length call of one sequence, and for the packed layout a varlen call of a whole micro-batch."""
     qk = v = kernel_heads(model, tp, cp)
     dim = model.linear_key_head_dim

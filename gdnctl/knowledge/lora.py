@@ -78,26 +78,75 @@ class LoraTarget:
     needs: Needs
 
 
-TARGETS: dict[str, LoraTarget] = {target.name: target for target in (
-    LoraTarget("attention_qkv", "the gated-attention layers' fused query, gate, key and value projection",
-               ("*.self_attention.linear_qkv",), ("q_proj", "k_proj", "v_proj"), (), "attention", "any"),
-    LoraTarget("attention_out", "the gated-attention layers' output projection",
-               ("*.self_attention.linear_proj",), ("o_proj",), (), "attention", "any"),
-    LoraTarget("gdn_in", "the GDN layers' fused input projection (q, k, v, z, beta, alpha)",
-               ("*.self_attention.in_proj",), ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), (), "gdn",
-               "any"),
-    LoraTarget("gdn_out", "the GDN layers' output projection",
-               ("*.self_attention.out_proj",), ("out_proj",), (), "gdn", "any"),
-    LoraTarget("mlp", "the dense MLP's gate-and-up and down projections",
-               ("*.mlp.linear_fc1", "*.mlp.linear_fc2"), ("gate_proj", "up_proj", "down_proj"), (), "mlp", "dense"),
-    LoraTarget("shared_expert", "the MoE shared expert's gate-and-up and down projections",
-               ("*.mlp.shared_experts.linear_fc1", "*.mlp.shared_experts.linear_fc2"),
-               ("gate_proj", "up_proj", "down_proj"), (), "mlp", "shared_expert"),
-    # One adapter per expert: gdnctl asks megatron-bridge for LoRA(share_expert_adapters=False) (TRN018).
-    LoraTarget("experts", "every routed expert's gate-and-up and down projections, one adapter per expert",
-               ("*.mlp.experts.linear_fc1", "*.mlp.experts.linear_fc2"), (),
-               ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"), "mlp", "moe"),
-)}
+TARGETS: dict[str, LoraTarget] = {
+    target.name: target
+    for target in (
+        LoraTarget(
+            "attention_qkv",
+            "the gated-attention layers' fused query, gate, key and value projection",
+            ("*.self_attention.linear_qkv",),
+            ("q_proj", "k_proj", "v_proj"),
+            (),
+            "attention",
+            "any",
+        ),
+        LoraTarget(
+            "attention_out",
+            "the gated-attention layers' output projection",
+            ("*.self_attention.linear_proj",),
+            ("o_proj",),
+            (),
+            "attention",
+            "any",
+        ),
+        LoraTarget(
+            "gdn_in",
+            "the GDN layers' fused input projection (q, k, v, z, beta, alpha)",
+            ("*.self_attention.in_proj",),
+            ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+            (),
+            "gdn",
+            "any",
+        ),
+        LoraTarget(
+            "gdn_out",
+            "the GDN layers' output projection",
+            ("*.self_attention.out_proj",),
+            ("out_proj",),
+            (),
+            "gdn",
+            "any",
+        ),
+        LoraTarget(
+            "mlp",
+            "the dense MLP's gate-and-up and down projections",
+            ("*.mlp.linear_fc1", "*.mlp.linear_fc2"),
+            ("gate_proj", "up_proj", "down_proj"),
+            (),
+            "mlp",
+            "dense",
+        ),
+        LoraTarget(
+            "shared_expert",
+            "the MoE shared expert's gate-and-up and down projections",
+            ("*.mlp.shared_experts.linear_fc1", "*.mlp.shared_experts.linear_fc2"),
+            ("gate_proj", "up_proj", "down_proj"),
+            (),
+            "mlp",
+            "shared_expert",
+        ),
+        # One adapter per expert: gdnctl asks megatron-bridge for LoRA(share_expert_adapters=False) (TRN018).
+        LoraTarget(
+            "experts",
+            "every routed expert's gate-and-up and down projections, one adapter per expert",
+            ("*.mlp.experts.linear_fc1", "*.mlp.experts.linear_fc2"),
+            (),
+            ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+            "mlp",
+            "moe",
+        ),
+    )
+}
 # Qwen3-Next's HF GDN input projection packs the same rows per key head into two linears (hf_weights.py);
 # megatron-bridge's adapter export splits a GDN in_proj adapter only into Qwen3.5's four (peft_bridge.py
 # _is_gdn_in_proj_split, lines 263-271), so gdnctl splits it by its own rule (runtime/model/lora_adapters.py).
@@ -155,10 +204,14 @@ def linear_shapes(model: ModelArch, name: str) -> tuple[tuple[int, int, int], ..
         "gdn_in": ((h, 2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads, 1),),
         "gdn_out": ((value_width, h, 1),),
         "mlp": ((h, 2 * (m.ffn_hidden_size or 0), 1), (m.ffn_hidden_size or 0, h, 1)),
-        "shared_expert": ((h, 2 * (m.shared_expert_ffn_hidden_size or 0), 1),
-                          (m.shared_expert_ffn_hidden_size or 0, h, 1)),
-        "experts": ((h, 2 * (m.moe_ffn_hidden_size or 0), m.num_experts or 0),
-                    (m.moe_ffn_hidden_size or 0, h, m.num_experts or 0)),
+        "shared_expert": (
+            (h, 2 * (m.shared_expert_ffn_hidden_size or 0), 1),
+            (m.shared_expert_ffn_hidden_size or 0, h, 1),
+        ),
+        "experts": (
+            (h, 2 * (m.moe_ffn_hidden_size or 0), m.num_experts or 0),
+            (m.moe_ffn_hidden_size or 0, h, m.num_experts or 0),
+        ),
     }
     return shapes[name]
 
@@ -171,11 +224,13 @@ def adapter_params_per_layer(model: ModelArch, name: str, rank: int) -> int:
 
 def layers_of(model: ModelArch, layers: Layers) -> int:
     """How many layers hold a target of this kind."""
-    return {"attention": model.num_full_attention_layers, "gdn": model.num_gdn_layers,
-            "mlp": model.num_layers}[layers]
+    return {"attention": model.num_full_attention_layers, "gdn": model.num_gdn_layers, "mlp": model.num_layers}[layers]
 
 
 def adapter_params(model: ModelArch, names: tuple[str, ...], rank: int) -> int:
     """Adapter parameters of the whole model (the MTP layer is not trained, TRN004) for these targets."""
-    return sum(adapter_params_per_layer(model, name, rank) * layers_of(model, TARGETS[name].layers)
-               for name in names if has_target(model, name))
+    return sum(
+        adapter_params_per_layer(model, name, rank) * layers_of(model, TARGETS[name].layers)
+        for name in names
+        if has_target(model, name)
+    )

@@ -58,9 +58,11 @@ class ModelArch(BaseModel):
         """(num_experts, num_experts_per_tok, moe_ffn_hidden_size) of a MoE model, for arithmetic that needs all
         three: the fields are optional because a dense model has none."""
         if not (self.num_experts and self.num_experts_per_tok and self.moe_ffn_hidden_size):
-            raise ValueError(f"{self.model_type}: a MoE model needs num_experts, num_experts_per_tok and "
-                             f"moe_ffn_hidden_size (got {self.num_experts}, {self.num_experts_per_tok}, "
-                             f"{self.moe_ffn_hidden_size})")
+            raise ValueError(
+                f"{self.model_type}: a MoE model needs num_experts, num_experts_per_tok and "
+                f"moe_ffn_hidden_size (got {self.num_experts}, {self.num_experts_per_tok}, "
+                f"{self.moe_ffn_hidden_size})"
+            )
         return self.num_experts, self.num_experts_per_tok, self.moe_ffn_hidden_size
 
     @property

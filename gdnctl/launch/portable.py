@@ -24,8 +24,13 @@ def _relative_paths(raw: dict, resolved: dict, prefix: str = "") -> list[tuple[s
         other = resolved.get(key)
         if isinstance(value, dict) and isinstance(other, dict):
             found += _relative_paths(value, other, f"{prefix}{key}.")
-        elif isinstance(value, str) and isinstance(other, str) and value != other and not value.startswith("~") \
-                and not Path(value).is_absolute():
+        elif (
+            isinstance(value, str)
+            and isinstance(other, str)
+            and value != other
+            and not value.startswith("~")
+            and not Path(value).is_absolute()
+        ):
             found.append((f"{prefix}{key}", value, other))
     return found
 

@@ -31,21 +31,25 @@ def _cache_env(cache_dir: Path) -> dict[str, str]:
 
 def _verify_in_fresh_process(shapes: list[RankShape], cache_dir: Path, backend: str) -> list[ShapeTiming]:
     payload = json.dumps([asdict(s) for s in shapes])
-    code = ("import json, sys\nfrom gdnctl.knowledge import RankShape\n"
-            "from gdnctl.runtime.kernels import resolve_backend, time_shapes\n"
-            "shapes = [RankShape(**{**s, 'seq_lens': tuple(s['seq_lens'])}) for s in json.loads(sys.argv[1])]\n"
-            "kernel = resolve_backend(sys.argv[2], training=True)\n"
-            "print(json.dumps([t.__dict__ for t in time_shapes(shapes, kernel=kernel)]))")
+    code = (
+        "import json, sys\nfrom gdnctl.knowledge import RankShape\n"
+        "from gdnctl.runtime.kernels import resolve_backend, time_shapes\n"
+        "shapes = [RankShape(**{**s, 'seq_lens': tuple(s['seq_lens'])}) for s in json.loads(sys.argv[1])]\n"
+        "kernel = resolve_backend(sys.argv[2], training=True)\n"
+        "print(json.dumps([t.__dict__ for t in time_shapes(shapes, kernel=kernel)]))"
+    )
     env = {**os.environ, **_cache_env(cache_dir)}
-    proc = subprocess.run([sys.executable, "-c", code, payload, backend], capture_output=True, text=True, env=env,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, payload, backend], capture_output=True, text=True, env=env, check=False
+    )
     if proc.returncode != 0:
         raise GdnctlError(f"the verification run failed: {proc.stderr.strip().splitlines()[-1:]}")
     return [ShapeTiming(**t) for t in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
-            verify: bool = True, backend: str | None = None) -> dict:
+def prewarm(
+    run, cache_dir: Path, progress: Callable[[str], None] | None = None, verify: bool = True, backend: str | None = None
+) -> dict:
     """Compile `backend` (default: the preset's kernels.gdn_backend) at every per-rank shape into `cache_dir`."""
     if run.gpu.sm is None:
         raise GdnctlError("this preset runs on CPU: there are no GPU kernels to prewarm.")
@@ -72,11 +76,17 @@ def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
             compiled = time_shapes(shapes, say, kernel=kernel)
     else:
         if progress:
-            progress(f"{chosen.label}'s {chosen.compiler} kernels for {len(shapes)} kernel "
-                     f"shape{'s' if len(shapes) != 1 else ''} into {compiler_cache}: {chosen.cold_compile}")
+            progress(
+                f"{chosen.label}'s {chosen.compiler} kernels for {len(shapes)} kernel "
+                f"shape{'s' if len(shapes) != 1 else ''} into {compiler_cache}: {chosen.cold_compile}"
+            )
         compiled = time_shapes(shapes, progress, kernel=kernel)
-    report = {"backend": backend, "cache_dir": str(cache_dir), "compiler_cache": compiler_cache,
-              "compile": [asdict(t) for t in compiled]}
+    report = {
+        "backend": backend,
+        "cache_dir": str(cache_dir),
+        "compiler_cache": compiler_cache,
+        "compile": [asdict(t) for t in compiled],
+    }
     if verify:
         if progress:
             progress("checking in a fresh process that the first call no longer compiles ...")
@@ -84,4 +94,3 @@ def prewarm(run, cache_dir: Path, progress: Callable[[str], None] | None = None,
         report["fresh_process"] = [asdict(t) for t in fresh]
         report["first_over_warm"] = {t.shape: round(t.first_call_s / t.warm_call_s, 3) for t in fresh}
     return report
-

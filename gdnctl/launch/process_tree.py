@@ -78,7 +78,7 @@ def _processes() -> dict[int, tuple[int, int]]:
         except OSError:  # ended while we looked
             continue
         # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z":
             table[int(entry.name)] = (int(fields[1]), int(fields[2]))
     return table
@@ -161,7 +161,7 @@ def _write(target: IO, chunk: bytes) -> None:
     target.flush()
     view = memoryview(chunk)
     while view:
-        view = view[os.write(descriptor, view):]
+        view = view[os.write(descriptor, view) :]
 
 
 def _copy(source: IO[bytes], targets: list[IO]) -> None:
@@ -177,8 +177,7 @@ def _copy(source: IO[bytes], targets: list[IO]) -> None:
 
 def _open_log(path: Path) -> IO[bytes]:
     """The log, appended to, never through a link planted at its name."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
-                     "ab")
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "ab")
 
 
 def _tee(process: subprocess.Popen, stdout: IO | None, log: IO) -> list[threading.Thread]:
@@ -186,22 +185,24 @@ def _tee(process: subprocess.Popen, stdout: IO | None, log: IO) -> list[threadin
     would have gone and to `log`."""
     import sys
 
-    threads = [threading.Thread(target=_copy, args=(process.stdout, [stdout or sys.stdout, log]), daemon=True),
-               threading.Thread(target=_copy, args=(process.stderr, [sys.stderr, log]), daemon=True)]
+    threads = [
+        threading.Thread(target=_copy, args=(process.stdout, [stdout or sys.stdout, log]), daemon=True),
+        threading.Thread(target=_copy, args=(process.stderr, [sys.stderr, log]), daemon=True),
+    ]
     for thread in threads:
         thread.start()
     return threads
 
 
-def run_job(argv: list[str], cwd: Path, stdout: IO | None = None, grace: float = STOP_GRACE_SECONDS,
-            log: Path | None = None) -> int:
+def run_job(
+    argv: list[str], cwd: Path, stdout: IO | None = None, grace: float = STOP_GRACE_SECONDS, log: Path | None = None
+) -> int:
     """Run `argv` in its own session and return its exit code; on SIGTERM, SIGINT or SIGHUP stop its whole
     process tree (see the module's docstring) and raise JobStopped. `log`: a file that gets a copy of the job's
     output as well (`gdnctl logs` reads it), appended to."""
-    with stop_requests() as received, (_open_log(log) if log is not None else _nothing()) as log_file:
+    with stop_requests() as received, _open_log(log) if log is not None else _nothing() as log_file:
         pipe = subprocess.PIPE if log_file is not None else None
-        process = subprocess.Popen(argv, cwd=cwd, stdout=pipe if pipe else stdout, stderr=pipe,
-                                   start_new_session=True)
+        process = subprocess.Popen(argv, cwd=cwd, stdout=pipe if pipe else stdout, stderr=pipe, start_new_session=True)
         copiers = _tee(process, stdout, log_file) if log_file is not None else []
         while not received:
             try:
@@ -213,5 +214,8 @@ def run_job(argv: list[str], cwd: Path, stdout: IO | None = None, grace: float =
             return code
         name = signal.Signals(received[0]).name
         outcome = _stop(process, received, grace)
-        raise JobStopped(f"stopped by {name}: the job ({shlex.join(argv)} and every process it started) {outcome}; "
-                         f"its run dir is {cwd}.", received[0])
+        raise JobStopped(
+            f"stopped by {name}: the job ({shlex.join(argv)} and every process it started) {outcome}; "
+            f"its run dir is {cwd}.",
+            received[0],
+        )

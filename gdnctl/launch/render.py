@@ -118,9 +118,11 @@ def _rollout_step(run) -> dict | None:
     rollout = run.preset.rollout
     if run.preset.job != "rl" or rollout is None or rollout.colocate:
         return None
-    return {"nodes": run.rollout_gpus.value // run.preset.cluster.gpus_per_node,
-            "python": rollout.python or job_python(run.preset),
-            "container_image": rollout.container_image}
+    return {
+        "nodes": run.rollout_gpus.value // run.preset.cluster.gpus_per_node,
+        "python": rollout.python or job_python(run.preset),
+        "container_image": rollout.container_image,
+    }
 
 
 def _sha256(text: str) -> str:
@@ -161,16 +163,20 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         try:
             files[output] = jinja.get_template(template).render(**context)
         except jinja2.TemplateNotFound:
-            raise TemplateError(f"template {template} is missing from {templates or templates_dir()}; copy it "
-                                "from gdnctl's templates/ folder.") from None
+            raise TemplateError(
+                f"template {template} is missing from {templates or templates_dir()}; copy it "
+                "from gdnctl's templates/ folder."
+            ) from None
         except jinja2.TemplateError as err:
             raise TemplateError(f"template {template} failed to render: {err}.") from None
     manifest = {
         "gdnctl_version": __version__,
-        "preset": {"path": result.loaded.source,
-                   "files": [{"path": path, "sha256": result.loaded.sha256[path]} for path in result.loaded.chain],
-                   "overrides": [],
-                   "resolved_sha256": _sha256(json.dumps(preset.model_dump(mode="json"), sort_keys=True))},
+        "preset": {
+            "path": result.loaded.source,
+            "files": [{"path": path, "sha256": result.loaded.sha256[path]} for path in result.loaded.chain],
+            "overrides": [],
+            "resolved_sha256": _sha256(json.dumps(preset.model_dump(mode="json"), sort_keys=True)),
+        },
         "engine_config_sha256": _sha256(engine_yaml),
         "resolved": result.resolved(),
         "findings": [f.to_json() for f in result.findings],
@@ -206,8 +212,9 @@ def _create(rendered: RenderedRun) -> None:
         except OSError as error:
             if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 raise
-            raise run_dirs.RunDirTaken(f"{run_dir} was created by someone else while gdnctl rendered it; choose "
-                                       "another run dir.") from None
+            raise run_dirs.RunDirTaken(
+                f"{run_dir} was created by someone else while gdnctl rendered it; choose another run dir."
+            ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -223,14 +230,18 @@ def _replace(rendered: RenderedRun, manifest: dict) -> list[str]:
         unfinished = submit.unfinished_jobs(recorded) if recorded else []
         if unfinished:
             jobs = ", ".join(f"{job_id} ({state})" for job_id, state in unfinished)
-            raise run_dirs.RunDirInUse(f"{run_dir} belongs to Slurm job {jobs}, which would run with the new "
-                                       f"engine.yaml; scancel {' '.join(job for job, _ in unfinished)} or wait "
-                                       "for it to end, or choose another run dir.")
+            raise run_dirs.RunDirInUse(
+                f"{run_dir} belongs to Slurm job {jobs}, which would run with the new "
+                f"engine.yaml; scancel {' '.join(job for job, _ in unfinished)} or wait "
+                "for it to end, or choose another run dir."
+            )
         edited = run_dirs.edited_files(run_dir, listed, rendered.files)
         if edited:
-            raise RunDirNotEmpty(f"{', '.join(str(run_dir / name) for name in edited)} changed since gdnctl rendered "
-                                 "it, so --force will not replace it; move your copy out of the run dir (or delete "
-                                 "it) and run again.")
+            raise RunDirNotEmpty(
+                f"{', '.join(str(run_dir / name) for name in edited)} changed since gdnctl rendered "
+                "it, so --force will not replace it; move your copy out of the run dir (or delete "
+                "it) and run again."
+            )
         kept = run_dirs.kept_entries(run_dir, listed)
         # Staged inside the run dir, so that each file is renamed over its old copy on one file system.
         staging = Path(tempfile.mkdtemp(prefix=".gdnctl-rendering-", dir=run_dir))
@@ -255,23 +266,33 @@ def _use_as_rendered(rendered: RenderedRun) -> None:
     run_dir = rendered.run_dir
     manifest = run_dirs.read_manifest(run_dir)
     if manifest is None:
-        raise RunDirNotEmpty(f"{run_dir} is not empty and not a gdnctl run dir (no manifest.json of gdnctl's in it); "
-                             "choose another run dir.")
+        raise RunDirNotEmpty(
+            f"{run_dir} is not empty and not a gdnctl run dir (no manifest.json of gdnctl's in it); "
+            "choose another run dir."
+        )
     listed = run_dirs.listed_files(manifest)
     used = run_dirs.job_traces(run_dir, listed)
     if used:
-        raise RunDirNotEmpty(f"{run_dir} has been run already (it holds {', '.join(used)}); continue it with "
-                             f"`gdnctl resume {shlex.quote(str(run_dir))}` (from its latest checkpoint, with the "
-                             "engine.yaml it has), or launch into a new run dir (leave out --run-dir).")
-    differ = [name for name, text in rendered.files.items()
-              if not (run_dir / name).is_file() or (run_dir / name).is_symlink()
-              or run_dirs.sha256((run_dir / name).read_bytes()) != run_dirs.sha256(text.encode())]
+        raise RunDirNotEmpty(
+            f"{run_dir} has been run already (it holds {', '.join(used)}); continue it with "
+            f"`gdnctl resume {shlex.quote(str(run_dir))}` (from its latest checkpoint, with the "
+            "engine.yaml it has), or launch into a new run dir (leave out --run-dir)."
+        )
+    differ = [
+        name
+        for name, text in rendered.files.items()
+        if not (run_dir / name).is_file()
+        or (run_dir / name).is_symlink()
+        or run_dirs.sha256((run_dir / name).read_bytes()) != run_dirs.sha256(text.encode())
+    ]
     if differ:
         verb = "differs" if len(differ) == 1 else "differ"
-        raise RunDirNotEmpty(f"{run_dir} was rendered from another preset, other --set values or another gdnctl "
-                             f"({', '.join(differ)} {verb} from what this launch renders); pass the same preset and "
-                             "--set values as `render` had, or --force to render this launch over it (it holds "
-                             "nothing but gdnctl's files), or leave out --run-dir.")
+        raise RunDirNotEmpty(
+            f"{run_dir} was rendered from another preset, other --set values or another gdnctl "
+            f"({', '.join(differ)} {verb} from what this launch renders); pass the same preset and "
+            "--set values as `render` had, or --force to render this launch over it (it holds "
+            "nothing but gdnctl's files), or leave out --run-dir."
+        )
 
 
 def next_step(rendered: RenderedRun, preset: str, overrides: list[str], templates: Path | None) -> str:
@@ -281,8 +302,17 @@ def next_step(rendered: RenderedRun, preset: str, overrides: list[str], template
     run_dir = rendered.run_dir
     if run_dirs.job_traces(run_dir, run_dirs.listed_files(rendered.manifest)):
         return shlex.join(["gdnctl", "resume", str(run_dir)])
-    return shlex.join(["gdnctl", "launch", preset, *(f"--set={item}" for item in overrides),
-                       *(["--templates", str(templates)] if templates is not None else []), "--run-dir", str(run_dir)])
+    return shlex.join(
+        [
+            "gdnctl",
+            "launch",
+            preset,
+            *(f"--set={item}" for item in overrides),
+            *(["--templates", str(templates)] if templates is not None else []),
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
 
 
 def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False, as_is: bool = False) -> list[str]:
@@ -300,14 +330,18 @@ def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False, a
             _use_as_rendered(rendered)
             return []
         if not force:
-            raise RunDirNotEmpty(f"{run_dir} is not empty; pass --force to replace the files gdnctl rendered "
-                                 "there, or choose another run dir.")
+            raise RunDirNotEmpty(
+                f"{run_dir} is not empty; pass --force to replace the files gdnctl rendered "
+                "there, or choose another run dir."
+            )
         # Only a directory gdnctl rendered, and in it only what gdnctl wrote: `-o .` in a source tree must never
         # take the tree with it, and a job's checkpoints, logs and W&B runs stay where they are.
         manifest = run_dirs.read_manifest(run_dir)
         if manifest is None:
-            raise RunDirNotEmpty(f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
-                                 "--force will not write into it; choose another run dir, or empty it yourself.")
+            raise RunDirNotEmpty(
+                f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
+                "--force will not write into it; choose another run dir, or empty it yourself."
+            )
         return _replace(rendered, manifest)
     _create(rendered)
     return []
@@ -325,9 +359,16 @@ def _absolute(path: Path) -> Path:
 DEFAULT_NAME_DRAWS = 5
 
 
-def render(preset: str, run_dir: Path | None, overrides: list[str] | None = None, force: bool = False,
-           templates: Path | None = None, dry_run: bool = False,
-           before_write: Callable[[RenderedRun], None] | None = None, as_is: bool = False) -> RenderedRun:
+def render(
+    preset: str,
+    run_dir: Path | None,
+    overrides: list[str] | None = None,
+    force: bool = False,
+    templates: Path | None = None,
+    dry_run: bool = False,
+    before_write: Callable[[RenderedRun], None] | None = None,
+    as_is: bool = False,
+) -> RenderedRun:
     """Validate, render and (unless `dry_run`) write the run dir; `run_dir` None: a new one under runs/.
     `before_write` sees the rendered run before anything is written (launch's checks: a refusal writes nothing)."""
     result = validate(preset, overrides)

@@ -60,9 +60,11 @@ def sha256(data: bytes) -> str:
 
 def refuse_link(path: Path) -> None:
     if path.is_symlink():
-        raise RunDirNotEmpty(f"{path} is a symbolic link (to {os.readlink(path)}); gdnctl never renders through a "
-                             f"link, which would replace what it points to: pass the directory itself "
-                             f"({path.resolve()}), or remove the link.")
+        raise RunDirNotEmpty(
+            f"{path} is a symbolic link (to {os.readlink(path)}); gdnctl never renders through a "
+            f"link, which would replace what it points to: pass the directory itself "
+            f"({path.resolve()}), or remove the link."
+        )
 
 
 def _open(path: Path, flags: int) -> int:
@@ -71,10 +73,13 @@ def _open(path: Path, flags: int) -> int:
         descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise RunDirNotEmpty(f"{path} is a symbolic link; gdnctl does not write through links in a run dir: "
-                                 f"remove it (rm {path}) and run again.") from None
-        raise RunDirNotEmpty(f"{path} cannot be opened ({error.strerror}); fix its permissions, or choose another "
-                             "run dir.") from None
+            raise RunDirNotEmpty(
+                f"{path} is a symbolic link; gdnctl does not write through links in a run dir: "
+                f"remove it (rm {path}) and run again."
+            ) from None
+        raise RunDirNotEmpty(
+            f"{path} cannot be opened ({error.strerror}); fix its permissions, or choose another run dir."
+        ) from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
         raise RunDirNotEmpty(f"{path} is not a regular file; remove it and run again.")
@@ -180,8 +185,10 @@ def hold(run_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirInUse(f"{run_dir} is in use by a running job (launch_local.sh holds {path}); stop the job "
-                              "or wait for it to end, or choose another run dir.") from None
+            raise RunDirInUse(
+                f"{run_dir} is in use by a running job (launch_local.sh holds {path}); stop the job "
+                "or wait for it to end, or choose another run dir."
+            ) from None
         except OSError:  # a file system without flock: launch_local.sh then runs without the lock as well
             pass
         yield
@@ -194,8 +201,10 @@ def record_slurm_job(run_dir: Path, job_id: str) -> None:
     try:
         descriptor = _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except RunDirNotEmpty as error:
-        raise RunDirNotEmpty(f"Slurm job {job_id} was submitted, but gdnctl could not record it, so --force will "
-                             f"not see that it runs: {error}") from None
+        raise RunDirNotEmpty(
+            f"Slurm job {job_id} was submitted, but gdnctl could not record it, so --force will "
+            f"not see that it runs: {error}"
+        ) from None
     with os.fdopen(descriptor, "a") as handle:
         handle.write(job_id + "\n")
 
@@ -241,8 +250,10 @@ def forget_local_exit(run_dir: Path) -> None:
     try:
         path.unlink(missing_ok=True)
     except OSError as error:
-        raise RunDirNotEmpty(f"{path} cannot be removed ({error.strerror}); gdnctl replaces it with how this run "
-                             f"ends: remove it (rm -r {path}) and launch again.") from None
+        raise RunDirNotEmpty(
+            f"{path} cannot be removed ({error.strerror}); gdnctl replaces it with how this run "
+            f"ends: remove it (rm -r {path}) and launch again."
+        ) from None
 
 
 def read_local_exit(run_dir: Path) -> LocalExit | None:

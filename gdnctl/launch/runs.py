@@ -40,11 +40,20 @@ class RunStatus:
 
     def to_json(self) -> dict:
         local = self.local_exit
-        return {"run_dir": str(self.run_dir), "name": self.name, "job": self.job, "executor": self.executor,
-                "state": self.state, "slurm_job_ids": self.job_ids, "exit_code": self.exit_code,
-                "outcome": local.outcome if local else None, "signal": local.signal if local else None,
-                "smoke": local.smoke if local else None, "log": str(self.log) if self.log else None,
-                "note": self.note}
+        return {
+            "run_dir": str(self.run_dir),
+            "name": self.name,
+            "job": self.job,
+            "executor": self.executor,
+            "state": self.state,
+            "slurm_job_ids": self.job_ids,
+            "exit_code": self.exit_code,
+            "outcome": local.outcome if local else None,
+            "signal": local.signal if local else None,
+            "smoke": local.smoke if local else None,
+            "log": str(self.log) if self.log else None,
+            "note": self.note,
+        }
 
     def line(self) -> str:
         if self.local_exit is not None:
@@ -58,12 +67,16 @@ class RunStatus:
 def manifest(run_dir: Path) -> dict:
     """The run dir's manifest, or NotARunDir with what to pass instead."""
     if not run_dir.is_dir():
-        raise NotARunDir(f"{run_dir} is not a directory; pass a run dir that `gdnctl render` or `gdnctl launch` "
-                         "wrote (gdnctl runs lists those under runs/).")
+        raise NotARunDir(
+            f"{run_dir} is not a directory; pass a run dir that `gdnctl render` or `gdnctl launch` "
+            "wrote (gdnctl runs lists those under runs/)."
+        )
     found = run_dirs.read_manifest(run_dir)
     if found is None:
-        raise NotARunDir(f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it); pass a run dir "
-                         "that `gdnctl render` or `gdnctl launch` wrote (gdnctl runs lists those under runs/).")
+        raise NotARunDir(
+            f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it); pass a run dir "
+            "that `gdnctl render` or `gdnctl launch` wrote (gdnctl runs lists those under runs/)."
+        )
     return found
 
 
@@ -116,8 +129,10 @@ def status(run_dir: Path) -> RunStatus:
     elif run_dirs.job_traces(run_dir, run_dirs.listed_files(found)):
         result.state = "ended"
         if result.log is not None:
-            result.note = ("no exit code was recorded for it (the gdnctl that launched it ended before the job, or "
-                           "predates the record); its log says how it ended.")
+            result.note = (
+                "no exit code was recorded for it (the gdnctl that launched it ended before the job, or "
+                "predates the record); its log says how it ended."
+            )
     return result
 
 
@@ -126,10 +141,13 @@ def log_path(run_dir: Path) -> Path:
     found = status(run_dir)
     if found.log is None or not found.log.is_file():
         if found.job_ids:
-            raise NotARunDir(f"Slurm job {found.job_ids[-1]} of {run_dir} has not written its log {found.log} yet "
-                             f"(it is {found.state}); try again once it starts.")
-        raise NotARunDir(f"{run_dir} has no log yet: it has not been launched (gdnctl launch PRESET --run-dir "
-                         f"{run_dir}).")
+            raise NotARunDir(
+                f"Slurm job {found.job_ids[-1]} of {run_dir} has not written its log {found.log} yet "
+                f"(it is {found.state}); try again once it starts."
+            )
+        raise NotARunDir(
+            f"{run_dir} has no log yet: it has not been launched (gdnctl launch PRESET --run-dir {run_dir})."
+        )
     return found.log
 
 
@@ -140,8 +158,10 @@ def cancel(run_dir: Path) -> list[str]:
     job_ids = run_dirs.recorded_slurm_jobs(run_dir)
     if not job_ids:
         if run_dirs.locked(run_dir):
-            raise NotARunDir(f"{run_dir} runs here as a local job, which stops with the gdnctl that launched it: "
-                             "press Ctrl-C there, or send it SIGTERM (it stops every process of the job).")
+            raise NotARunDir(
+                f"{run_dir} runs here as a local job, which stops with the gdnctl that launched it: "
+                "press Ctrl-C there, or send it SIGTERM (it stops every process of the job)."
+            )
         raise NotARunDir(f"{run_dir} has no Slurm job to cancel (none was submitted from it).")
     unfinished = [job_id for job_id, _ in submit.unfinished_jobs(job_ids)]
     if unfinished:
@@ -151,8 +171,9 @@ def cancel(run_dir: Path) -> list[str]:
         proc = subprocess.run([scancel, *unfinished], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             reason = (proc.stderr or proc.stdout).strip().splitlines()
-            raise submit.SubmitError(f"scancel {' '.join(unfinished)} failed: "
-                                     f"{reason[-1] if reason else f'exit {proc.returncode}'}.")
+            raise submit.SubmitError(
+                f"scancel {' '.join(unfinished)} failed: {reason[-1] if reason else f'exit {proc.returncode}'}."
+            )
     return unfinished
 
 
@@ -160,5 +181,8 @@ def find_runs(root: Path) -> list[Path]:
     """The run dirs directly under `root` (runs/ by default), oldest first by name (their names carry the time)."""
     if not root.is_dir():
         return []
-    return sorted(entry for entry in root.iterdir()
-                  if entry.is_dir() and not entry.is_symlink() and run_dirs.read_manifest(entry) is not None)
+    return sorted(
+        entry
+        for entry in root.iterdir()
+        if entry.is_dir() and not entry.is_symlink() and run_dirs.read_manifest(entry) is not None
+    )

@@ -45,14 +45,18 @@ class SmokeOutcome:
             failed = ", ".join(check.name for check in report.checks if check.status == "FAIL")
             return f"the smoke run failed {report.count('FAIL')} check(s): {failed}; the verdicts are in {self.path}."
         if self.exit_code not in (0, None):
-            return (f"the smoke run passed its checks but exited with code {self.exit_code}; its output above says "
-                    "why.")
+            return f"the smoke run passed its checks but exited with code {self.exit_code}; its output above says why."
         warned = f", {report.count('warn')} with a warning" if report.count("warn") else ""
         return f"the smoke run passed every check ({report.count('ok')} ok{warned}); the verdicts are in {self.path}."
 
     def to_json(self) -> dict:
-        return {"green": self.green, "exit_code": self.exit_code, "verdict": self.verdict(), "path": str(self.path),
-                "report": self.report.model_dump(mode="json") if self.report is not None else None}
+        return {
+            "green": self.green,
+            "exit_code": self.exit_code,
+            "verdict": self.verdict(),
+            "path": str(self.path),
+            "report": self.report.model_dump(mode="json") if self.report is not None else None,
+        }
 
 
 def read_outcome(run_dir: Path, exit_code: int | None) -> SmokeOutcome:
@@ -77,13 +81,17 @@ class LocalLaunch:
         return 0 if self.smoke is not None and self.smoke.green else 1
 
     def to_json(self) -> dict:
-        return {"ok": self.exit_code == 0, "exit_code": self.exit_code,
-                "smoke": self.smoke.to_json() if self.smoke is not None else None,
-                "job": {"started": self.job_exit_code is not None, "exit_code": self.job_exit_code}}
+        return {
+            "ok": self.exit_code == 0,
+            "exit_code": self.exit_code,
+            "smoke": self.smoke.to_json() if self.smoke is not None else None,
+            "job": {"started": self.job_exit_code is not None, "exit_code": self.job_exit_code},
+        }
 
 
-def launch_local(run_dir: Path, *, smoke: bool, then_run: bool, say: Callable[[str], None],
-                 stdout: IO | None = None) -> LocalLaunch:
+def launch_local(
+    run_dir: Path, *, smoke: bool, then_run: bool, say: Callable[[str], None], stdout: IO | None = None
+) -> LocalLaunch:
     """The smoke run (when asked for), then the job (unless only the smoke was asked for, or it was not green).
     `say` gets the sentences between the two; `stdout` the runs' own output (default: this process's stdout)."""
     outcome = None

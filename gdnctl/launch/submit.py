@@ -19,8 +19,17 @@ from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch.process_tree import JobStopped, run_job, stop_requests
 from gdnctl.schema import LOCAL_EXIT_FILE, LocalExit
 
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                   "DEADLINE", "PREEMPTED"}
+TERMINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 POLL_SECONDS = 1.0
 
 
@@ -73,18 +82,24 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _record_exit(run_dir: Path, exit_code: int, signal_name: str | None, *, smoke: bool,
-                 stopped: bool = False) -> None:
+def _record_exit(run_dir: Path, exit_code: int, signal_name: str | None, *, smoke: bool, stopped: bool = False) -> None:
     """Record how the local run ended; a run dir that cannot take the record gets a sentence on stderr, and the run's
     exit code stands."""
-    record = LocalExit(exit_code=exit_code, signal=signal_name, stopped=stopped, smoke=smoke,
-                       ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    record = LocalExit(
+        exit_code=exit_code,
+        signal=signal_name,
+        stopped=stopped,
+        smoke=smoke,
+        ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     try:
         run_dirs.record_local_exit(run_dir, record)
     except OSError as error:
-        print(f"gdnctl: the run ended with exit code {exit_code}, but gdnctl could not record it in "
-              f"{run_dir / LOCAL_EXIT_FILE} ({error.strerror or error}), so `gdnctl status` will not show it.",
-              file=sys.stderr)
+        print(
+            f"gdnctl: the run ended with exit code {exit_code}, but gdnctl could not record it in "
+            f"{run_dir / LOCAL_EXIT_FILE} ({error.strerror or error}), so `gdnctl status` will not show it.",
+            file=sys.stderr,
+        )
 
 
 @dataclass
@@ -97,8 +112,10 @@ class SlurmJob:
 def _require(command: str) -> str:
     path = shutil.which(command)
     if path is None:
-        raise SubmitError(f"{command} is not on PATH: install the Slurm client (Debian: slurm-client) on this "
-                          "host, or launch without --slurm to run locally.")
+        raise SubmitError(
+            f"{command} is not on PATH: install the Slurm client (Debian: slurm-client) on this "
+            "host, or launch without --slurm to run locally."
+        )
     return path
 
 
@@ -113,12 +130,15 @@ def check_sbatch() -> None:
 def submit(run_dir: Path, args: tuple[str, ...] = ()) -> SlurmJob:
     """sbatch the run dir's script; `args` go to the script (--smoke, --smoke-then-run)."""
     sbatch = _require("sbatch")
-    proc = subprocess.run([sbatch, "--parsable", "launch_slurm.sbatch", *args], cwd=run_dir, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sbatch, "--parsable", "launch_slurm.sbatch", *args], cwd=run_dir, capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         reason = (proc.stderr or proc.stdout).strip().splitlines()
-        raise SubmitError(f"sbatch rejected the job: {reason[-1] if reason else f'exit {proc.returncode}'}. "
-                          f"The script is {run_dir / 'launch_slurm.sbatch'}.")
+        raise SubmitError(
+            f"sbatch rejected the job: {reason[-1] if reason else f'exit {proc.returncode}'}. "
+            f"The script is {run_dir / 'launch_slurm.sbatch'}."
+        )
     job_id = proc.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise SubmitError(f"sbatch did not print a job id (got {proc.stdout.strip()!r}).")
@@ -131,20 +151,28 @@ def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
     suspended, requeued ...): a job that may still read its run dir."""
     squeue = shutil.which("squeue")
     if squeue is None:
-        raise SubmitError(f"Slurm job(s) {', '.join(job_ids)} were submitted from this run dir and squeue is not on "
-                          "PATH to tell whether they have ended; run this where the Slurm client is installed, or "
-                          "choose another run dir.")
+        raise SubmitError(
+            f"Slurm job(s) {', '.join(job_ids)} were submitted from this run dir and squeue is not on "
+            "PATH to tell whether they have ended; run this where the Slurm client is installed, or "
+            "choose another run dir."
+        )
     unfinished = []
     for job_id in job_ids:
-        proc = subprocess.run([squeue, "--noheader", "--states=all", "--format=%T", "--jobs", job_id],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [squeue, "--noheader", "--states=all", "--format=%T", "--jobs", job_id],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:  # slurmctld no longer knows it: it ended long ago
                 continue
             reason = (proc.stderr or proc.stdout).strip().splitlines()
-            raise SubmitError(f"squeue could not say whether Slurm job {job_id}, submitted from this run dir, has "
-                              f"ended ({reason[-1] if reason else f'exit {proc.returncode}'}); try again when "
-                              "slurmctld answers, or choose another run dir.")
+            raise SubmitError(
+                f"squeue could not say whether Slurm job {job_id}, submitted from this run dir, has "
+                f"ended ({reason[-1] if reason else f'exit {proc.returncode}'}); try again when "
+                "slurmctld answers, or choose another run dir."
+            )
         state = proc.stdout.strip().split()
         if state and state[0] not in TERMINAL_STATES:
             unfinished.append((job_id, state[0]))
@@ -166,16 +194,18 @@ def job_status(job_id: str) -> tuple[str | None, int | None]:
     return (state.group(1) if state else None), exit_code
 
 
-def follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None],
-           poll: float = POLL_SECONDS) -> SlurmJob:
+def follow(
+    run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float = POLL_SECONDS
+) -> SlurmJob:
     """Tail the job's log until it ends; the job's exit code lands in `job.exit_code`. SIGTERM, SIGINT or
     SIGHUP stop the following, not the job (it belongs to Slurm now), and raise JobStopped saying so."""
     with stop_requests() as received:
         return _follow(run_dir, job, job_name, echo, poll, received)
 
 
-def _follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float,
-            received: list[int]) -> SlurmJob:
+def _follow(
+    run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float, received: list[int]
+) -> SlurmJob:
     log = run_dir / "logs" / f"{job_name}-{job.job_id}.out"
     offset = 0
 
@@ -194,8 +224,11 @@ def _follow(run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], N
     while True:
         if received:
             name = signal.Signals(received[0]).name
-            raise JobStopped(f"stopped following Slurm job {job.job_id} on {name}; the job goes on (scancel "
-                             f"{job.job_id} stops it) and its log is {log}.", received[0])
+            raise JobStopped(
+                f"stopped following Slurm job {job.job_id} on {name}; the job goes on (scancel "
+                f"{job.job_id} stops it) and its log is {log}.",
+                received[0],
+            )
         state, exit_code = job_status(job.job_id)
         drain()
         if state != last_state and state is not None:

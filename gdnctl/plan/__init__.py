@@ -15,7 +15,22 @@ from gdnctl.plan.explain import Derived, derived_values, memory_table
 from gdnctl.plan.memory import RESIDENT_ROWS, MemoryEstimate, estimate_training
 from gdnctl.plan.run import Run, resolve
 
-__all__ = ["DEFAULT_KERNEL_CACHE", "RESIDENT_ROWS", "Decision", "Derived", "MemoryEstimate", "Run",
-           "compile_engine_config",
-           "cuda_device_max_connections", "decisions", "derived_values", "engine_env", "environment",
-           "estimate_training", "kernel_cache_env", "memory", "memory_table", "resolve"]
+__all__ = [
+    "DEFAULT_KERNEL_CACHE",
+    "RESIDENT_ROWS",
+    "Decision",
+    "Derived",
+    "MemoryEstimate",
+    "Run",
+    "compile_engine_config",
+    "cuda_device_max_connections",
+    "decisions",
+    "derived_values",
+    "engine_env",
+    "environment",
+    "estimate_training",
+    "kernel_cache_env",
+    "memory",
+    "memory_table",
+    "resolve",
+]

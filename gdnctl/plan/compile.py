@@ -36,8 +36,13 @@ def _lora(run: Run) -> EngineLora | None:
     if spec is None:
         return None
     targets = run.lora_targets.value
-    return EngineLora(rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout, targets=list(targets),
-                      target_modules=lora.megatron_target_modules(targets))
+    return EngineLora(
+        rank=spec.rank,
+        alpha=spec.alpha,
+        dropout=spec.dropout,
+        targets=list(targets),
+        target_modules=lora.megatron_target_modules(targets),
+    )
 
 
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
@@ -59,12 +64,19 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
     if preset.job == "rl" and preset.rollout is not None:
         r = preset.rollout
         rollout = EngineRollout(
-            engine=r.engine, tp=r.tp, num_gpus=run.rollout_gpus.value, colocate=r.colocate,
-            gdn_prefill_backend=r.gdn_prefill_backend, gpu_memory_utilization=r.gpu_memory_utilization,
+            engine=r.engine,
+            tp=r.tp,
+            num_gpus=run.rollout_gpus.value,
+            colocate=r.colocate,
+            gdn_prefill_backend=r.gdn_prefill_backend,
+            gpu_memory_utilization=r.gpu_memory_utilization,
             kv_cache_gib=r.kv_cache_gib,
-            max_model_len=r.max_model_len or t.seq_length, n_samples_per_prompt=r.n_samples_per_prompt,
+            max_model_len=r.max_model_len or t.seq_length,
+            n_samples_per_prompt=r.n_samples_per_prompt,
             prompts_per_step=t.global_batch_size // r.n_samples_per_prompt,
-            max_response_tokens=r.max_response_tokens, temperature=r.temperature, timeout_s=r.timeout_s,
+            max_response_tokens=r.max_response_tokens,
+            temperature=r.temperature,
+            timeout_s=r.timeout_s,
             probe_tolerance=r.probe_tolerance,
             max_step0_logprob_gap=r.max_step0_logprob_gap or None,  # 0 and null both turn the check off
             python=r.python,
@@ -82,34 +94,58 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
         device="cpu" if run.gpu.sm is None else "cuda",
         model=run.model,
         parallel=EngineParallel(
-            nodes=preset.cluster.nodes, gpus_per_node=preset.cluster.gpus_per_node,
-            world_size=run.world_size.value, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, dp=dp,
+            nodes=preset.cluster.nodes,
+            gpus_per_node=preset.cluster.gpus_per_node,
+            world_size=run.world_size.value,
+            tp=p.tp,
+            pp=p.pp,
+            cp=p.cp,
+            ep=p.ep,
+            etp=p.etp,
+            vpp=p.vpp,
+            dp=dp,
             sequence_parallel=run.sequence_parallel.value,
         ),
         layout=run.layout.value,
         packing=run.packing.value,
         train=EngineTrain(
             precision=t.precision,
-            model_builder=run.model_builder.value, model_builder_reason=run.model_builder.reason,
+            model_builder=run.model_builder.value,
+            model_builder_reason=run.model_builder.reason,
             lora=_lora(run),
-            micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
-            seq_length=t.seq_length, num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
-            lr=t.lr, lr_warmup_steps=run.lr_schedule["warmup_steps"].value,
-            lr_decay=run.lr_schedule["decay"].value, min_lr=run.lr_schedule["min_lr"].value,
-            train_iters=t.train_iters, seed=t.seed, recompute=t.recompute,
-            optimizer_cpu_offload=t.optimizer_cpu_offload, distributed_optimizer=t.distributed_optimizer,
+            micro_batch_size=t.micro_batch_size,
+            global_batch_size=t.global_batch_size,
+            seq_length=t.seq_length,
+            num_microbatches=t.global_batch_size // (t.micro_batch_size * dp),
+            lr=t.lr,
+            lr_warmup_steps=run.lr_schedule["warmup_steps"].value,
+            lr_decay=run.lr_schedule["decay"].value,
+            min_lr=run.lr_schedule["min_lr"].value,
+            train_iters=t.train_iters,
+            seed=t.seed,
+            recompute=t.recompute,
+            optimizer_cpu_offload=t.optimizer_cpu_offload,
+            distributed_optimizer=t.distributed_optimizer,
             data_path=t.data_path,
-            tokenizer_path=preset.model.tokenizer or preset.model.path, save_dir=t.save_dir,
-            save_interval=t.save_interval, skip_nonfinite_steps=t.skip_nonfinite_steps,
+            tokenizer_path=preset.model.tokenizer or preset.model.path,
+            save_dir=t.save_dir,
+            save_interval=t.save_interval,
+            skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
-        kernels=EngineKernels(gdn_backend=preset.kernels.gdn_backend,
-                              torch_compile=run.torch_compile.value,
-                              torch_compile_reason=run.torch_compile.reason, attention=run.attention.value,
-                              attention_reason=run.attention.reason),
+        kernels=EngineKernels(
+            gdn_backend=preset.kernels.gdn_backend,
+            torch_compile=run.torch_compile.value,
+            torch_compile_reason=run.torch_compile.reason,
+            attention=run.attention.value,
+            attention_reason=run.attention.reason,
+        ),
         speed=_speed(run),
         comm=EngineComm(
-            memory_guard=preset.comm.memory_guard, free_gb_threshold=preset.comm.free_gb_threshold,
-            skip_ops=preset.comm.effective_skip_ops(), profile=preset.comm.profile, profile_dir=DEFAULT_PROFILE_SUBDIR,
+            memory_guard=preset.comm.memory_guard,
+            free_gb_threshold=preset.comm.free_gb_threshold,
+            skip_ops=preset.comm.effective_skip_ops(),
+            profile=preset.comm.profile,
+            profile_dir=DEFAULT_PROFILE_SUBDIR,
         ),
         rollout=rollout,
         grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
@@ -133,17 +169,26 @@ def _eval(run: Run) -> EngineEval | None:
     if spec is None or not run.is_training:
         return None
     default_tokens = rollout.max_response_tokens if rollout is not None else 1
-    return EngineEval(data_path=spec.data_path, interval=spec.interval, samples_per_prompt=spec.samples_per_prompt,
-                      temperature=spec.temperature, max_response_tokens=spec.max_response_tokens or default_tokens,
-                      max_prompts=spec.max_prompts, batches=spec.batches)
+    return EngineEval(
+        data_path=spec.data_path,
+        interval=spec.interval,
+        samples_per_prompt=spec.samples_per_prompt,
+        temperature=spec.temperature,
+        max_response_tokens=spec.max_response_tokens or default_tokens,
+        max_prompts=spec.max_prompts,
+        batches=spec.batches,
+    )
 
 
 def _speed(run: Run) -> EngineSpeed:
     decided = run.speed
     values = {name: decision.value for name, decision in decided.items()}
-    return EngineSpeed(**values, manual_gc_interval=MANUAL_GC_INTERVAL if values["manual_gc"] else 0,
-                       cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP_STEPS if values["cuda_graphs"] else 0,
-                       reasons={name: decision.reason for name, decision in decided.items()})
+    return EngineSpeed(
+        **values,
+        manual_gc_interval=MANUAL_GC_INTERVAL if values["manual_gc"] else 0,
+        cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP_STEPS if values["cuda_graphs"] else 0,
+        reasons={name: decision.reason for name, decision in decided.items()},
+    )
 
 
 def _estimate(run: Run) -> EngineEstimate:

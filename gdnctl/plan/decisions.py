@@ -28,14 +28,25 @@ def kernel_cache_env(kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     these variables Triton writes to ~/.triton/cache and inductor to /tmp/torchinductor_$USER, which a cluster
     job's node usually does not keep."""
     root = kernel_cache_dir.rstrip("/")
-    return [("TILELANG_CACHE_DIR", kernel_cache_dir, "FlashQLA's TileLang kernels (gdnctl prewarm fills it)"),
-            ("TRITON_CACHE_DIR", f"{root}/triton",
-             "FLA's Triton kernels (gdnctl prewarm fills it for kernels.gdn_backend: fla)"),
-            ("TRITON_CACHE_AUTOTUNING", "1",
-             "Triton keeps autotuning results in triton/ too, so FLA's kernels are not re-benchmarked in every new "
-             "process (4.4 s of the 35B-A3B proxy's step 1 on an H100)"),
-            ("TORCHINDUCTOR_CACHE_DIR", f"{root}/inductor",
-             "torch.compile'd functions, with kernels.torch_compile (the first job fills it)")]
+    return [
+        ("TILELANG_CACHE_DIR", kernel_cache_dir, "FlashQLA's TileLang kernels (gdnctl prewarm fills it)"),
+        (
+            "TRITON_CACHE_DIR",
+            f"{root}/triton",
+            "FLA's Triton kernels (gdnctl prewarm fills it for kernels.gdn_backend: fla)",
+        ),
+        (
+            "TRITON_CACHE_AUTOTUNING",
+            "1",
+            "Triton keeps autotuning results in triton/ too, so FLA's kernels are not re-benchmarked in every new "
+            "process (4.4 s of the 35B-A3B proxy's step 1 on an H100)",
+        ),
+        (
+            "TORCHINDUCTOR_CACHE_DIR",
+            f"{root}/inductor",
+            "torch.compile'd functions, with kernels.torch_compile (the first job fills it)",
+        ),
+    ]
 
 
 @dataclass(frozen=True)
@@ -50,10 +61,16 @@ def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
     if requested != "auto":
         return Decision(requested, f"set in the preset (train.layout: {requested})")
     if versions.at_least(mcore, stack.MCORE_GDN_PACKED_AND_CP):
-        return Decision("thd", f"megatron-core {mcore} supports packed (THD) sequences in GDN "
-                               f"(since {stack.MCORE_GDN_PACKED_AND_CP}, PR #2645): no padding is computed")
-    return Decision("bshd", f"megatron-core {mcore} GDN raises NotImplementedError on packed sequences "
-                            f"(THD needs >= {stack.MCORE_GDN_PACKED_AND_CP}), so sequences are padded (BSHD)")
+        return Decision(
+            "thd",
+            f"megatron-core {mcore} supports packed (THD) sequences in GDN "
+            f"(since {stack.MCORE_GDN_PACKED_AND_CP}, PR #2645): no padding is computed",
+        )
+    return Decision(
+        "bshd",
+        f"megatron-core {mcore} GDN raises NotImplementedError on packed sequences "
+        f"(THD needs >= {stack.MCORE_GDN_PACKED_AND_CP}), so sequences are padded (BSHD)",
+    )
 
 
 def packing(preset: Preset, software: dict[str, str | None]) -> Decision:
@@ -66,11 +83,15 @@ def packing(preset: Preset, software: dict[str, str | None]) -> Decision:
     if layout(preset, software).value != "thd":
         return Decision("whole", "padded (BSHD) rows hold one document each")
     if preset.job == "pretrain":
-        return Decision("fill", "pretrain: documents are cut at row ends, as Megatron's GPT dataset does, so every "
-                                f"row is {preset.train.seq_length} real tokens: no padding is computed and every step "
-                                "has one shape")
-    return Decision("whole", f"{preset.job}: each document stays in one row (cut, a response would train without its "
-                             "prompt)")
+        return Decision(
+            "fill",
+            "pretrain: documents are cut at row ends, as Megatron's GPT dataset does, so every "
+            f"row is {preset.train.seq_length} real tokens: no padding is computed and every step "
+            "has one shape",
+        )
+    return Decision(
+        "whole", f"{preset.job}: each document stays in one row (cut, a response would train without its prompt)"
+    )
 
 
 def one_row_shape(preset: Preset, software: dict[str, str | None]) -> bool:
@@ -83,11 +104,17 @@ def model_builder(software: dict[str, str | None]) -> Decision:
     """megatron-bridge's provider where the trainer has Transformer Engine, else gdnctl's TE-free spec."""
     te = software.get("transformer_engine")
     if te is None:
-        return Decision("te-free", "runtime.transformer_engine is none: gdnctl's TE-free Megatron-Core spec "
-                                   "(no context parallel, no FP8, experts as one matmul each)")
-    return Decision("megatron-bridge", f"Transformer Engine {te}: megatron-bridge "
-                                       f"{software.get('megatron_bridge')}'s provider builds TE layers, TE attention "
-                                       "and grouped-GEMM experts")
+        return Decision(
+            "te-free",
+            "runtime.transformer_engine is none: gdnctl's TE-free Megatron-Core spec "
+            "(no context parallel, no FP8, experts as one matmul each)",
+        )
+    return Decision(
+        "megatron-bridge",
+        f"Transformer Engine {te}: megatron-bridge "
+        f"{software.get('megatron_bridge')}'s provider builds TE layers, TE attention "
+        "and grouped-GEMM experts",
+    )
 
 
 def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> Decision:
@@ -106,17 +133,24 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
     if gpu.sm is None:
         return Decision(False, "no GPU: nothing to compile for")
     if model_builder(software).value == "te-free":
-        return Decision(False, "the TE-free builder (small models): compiling costs more than its fused functions "
-                               "save there")
+        return Decision(
+            False, "the TE-free builder (small models): compiling costs more than its fused functions save there"
+        )
     if preset.job not in ("sft", "pretrain"):
         return Decision(False, f"{preset.job}: gdnctl has not measured compiled functions in this job")
     if not one_row_shape(preset, software):
-        return Decision(False, "packed rows of whole documents change length every step, and a compiled function "
-                               "recompiles for new shapes (not measured)")
-    return Decision(True, "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run as "
-                          "a few compiled kernels instead of chains of fp32 ones: on the 35B-A3B proxy (H200) 120 ms "
-                          "less GPU time and 1.25 GiB less peak a step, the step 45 ms shorter without the router "
-                          "graphs and the same with them; step 1 about 3 s longer")
+        return Decision(
+            False,
+            "packed rows of whole documents change length every step, and a compiled function "
+            "recompiles for new shapes (not measured)",
+        )
+    return Decision(
+        True,
+        "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run as "
+        "a few compiled kernels instead of chains of fp32 ones: on the 35B-A3B proxy (H200) 120 ms "
+        "less GPU time and 1.25 GiB less peak a step, the step 45 ms shorter without the router "
+        "graphs and the same with them; step 1 about 3 s longer",
+    )
 
 
 # The widest head TE's cuDNN fused attention trained right on packed rows in gdnctl's check
@@ -130,21 +164,30 @@ def attention(preset: Preset, model: ModelArch, software: dict[str, str | None])
     Rests on benchmarks/attention_check.py run on an H100 (BENCHMARKS.md, "Packed rows trained on NaN")."""
     requested = preset.kernels.attention
     if model_builder(software).value == "te-free":
-        return Decision("torch", "the TE-free builder has only torch's attention (SDPA, varlen FlashAttention for "
-                                 "packed rows)")
+        return Decision(
+            "torch", "the TE-free builder has only torch's attention (SDPA, varlen FlashAttention for packed rows)"
+        )
     if requested != "auto":
         return Decision(requested, f"set in the preset (kernels.attention: {requested})")
     if preset.parallel.cp > 1:
-        return Decision("te", "parallel.cp > 1: only Transformer Engine's attention splits a sequence over the "
-                              "context-parallel ranks")
+        return Decision(
+            "te",
+            "parallel.cp > 1: only Transformer Engine's attention splits a sequence over the context-parallel ranks",
+        )
     packed = layout(preset, software).value == "thd"
     if packed and model.head_dim > TE_PACKED_ATTENTION_MAX_HEAD_DIM:
-        return Decision("torch", f"packed rows at head_dim {model.head_dim}: Transformer Engine's cuDNN fused "
-                                 "attention computes wrong gradients there on an H100 (dQ 15-19% off fp32, NaN "
-                                 "dK/dV; TE 2.20.2, cuDNN 9.14); torch's varlen FlashAttention is within 0.3% "
-                                 "(benchmarks/attention_check.py)")
-    return Decision("te", "Transformer Engine's fused attention" + (
-        f" (full rows at head_dim {model.head_dim}: within 0.3% of fp32 on an H100)" if not packed else ""))
+        return Decision(
+            "torch",
+            f"packed rows at head_dim {model.head_dim}: Transformer Engine's cuDNN fused "
+            "attention computes wrong gradients there on an H100 (dQ 15-19% off fp32, NaN "
+            "dK/dV; TE 2.20.2, cuDNN 9.14); torch's varlen FlashAttention is within 0.3% "
+            "(benchmarks/attention_check.py)",
+        )
+    return Decision(
+        "te",
+        "Transformer Engine's fused attention"
+        + (f" (full rows at head_dim {model.head_dim}: within 0.3% of fp32 on an H100)" if not packed else ""),
+    )
 
 
 def sequence_parallel(preset: Preset) -> Decision:
@@ -152,8 +195,9 @@ def sequence_parallel(preset: Preset) -> Decision:
     if chosen is not None:
         return Decision(chosen, "set in the preset (parallel.sequence_parallel)")
     if preset.parallel.tp > 1:
-        return Decision(True, "tp > 1: sequence parallel shards norm/dropout activations over TP, and MoE "
-                              "with TP requires it")
+        return Decision(
+            True, "tp > 1: sequence parallel shards norm/dropout activations over TP, and MoE with TP requires it"
+        )
     return Decision(False, "tp == 1: sequence parallel has nothing to shard")
 
 
@@ -176,10 +220,16 @@ def rollout_engines(preset: Preset, total_gpus: int) -> Decision:
         return Decision(0, "no rollout: the job is not rl")
     gpus = rollout_gpus(preset, total_gpus).value
     count = max(gpus // rollout.tp, 1)
-    driver = ("the first trainer rank of each engine's node drives it" if rollout.colocate
-              else "trainer rank 0 drives every engine")
-    return Decision(count, f"rollout_gpus / rollout.tp = {gpus} / {rollout.tp}: each engine samples its share of "
-                           f"a step's prompts and loads every weight sync; {driver}")
+    driver = (
+        "the first trainer rank of each engine's node drives it"
+        if rollout.colocate
+        else "trainer rank 0 drives every engine"
+    )
+    return Decision(
+        count,
+        f"rollout_gpus / rollout.tp = {gpus} / {rollout.tp}: each engine samples its share of "
+        f"a step's prompts and loads every weight sync; {driver}",
+    )
 
 
 def train_world_size(preset: Preset, total_gpus: int) -> Decision:
@@ -196,13 +246,20 @@ def weight_export(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
     if preset.job != "rl":
         return Decision(None, "no rollout: the job is not rl")
     if gpu.sm is None:
-        return Decision("transformers' state dict", "device cpu: the policy is transformers' Qwen3.5 class, whose "
-                                                    "own state dict holds the HF names")
+        return Decision(
+            "transformers' state dict",
+            "device cpu: the policy is transformers' Qwen3.5 class, whose own state dict holds the HF names",
+        )
     if model_builder(software).value == "te-free":
-        return Decision("gdnctl's HF name rules", "runtime.transformer_engine is none: the TE-free model is exported "
-                                                  "through gdnctl's own HF name rules (runtime/model/hf_weights.py)")
-    return Decision("megatron-bridge export_hf_weights", "the megatron-bridge builder's model: megatron-bridge "
-                                                         "converts it to HF names (runtime/model/bridge.py)")
+        return Decision(
+            "gdnctl's HF name rules",
+            "runtime.transformer_engine is none: the TE-free model is exported "
+            "through gdnctl's own HF name rules (runtime/model/hf_weights.py)",
+        )
+    return Decision(
+        "megatron-bridge export_hf_weights",
+        "the megatron-bridge builder's model: megatron-bridge converts it to HF names (runtime/model/bridge.py)",
+    )
 
 
 def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> Decision:
@@ -220,8 +277,11 @@ def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, s
         return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
     transport = requested if requested != "auto" else _in_memory_transport(preset, gpu)
     if transport is None:
-        return Decision("disk", "no GPU: vLLM's CPU build reloads from the safetensors directory (rollout."
-                                "weight_sync: broadcast sends the weights over gloo instead)")
+        return Decision(
+            "disk",
+            "no GPU: vLLM's CPU build reloads from the safetensors directory (rollout."
+            "weight_sync: broadcast sends the weights over gloo instead)",
+        )
     blocker = _in_memory_blocker(transport, preset, gpu, software)
     if blocker is not None:
         return Decision("disk", blocker)
@@ -231,9 +291,9 @@ def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, s
 
 _IN_MEMORY_WHY = {
     "cuda_ipc": "colocated on GPUs: each trainer rank shares its GPU's copy of the HF weights with the vLLM worker "
-                "on that GPU, bucket by bucket, with no copy through host memory or the disk",
+    "on that GPU, bucket by bucket, with no copy through host memory or the disk",
     "broadcast": "trainer rank 0 broadcasts the HF weights to every vLLM worker over a process group of their own "
-                 "(NCCL on GPUs, gloo on CPU), bucket by bucket, with no copy through the disk",
+    "(NCCL on GPUs, gloo on CPU), bucket by bucket, with no copy through the disk",
 }
 
 
@@ -252,20 +312,28 @@ def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: d
         if gpu.sm is None:
             return "no GPU: vLLM's CPU build reloads from the safetensors directory"
         if not preset.rollout.colocate:
-            return ("separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU; "
-                    "rollout.weight_sync: broadcast reaches separate rollout GPUs")
+            return (
+                "separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU; "
+                "rollout.weight_sync: broadcast reaches separate rollout GPUs"
+            )
     elif gpu.sm is not None and preset.rollout.colocate:
         # ProcessGroupNCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected").
-        return ("colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
-                "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs")
+        return (
+            "colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
+            "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs"
+        )
     elif preset.rollout.colocate and preset.cluster.nodes > 1:
         # runtime/rl/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the buckets.
-        return ("colocated engines on several nodes: each node's first trainer rank drives its node's engines, and "
-                "trainer rank 0 can broadcast only to the engines it drives; the directory in the run dir reaches "
-                "them all")
+        return (
+            "colocated engines on several nodes: each node's first trainer rank drives its node's engines, and "
+            "trainer rank 0 can broadcast only to the engines it drives; the directory in the run dir reaches "
+            "them all"
+        )
     if model_builder(software).value == "te-free" and (p.pp > 1 or p.ep > 1):
-        return ("the TE-free builder gathers HF tensors over tensor parallel only, so with pp or ep > 1 no rank "
-                "holds every weight to send; the directory in the run dir carries them")
+        return (
+            "the TE-free builder gathers HF tensors over tensor parallel only, so with pp or ep > 1 no rank "
+            "holds every weight to send; the directory in the run dir carries them"
+        )
     return None
 
 
@@ -275,12 +343,17 @@ def rollout_class(preset: Preset, model, software: dict[str, str | None]) -> Dec
     limit_mm_per_prompt is 0: `_mark_tower_model` in vllm/model_executor/models/interfaces.py, 0.26.0)."""
     vllm = software.get("vllm")
     if preset.job != "rl" or model.is_qwen3_next or not versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
-        return Decision("text", "the text-only class" + ("" if model.is_qwen3_next else
-                                                         f" (vLLM {vllm} registers Qwen3_5ForCausalLM)"))
-    return Decision("vision-language", f"vLLM {vllm} registers only the vision-language Qwen3.5 classes (the "
-                                       f"text-only ones arrive in {stack.VLLM_QWEN35_TEXT_ONLY}): the weight sync "
-                                       "names the language model as that class does and the engine builds no "
-                                       "vision tower (limit_mm_per_prompt 0 for images and videos)")
+        return Decision(
+            "text",
+            "the text-only class" + ("" if model.is_qwen3_next else f" (vLLM {vllm} registers Qwen3_5ForCausalLM)"),
+        )
+    return Decision(
+        "vision-language",
+        f"vLLM {vllm} registers only the vision-language Qwen3.5 classes (the "
+        f"text-only ones arrive in {stack.VLLM_QWEN35_TEXT_ONLY}): the weight sync "
+        "names the language model as that class does and the engine builds no "
+        "vision tower (limit_mm_per_prompt 0 for images and videos)",
+    )
 
 
 def cuda_device_max_connections(preset: Preset, gpu: GpuSpec) -> Decision:
@@ -301,16 +374,31 @@ def environment(preset: Preset, gpu: GpuSpec) -> list[tuple[str, str, str]]:
     if connections.value is not None:
         env.append(("CUDA_DEVICE_MAX_CONNECTIONS", connections.value, connections.reason))
     if gpu.sm is not None:
-        env.append(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
-                    "fewer fragmentation OOMs with variable-length (packed) batches"))
-        env.append(("NCCL_GRAPH_REGISTER", "0",
-                    "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
-                    "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)"))
+        env.append(
+            (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "expandable_segments:True",
+                "fewer fragmentation OOMs with variable-length (packed) batches",
+            )
+        )
+        env.append(
+            (
+                "NCCL_GRAPH_REGISTER",
+                "0",
+                "NCCL must not register CUDA-graph memory from expandable segments (illegal memory access; "
+                "megatron-core 0.19.2 transformer/cuda_graphs.py TECudaGraphHelper refuses the pair)",
+            )
+        )
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "a failed collective ends the job instead of hanging"))
     backend = GDN_BACKENDS[preset.kernels.gdn_backend]
     env += [(name, value, backend.environment_reason) for name, value in backend.environment.items()]
-    env.append(("OMP_NUM_THREADS", "1" if gpu.sm is not None else "2",
-                "one CPU thread per rank unless told otherwise (torchrun would warn)"))
+    env.append(
+        (
+            "OMP_NUM_THREADS",
+            "1" if gpu.sm is not None else "2",
+            "one CPU thread per rank unless told otherwise (torchrun would warn)",
+        )
+    )
     return env
 
 
@@ -326,14 +414,20 @@ def lr_schedule(preset: Preset) -> dict[str, Decision]:
         warmup = Decision(t.lr_warmup_steps, "set in the preset (train.lr_warmup_steps)")
     else:
         steps = max(1, min(t.train_iters // DEFAULT_WARMUP_FRACTION, MAX_DEFAULT_WARMUP_STEPS))
-        warmup = Decision(steps, f"a tenth of train_iters {t.train_iters} (at least 1, at most "
-                                 f"{MAX_DEFAULT_WARMUP_STEPS:,}): Adam's first updates, before its second-moment "
-                                 "estimate settles, are the ones a full lr makes too large")
+        warmup = Decision(
+            steps,
+            f"a tenth of train_iters {t.train_iters} (at least 1, at most "
+            f"{MAX_DEFAULT_WARMUP_STEPS:,}): Adam's first updates, before its second-moment "
+            "estimate settles, are the ones a full lr makes too large",
+        )
     if t.lr_decay is not None:
         decay = Decision(t.lr_decay, "set in the preset (train.lr_decay)")
     elif preset.job == "rl":
-        decay = Decision("constant", "rl: the policy keeps learning from fresh rollouts at one lr after the warmup "
-                                     "(verl's and slime's default schedule)")
+        decay = Decision(
+            "constant",
+            "rl: the policy keeps learning from fresh rollouts at one lr after the warmup "
+            "(verl's and slime's default schedule)",
+        )
     else:
         decay = Decision("cosine", f"{preset.job}: cosine decay to min_lr over the run (Megatron-Bridge's recipes)")
     if decay.value == "constant":
@@ -353,6 +447,9 @@ def lora_targets(preset: Preset, model: ModelArch) -> Decision:
         return Decision((), "no train.lora: every parameter trains")
     if spec.targets is not None:
         return Decision(tuple(spec.targets), "set in the preset (train.lora.targets)")
-    return Decision(lora.default_targets(model), "megatron-bridge's Qwen3.5 LoRA recipes' coverage (LoRA()'s "
-                                                 "linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear but "
-                                                 "the GDN layers') that this model has")
+    return Decision(
+        lora.default_targets(model),
+        "megatron-bridge's Qwen3.5 LoRA recipes' coverage (LoRA()'s "
+        "linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear but "
+        "the GDN layers') that this model has",
+    )

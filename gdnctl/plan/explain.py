@@ -21,18 +21,24 @@ def derived_values(run: Run) -> list[Derived]:
     p, t, preset = run.preset.parallel, run.preset.train, run.preset
     m = run.model
     out = [
-        Derived("model", m.label, f"{m.architecture}: {m.num_layers} layers ({m.num_gdn_layers} GDN + "
-                                  f"{m.num_full_attention_layers} full attention), hidden {m.hidden_size}, "
-                                  f"{m.num_attention_heads}/{m.num_key_value_heads} attention/KV heads, GDN "
-                                  f"{m.linear_num_key_heads}/{m.linear_num_value_heads} key/value heads"
-                                  + (f", {m.num_experts} experts top-{m.num_experts_per_tok}" if m.is_moe else "")),
+        Derived(
+            "model",
+            m.label,
+            f"{m.architecture}: {m.num_layers} layers ({m.num_gdn_layers} GDN + "
+            f"{m.num_full_attention_layers} full attention), hidden {m.hidden_size}, "
+            f"{m.num_attention_heads}/{m.num_key_value_heads} attention/KV heads, GDN "
+            f"{m.linear_num_key_heads}/{m.linear_num_value_heads} key/value heads"
+            + (f", {m.num_experts} experts top-{m.num_experts_per_tok}" if m.is_moe else ""),
+        ),
         Derived("gpu", run.gpu.name, f"{run.gpu.description}, {run.gpu.sm_label}, {run.gpu.memory_gib:g} GiB"),
         Derived("world_size", run.world_size.value, run.world_size.reason),
-        Derived("dp", run.dp, f"world_size / (tp x pp x cp) = {run.world_size.value} / "
-                              f"({p.tp} x {p.pp} x {p.cp})"),
+        Derived("dp", run.dp, f"world_size / (tp x pp x cp) = {run.world_size.value} / ({p.tp} x {p.pp} x {p.cp})"),
         Derived("layout", run.layout.value, run.layout.reason),
-        *([Derived("packing", run.packing.value, run.packing.reason)]
-          if run.layout.value == "thd" and preset.job in ("sft", "pretrain") else []),
+        *(
+            [Derived("packing", run.packing.value, run.packing.reason)]
+            if run.layout.value == "thd" and preset.job in ("sft", "pretrain")
+            else []
+        ),
         Derived("sequence_parallel", run.sequence_parallel.value, run.sequence_parallel.reason),
     ]
     if run.is_training and run.gpu.sm is not None:  # the CPU jobs build no Megatron model
@@ -40,16 +46,26 @@ def derived_values(run: Run) -> list[Derived]:
     if run.is_training and t.lora is not None:
         out.extend(_lora(run))
     if run.dp:
-        out.append(Derived("num_microbatches", t.global_batch_size // (t.micro_batch_size * run.dp),
-                           f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "
-                           f"({t.micro_batch_size} x {run.dp})"))
+        out.append(
+            Derived(
+                "num_microbatches",
+                t.global_batch_size // (t.micro_batch_size * run.dp),
+                f"global_batch_size / (micro_batch_size x dp) = {t.global_batch_size} / "
+                f"({t.micro_batch_size} x {run.dp})",
+            )
+        )
     if run.is_training:
         out.append(_lr_schedule(run))
         if preset.eval is not None:
             out.append(_eval(run))
     if m.is_moe:
-        out.append(Derived("expert_data_parallel", run.world_size.value // (p.ep * p.etp * p.pp) or None,
-                           "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over"))
+        out.append(
+            Derived(
+                "expert_data_parallel",
+                run.world_size.value // (p.ep * p.etp * p.pp) or None,
+                "world_size / (etp x ep x pp): the group the experts' optimizer state is sharded over",
+            )
+        )
     out.append(Derived("gdn_backend", preset.kernels.gdn_backend, GDN_BACKENDS[preset.kernels.gdn_backend].explain))
     if run.is_training and run.gpu.sm is not None:
         out.append(Derived("torch_compile", run.torch_compile.value, run.torch_compile.reason))
@@ -57,10 +73,19 @@ def derived_values(run: Run) -> list[Derived]:
         for name, decision in run.speed.items():
             out.append(Derived(f"speed.{name}", _shown(decision.value), decision.reason))
     comm = preset.comm
-    out.append(Derived("comm.skip_ops", list(comm.effective_skip_ops()),
-                       ("guard off: nothing is checked" if not comm.memory_guard else
-                        "slime PR #1947's skip set" if comm.skip_ops is None and not comm.add_skip_ops
-                        and not comm.remove_skip_ops else "the preset's skip set")))
+    out.append(
+        Derived(
+            "comm.skip_ops",
+            list(comm.effective_skip_ops()),
+            (
+                "guard off: nothing is checked"
+                if not comm.memory_guard
+                else "slime PR #1947's skip set"
+                if comm.skip_ops is None and not comm.add_skip_ops and not comm.remove_skip_ops
+                else "the preset's skip set"
+            ),
+        )
+    )
     if preset.job == "rl":
         out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
         out.append(Derived("rollout_engines", run.rollout_engines.value, run.rollout_engines.reason))
@@ -69,15 +94,30 @@ def derived_values(run: Run) -> list[Derived]:
         if preset.rollout is not None:
             r = preset.rollout
             limit = (r.max_model_len or t.seq_length) - r.max_response_tokens
-            out.append(Derived("overlong_prompts", r.overlong_prompts,
-                               f"every prompt is encoded before step 1; one of more than {limit} tokens (max_model_len "
-                               f"- max_response_tokens) is " + ("left out and named in the log" if r.overlong_prompts
-                                                                == "drop" else "refused: the job stops before step 1")))
+            out.append(
+                Derived(
+                    "overlong_prompts",
+                    r.overlong_prompts,
+                    f"every prompt is encoded before step 1; one of more than {limit} tokens (max_model_len "
+                    f"- max_response_tokens) is "
+                    + (
+                        "left out and named in the log"
+                        if r.overlong_prompts == "drop"
+                        else "refused: the job stops before step 1"
+                    ),
+                )
+            )
         transport = run.rollout_weight_transport
         out.append(Derived("weight_transport", transport.value, transport.reason))
         if preset.rollout is not None and preset.rollout.colocate and run.gpu.sm is not None:
-            out.append(Derived("rollout_sleep", "level 2", "colocated: vLLM frees its weights and KV cache while "
-                                                           "the trainer steps, and wakes for the weight sync"))
+            out.append(
+                Derived(
+                    "rollout_sleep",
+                    "level 2",
+                    "colocated: vLLM frees its weights and KV cache while "
+                    "the trainer steps, and wakes for the weight sync",
+                )
+            )
         if not m.is_qwen3_next:
             out.append(Derived("rollout_class", run.rollout_class.value, run.rollout_class.reason))
     for name, value, reason in environment(run.preset, run.gpu):
@@ -92,15 +132,21 @@ def _lora(run: Run) -> list[Derived]:
     base = memory.count_params(run.model).total(run.model, with_mtp=False)
     return [
         Derived("lora.targets", list(targets.value), targets.reason),
-        Derived("lora.adapter_params", f"{adapters.total:,}",
-                f"rank {spec.rank} x (in + out features) of every wrapped linear, each routed expert its own "
-                f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
-                f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}"),
-        Derived("lora.checkpoints", "adapters and their optimizer state at every save; the merged model at the last",
-                "the base is model.path's and does not change, so a save holds adapter/ in the peft layout and each "
-                "rank's adapter tensors, and a resume loads model.path again and checks it against the base's "
-                "fingerprint the checkpoint recorded; the last step's save also writes base + (alpha / rank)·B·A as "
-                "a full HF checkpoint (runtime/model/lora_checkpoint.py)"),
+        Derived(
+            "lora.adapter_params",
+            f"{adapters.total:,}",
+            f"rank {spec.rank} x (in + out features) of every wrapped linear, each routed expert its own "
+            f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
+            f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}",
+        ),
+        Derived(
+            "lora.checkpoints",
+            "adapters and their optimizer state at every save; the merged model at the last",
+            "the base is model.path's and does not change, so a save holds adapter/ in the peft layout and each "
+            "rank's adapter tensors, and a resume loads model.path again and checks it against the base's "
+            "fingerprint the checkpoint recorded; the last step's save also writes base + (alpha / rank)·B·A as "
+            "a full HF checkpoint (runtime/model/lora_checkpoint.py)",
+        ),
     ]
 
 
@@ -108,21 +154,40 @@ def _ppo(run: Run) -> list[Derived]:
     """How a rollout batch is trained on, and whether the rollout's log-probs correct the loss."""
     g = run.preset.grpo
     steps = g.mini_batches * g.epochs
-    out = [Derived("ppo_updates", f"{steps} optimizer step{'s' if steps > 1 else ''} per rollout step",
-                   f"grpo.mini_batches {g.mini_batches} x grpo.epochs {g.epochs}: " + (
-                       "one update on the policy that sampled, so the ratio is 1 and the clip never acts" if steps == 1
-                       else "the ratio is against the sampling policy's log-probs, computed once before the first "
-                            f"update; later updates move off it, so the clip (1 - {g.clip_low:g}, 1 + "
-                            f"{g.clip_high:g}) acts"))]
+    out = [
+        Derived(
+            "ppo_updates",
+            f"{steps} optimizer step{'s' if steps > 1 else ''} per rollout step",
+            f"grpo.mini_batches {g.mini_batches} x grpo.epochs {g.epochs}: "
+            + (
+                "one update on the policy that sampled, so the ratio is 1 and the clip never acts"
+                if steps == 1
+                else "the ratio is against the sampling policy's log-probs, computed once before the first "
+                f"update; later updates move off it, so the clip (1 - {g.clip_low:g}, 1 + "
+                f"{g.clip_high:g}) acts"
+            ),
+        )
+    ]
     if g.rollout_correction:
-        out.append(Derived("rollout_correction", f"on, cap {g.rollout_correction_cap:g}",
-                           "truncated importance sampling: each token's loss is weighted by min(p_trainer / "
-                           f"p_rollout, {g.rollout_correction_cap:g}), the trainer's probability of the sampled token "
-                           "over vLLM's, so the gap between the two engines' numerics does not bias the update "
-                           "(slime's --use-tis, verl's rollout importance sampling)"))
+        out.append(
+            Derived(
+                "rollout_correction",
+                f"on, cap {g.rollout_correction_cap:g}",
+                "truncated importance sampling: each token's loss is weighted by min(p_trainer / "
+                f"p_rollout, {g.rollout_correction_cap:g}), the trainer's probability of the sampled token "
+                "over vLLM's, so the gap between the two engines' numerics does not bias the update "
+                "(slime's --use-tis, verl's rollout importance sampling)",
+            )
+        )
     else:
-        out.append(Derived("rollout_correction", "off", "grpo.rollout_correction is false: the loss takes the "
-                                                        "rollout's samples as drawn from the trainer's policy"))
+        out.append(
+            Derived(
+                "rollout_correction",
+                "off",
+                "grpo.rollout_correction is false: the loss takes the "
+                "rollout's samples as drawn from the trainer's policy",
+            )
+        )
     return out
 
 
@@ -132,17 +197,21 @@ def _eval(run: Run) -> Derived:
     assert spec is not None, "explain asks for the evaluation only when the preset has an eval section"
     if run.preset.job == "rl":
         tokens = spec.max_response_tokens or (rollout.max_response_tokens if rollout is not None else None)
-        what = (f"mean reward and pass@{spec.samples_per_prompt} of {spec.samples_per_prompt} samples per held-out "
-                f"prompt at temperature {spec.temperature:g}, up to {tokens} tokens each"
-                + ("" if spec.max_response_tokens else " (rollout.max_response_tokens)")
-                + (f", the first {spec.max_prompts} prompts" if spec.max_prompts else ", every prompt"))
+        what = (
+            f"mean reward and pass@{spec.samples_per_prompt} of {spec.samples_per_prompt} samples per held-out "
+            f"prompt at temperature {spec.temperature:g}, up to {tokens} tokens each"
+            + ("" if spec.max_response_tokens else " (rollout.max_response_tokens)")
+            + (f", the first {spec.max_prompts} prompts" if spec.max_prompts else ", every prompt")
+        )
         rows = "eval_reward"
     else:
         what = f"the held-out loss over {spec.batches} global batch{'es' if spec.batches > 1 else ''}"
         rows = "eval_loss"
-    return Derived("eval", f"every {spec.interval} steps and after the last", f"{what} of {spec.data_path}: {rows} "
-                                                                               "rows in metrics.jsonl, TensorBoard "
-                                                                               "and W&B")
+    return Derived(
+        "eval",
+        f"every {spec.interval} steps and after the last",
+        f"{what} of {spec.data_path}: {rows} rows in metrics.jsonl, TensorBoard and W&B",
+    )
 
 
 def _lr_schedule(run: Run) -> Derived:
@@ -150,10 +219,13 @@ def _lr_schedule(run: Run) -> Derived:
     decided, lr = run.lr_schedule, run.preset.train.lr
     warmup, decay, min_lr = (decided[name] for name in ("warmup_steps", "decay", "min_lr"))
     shape = f"warmup {warmup.value} steps to {lr:g}, then " + (
-        "constant" if decay.value == "constant" else f"{decay.value} to {min_lr.value:g} at step "
-                                                     f"{run.preset.train.train_iters}")
+        "constant"
+        if decay.value == "constant"
+        else f"{decay.value} to {min_lr.value:g} at step {run.preset.train.train_iters}"
+    )
     why = f"warmup: {warmup.reason}; decay: {decay.reason}" + (
-        "" if decay.value == "constant" else f"; min_lr: {min_lr.reason}")
+        "" if decay.value == "constant" else f"; min_lr: {min_lr.reason}"
+    )
     return Derived("lr_schedule", shape, why)
 
 

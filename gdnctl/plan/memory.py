@@ -54,8 +54,11 @@ class ParamCounts:
     mtp_experts: int
 
     def total(self, model: ModelArch, with_mtp: bool = True) -> int:
-        layers = (model.num_gdn_layers * self.gdn_layer + model.num_full_attention_layers * self.attention_layer
-                  + model.num_layers * (self.dense_mlp + self.experts + self.shared_and_router))
+        layers = (
+            model.num_gdn_layers * self.gdn_layer
+            + model.num_full_attention_layers * self.attention_layer
+            + model.num_layers * (self.dense_mlp + self.experts + self.shared_and_router)
+        )
         mtp = (self.mtp + self.mtp_experts) * model.mtp_num_layers if with_mtp else 0
         return self.embedding + self.output + layers + mtp
 
@@ -64,6 +67,7 @@ class ParamCounts:
 class LoraCount:
     """Adapter parameters of the whole model: dense (attention, GDN, dense MLP, shared expert) and routed-expert
     adapters, the latter one per expert (knowledge/lora.py)."""
+
     dense: int
     experts: int
 
@@ -74,8 +78,10 @@ class LoraCount:
 
 def count_lora_params(m: ModelArch, targets: tuple[str, ...], rank: int) -> LoraCount:
     experts = tuple(name for name in targets if name == "experts")
-    return LoraCount(dense=lora.adapter_params(m, tuple(name for name in targets if name != "experts"), rank),
-                     experts=lora.adapter_params(m, experts, rank))
+    return LoraCount(
+        dense=lora.adapter_params(m, tuple(name for name in targets if name != "experts"), rank),
+        experts=lora.adapter_params(m, experts, rank),
+    )
 
 
 def _mlp_params(m: ModelArch) -> tuple[int, int, int]:
@@ -93,13 +99,22 @@ def count_params(m: ModelArch) -> ParamCounts:
     h = m.hidden_size
     key_width = m.linear_num_key_heads * m.linear_key_head_dim
     value_width = m.linear_num_value_heads * m.linear_value_head_dim
-    gdn = (h * (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)  # in_proj q,k,v,z + b,a
-           + (2 * key_width + value_width) * m.linear_conv_kernel_dim  # causal conv1d
-           + 2 * m.linear_num_value_heads + m.linear_value_head_dim  # A_log, dt_bias, gated norm
-           + value_width * h + 2 * h)  # out_proj, layer norms
+    gdn = (
+        h * (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)  # in_proj q,k,v,z + b,a
+        + (2 * key_width + value_width) * m.linear_conv_kernel_dim  # causal conv1d
+        + 2 * m.linear_num_value_heads
+        + m.linear_value_head_dim  # A_log, dt_bias, gated norm
+        + value_width * h
+        + 2 * h
+    )  # out_proj, layer norms
     q_width = m.num_attention_heads * m.head_dim
-    attention = (h * 2 * q_width  # q and its output gate
-                 + 2 * h * m.num_key_value_heads * m.head_dim + q_width * h + 2 * m.head_dim + 2 * h)
+    attention = (
+        h * 2 * q_width  # q and its output gate
+        + 2 * h * m.num_key_value_heads * m.head_dim
+        + q_width * h
+        + 2 * m.head_dim
+        + 2 * h
+    )
     dense, experts, shared = _mlp_params(m)
     embedding = m.vocab_size * h
     return ParamCounts(
@@ -120,15 +135,22 @@ def _activation_bytes_per_token(m: ModelArch) -> tuple[float, float]:
     h = m.hidden_size
     key_width = m.linear_num_key_heads * m.linear_key_head_dim
     value_width = m.linear_num_value_heads * m.linear_value_head_dim
-    gdn = 2 * (4 * h + (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)
-               + (2 * key_width + value_width) + 2 * value_width)
+    gdn = 2 * (
+        4 * h
+        + (2 * key_width + 2 * value_width + 2 * m.linear_num_value_heads)
+        + (2 * key_width + value_width)
+        + 2 * value_width
+    )
     q_width = m.num_attention_heads * m.head_dim
     attention = 2 * (4 * h + 2 * q_width + 2 * m.num_key_value_heads * m.head_dim + 2 * q_width)
     mixer = (gdn * m.num_gdn_layers + attention * m.num_full_attention_layers) / max(m.num_layers, 1)
     if m.is_moe:
         num_experts, per_token, expert_width = m.moe_sizes
-        mlp = (per_token * 2 * (2 * h + 4 * expert_width)
-               + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0)) + 4 * num_experts)
+        mlp = (
+            per_token * 2 * (2 * h + 4 * expert_width)
+            + 2 * (2 * h + 4 * (m.shared_expert_ffn_hidden_size or 0))
+            + 4 * num_experts
+        )
     else:
         mlp = 2 * (2 * h + 4 * (m.ffn_hidden_size or 0))
     return mixer, mlp
@@ -181,8 +203,9 @@ def estimate_training(run) -> MemoryEstimate:
     try:
         return _estimate_training(run)
     except OverflowError:  # a config.json size past float range met a division or a float
-        return MemoryEstimate((MemoryRow("weights", math.inf, "the checkpoint's sizes are past float range"),),
-                              run.gpu.memory_gib)
+        return MemoryEstimate(
+            (MemoryRow("weights", math.inf, "the checkpoint's sizes are past float range"),), run.gpu.memory_gib
+        )
 
 
 def _estimate_training(run) -> MemoryEstimate:
@@ -193,8 +216,11 @@ def _estimate_training(run) -> MemoryEstimate:
     # Dense (non-expert) parameters of the heaviest stage: stage 0 holds the embedding, the last stage the
     # output layer and MTP; with pp == 1 both are the same stage.
     # Per-layer mean; max(..., 1): a config.json may claim no layers, whose sum is 0 however it is divided.
-    layer_dense = (counts.gdn_layer * m.num_gdn_layers + counts.attention_layer * m.num_full_attention_layers
-                   + (counts.dense_mlp + counts.shared_and_router) * m.num_layers) / max(m.num_layers, 1)
+    layer_dense = (
+        counts.gdn_layer * m.num_gdn_layers
+        + counts.attention_layer * m.num_full_attention_layers
+        + (counts.dense_mlp + counts.shared_and_router) * m.num_layers
+    ) / max(m.num_layers, 1)
     body = layer_dense * layers_per_stage
     first = body + counts.embedding
     last = body + counts.output + counts.mtp * mtp_layers + (counts.embedding if m.tie_word_embeddings else 0)
@@ -231,12 +257,16 @@ def _estimate_training(run) -> MemoryEstimate:
         kept = per_layer * layers_per_stage * in_flight * RECOMPUTE_KEEP[t.recompute]
         act_note = f"{t.recompute} recompute, {layers_per_stage:g} layers x {in_flight} micro-batch(es) in flight"
     if gathered:
-        act_note += (f"; tp {p.tp} above {m.num_key_value_heads} KV heads: each rank keeps the whole gathered QKV "
-                     "projection")
+        act_note += (
+            f"; tp {p.tp} above {m.num_key_value_heads} KV heads: each rank keeps the whole gathered QKV projection"
+        )
     cross_entropy = run.speed["cross_entropy"].value
     logits = tokens * (m.vocab_size / p.tp) * LOGITS_BYTES_PER_ENTRY[cross_entropy]
-    logits_note = (f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries" if cross_entropy == "native"
-                   else f"bf16 logits and their gradient over {m.vocab_size // p.tp} vocab entries (TE cross entropy)")
+    logits_note = (
+        f"bf16 logits + fp32 loss over {m.vocab_size // p.tp} vocab entries"
+        if cross_entropy == "native"
+        else f"bf16 logits and their gradient over {m.vocab_size // p.tp} vocab entries (TE cross entropy)"
+    )
     rl_rows: tuple[MemoryRow, ...] = ()
     if run.preset.job == "rl" and run.preset.rollout is not None:
         # An rl micro-batch is rows of prompt + response, up to the rollout's context, scored by the same
@@ -246,22 +276,32 @@ def _estimate_training(run) -> MemoryEstimate:
         rl_tokens = t.micro_batch_size * context / p.cp
         logits = rl_tokens * (m.vocab_size / p.tp) * 2
         logits_note = f"bf16 logits of an rl micro-batch ({t.micro_batch_size} x {context} tokens)"
-        rl_rows = (MemoryRow("rl log-probs", rl_tokens * (m.vocab_size / p.tp) * 4 / GIB,
-                             f"fp32 logits: {t.micro_batch_size} x {context} tokens x {m.vocab_size // p.tp} "
-                             "vocab entries"),)
+        rl_rows = (
+            MemoryRow(
+                "rl log-probs",
+                rl_tokens * (m.vocab_size / p.tp) * 4 / GIB,
+                f"fp32 logits: {t.micro_batch_size} x {context} tokens x {m.vocab_size // p.tp} vocab entries",
+            ),
+        )
 
     grad_dtype = run.speed["grad_reduce"].value
     grad_bytes = 2 if grad_dtype == "bf16" else 4
     adapter_note = f" (LoRA: {trainable / 1e6:.2f}M adapter params on this GPU)" if t.lora else ""
-    weights_note = (f"bf16, {params / 1e9:.2f}B params on this GPU (experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"
-                    if not t.lora else f"bf16, {params / 1e9:.2f}B frozen base params + {trainable / 1e6:.2f}M "
-                                       "adapter params on this GPU")
+    weights_note = (
+        f"bf16, {params / 1e9:.2f}B params on this GPU (experts / ep x etp = {expert_per_gpu / 1e9:.2f}B)"
+        if not t.lora
+        else f"bf16, {params / 1e9:.2f}B frozen base params + {trainable / 1e6:.2f}M adapter params on this GPU"
+    )
     rows = (
         MemoryRow("weights", 2 * (params + (trainable if t.lora else 0.0)) / GIB, weights_note),
         MemoryRow("gradients", grad_bytes * trainable / GIB, f"{grad_dtype} main grads{adapter_note}"),
-        MemoryRow("optimizer", optimizer / GIB,
-                  "offloaded to CPU" if t.optimizer_cpu_offload else
-                  f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}{adapter_note}"),
+        MemoryRow(
+            "optimizer",
+            optimizer / GIB,
+            "offloaded to CPU"
+            if t.optimizer_cpu_offload
+            else f"Adam fp32 x3, dense / {dense_shard}, experts / {expert_shard}{adapter_note}",
+        ),
         MemoryRow("activations", kept / GIB, act_note),
         MemoryRow("logits", logits / GIB, logits_note),
         *rl_rows,
@@ -283,8 +323,9 @@ def rollout_share(run) -> MemoryRow:
     kv_cache_gib = run.preset.rollout.kv_cache_gib
     weights = rollout_weights_gib(run)
     if kv_cache_gib is not None:
-        return MemoryRow("vLLM", weights + kv_cache_gib,
-                         f"{weights:.1f} GiB of weights + kv_cache_gib {kv_cache_gib:g}")
+        return MemoryRow(
+            "vLLM", weights + kv_cache_gib, f"{weights:.1f} GiB of weights + kv_cache_gib {kv_cache_gib:g}"
+        )
     gib, share = _utilization_share(run)
     return MemoryRow("vLLM", gib, f"{share}: {weights:.1f} GiB of weights, the rest KV cache")
 
@@ -313,7 +354,10 @@ def estimate_rollout_phase(run, vllm: MemoryRow | None = None) -> MemoryEstimate
         return None
     training = estimate_training(run)
     kept = (*RESIDENT_ROWS, "overhead")
-    rows = [MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
-            for row in training.rows if row.name in kept]
+    rows = [
+        MemoryRow(row.name, row.gib, row.note if row.name == "overhead" else f"the trainer's: {row.note}")
+        for row in training.rows
+        if row.name in kept
+    ]
     rows.insert(-1, vllm or rollout_share(run))
     return MemoryEstimate(tuple(rows), run.gpu.memory_gib)

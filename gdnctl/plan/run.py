@@ -118,8 +118,14 @@ class Run:
     def gdn_rank_shapes(self) -> list[RankShape]:
         """The GDN kernel shapes one rank of this job calls (what doctor --kernels and prewarm run)."""
         p, t = self.preset.parallel, self.preset.train
-        return per_rank_shapes(self.model, tp=p.tp, cp=p.cp, seq_length=t.seq_length,
-                               micro_batch_size=t.micro_batch_size, layout=self.layout.value)
+        return per_rank_shapes(
+            self.model,
+            tp=p.tp,
+            cp=p.cp,
+            seq_length=t.seq_length,
+            micro_batch_size=t.micro_batch_size,
+            layout=self.layout.value,
+        )
 
 
 def resolve_stack(preset: Preset) -> dict[str, str | None]:
@@ -136,30 +142,45 @@ def checkpoint_on_cluster(preset: Preset) -> bool:
     model, whose architecture the checks then use instead of the checkpoint's config.json. A preset for a cluster
     is written and launched from a laptop that has no copy of the checkpoint."""
     m = preset.model
-    return (m.path is not None and m.id is not None and preset.launch.executor == "slurm"
-            and catalog.in_catalog(m.id) and not os.path.exists(os.path.expanduser(m.path)))
+    return (
+        m.path is not None
+        and m.id is not None
+        and preset.launch.executor == "slurm"
+        and catalog.in_catalog(m.id)
+        and not os.path.exists(os.path.expanduser(m.path))
+    )
 
 
 def _missing_path(preset: Preset) -> ModelNotFound:
     """model.path is not on this machine and the catalog cannot stand in for it (checkpoint_on_cluster): why, and
     the fix for this preset's executor and model.id."""
     m = preset.model
-    said = f"model.path {m.path} does not exist on this machine, so gdnctl cannot read the model's architecture " \
-           "from its config.json"
-    cluster_fix = ("so the checks use the catalog's architecture and the job reads model.path on the cluster; or "
-                   "run gdnctl where the checkpoint is.")
+    said = (
+        f"model.path {m.path} does not exist on this machine, so gdnctl cannot read the model's architecture "
+        "from its config.json"
+    )
+    cluster_fix = (
+        "so the checks use the catalog's architecture and the job reads model.path on the cluster; or "
+        "run gdnctl where the checkpoint is."
+    )
     if preset.launch.executor == "local":
-        return ModelNotFound(f"{said}, and the local executor runs the job here.",
-                             "Point model.path at the checkpoint directory on this machine; or, for a checkpoint on "
-                             "a Slurm cluster, launch with --slurm (launch.executor: slurm) and set model.id to its "
-                             "catalog id.")
+        return ModelNotFound(
+            f"{said}, and the local executor runs the job here.",
+            "Point model.path at the checkpoint directory on this machine; or, for a checkpoint on "
+            "a Slurm cluster, launch with --slurm (launch.executor: slurm) and set model.id to its "
+            "catalog id.",
+        )
     if m.id is None:
-        return ModelNotFound(f"{said}, and model.id is unset.",
-                             f"Set model.id to the catalog id of the checkpoint's architecture "
-                             f"({', '.join(catalog.catalog_ids())}), {cluster_fix}")
-    return ModelNotFound(f"{said}, and model.id '{m.id}' is not in gdnctl's catalog.{catalog.did_you_mean(m.id)}",
-                         f"Set model.id to the catalog id of the checkpoint's architecture "
-                         f"({', '.join(catalog.catalog_ids())}), {cluster_fix}")
+        return ModelNotFound(
+            f"{said}, and model.id is unset.",
+            f"Set model.id to the catalog id of the checkpoint's architecture "
+            f"({', '.join(catalog.catalog_ids())}), {cluster_fix}",
+        )
+    return ModelNotFound(
+        f"{said}, and model.id '{m.id}' is not in gdnctl's catalog.{catalog.did_you_mean(m.id)}",
+        f"Set model.id to the catalog id of the checkpoint's architecture "
+        f"({', '.join(catalog.catalog_ids())}), {cluster_fix}",
+    )
 
 
 def resolve_model(preset: Preset, on_cluster: bool = False) -> ModelArch:
@@ -180,5 +201,10 @@ def resolve_model(preset: Preset, on_cluster: bool = False) -> ModelArch:
 
 def resolve(preset: Preset) -> Run:
     on_cluster = checkpoint_on_cluster(preset)
-    return Run(preset=preset, model=resolve_model(preset, on_cluster), gpu=GPUS[preset.cluster.gpu],
-               stack=resolve_stack(preset), model_path_on_cluster=on_cluster)
+    return Run(
+        preset=preset,
+        model=resolve_model(preset, on_cluster),
+        gpu=GPUS[preset.cluster.gpu],
+        stack=resolve_stack(preset),
+        model_path_on_cluster=on_cluster,
+    )

@@ -22,23 +22,23 @@ from gdnctl.schema import Preset
 # What a user reads beside each option in `explain` when it is on; the reasons for `off` are built per case.
 _WHAT = {
     "router_fusion": "Transformer Engine's fused router (scores, top-k and their softmax in one kernel instead of "
-                     "about ten per MoE layer and micro-batch; megatron-core moe_router_fusion)",
+    "about ten per MoE layer and micro-batch; megatron-core moe_router_fusion)",
     "bias_activation_fusion": "the MLPs' SwiGLU (experts and shared expert) in one fused function (megatron-core "
-                              "fusions/fused_bias_swiglu.py) instead of split, SiLU and multiply",
+    "fusions/fused_bias_swiglu.py) instead of split, SiLU and multiply",
     "rope_fusion": "Transformer Engine's fused rotary embedding kernel (megatron-core apply_rope_fusion)",
     "cross_entropy": "Transformer Engine's cross entropy on the vocabulary-parallel logits (megatron-core "
-                     "cross_entropy_fusion_impl te): no fp32 copy of the logits",
+    "cross_entropy_fusion_impl te): no fp32 copy of the logits",
     "wgrad_fusion": "Transformer Engine's layers add each weight gradient straight into Megatron's gradient buffer "
-                    "(fuse_wgrad_accumulation) instead of writing it and adding it in a second pass",
+    "(fuse_wgrad_accumulation) instead of writing it and adding it in a second pass",
     "grad_reduce": "gradients accumulated and reduced in bf16: half the gradient buffer's memory and traffic "
-                   "(Megatron-Core DDP's own default)",
+    "(Megatron-Core DDP's own default)",
     "manual_gc": "Python's garbage collector runs between steps (every {interval} steps and after each save) "
-                 "instead of pausing a step at random",
+    "instead of pausing a step at random",
     "cuda_graphs": "each MoE layer's router and dispatch preprocessing replayed as a Transformer Engine CUDA graph "
-                   "(megatron-core cuda_graph_modules moe_router, moe_preprocess): about forty small kernels per "
-                   "layer and micro-batch launched at once, captured after step {warmup}; attention and the GDN "
-                   "layers stay eager (megatron-core graphs attention only where it is given no packed-sequence "
-                   "offsets)",
+    "(megatron-core cuda_graph_modules moe_router, moe_preprocess): about forty small kernels per "
+    "layer and micro-batch launched at once, captured after step {warmup}; attention and the GDN "
+    "layers stay eager (megatron-core graphs attention only where it is given no packed-sequence "
+    "offsets)",
 }
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
@@ -58,8 +58,9 @@ def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str |
         if requested != "auto":
             decided[name] = Decision(_value(name, requested), f"set in the preset (speed.{name}: {requested})")
             continue
-        decided[name] = (_auto_cuda_graphs(preset, model, software) if name == "cuda_graphs" else
-                         _auto(name, preset, model, te_free))
+        decided[name] = (
+            _auto_cuda_graphs(preset, model, software) if name == "cuda_graphs" else _auto(name, preset, model, te_free)
+        )
     return decided
 
 
@@ -86,19 +87,27 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
     on_value = {"cross_entropy": "te", "grad_reduce": "bf16"}.get(name, True)
     what = _WHAT[name].format(interval=MANUAL_GC_INTERVAL)
     if needs_transformer_engine(name) and te_free:
-        return Decision(off_value, "the TE-free builder has no Transformer Engine layers: Megatron-Core's unfused "
-                                   "path")
+        return Decision(off_value, "the TE-free builder has no Transformer Engine layers: Megatron-Core's unfused path")
     if name == "router_fusion" and not model.is_moe:
         return Decision(off_value, "a dense model has no router")
     if name == "manual_gc" and preset.job == "rl":
-        return Decision(off_value, "rl: the rl loop leaves Python's collector as it is (only the sft and pretrain "
-                                   "trainer collects between steps)")
+        return Decision(
+            off_value,
+            "rl: the rl loop leaves Python's collector as it is (only the sft and pretrain "
+            "trainer collects between steps)",
+        )
     if name == "cross_entropy" and preset.job == "rl":
-        return Decision(off_value, "rl: the policy loss computes its log-probs from the logits itself "
-                                   "(runtime/rl/megatron_policy.py), not through the model's cross entropy")
+        return Decision(
+            off_value,
+            "rl: the policy loss computes its log-probs from the logits itself "
+            "(runtime/rl/megatron_policy.py), not through the model's cross entropy",
+        )
     if name == "grad_reduce" and preset.job == "rl":
-        return Decision(off_value, "rl: a policy-gradient step sums many small per-token terms over the "
-                                   "micro-batches, so they are accumulated in fp32")
+        return Decision(
+            off_value,
+            "rl: a policy-gradient step sums many small per-token terms over the "
+            "micro-batches, so they are accumulated in fp32",
+        )
     return Decision(on_value, what)
 
 
@@ -113,17 +122,25 @@ def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str,
     if preset.job not in ("sft", "pretrain"):
         return f"{preset.job}: only the sft and pretrain trainer captures graphs"
     if t.recompute == "full":
-        return ("full recompute: megatron-core graphs it only as a whole-iteration graph ('full recompute is only "
-                "supported with full iteration CUDA graph')")
+        return (
+            "full recompute: megatron-core graphs it only as a whole-iteration graph ('full recompute is only "
+            "supported with full iteration CUDA graph')"
+        )
     if p.pp > 1 or p.cp > 1:
-        return ("pipeline or context parallel: gdnctl has not run graphs there (megatron-core captures one graph per "
-                "micro-batch in flight)")
+        return (
+            "pipeline or context parallel: gdnctl has not run graphs there (megatron-core captures one graph per "
+            "micro-batch in flight)"
+        )
     if t.recompute != "none" or t.precision != "bf16":
-        return ("selective recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
-                "gdnctl has not run them together")
+        return (
+            "selective recompute or fp8: megatron-core restricts which modules a graph may cover there, and "
+            "gdnctl has not run them together"
+        )
     if not one_row_shape(preset, stack):
-        return ("packed rows of whole documents vary in length, and a graph replays one shape (train.packing: fill "
-                "gives one)")
+        return (
+            "packed rows of whole documents vary in length, and a graph replays one shape (train.packing: fill "
+            "gives one)"
+        )
     return None
 
 

@@ -39,45 +39,59 @@ def load_config(path: Path) -> EngineConfig:
         text = read_text(path, MAX_ENGINE_CONFIG_BYTES)
     except UnreadableFile as error:
         if not path.exists():
-            raise RuntimeSetupError(f"engine config {path} does not exist; pass the engine.yaml that `gdnctl "
-                                    "render` wrote into the run dir.") from None
+            raise RuntimeSetupError(
+                f"engine config {path} does not exist; pass the engine.yaml that `gdnctl "
+                "render` wrote into the run dir."
+            ) from None
         raise RuntimeSetupError(f"engine config {error}; render the run dir again with `gdnctl render`.") from None
     try:
         document = yaml.safe_load(text)
     except (yaml.YAMLError, RecursionError, ValueError, TypeError, KeyError, AttributeError) as error:
         # Beside YAML's own errors: nesting deeper than PyYAML's recursion, and the plain errors its scalar
         # constructors raise on some malformed scalars (`!!int x`, `0b_`).
-        raise RuntimeSetupError(f"engine config {path} cannot be read ({type(error).__name__}); render the run "
-                                "dir again with `gdnctl render`.") from None
+        raise RuntimeSetupError(
+            f"engine config {path} cannot be read ({type(error).__name__}); render the run "
+            "dir again with `gdnctl render`."
+        ) from None
     version = document.get("version") if isinstance(document, dict) else None
     if version is not None and version != ENGINE_CONFIG_VERSION:
-        raise RuntimeSetupError(f"engine config {path} has version {version} but this gdnctl reads version "
-                                f"{ENGINE_CONFIG_VERSION}; render it with the gdnctl version that runs it.")
+        raise RuntimeSetupError(
+            f"engine config {path} has version {version} but this gdnctl reads version "
+            f"{ENGINE_CONFIG_VERSION}; render it with the gdnctl version that runs it."
+        )
     try:
         return EngineConfig.model_validate(document)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the top level"
-        raise RuntimeSetupError(f"engine config {path} is invalid at {where} ({first['msg']}); render the run "
-                                "dir again with `gdnctl render`.") from None
+        raise RuntimeSetupError(
+            f"engine config {path} is invalid at {where} ({first['msg']}); render the run "
+            "dir again with `gdnctl render`."
+        ) from None
 
 
 def check_job(config: EngineConfig) -> None:
     if config.job == "selftest" and config.selftest is None:
-        raise RuntimeSetupError("the engine config has job 'selftest' but no selftest section; render the run "
-                                "dir again with `gdnctl render`.")
+        raise RuntimeSetupError(
+            "the engine config has job 'selftest' but no selftest section; render the run "
+            "dir again with `gdnctl render`."
+        )
 
 
 def check_launch(config: EngineConfig) -> None:
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
-        raise RuntimeSetupError(f"torchrun's variables {', '.join(missing)} are missing; launch this with the run "
-                                "dir's torchrun script (or `torchrun ... -m gdnctl.runtime --config ...`).")
+        raise RuntimeSetupError(
+            f"torchrun's variables {', '.join(missing)} are missing; launch this with the run "
+            "dir's torchrun script (or `torchrun ... -m gdnctl.runtime --config ...`)."
+        )
     world_size = int(os.environ["WORLD_SIZE"])
     if world_size != config.parallel.world_size:
-        raise RuntimeSetupError(f"torchrun started {world_size} ranks but the engine config was compiled for "
-                                f"parallel.world_size {config.parallel.world_size}; launch it with the run dir's "
-                                "script or render the preset for this many GPUs.")
+        raise RuntimeSetupError(
+            f"torchrun started {world_size} ranks but the engine config was compiled for "
+            f"parallel.world_size {config.parallel.world_size}; launch it with the run dir's "
+            "script or render the preset for this many GPUs."
+        )
 
 
 def apply_env(env: dict[str, str]) -> None:
@@ -111,9 +125,11 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
     policy = CommGuardPolicy.from_engine(config.comm, base_dir=config_path.parent)
     if config.device == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeSetupError("the engine config says device cuda but torch sees no CUDA device here; run "
-                                    "on a GPU node, or set cluster.gpu: cpu in the preset for a CPU run and launch "
-                                    "it again.")
+            raise RuntimeSetupError(
+                "the engine config says device cuda but torch sees no CUDA device here; run "
+                "on a GPU node, or set cluster.gpu: cpu in the preset for a CPU run and launch "
+                "it again."
+            )
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         # Initialised now so the comm guard picks the CUDA memory probe.
         torch.cuda.init()
@@ -127,8 +143,9 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
 
             smoke_run = prepare_smoke(config, config_path)
             # Its comm profile, like everything else of the smoke, goes into the smoke's own run dir.
-            return run_smoke(smoke_run, CommGuardPolicy.from_engine(smoke_run.config.comm,
-                                                                    base_dir=smoke_run.config_path.parent))
+            return run_smoke(
+                smoke_run, CommGuardPolicy.from_engine(smoke_run.config.comm, base_dir=smoke_run.config_path.parent)
+            )
         if config.job == "selftest":
             return selftest.run(config, policy, config_path.parent)
         if config.job == "rl":
@@ -150,26 +167,43 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gdnctl.runtime",
-                                     description="Run the job an engine.yaml describes (under torchrun).")
+    parser = argparse.ArgumentParser(
+        prog="python -m gdnctl.runtime", description="Run the job an engine.yaml describes (under torchrun)."
+    )
     parser.add_argument("--config", required=True, type=Path, help="engine.yaml written by gdnctl render")
-    parser.add_argument("--role", choices=("trainer", "rollout"), default="trainer",
-                        help="rollout: the separate vLLM step of an rl job (the Slurm script starts it)")
-    parser.add_argument("--engine", type=int, default=None, metavar="K",
-                        help="with --role rollout: serve rollout engine K (the trainer passes it to the servers it "
-                             "starts); without it, start this node's engines (the Slurm script's rollout step)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the job's smoke run instead of the job: a few steps of its layout in RUN_DIR/smoke, "
-                             "verdicts in RUN_DIR/smoke.json (with --role rollout: serve the smoke run)")
+    parser.add_argument(
+        "--role",
+        choices=("trainer", "rollout"),
+        default="trainer",
+        help="rollout: the separate vLLM step of an rl job (the Slurm script starts it)",
+    )
+    parser.add_argument(
+        "--engine",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --role rollout: serve rollout engine K (the trainer passes it to the servers it "
+        "starts); without it, start this node's engines (the Slurm script's rollout step)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the job's smoke run instead of the job: a few steps of its layout in RUN_DIR/smoke, "
+        "verdicts in RUN_DIR/smoke.json (with --role rollout: serve the smoke run)",
+    )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
         if args.engine is not None and args.role != "rollout":
-            raise RuntimeSetupError("--engine names the rollout engine a rollout server serves; pass it with "
-                                    "--role rollout, or leave it out.")
+            raise RuntimeSetupError(
+                "--engine names the rollout engine a rollout server serves; pass it with "
+                "--role rollout, or leave it out."
+            )
         if args.role == "rollout" and config.job != "rl":
-            raise RuntimeSetupError(f"--role rollout belongs to rl jobs, but this engine config runs "
-                                    f"'{config.job}'; start it without --role.")
+            raise RuntimeSetupError(
+                f"--role rollout belongs to rl jobs, but this engine config runs "
+                f"'{config.job}'; start it without --role."
+            )
         check_job(config)
         if args.role == "rollout":
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
@@ -181,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 config, run_dir = smoke_config(config, run_dir), smoke_run_dir(run_dir)
             if args.engine is None:
-                return rollout_server.serve_node(config, run_dir, relaunch=[
-                    "--config", str(args.config), "--role", "rollout", *(["--smoke"] if args.smoke else [])])
+                return rollout_server.serve_node(
+                    config,
+                    run_dir,
+                    relaunch=["--config", str(args.config), "--role", "rollout", *(["--smoke"] if args.smoke else [])],
+                )
             return rollout_server.serve(config, run_dir, args.engine)
         check_launch(config)
         apply_env(config.env)

@@ -180,9 +180,22 @@ def _function_cases() -> list[CollectiveCase]:
             work.wait()
         return buffer
 
-    collectives = [all_reduce, all_gather, all_gather_into_tensor, all_gather_object, all_to_all,
-                   all_to_all_single, broadcast, broadcast_object_list, reduce, reduce_scatter,
-                   reduce_scatter_tensor, scatter, gather, barrier]
+    collectives = [
+        all_reduce,
+        all_gather,
+        all_gather_into_tensor,
+        all_gather_object,
+        all_to_all,
+        all_to_all_single,
+        broadcast,
+        broadcast_object_list,
+        reduce,
+        reduce_scatter,
+        reduce_scatter_tensor,
+        scatter,
+        gather,
+        barrier,
+    ]
     return [CollectiveCase(case.__name__, _every_rank(case.__name__), case) for case in collectives] + [
         CollectiveCase("send/recv", _pair("send", "recv"), send_recv, point_to_point=True),
         CollectiveCase("isend/irecv", _pair("isend", "irecv"), isend_irecv, point_to_point=True),
@@ -232,8 +245,9 @@ def _method_cases() -> list[CollectiveCase]:
 
     def reduce_scatter(group):
         output = _zeros(2)
-        group.reduce_scatter([output], [[torch.full((2,), float(group.rank() + peer))
-                                         for peer in range(group.size())]]).wait()
+        group.reduce_scatter(
+            [output], [[torch.full((2,), float(group.rank() + peer)) for peer in range(group.size())]]
+        ).wait()
         return output
 
     def _reduce_scatter_base(group):
@@ -253,8 +267,9 @@ def _method_cases() -> list[CollectiveCase]:
 
     def alltoall(group):
         outputs = [_zeros(2) for _ in range(group.size())]
-        group.alltoall(outputs, [torch.full((2,), float(10 * group.rank() + peer))
-                                 for peer in range(group.size())]).wait()
+        group.alltoall(
+            outputs, [torch.full((2,), float(10 * group.rank() + peer)) for peer in range(group.size())]
+        ).wait()
         return outputs
 
     def gather(group):
@@ -291,13 +306,28 @@ def _method_cases() -> list[CollectiveCase]:
         dist.group.WORLD.allreduce([tensor]).wait()
         return tensor
 
-    collectives = [allreduce, allreduce_coalesced, allgather, _allgather_base, allgather_into_tensor_coalesced,
-                   broadcast, barrier, reduce, reduce_scatter, _reduce_scatter_base,
-                   reduce_scatter_tensor_coalesced, alltoall_base, alltoall, gather, scatter]
+    collectives = [
+        allreduce,
+        allreduce_coalesced,
+        allgather,
+        _allgather_base,
+        allgather_into_tensor_coalesced,
+        broadcast,
+        barrier,
+        reduce,
+        reduce_scatter,
+        _reduce_scatter_base,
+        reduce_scatter_tensor_coalesced,
+        alltoall_base,
+        alltoall,
+        gather,
+        scatter,
+    ]
     return [CollectiveCase(f"group.{case.__name__}", _every_rank(case.__name__), case) for case in collectives] + [
         CollectiveCase("group.send/recv", _pair("send", "recv"), send_recv, point_to_point=True),
-        CollectiveCase("group.send/recv_anysource", _pair("send", "recv_anysource"), send_recv_anysource,
-                       point_to_point=True),
+        CollectiveCase(
+            "group.send/recv_anysource", _pair("send", "recv_anysource"), send_recv_anysource, point_to_point=True
+        ),
         CollectiveCase("group.WORLD.allreduce", _every_rank("allreduce"), world_allreduce),
     ]
 
@@ -318,8 +348,10 @@ def same_result(left: Any, right: Any) -> bool:
 
 def snapshot_torch_distributed() -> dict[str, Any]:
     """Every object the guard could replace: torch.distributed's namespace and P2POp's class dict."""
-    return {**{f"dist.{name}": value for name, value in vars(dist).items()},
-            **{f"P2POp.{name}": value for name, value in vars(dist.P2POp).items()}}
+    return {
+        **{f"dist.{name}": value for name, value in vars(dist).items()},
+        **{f"P2POp.{name}": value for name, value in vars(dist.P2POp).items()},
+    }
 
 
 def changed_entries(before: dict[str, Any]) -> list[str]:
@@ -328,6 +360,7 @@ def changed_entries(before: dict[str, Any]) -> list[str]:
 
 
 # --- the job ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class CheckResult:
@@ -365,10 +398,14 @@ def check_all(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> l
         checks.skip("collectives this torch's gloo lacks", f"{', '.join(unsupported)}: not exercised")
     # memory_guard decides whether training jobs install the guard; the selftest tests the policy either way.
     modes = [
-        (f"guard with the config policy ({policy.free_gb_threshold:g} GiB, {len(policy.skip_ops)} ops skipped)",
-         replace(policy, profile=False)),
-        ("guard with every op checked and the clear path forced",
-         CommGuardPolicy(math.inf, frozenset(), profile=False)),
+        (
+            f"guard with the config policy ({policy.free_gb_threshold:g} GiB, {len(policy.skip_ops)} ops skipped)",
+            replace(policy, profile=False),
+        ),
+        (
+            "guard with every op checked and the clear path forced",
+            CommGuardPolicy(math.inf, frozenset(), profile=False),
+        ),
         ("guard with every op skipped", CommGuardPolicy(policy.free_gb_threshold, comm_ops.ALL_OPS, profile=False)),
     ]
     # The guard's clear path runs gc.collect, which walks every tracked object: the ~180k that torch's import
@@ -389,8 +426,9 @@ def check_all(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> l
     return _merged(checks)
 
 
-def _check_metrics(checks: _Checks, config: EngineConfig, policy: CommGuardPolicy, cases: list[CollectiveCase],
-                   run_dir: Path) -> None:
+def _check_metrics(
+    checks: _Checks, config: EngineConfig, policy: CommGuardPolicy, cases: list[CollectiveCase], run_dir: Path
+) -> None:
     """The sinks every job logs its steps to work here: one step per selftest step (the wall time of one
     guarded round of the collectives), to metrics.jsonl, TensorBoard and, when configured, W&B."""
     name = "metrics"
@@ -457,8 +495,14 @@ def _compare(case: CollectiveCase, group: Any, expected: Any) -> list[str]:
     return [] if same_result(result, expected) else [f"{case.label} result differs from the unguarded call"]
 
 
-def _check_guard_mode(checks: _Checks, name: str, policy: CommGuardPolicy, cases: list[CollectiveCase],
-                      baseline: list[Any], ranks: list[int]) -> None:
+def _check_guard_mode(
+    checks: _Checks,
+    name: str,
+    policy: CommGuardPolicy,
+    cases: list[CollectiveCase],
+    baseline: list[Any],
+    ranks: list[int],
+) -> None:
     before = snapshot_torch_distributed()
     probe = CountingProbe(comm_guard.default_memory_probe())
     problems = []
@@ -481,13 +525,23 @@ def _check_guard_mode(checks: _Checks, name: str, policy: CommGuardPolicy, cases
     checked = sum(case.op(dist.get_rank()) not in (None, *policy.skip_ops) for case in cases)
     if policy.free_gb_threshold == math.inf and probe.releases != checked:
         problems.append(f"the clear path ran {probe.releases} times for {checked} checked calls")
-    checks.record(name, not problems, "; ".join(problems) or
-                  f"{len(cases)} calls match the unguarded results; the {checked} checked ones read the memory "
-                  f"probe once each, the other {len(cases) - checked} never; uninstall restored torch.distributed")
+    checks.record(
+        name,
+        not problems,
+        "; ".join(problems)
+        or f"{len(cases)} calls match the unguarded results; the {checked} checked ones read the memory "
+        f"probe once each, the other {len(cases) - checked} never; uninstall restored torch.distributed",
+    )
 
 
-def _check_profile(checks: _Checks, config: EngineConfig, policy: CommGuardPolicy, cases: list[CollectiveCase],
-                   baseline: list[Any], ranks: list[int]) -> None:
+def _check_profile(
+    checks: _Checks,
+    config: EngineConfig,
+    policy: CommGuardPolicy,
+    cases: list[CollectiveCase],
+    baseline: list[Any],
+    ranks: list[int],
+) -> None:
     name = "comm profile"
     if not policy.profile:
         checks.skip(name, "comm.profile is off")
@@ -517,10 +571,14 @@ def _check_profile(checks: _Checks, config: EngineConfig, policy: CommGuardPolic
         stats = recorded.get(op, {"calls": 0, "checks": 0})
         wanted_checks = 0 if op in policy.skip_ops else calls
         if (stats["calls"], stats["checks"]) != (calls, wanted_checks):
-            problems.append(f"{op}: recorded {stats['calls']} calls / {stats['checks']} checks, "
-                            f"expected {calls} / {wanted_checks}")
-    checks.record(name, not problems, "; ".join(problems) or
-                  f"{len(expected_calls)} ops over {steps} steps in {policy.profile_dir}")
+            problems.append(
+                f"{op}: recorded {stats['calls']} calls / {stats['checks']} checks, expected {calls} / {wanted_checks}"
+            )
+    checks.record(
+        name,
+        not problems,
+        "; ".join(problems) or f"{len(expected_calls)} ops over {steps} steps in {policy.profile_dir}",
+    )
 
 
 def _check_layouts(checks: _Checks, config: EngineConfig) -> None:
@@ -542,9 +600,13 @@ def _check_layouts(checks: _Checks, config: EngineConfig) -> None:
             problems.append(f"batch {index}: to_bshd(to_thd(bshd)) != bshd")
         if bool((thd.padded_seq_lens % sequence_multiple).any()):
             problems.append(f"batch {index}: a packed sequence is not a multiple of {sequence_multiple}")
-    checks.record("layout round trip", not problems, "; ".join(problems) or
-                  f"{batches} random batches, THD <-> BSHD and back, sequences padded to multiples of 1 and "
-                  f"of cp={cp}; the config runs {config.layout}")
+    checks.record(
+        "layout round trip",
+        not problems,
+        "; ".join(problems)
+        or f"{batches} random batches, THD <-> BSHD and back, sequences padded to multiples of 1 and "
+        f"of cp={cp}; the config runs {config.layout}",
+    )
 
 
 def _random_sequence(generator: random.Random, vocab_size: int) -> layout.TokenSequence:
@@ -595,8 +657,10 @@ def _report(results: list[CheckResult]) -> int:
     lines = [f"selftest: {result.name} {result.status} ({result.detail})" for result in results]
     failed = sum(result.status == "FAIL" for result in results)
     skipped = sum(result.status == "skipped" for result in results)
-    summary = (f"selftest: {'passed' if not failed else 'FAILED'}: {len(results) - failed - skipped} ok, {failed} "
-               f"failed, {skipped} skipped on {dist.get_world_size()} ranks ({dist.get_backend()})")
+    summary = (
+        f"selftest: {'passed' if not failed else 'FAILED'}: {len(results) - failed - skipped} ok, {failed} "
+        f"failed, {skipped} skipped on {dist.get_world_size()} ranks ({dist.get_backend()})"
+    )
     if dist.get_rank() == 0:
         print("\n".join([*lines, summary]), flush=True)
     return 1 if failed else 0

@@ -100,6 +100,7 @@ class EngineKernels(_Frozen):
 
 class EngineSpeed(_Frozen):
     """The speed options as decided (plan/speed.py); the defaults are Megatron-Core's unfused paths."""
+
     router_fusion: bool = False
     bias_activation_fusion: bool = False
     rope_fusion: bool = False
@@ -164,6 +165,7 @@ class EngineGrpo(_Frozen):
 
 class EngineEval(_Frozen):
     """Held-out evaluation (runtime/rl/evaluation.py for rl, the Trainer's for sft and pretrain)."""
+
     data_path: str
     interval: int
     samples_per_prompt: int

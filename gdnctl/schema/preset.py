@@ -86,8 +86,12 @@ class ModelSpec(_Section):
 
 class ClusterSpec(_Section):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description=f"at most {MAX_NODES:,}")
-    gpus_per_node: int = Field(8, ge=1, le=MAX_PER_NODE, description="GPUs per node (processes per node when gpu "
-                                                                     f"is cpu), at most {MAX_PER_NODE:,}")
+    gpus_per_node: int = Field(
+        8,
+        ge=1,
+        le=MAX_PER_NODE,
+        description=f"GPUs per node (processes per node when gpu is cpu), at most {MAX_PER_NODE:,}",
+    )
     gpu: str = Field("h100", description="GPU kind: " + ", ".join(GPUS))
 
     @field_validator("gpu")
@@ -109,20 +113,24 @@ class ParallelSpec(_Section):
     cp: int = Field(1, ge=1, le=MAX_GPUS, description=f"context parallel size, at most {MAX_GPUS:,}")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description=f"expert parallel size, at most {MAX_GPUS:,}")
     etp: int = Field(1, ge=1, le=MAX_GPUS, description=f"expert tensor parallel size, at most {MAX_GPUS:,}")
-    vpp: int | None = Field(None, ge=1, le=MAX_GPUS, description="virtual pipeline stages per pipeline rank "
-                                                                 f"(at most {MAX_GPUS:,})")
+    vpp: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description=f"virtual pipeline stages per pipeline rank (at most {MAX_GPUS:,})"
+    )
     sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
 
 
 class LoraSpec(_Section):
     """LoRA adapters on a frozen base (gdnctl/knowledge/lora.py: what each target wraps, and where that was read)."""
+
     rank: int = Field(ge=1, le=MAX_LORA_RANK, description=f"at most {MAX_LORA_RANK:,}")
     alpha: float = Field(gt=0, description="the adapters' output is scaled by alpha / rank")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (megatron-bridge's default 0)")
     targets: list[LoraTargetName] | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="which linears get adapters: " + ", ".join(LORA_TARGETS) + "; default: those megatron-bridge's "
-                    "Qwen3.5 LoRA recipes cover that the model has (" + ", ".join(DEFAULT_LORA_TARGETS) + ")")
+        "Qwen3.5 LoRA recipes cover that the model has (" + ", ".join(DEFAULT_LORA_TARGETS) + ")",
+    )
 
     @field_validator("targets")
     @classmethod
@@ -137,50 +145,71 @@ class TrainSpec(_Section):
     lora: LoraSpec | None = None
     layout: Literal["auto", "thd", "bshd"] = "auto"
     packing: Literal["auto", "whole", "fill"] = Field(
-        "auto", description="packed rows: whole (each document in one row, a longer one truncated) or fill (documents "
-                            "cut at row ends, so every row is seq_length tokens and none is padding or dropped); "
-                            "auto: fill for pretrain, whole otherwise")
+        "auto",
+        description="packed rows: whole (each document in one row, a longer one truncated) or fill (documents "
+        "cut at row ends, so every row is seq_length tokens and none is padding or dropped); "
+        "auto: fill for pretrain, whole otherwise",
+    )
     micro_batch_size: int = Field(1, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     global_batch_size: int = Field(128, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
-    seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description=f"tokens, at most {MAX_TOKENS:,} (16x the "
-                                                                   "longest Qwen3.5 context)")
+    seq_length: int = Field(
+        4096, ge=1, le=MAX_TOKENS, description=f"tokens, at most {MAX_TOKENS:,} (16x the longest Qwen3.5 context)"
+    )
     mtp: bool = Field(False, description="train the multi-token-prediction layer")
     recompute: Literal["none", "selective", "full"] = "none"
     distributed_optimizer: bool = True
     optimizer_cpu_offload: bool = False
     lr: float = Field(1e-6, gt=0, description="peak learning rate, reached at the end of the warmup")
     lr_warmup_steps: int | None = Field(
-        None, ge=0, le=MAX_STEPS, description="optimizer steps (rl: rollout steps) the lr rises linearly over, from "
-                                              "lr / lr_warmup_steps to lr; default: a tenth of train_iters, at most "
-                                              "1,000 (`gdnctl explain` says what it picked)")
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        description="optimizer steps (rl: rollout steps) the lr rises linearly over, from "
+        "lr / lr_warmup_steps to lr; default: a tenth of train_iters, at most "
+        "1,000 (`gdnctl explain` says what it picked)",
+    )
     lr_decay: Literal["cosine", "linear", "constant"] | None = Field(
-        None, description="how the lr falls from lr to min_lr after the warmup, reaching it at train_iters; default: "
-                          "cosine for sft and pretrain, constant for rl")
-    min_lr: float | None = Field(None, ge=0, description="the lr at the end of a cosine or linear decay; default: "
-                                                         "lr / 10")
+        None,
+        description="how the lr falls from lr to min_lr after the warmup, reaching it at train_iters; default: "
+        "cosine for sft and pretrain, constant for rl",
+    )
+    min_lr: float | None = Field(
+        None, ge=0, description="the lr at the end of a cosine or linear decay; default: lr / 10"
+    )
     train_iters: int = Field(100, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
-    seed: int = Field(1234, ge=0, le=MAX_SEED, description="0 to 2**63 - 1 (torch.manual_seed's range, with room "
-                                                          "for Megatron's per-rank offsets)")
+    seed: int = Field(
+        1234,
+        ge=0,
+        le=MAX_SEED,
+        description="0 to 2**63 - 1 (torch.manual_seed's range, with room for Megatron's per-rank offsets)",
+    )
     data_path: str | None = Field(None, description="local jsonl/parquet; synthetic tokens when unset")
     save_dir: str | None = None
     save_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
     skip_nonfinite_steps: int = Field(
-        0, ge=0, le=MAX_STEPS,
+        0,
+        ge=0,
+        le=MAX_STEPS,
         description="steps whose loss or gradient is not finite that the job may skip (not apply) before it stops; 0 "
-                    "stops at the first: in bf16 there is no loss scale to back off, so a non-finite step means bad "
-                    "data, a divergence or a kernel bug, and skipping hides which")
+        "stops at the first: in bf16 there is no loss scale to back off, so a non-finite step means bad "
+        "data, a divergence or a kernel bug, and skipping hides which",
+    )
 
 
 class KernelsSpec(_Section):
     gdn_backend: GdnBackendName = DEFAULT_GDN_BACKEND
     torch_compile: Literal["auto"] | bool = Field(
-        "auto", description="torch.compile the trainer's fused elementwise functions (Megatron-Core's, Transformer "
-                            "Engine's, FLA's); false runs them eagerly. auto: on where sft or pretrain trains on the "
-                            "Transformer Engine builder with one row shape every step (filled or padded rows), "
-                            "off elsewhere (`gdnctl explain` says why)")
+        "auto",
+        description="torch.compile the trainer's fused elementwise functions (Megatron-Core's, Transformer "
+        "Engine's, FLA's); false runs them eagerly. auto: on where sft or pretrain trains on the "
+        "Transformer Engine builder with one row shape every step (filled or padded rows), "
+        "off elsewhere (`gdnctl explain` says why)",
+    )
     attention: Literal["auto", "te", "torch"] = Field(
-        "auto", description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
-                            "varlen FlashAttention) or auto (`gdnctl explain` says which and why)")
+        "auto",
+        description="the full-attention layers' core attention: te (Transformer Engine's), torch (SDPA and "
+        "varlen FlashAttention) or auto (`gdnctl explain` says which and why)",
+    )
 
 
 _AUTO_ON_OFF = Literal["auto", "on", "off"]
@@ -188,23 +217,37 @@ _AUTO_ON_OFF = Literal["auto", "on", "off"]
 
 class SpeedSpec(_Section):
     """How a training step is computed, not what it computes; `gdnctl explain` says what `auto` picks and why."""
+
     router_fusion: _AUTO_ON_OFF = Field("auto", description="Transformer Engine's fused MoE router kernel")
     bias_activation_fusion: _AUTO_ON_OFF = Field("auto", description="the experts' SwiGLU as one fused function")
     rope_fusion: _AUTO_ON_OFF = Field("auto", description="Transformer Engine's fused rotary embedding")
     cross_entropy: Literal["auto", "te", "native"] = Field(
-        "auto", description="te: Transformer Engine's cross entropy on the logits; native: Megatron-Core's")
+        "auto", description="te: Transformer Engine's cross entropy on the logits; native: Megatron-Core's"
+    )
     wgrad_fusion: _AUTO_ON_OFF = Field(
-        "auto", description="Transformer Engine's layers add weight gradients straight into the gradient buffer")
+        "auto", description="Transformer Engine's layers add weight gradients straight into the gradient buffer"
+    )
     grad_reduce: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)")
+        "auto", description="dtype gradients are accumulated and reduced in (auto: bf16, fp32 for rl)"
+    )
     manual_gc: _AUTO_ON_OFF = Field(
-        "auto", description="Python's garbage collector runs between steps, not in the middle of one")
+        "auto", description="Python's garbage collector runs between steps, not in the middle of one"
+    )
     cuda_graphs: _AUTO_ON_OFF = Field(
-        "auto", description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
-                            "(needs one row shape every step: packed rows filled, or padded rows)")
+        "auto",
+        description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
+        "(needs one row shape every step: packed rows filled, or padded rows)",
+    )
 
-    @field_validator("router_fusion", "bias_activation_fusion", "rope_fusion", "wgrad_fusion", "manual_gc",
-                     "cuda_graphs", mode="before")
+    @field_validator(
+        "router_fusion",
+        "bias_activation_fusion",
+        "rope_fusion",
+        "wgrad_fusion",
+        "manual_gc",
+        "cuda_graphs",
+        mode="before",
+    )
     @classmethod
     def _yaml_switch(cls, value: object) -> object:
         """YAML 1.1 reads a bare `on`/`off` as true/false: take them as the switch they spell."""
@@ -229,79 +272,115 @@ class CommSpec(_Section):
 class RolloutSpec(_Section):
     engine: Literal["vllm"] = "vllm"
     tp: int = Field(1, ge=1, le=MAX_GPUS, description=f"vLLM tensor parallel size per engine, at most {MAX_GPUS:,}")
-    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="rollout GPUs; default: all when colocated "
-                                                                      f"(at most {MAX_GPUS:,})")
+    num_gpus: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description=f"rollout GPUs; default: all when colocated (at most {MAX_GPUS:,})"
+    )
     colocate: bool = Field(True, description="trainer and rollout share GPUs, offloading between phases")
     gdn_prefill_backend: str | None = Field(None, description="vLLM --gdn-prefill-backend; null emits no flag")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     kv_cache_gib: float | None = Field(
-        None, gt=0, le=MAX_GPU_MEMORY_GIB,
+        None,
+        gt=0,
+        le=MAX_GPU_MEMORY_GIB,
         description="vLLM's KV cache per GPU in GiB (its kv_cache_memory_bytes): a fixed size instead of what "
-                    "memory profiling leaves of gpu_memory_utilization. vLLM then skips the profiling, which "
-                    "fails when another process on the GPU frees memory meanwhile; it still wants "
-                    "gpu_memory_utilization of the GPU free at start-up. null: profile")
-    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="default: train.seq_length (at most "
-                                                                          f"{MAX_TOKENS:,})")
+        "memory profiling leaves of gpu_memory_utilization. vLLM then skips the profiling, which "
+        "fails when another process on the GPU frees memory meanwhile; it still wants "
+        "gpu_memory_utilization of the GPU free at start-up. null: profile",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description=f"default: train.seq_length (at most {MAX_TOKENS:,})"
+    )
     n_samples_per_prompt: int = Field(8, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     python: str | None = Field(None, description="interpreter of the rollout's own environment")
-    enforce_eager: bool = Field(False, description="vLLM without CUDA graphs or torch.compile on GPUs: starts in "
-                                                   "about a minute instead of several, generates slower")
+    enforce_eager: bool = Field(
+        False,
+        description="vLLM without CUDA graphs or torch.compile on GPUs: starts in "
+        "about a minute instead of several, generates slower",
+    )
     weight_sync: Literal["auto", "cuda_ipc", "broadcast", "disk"] = Field(
-        "auto", description="how the trainer hands the rollout its weights after every step: cuda_ipc (GPU memory "
-                            "shared in buckets, colocated on GPUs), broadcast (trainer rank 0 sends buckets to "
-                            "every vLLM worker over NCCL, or gloo on CPU; separate placement), disk (a safetensors "
-                            "directory in the run dir), auto (cuda_ipc colocated and broadcast separate on GPUs, "
-                            "where they can run; else disk)")
+        "auto",
+        description="how the trainer hands the rollout its weights after every step: cuda_ipc (GPU memory "
+        "shared in buckets, colocated on GPUs), broadcast (trainer rank 0 sends buckets to "
+        "every vLLM worker over NCCL, or gloo on CPU; separate placement), disk (a safetensors "
+        "directory in the run dir), auto (cuda_ipc colocated and broadcast separate on GPUs, "
+        "where they can run; else disk)",
+    )
     container_image: str | None = Field(None, description="container image for the rollout step (Slurm)")
-    max_response_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="longest response sampled per prompt "
-                                                                           f"(at most {MAX_TOKENS:,})")
+    max_response_tokens: int = Field(
+        1024, ge=1, le=MAX_TOKENS, description=f"longest response sampled per prompt (at most {MAX_TOKENS:,})"
+    )
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S,
-                             description="seconds a rollout request may take before the rollout server is declared "
-                                         "hung and the job fails (at most a week)")
-    probe_tolerance: float = Field(0.1, gt=0, description="largest mean |log p| gap (nats/token) between trainer "
-                                                          "and rollout on the weight-sync probe")
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="seconds a rollout request may take before the rollout server is declared "
+        "hung and the job fails (at most a week)",
+    )
+    probe_tolerance: float = Field(
+        0.1,
+        gt=0,
+        description="largest mean |log p| gap (nats/token) between trainer and rollout on the weight-sync probe",
+    )
     # 0.05 nats/token. Healthy pairs stay well under it: measured 0.0013-0.0023 between the CPU policy (fp32) and
     # vLLM's CPU build (bf16); bf16 trainers and rollouts on GPUs sit near a mismatch KL of 1e-3 (sail-sg/
     # Precision-RL), i.e. a root-mean-square gap of sqrt(2 x 1e-3) = 0.045, which bounds the mean |gap|. Broken
     # ones go past it: a rollout on weights that did not arrive measures 0.18-0.4 (weight_sync), and prime-rl #2671's
     # step-0 mismatch KL of 0.03 on Qwen3.5-4B, called too large there, is a root-mean-square gap of 0.25.
     overlong_prompts: Literal["drop", "refuse"] = Field(
-        "drop", description="prompts longer than max_model_len - max_response_tokens, found when every prompt is "
-                            "encoded before step 1: drop leaves them out and names their count and first lines; "
-                            "refuse stops the job before step 1")
+        "drop",
+        description="prompts longer than max_model_len - max_response_tokens, found when every prompt is "
+        "encoded before step 1: drop leaves them out and names their count and first lines; "
+        "refuse stops the job before step 1",
+    )
     max_step0_logprob_gap: float | None = Field(
-        0.05, ge=0, description="largest mean |log p| gap (nats/token) between trainer and rollout on the sampled "
-                                "tokens of a fresh run's first step; above it the rl job stops at step 0, before "
-                                "anything is saved (weights not synced, dtype or kernel mismatch). 0 or null: off")
+        0.05,
+        ge=0,
+        description="largest mean |log p| gap (nats/token) between trainer and rollout on the sampled "
+        "tokens of a fresh run's first step; above it the rl job stops at step 0, before "
+        "anything is saved (weights not synced, dtype or kernel mismatch). 0 or null: off",
+    )
 
 
 class GrpoSpec(_Section):
     """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
 
     reward: Literal["math_exact", "digit_fraction"] = Field(
-        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.rewards)")
+        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.rewards)"
+    )
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
-    clip_high: float = Field(0.2, ge=0, description="upper ratio clip (1 + clip_high); > clip_low is DAPO's "
-                                                    "clip-higher")
+    clip_high: float = Field(
+        0.2, ge=0, description="upper ratio clip (1 + clip_high); > clip_low is DAPO's clip-higher"
+    )
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the starting policy (0: no reference)")
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     normalize_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
     mini_batches: int = Field(
-        1, ge=1, le=MAX_SEQUENCES, description="optimizer steps per pass over a rollout batch: its samples split "
-                                               "into this many mini-batches (PPO's); from the second on, the policy "
-                                               "has moved away from the one that sampled, so the ratio clip acts. "
-                                               "train.global_batch_size must split evenly into them over the "
-                                               "data-parallel ranks")
-    epochs: int = Field(1, ge=1, le=1000, description="passes over each rollout batch (PPO epochs); every pass takes "
-                                                      "mini_batches optimizer steps")
+        1,
+        ge=1,
+        le=MAX_SEQUENCES,
+        description="optimizer steps per pass over a rollout batch: its samples split "
+        "into this many mini-batches (PPO's); from the second on, the policy "
+        "has moved away from the one that sampled, so the ratio clip acts. "
+        "train.global_batch_size must split evenly into them over the "
+        "data-parallel ranks",
+    )
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="passes over each rollout batch (PPO epochs); every pass takes mini_batches optimizer steps",
+    )
     rollout_correction: bool = Field(
-        False, description="truncated importance sampling against the rollout's log-probs (slime's and verl's TIS): "
-                           "each token's loss is weighted by min(p_trainer / p_rollout, rollout_correction_cap), "
-                           "correcting for the rollout engine's numerics differing from the trainer's")
-    rollout_correction_cap: float = Field(2.0, ge=1, description="the largest weight rollout_correction gives a token "
-                                                                 "(slime's --tis-clip default)")
+        False,
+        description="truncated importance sampling against the rollout's log-probs (slime's and verl's TIS): "
+        "each token's loss is weighted by min(p_trainer / p_rollout, rollout_correction_cap), "
+        "correcting for the rollout engine's numerics differing from the trainer's",
+    )
+    rollout_correction_cap: float = Field(
+        2.0, ge=1, description="the largest weight rollout_correction gives a token (slime's --tis-clip default)"
+    )
 
 
 class EvalSpec(_Section):
@@ -309,21 +388,30 @@ class EvalSpec(_Section):
     (`eval_reward` rows); sft and pretrain log the held-out loss (`eval_loss` rows). Both reach metrics.jsonl,
     TensorBoard and W&B."""
 
-    data_path: str = Field(description="held-out data in the training data's format: rl, a prompt jsonl "
-                                       "({\"prompt\", \"answer\"} a line); sft and pretrain, documents like "
-                                       "train.data_path")
-    interval: int = Field(10, ge=1, le=MAX_STEPS, description="evaluate after every this many steps (and after the "
-                                                              "last)")
-    samples_per_prompt: int = Field(4, ge=1, le=MAX_SEQUENCES, description="rl: responses per held-out prompt; "
-                                                                           "pass@k takes k = this")
+    data_path: str = Field(
+        description="held-out data in the training data's format: rl, a prompt jsonl "
+        '({"prompt", "answer"} a line); sft and pretrain, documents like '
+        "train.data_path"
+    )
+    interval: int = Field(
+        10, ge=1, le=MAX_STEPS, description="evaluate after every this many steps (and after the last)"
+    )
+    samples_per_prompt: int = Field(
+        4, ge=1, le=MAX_SEQUENCES, description="rl: responses per held-out prompt; pass@k takes k = this"
+    )
     temperature: float = Field(1.0, gt=0, description="rl: the held-out responses' sampling temperature")
-    max_response_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="rl: longest held-out response "
-                                                                                  "(default: "
-                                                                                  "rollout.max_response_tokens)")
-    max_prompts: int | None = Field(None, ge=1, le=MAX_SEQUENCES, description="rl: held-out prompts per evaluation, "
-                                                                              "the file's first ones (default: all)")
-    batches: int = Field(1, ge=1, le=MAX_STEPS, description="sft and pretrain: global batches of held-out data per "
-                                                            "evaluation")
+    max_response_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="rl: longest held-out response (default: rollout.max_response_tokens)"
+    )
+    max_prompts: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SEQUENCES,
+        description="rl: held-out prompts per evaluation, the file's first ones (default: all)",
+    )
+    batches: int = Field(
+        1, ge=1, le=MAX_STEPS, description="sft and pretrain: global batches of held-out data per evaluation"
+    )
 
 
 class RuntimeSpec(_Section):
@@ -331,15 +419,19 @@ class RuntimeSpec(_Section):
 
     megatron_core: str | None = None
     megatron_bridge: str | None = None
-    transformer_engine: str | None = Field(None, description="the trainer's Transformer Engine; 'none' builds the "
-                                                             "model with gdnctl's TE-free spec (no CP, no FP8)")
+    transformer_engine: str | None = Field(
+        None,
+        description="the trainer's Transformer Engine; 'none' builds the "
+        "model with gdnctl's TE-free spec (no CP, no FP8)",
+    )
     vllm: str | None = None
     flash_qla: str | None = Field(None, description="installed flash-qla; 'none' when it is not installed")
     fla: str | None = None
     cudnn: str | None = None
     triton: str | None = Field(None, description="the trainer's Triton, which compiles FLA's GDN kernels")
-    transformers: str | None = Field(None, description="the trainer's transformers (the rl policy on device cpu "
-                                                       "is its Qwen3.5 / Qwen3-Next class)")
+    transformers: str | None = Field(
+        None, description="the trainer's transformers (the rl policy on device cpu is its Qwen3.5 / Qwen3-Next class)"
+    )
 
     @field_validator("*")
     @classmethod
@@ -357,15 +449,21 @@ class SlurmSpec(_Section):
     account: str | None = None
     qos: str | None = None
     time: str = Field("04:00:00", description="wall-clock limit, HH:MM:SS or D-HH:MM:SS")
-    cpus_per_task: int | None = Field(None, ge=1, le=MAX_CPUS, description="CPUs per node task (default: all of the "
-                                                                        f"node; at most {MAX_CPUS:,})")
+    cpus_per_task: int | None = Field(
+        None, ge=1, le=MAX_CPUS, description=f"CPUs per node task (default: all of the node; at most {MAX_CPUS:,})"
+    )
     mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
     constraint: str | None = None
     exclusive: bool = True
     requeue: bool = Field(True, description="requeue on preemption (--requeue; USR1 with more than 180 s left)")
-    time_limit_requeues: int = Field(0, ge=0, le=100, description="times the job requeues itself at its time "
-                                     "limit (USR1 90 s before it) to go on from its last checkpoint; 0: it ends "
-                                     "TIMEOUT. Needs requeue: true")
+    time_limit_requeues: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="times the job requeues itself at its time "
+        "limit (USR1 90 s before it) to go on from its last checkpoint; 0: it ends "
+        "TIMEOUT. Needs requeue: true",
+    )
     container_image: str | None = Field(None, description="trainer container image (pyxis --container-image)")
     extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --reservation=x")
 
@@ -399,8 +497,9 @@ class SlurmSpec(_Section):
     def _options(cls, value: list[str]) -> list[str]:
         for option in value:
             if not option.startswith("--") or not SBATCH_SAFE.fullmatch(option):
-                raise ValueError(f"'{option}' is not a single long sbatch option like --reservation=name "
-                                 f"({SBATCH_SAFE_TEXT})")
+                raise ValueError(
+                    f"'{option}' is not a single long sbatch option like --reservation=name ({SBATCH_SAFE_TEXT})"
+                )
         return value
 
 
@@ -408,10 +507,14 @@ class LaunchSpec(_Section):
     executor: Literal["local", "slurm"] = "local"
     python: str = Field("python3", description="interpreter that runs the trainer (gdnctl.runtime)")
     env: dict[str, str] = Field(default_factory=dict, description="environment values written into the scripts")
-    pass_env: list[str] = Field(default_factory=list, description="names passed through from the submitting "
-                                                                  "shell, never written (secrets)")
-    kernel_cache_dir: str | None = Field(None, description="shared kernel cache: TileLang (FlashQLA), and Triton (FLA) "
-                                                           "and inductor under it (default: ~/.cache/gdnctl/tilelang)")
+    pass_env: list[str] = Field(
+        default_factory=list, description="names passed through from the submitting shell, never written (secrets)"
+    )
+    kernel_cache_dir: str | None = Field(
+        None,
+        description="shared kernel cache: TileLang (FlashQLA), and Triton (FLA) "
+        "and inductor under it (default: ~/.cache/gdnctl/tilelang)",
+    )
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
 
     @field_validator("env", mode="before")
@@ -425,8 +528,10 @@ class LaunchSpec(_Section):
         text = {}
         for name, item in value.items():
             if isinstance(item, bool):
-                raise ValueError(f"the value of {name} is {str(item).lower()}, and environment values are text: "
-                                 f"quote it ('1', '0', 'true' or 'false', as the program reading {name} expects)")
+                raise ValueError(
+                    f"the value of {name} is {str(item).lower()}, and environment values are text: "
+                    f"quote it ('1', '0', 'true' or 'false', as the program reading {name} expects)"
+                )
             text[name] = _number_as_text(item, int | float)
         return text
 
@@ -455,8 +560,10 @@ class WandbSpec(_Section):
     project: str = Field(min_length=1, max_length=128, description="Weights & Biases project")
     entity: str | None = Field(None, max_length=128, description="team or user (default: your W&B default)")
     mode: Literal["online", "offline"] | None = Field(
-        None, description="offline writes the run into RUN_DIR/wandb for `wandb sync` later (no network needed); "
-                          "unset: the WANDB_MODE of the job's environment, else online")
+        None,
+        description="offline writes the run into RUN_DIR/wandb for `wandb sync` later (no network needed); "
+        "unset: the WANDB_MODE of the job's environment, else online",
+    )
 
 
 class MetricsSpec(_Section):

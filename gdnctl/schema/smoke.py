@@ -64,8 +64,12 @@ class SmokeReport(_Frozen):
 
     def summary(self) -> str:
         verdict = "green" if self.green else "FAILED"
-        words: tuple[tuple[CheckStatus, str], ...] = (("ok", "ok"), ("warn", "warned"), ("FAIL", "failed"),
-                                                      ("skipped", "skipped"))
+        words: tuple[tuple[CheckStatus, str], ...] = (
+            ("ok", "ok"),
+            ("warn", "warned"),
+            ("FAIL", "failed"),
+            ("skipped", "skipped"),
+        )
         counts = ", ".join(f"{self.count(status)} {word}" for status, word in words)
         return f"smoke: {verdict}: {counts} ({self.job} on {self.ranks} rank{'s' if self.ranks != 1 else ''})"
 

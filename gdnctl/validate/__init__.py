@@ -17,7 +17,26 @@ from gdnctl.validate.report import (
     summary_line,
 )
 
-__all__ = ["Finding", "LoadedPreset", "PresetHasErrors", "RULES", "RuleInfo", "Severity", "ValidationResult",
-           "codes", "format_derived", "format_findings", "format_memory", "format_rule_doc", "format_rule_list",
-           "format_rule_table", "load_preset", "preset_interpreters", "replaceable_by_others", "resolve_preset_path",
-           "summary_line", "trainer_python", "validate"]
+__all__ = [
+    "Finding",
+    "LoadedPreset",
+    "PresetHasErrors",
+    "RULES",
+    "RuleInfo",
+    "Severity",
+    "ValidationResult",
+    "codes",
+    "format_derived",
+    "format_findings",
+    "format_memory",
+    "format_rule_doc",
+    "format_rule_list",
+    "format_rule_table",
+    "load_preset",
+    "preset_interpreters",
+    "replaceable_by_others",
+    "resolve_preset_path",
+    "summary_line",
+    "trainer_python",
+    "validate",
+]

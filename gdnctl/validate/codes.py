@@ -127,20 +127,20 @@ CODES: dict[str, str] = {
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.
 RETIRED: dict[str, str] = {
     "BRG001": "was an error (Qwen3.5 with train.bridge: mbridge); train.bridge left the schema, megatron-bridge being "
-              "the only bridge gdnctl builds with, so PRE001 (its hint says so) replaced it",
+    "the only bridge gdnctl builds with, so PRE001 (its hint says so) replaced it",
     "BRG002": "was a warning (train.update_weights_via_bridge asked for megatron-bridge's export where the runtime "
-              "exports otherwise); the field left the schema, explain's weight_sync line says what exports, and PRE001 "
-              "(its hint says so) replaced it",
+    "exports otherwise); the field left the schema, explain's weight_sync line says what exports, and PRE001 "
+    "(its hint says so) replaced it",
     "RLT005": "was an error (Qwen3.5 rollouts need vLLM >= 0.27's text-only class); the rollout now serves the "
-              "vision-language class on older vLLM, so RLT015 (warning below the first vLLM it ran on) replaced it",
+    "vision-language class on older vLLM, so RLT015 (warning below the first vLLM it ran on) replaced it",
     "PAR009": "was an info (sequence parallel without TP has no effect); Megatron-Core refuses it at model build, "
-              "so PAR011 (error) replaced it",
+    "so PAR011 (error) replaced it",
     "TRN012": "was a warning (context-parallel training had not run CP=2 against CP=1 on GPUs); it ran on 2 H200s "
-              "(tests/gpu/test_context_parallel_gpu.py: 20 steps within 0.08%), so nothing replaced it",
+    "(tests/gpu/test_context_parallel_gpu.py: 20 steps within 0.08%), so nothing replaced it",
     "LAY008": "was an error (packed GDN training on Hopper needs cuDNN >= 9.19); the NaN gradients of cuDNN <= 9.18 "
-              "are in the full-attention layers' fused attention, not GDN, and packed rows run torch's "
-              "FlashAttention unless Transformer Engine's attention is chosen, so LAY010 (which checks cuDNN when "
-              "TE's attention runs packed rows at head_dim 256) replaced it",
+    "are in the full-attention layers' fused attention, not GDN, and packed rows run torch's "
+    "FlashAttention unless Transformer Engine's attention is chosen, so LAY010 (which checks cuDNN when "
+    "TE's attention runs packed rows at head_dim 256) replaced it",
 }
 
 

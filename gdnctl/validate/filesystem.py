@@ -50,8 +50,10 @@ def _problem_on_the_way(path: Path) -> str | None:
             try:
                 entry_info = entry.lstat()
             except FileNotFoundError:
-                return f"{directory} is writable by every user and {entry} does not exist yet, so whoever creates " \
-                       "it first chooses what runs"
+                return (
+                    f"{directory} is writable by every user and {entry} does not exist yet, so whoever creates "
+                    "it first chooses what runs"
+                )
             except OSError:
                 return None
             if not info.st_mode & stat.S_ISVTX:

@@ -38,8 +38,13 @@ class Finding:
     location: str | None = None  # file:line:column where the offending value was written, when known
 
     def to_json(self) -> dict:
-        data = {"code": self.code, "severity": self.severity.value, "path": self.path,
-                "message": self.message, "hint": self.hint}
+        data = {
+            "code": self.code,
+            "severity": self.severity.value,
+            "path": self.path,
+            "message": self.message,
+            "hint": self.hint,
+        }
         if self.location:
             data["location"] = self.location
         return data
@@ -90,8 +95,9 @@ def rule(code: str, severity: Severity, summary: str):
             raise RuntimeError(f"rule code {code} registered twice")
         concern = check.__module__.rsplit(".", 1)[-1]
         codes.check_registration(code, check.__name__, concern)
-        RULES[code] = RuleInfo(code, check.__name__, severity, summary, concern,
-                               inspect.cleandoc(check.__doc__ or ""), check)
+        RULES[code] = RuleInfo(
+            code, check.__name__, severity, summary, concern, inspect.cleandoc(check.__doc__ or ""), check
+        )
         return check
 
     return register

@@ -28,7 +28,9 @@ from gdnctl.schema import Preset
 from gdnctl.validate.findings import Finding, Severity, register_load_code
 
 UNKNOWN_KEY = register_load_code(
-    "PRE001", "unknown-key", "A key the preset schema does not have",
+    "PRE001",
+    "unknown-key",
+    "A key the preset schema does not have",
     """
     What it checks: every key in the preset (and in the presets it builds on with `base:`) is a field of
     the schema (`gdnctl schema`).
@@ -42,7 +44,9 @@ UNKNOWN_KEY = register_load_code(
     """,
 )
 INVALID_VALUE = register_load_code(
-    "PRE002", "invalid-value", "A value of the wrong type or out of range, or a required field missing",
+    "PRE002",
+    "invalid-value",
+    "A value of the wrong type or out of range, or a required field missing",
     """
     What it checks: each value has the type and range the schema gives (`gdnctl schema`), and required
     fields (`name`, `job`, `model`) are present.
@@ -56,7 +60,9 @@ INVALID_VALUE = register_load_code(
 )
 
 TOO_COMPLEX = register_load_code(
-    "PRE004", "preset-too-complex", "A preset too large, too deep, aliased too far or on too long a base: chain",
+    "PRE004",
+    "preset-too-complex",
+    "A preset too large, too deep, aliased too far or on too long a base: chain",
     """
     What it checks: a preset file (and each --set value) is at most 256 KiB, nests mappings and lists at most
     20 levels deep, holds at most 10,000 keys and values with its YAML aliases (`*name`) expanded, has no
@@ -145,12 +151,18 @@ class _Loader(yaml.SafeLoader):
             if len(self._path) > MAX_DEPTH:
                 # A key (index None) is a level down like its value, but the mapping is what nests too deep.
                 path = tuple(self._path[:-1] if index is None else self._path)
-                self._refuse(path, f"{dotted(path)} nests more than {MAX_DEPTH} levels deep.",
-                             "Nest less: the schema needs 4 levels (gdnctl schema shows each field's type).")
+                self._refuse(
+                    path,
+                    f"{dotted(path)} nests more than {MAX_DEPTH} levels deep.",
+                    "Nest less: the schema needs 4 levels (gdnctl schema shows each field's type).",
+                )
             if self._composed > MAX_VALUES:
                 whole = dotted(self._prefix) if self._prefix else "the preset"
-                self._refuse(self._prefix, f"{whole} holds more than {MAX_VALUES:,} keys and values.",
-                             "Check that this is the preset you meant; a real one holds a few hundred.")
+                self._refuse(
+                    self._prefix,
+                    f"{whole} holds more than {MAX_VALUES:,} keys and values.",
+                    "Check that this is the preset you meant; a real one holds a few hundred.",
+                )
             return super().compose_node(parent, index)
         finally:
             self._path.pop()
@@ -170,8 +182,9 @@ class _Loader(yaml.SafeLoader):
         try:
             value.encode()
         except UnicodeEncodeError:  # a `"\ud800"` escape: a lone surrogate, which no file or terminal can take
-            raise yaml.constructor.ConstructorError(None, None, f"{_cut(repr(value))} escapes a lone UTF-16 "
-                                                    "surrogate, which is not text", node.start_mark) from None
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{_cut(repr(value))} escapes a lone UTF-16 surrogate, which is not text", node.start_mark
+            ) from None
         return value
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
@@ -181,8 +194,9 @@ class _Loader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except (ValueError, KeyError, AttributeError):
             tag = node.tag.rsplit(":", 1)[-1]
-            raise yaml.constructor.ConstructorError(None, None, f"{_cut(repr(node.value))} is not a valid {tag}",
-                                                    node.start_mark) from None
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{_cut(repr(node.value))} is not a valid {tag}", node.start_mark
+            ) from None
 
 
 _Loader.add_implicit_resolver(
@@ -216,23 +230,32 @@ def _check_expansion(root: yaml.Node, source: str, prefix: tuple) -> None:
 
     def check(node: yaml.Node, path: tuple) -> None:
         if len(path) + height[id(node)] > MAX_DEPTH:
-            raise _TooComplex(path, f"{dotted(path)} nests more than {MAX_DEPTH} levels deep once its YAML aliases "
-                                    "are expanded.", "Write the value out instead of nesting aliases (*name).",
-                              _where(source, node.start_mark))
+            raise _TooComplex(
+                path,
+                f"{dotted(path)} nests more than {MAX_DEPTH} levels deep once its YAML aliases are expanded.",
+                "Write the value out instead of nesting aliases (*name).",
+                _where(source, node.start_mark),
+            )
         if size[id(node)] > MAX_VALUES:
-            raise _TooComplex(path, f"{dotted(path)} expands to more than {MAX_VALUES:,} keys and values once its "
-                                    "YAML aliases are followed.", "Write the values out instead of nesting aliases "
-                                                                  "(*name) in anchored values.",
-                              _where(source, node.start_mark))
+            raise _TooComplex(
+                path,
+                f"{dotted(path)} expands to more than {MAX_VALUES:,} keys and values once its "
+                "YAML aliases are followed.",
+                "Write the values out instead of nesting aliases (*name) in anchored values.",
+                _where(source, node.start_mark),
+            )
 
     while stack:
         node, path, children = stack[-1]
         for step, child in children:
             where = path + (step,)
             if id(child) in open_ids:
-                raise _TooComplex(where, f"{dotted(where)} is an alias inside the value it refers to, so the value "
-                                         "would contain itself.", "Replace the alias with the value written out.",
-                                  _where(source, child.start_mark))
+                raise _TooComplex(
+                    where,
+                    f"{dotted(where)} is an alias inside the value it refers to, so the value would contain itself.",
+                    "Replace the alias with the value written out.",
+                    _where(source, child.start_mark),
+                )
             if id(child) not in size:
                 stack.append((child, where, iter(_children(child))))
                 open_ids.add(id(child))
@@ -250,8 +273,12 @@ def _check_expansion(root: yaml.Node, source: str, prefix: tuple) -> None:
 def _parse(text: str, source: str, prefix: tuple = ()) -> tuple[yaml.Node | None, Any]:
     """Compose, check and construct one YAML document. Raises yaml.YAMLError on bad syntax."""
     if len(text) > MAX_BYTES:
-        raise _TooComplex(prefix, f"{dotted(prefix) if prefix else source} is longer than {MAX_BYTES // 1024} KiB.",
-                          "Check that this is the preset you meant; a real one is a few KiB.", source)
+        raise _TooComplex(
+            prefix,
+            f"{dotted(prefix) if prefix else source} is longer than {MAX_BYTES // 1024} KiB.",
+            "Check that this is the preset you meant; a real one is a few KiB.",
+            source,
+        )
     loader = _Loader(text, source, prefix)
     try:
         node = loader.get_single_node()
@@ -298,8 +325,9 @@ def _positions(node: yaml.Node, file: str, prefix: tuple, out: dict[tuple, str])
             key = key_node.value
             if key in seen:
                 mark = key_node.start_mark
-                raise PresetLoadError(f"{file}:{mark.line + 1}:{mark.column + 1}: key '{key}' appears twice; "
-                                      "keep one of them.")
+                raise PresetLoadError(
+                    f"{file}:{mark.line + 1}:{mark.column + 1}: key '{key}' appears twice; keep one of them."
+                )
             seen.add(key)
             mark = key_node.start_mark
             out[prefix + (key,)] = f"{file}:{mark.line + 1}:{mark.column + 1}"
@@ -324,8 +352,12 @@ def _read_text(path: Path) -> tuple[str, str]:
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise PresetLoadError(f"{path} cannot be read: {err}.") from None
     if len(raw) > MAX_BYTES:
-        raise _TooComplex((), f"{path} is larger than {MAX_BYTES // 1024} KiB.",
-                          "Check that this is the preset you meant; a real one is a few KiB.", str(path))
+        raise _TooComplex(
+            (),
+            f"{path} is larger than {MAX_BYTES // 1024} KiB.",
+            "Check that this is the preset you meant; a real one is a few KiB.",
+            str(path),
+        )
     try:
         return raw.decode(), hashlib.sha256(raw).hexdigest()
     except UnicodeDecodeError as err:
@@ -346,8 +378,7 @@ def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str], str]:
     if data is None or node is None:
         raise PresetLoadError(f"{path} is empty: a preset needs at least name, job and model.")
     if not isinstance(data, dict):
-        raise PresetLoadError(f"{path}: a preset is a YAML mapping (key: value lines), "
-                              f"not a {type(data).__name__}.")
+        raise PresetLoadError(f"{path}: a preset is a YAML mapping (key: value lines), not a {type(data).__name__}.")
     positions: dict[tuple, str] = {}
     _positions(node, str(path), (), positions)
     return data, positions, digest
@@ -404,8 +435,13 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 # Local paths a preset may give relative: to the preset file that sets them, or, from --set, to the current
 # directory. They are made absolute here because the rendered scripts run from the run dir, not from either.
-PATH_FIELDS = (("model", "path"), ("model", "tokenizer"), ("train", "data_path"), ("train", "save_dir"),
-               ("eval", "data_path"))
+PATH_FIELDS = (
+    ("model", "path"),
+    ("model", "tokenizer"),
+    ("train", "data_path"),
+    ("train", "save_dir"),
+    ("eval", "data_path"),
+)
 
 
 # Interpreters a preset names: `~` is expanded (a per-user environment such as ~/.cache/gdnctl/vllm-cpu needs no
@@ -442,8 +478,10 @@ def _base_path(path: Path, base_ref: Any) -> Path:
         raise PresetLoadError(f"{path}: base: must be a preset path or a shipped preset name.")
     base_path = resolve_preset_path(base_ref, relative_to=path.parent)
     if not _is_file(base_path):
-        raise PresetLoadError(f"{path}: base preset '{base_ref}' was found neither next to this file nor among "
-                              "the shipped presets (gdnctl presets list).")
+        raise PresetLoadError(
+            f"{path}: base preset '{base_ref}' was found neither next to this file nor among "
+            "the shipped presets (gdnctl presets list)."
+        )
     return base_path
 
 
@@ -460,9 +498,12 @@ def _load_chain(path: Path) -> tuple[dict, dict[tuple, str], list[str], dict[str
             cycle = " -> ".join(str(p) for p in visited + [resolved])
             raise PresetLoadError(f"base: presets form a cycle ({cycle}); remove one base: line.")
         if len(visited) == MAX_BASE_CHAIN:
-            raise _TooComplex(("base",), f"the base: chain is longer than {MAX_BASE_CHAIN} presets (it goes on "
-                                         f"to {path}).", "Point base: at a preset nearer the root of the chain, "
-                                                         "or merge presets of the chain into one.", base_location)
+            raise _TooComplex(
+                ("base",),
+                f"the base: chain is longer than {MAX_BASE_CHAIN} presets (it goes on to {path}).",
+                "Point base: at a preset nearer the root of the chain, or merge presets of the chain into one.",
+                base_location,
+            )
         visited.append(resolved)
         layer, layer_positions, base_ref, base_location, digests[str(path)] = _read_layer(path)
         layers.append((layer, layer_positions, str(path)))
@@ -489,9 +530,12 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     if not sep or not key.strip() or any(not part for part in keys):
         raise PresetLoadError(f"--set '{text}' is not of the form a.b=value (e.g. --set parallel.tp=2).")
     if len(keys) > MAX_DEPTH:
-        raise _TooComplex(keys[:MAX_DEPTH + 1], f"--set {'.'.join(keys[:MAX_DEPTH + 1])}... nests more than "
-                                                f"{MAX_DEPTH} levels deep.",
-                          "Set a field of the schema (gdnctl schema lists them).", SET_SOURCE)
+        raise _TooComplex(
+            keys[: MAX_DEPTH + 1],
+            f"--set {'.'.join(keys[: MAX_DEPTH + 1])}... nests more than {MAX_DEPTH} levels deep.",
+            "Set a field of the schema (gdnctl schema lists them).",
+            SET_SOURCE,
+        )
     if not raw.strip():
         return keys, ""
     try:
@@ -509,9 +553,11 @@ def _bad_override_value(key: str, raw: str, err: yaml.YAMLError) -> str:
     text_fix = f"to set it as text, put YAML quotes inside the shell's: --set \"{key}='{as_text}'\""
     if raw[:1] in "[{":
         closer = "]" if raw[0] == "[" else "}"
-        return (f"--set {key}={raw}: the value opens a YAML flow {'list' if closer == ']' else 'mapping'} with "
-                f"'{raw[0]}' that is not closed ({problem}); end it with '{closer}' (e.g. --set {key}="
-                f"{'[1, 2]' if closer == ']' else '{a: 1}'}), or {text_fix}.")
+        return (
+            f"--set {key}={raw}: the value opens a YAML flow {'list' if closer == ']' else 'mapping'} with "
+            f"'{raw[0]}' that is not closed ({problem}); end it with '{closer}' (e.g. --set {key}="
+            f"{'[1, 2]' if closer == ']' else '{a: 1}'}), or {text_fix}."
+        )
     return f"--set {key}={raw}: the value is not valid YAML ({problem}); {text_fix}."
 
 
@@ -524,8 +570,9 @@ def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str
             if child is None:
                 child = node[key] = {}
             elif not isinstance(child, dict):
-                raise PresetLoadError(f"--set '{text}': {'.'.join(keys[:depth + 1])} is not a mapping, so it has "
-                                      "no sub-keys.")
+                raise PresetLoadError(
+                    f"--set '{text}': {'.'.join(keys[: depth + 1])} is not a mapping, so it has no sub-keys."
+                )
             node = child
         node[keys[-1]] = value
         if keys in PATH_FIELDS + INTERPRETER_FIELDS:
@@ -560,10 +607,12 @@ REMOVED_KEYS = {
         "Remove it: the rl weight sync always exports through the model's builder (megatron-bridge's "
         "export_hf_weights when runtime.transformer_engine names Transformer Engine, gdnctl's HF name rules for the "
         "TE-free model, transformers' state dict on device cpu); `gdnctl explain` shows it as weight_sync, and "
-        "rollout.weight_sync sets how the weights travel."),
+        "rollout.weight_sync sets how the weights travel."
+    ),
     "train.bridge": (
         "Remove it: megatron-bridge is the only bridge gdnctl builds and exports with (mbridge never was: it "
-        "gets Qwen3.5's GDN shapes wrong); runtime.megatron_bridge names its version."),
+        "gets Qwen3.5's GDN shapes wrong); runtime.megatron_bridge names its version."
+    ),
 }
 
 
@@ -593,8 +642,9 @@ def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
             close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.5)
             parent = dotted(loc[:-1]) if loc[:-1] else "the top level"
             message = f"'{key}' is not a key of {parent}."
-            hint = (f"Did you mean '{close[0]}'?" if close else "Remove it.") + \
-                   (f" Keys there: {', '.join(siblings)}." if siblings else "")
+            hint = (f"Did you mean '{close[0]}'?" if close else "Remove it.") + (
+                f" Keys there: {', '.join(siblings)}." if siblings else ""
+            )
             if path in REMOVED_KEYS:
                 message = f"'{key}' is no longer a key of {parent}."
                 hint = REMOVED_KEYS[path]
@@ -620,8 +670,10 @@ def _missing_preset(reference: str, path: Path) -> str:
     stem = reference.removesuffix(".yaml")
     close = difflib.get_close_matches(stem, names, n=3, cutoff=0.6) if "/" not in reference else []
     if close:
-        return (f"{path}: no such file, and no shipped preset is named '{stem}'. Did you mean "
-                f"{' or '.join(close)}? (gdnctl presets list shows them all.)")
+        return (
+            f"{path}: no such file, and no shipped preset is named '{stem}'. Did you mean "
+            f"{' or '.join(close)}? (gdnctl presets list shows them all.)"
+        )
     return f"{path}: no such file (nor a shipped preset of that name: gdnctl presets list shows them)."
 
 

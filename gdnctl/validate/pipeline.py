@@ -14,7 +14,9 @@ from gdnctl.validate.findings import Finding, Severity, register_load_code, sort
 from gdnctl.validate.loader import LoadedPreset, SourceMap, load_preset
 
 MODEL_UNAVAILABLE = register_load_code(
-    "PRE003", "model-unavailable", "The model id is unknown or the checkpoint's config.json is unusable",
+    "PRE003",
+    "model-unavailable",
+    "The model id is unknown or the checkpoint's config.json is unusable",
     """
     What it checks: model.id names a catalog model (`gdnctl presets list` shows the shipped presets; the
     catalog holds the released Qwen3.5 sizes and Qwen3-Next-80B-A3B), or model.path is a directory whose
@@ -65,8 +67,12 @@ class ValidationResult:
         }
 
     def to_json(self) -> dict:
-        return {"preset": self.loaded.source, "ok": self.ok,
-                "findings": [f.to_json() for f in self.findings], "resolved": self.resolved()}
+        return {
+            "preset": self.loaded.source,
+            "ok": self.ok,
+            "findings": [f.to_json() for f in self.findings],
+            "resolved": self.resolved(),
+        }
 
 
 class PresetHasErrors(GdnctlError):
@@ -108,8 +114,13 @@ def validate(reference: str | Path, overrides: list[str] | None = None) -> Valid
         run = resolve(loaded.preset)
     except ModelNotFound as err:
         path = "model.path" if loaded.preset.model.path else "model.id"
-        finding = Finding(MODEL_UNAVAILABLE.code, Severity.ERROR, path, str(err),
-                          err.hint or "Use a catalog id or a checkpoint directory with a config.json.",
-                          loaded.sources.locate(_path_tuple(path)))
+        finding = Finding(
+            MODEL_UNAVAILABLE.code,
+            Severity.ERROR,
+            path,
+            str(err),
+            err.hint or "Use a catalog id or a checkpoint directory with a config.json.",
+            loaded.sources.locate(_path_tuple(path)),
+        )
         return ValidationResult(loaded, None, [finding])
     return ValidationResult(loaded, run, _with_locations(rules.check(run), loaded.sources))

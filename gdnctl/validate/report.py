@@ -58,8 +58,7 @@ def format_memory(estimate: "MemoryEstimate") -> str:
     lines = [f"  {'component':<12} {'GiB':>8}  note"]
     for row in estimate.rows:
         lines.append(f"  {row.name:<12} {row.gib:>8.1f}  {row.note}")
-    lines.append(f"  {'total':<12} {estimate.total_gib:>8.1f}  of {estimate.capacity_gib:g} GiB "
-                 f"({estimate.usage:.0%})")
+    lines.append(f"  {'total':<12} {estimate.total_gib:>8.1f}  of {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
     return "\n".join(lines)
 
 
@@ -81,8 +80,7 @@ def format_rule_table(rules: list[RuleInfo]) -> str:
         return text.replace("|", "\\|")
 
     lines = ["| code | severity | checks | source |", "|---|---|---|---|"]
-    lines += [f"| {info.code} | {info.severity.value} | {cell(info.summary)} | {cell(info.source)} |"
-              for info in rules]
+    lines += [f"| {info.code} | {info.severity.value} | {cell(info.summary)} | {cell(info.source)} |" for info in rules]
     return "\n".join(lines)
 
 

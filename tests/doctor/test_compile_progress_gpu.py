@@ -40,8 +40,9 @@ def assert_no_compile_chatter(text: str) -> None:
 
 def gdnctl(*args: str) -> subprocess.CompletedProcess:
     env = {name: value for name, value in os.environ.items() if name != "TILELANG_CACHE_DIR"}
-    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, timeout=3600,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, timeout=3600, env=env
+    )
 
 
 @pytest.mark.xdist_group("compile-progress")  # the second test reads the cache the first compiled (pytest -n)
@@ -88,9 +89,23 @@ def test_fla_prewarm_fills_the_triton_cache_the_trainer_then_starts_from(tmp_pat
     assert all(fresh[shape] < 0.25 * cold[shape] for shape in cold), (cold, fresh)
 
     run_dir = tmp_path / "run"
-    launch = gdnctl("launch", PRESET, "-o", str(run_dir), "--force", "--set", "kernels.gdn_backend=fla",
-                    "--set", "runtime.transformer_engine=none", "--set", "train.train_iters=2",
-                    "--set", "kernels.torch_compile=true", "--set", f"launch.kernel_cache_dir={cache}")
+    launch = gdnctl(
+        "launch",
+        PRESET,
+        "-o",
+        str(run_dir),
+        "--force",
+        "--set",
+        "kernels.gdn_backend=fla",
+        "--set",
+        "runtime.transformer_engine=none",
+        "--set",
+        "train.train_iters=2",
+        "--set",
+        "kernels.torch_compile=true",
+        "--set",
+        f"launch.kernel_cache_dir={cache}",
+    )
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     warm_up = json.loads((run_dir / "kernel_warm_up.json").read_text())
     assert warm_up["kernel"] == "fla" and warm_up["first_call_s"] < 0.25 * max(cold.values()), warm_up

@@ -11,16 +11,32 @@ FACTS = Path(__file__).parent / "facts"
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_real_doctor_json_on_this_machine(tmp_path):
     proc = doctor("--json", "--save-facts", str(tmp_path / "facts.json"))
     data = json.loads(proc.stdout)
     names = {c["name"] for c in data["checks"]}
-    assert {"python", "torch", "gpus", "driver", "nccl", "cudnn", "flash_qla", "tilelang", "fla", "megatron_core",
-            "megatron_bridge", "transformer_engine", "vllm", "env", "kernel_cache"} <= names
+    assert {
+        "python",
+        "torch",
+        "gpus",
+        "driver",
+        "nccl",
+        "cudnn",
+        "flash_qla",
+        "tilelang",
+        "fla",
+        "megatron_core",
+        "megatron_bridge",
+        "transformer_engine",
+        "vllm",
+        "env",
+        "kernel_cache",
+    } <= names
     assert set(data["summary"]) == {"passed", "warnings", "failed", "skipped"}
     assert sum(data["summary"].values()) == len(data["checks"])
     assert proc.returncode == (1 if data["summary"]["failed"] else 0)
@@ -35,18 +51,20 @@ def test_real_doctor_passes_the_cpu_selftest_preset():
 
 
 def test_replayed_a100_facts_fail_a_flashqla_preset():
-    proc = doctor("qwen3.5-35b-a3b-grpo", "--set", "kernels.gdn_backend=flashqla", "--facts",
-                  str(FACTS / "a100.json"))
+    proc = doctor("qwen3.5-35b-a3b-grpo", "--set", "kernels.gdn_backend=flashqla", "--facts", str(FACTS / "a100.json"))
     assert proc.returncode == 1
-    assert ("FAIL  preset.cluster.gpu  preset says h100 (SM90), this machine has NVIDIA A100-SXM4-80GB (SM80)"
-            in proc.stdout)
+    assert (
+        "FAIL  preset.cluster.gpu  preset says h100 (SM90), this machine has NVIDIA A100-SXM4-80GB (SM80)"
+        in proc.stdout
+    )
 
 
 def test_kernels_on_cpu_skip_cleanly():
     proc = doctor("qwen3.5-35b-a3b-grpo", "--kernels", "--json")
     kernels = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "kernels"]
-    assert kernels == [{"name": "kernels", "status": "SKIP", "found": "no CUDA GPU: kernel parity needs one",
-                        "fix": ""}]
+    assert kernels == [
+        {"name": "kernels", "status": "SKIP", "found": "no CUDA GPU: kernel parity needs one", "fix": ""}
+    ]
 
 
 def test_bench_without_gpu_is_a_clear_error():

@@ -20,8 +20,13 @@ def test_a_cache_holding_only_the_compile_log_is_empty(tmp_path):
 
 def test_kernels_without_a_gpu_say_no_estimate_and_write_no_log(tmp_path):
     env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "gdnctl", "doctor", "tiny-qwen3.5-sft", "--kernels"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "doctor", "tiny-qwen3.5-sft", "--kernels"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert "SKIP  kernels" in proc.stdout and "Traceback" not in proc.stderr
     assert "FlashQLA kernels for" not in proc.stdout + proc.stderr
     assert not (tmp_path / COMPILE_LOG_NAME).exists()

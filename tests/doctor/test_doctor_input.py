@@ -16,23 +16,30 @@ CPU = json.loads((FACTS / "cpu-only.json").read_text())
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.parametrize(("document", "named"), [
-    ([CPU], "the top level"),
-    ("3.11", "the top level"),
-    ({**CPU, "env": {"NCCL_DEBUG": 1}}, "env.NCCL_DEBUG"),
-    ({**CPU, "env": ["NCCL_DEBUG"]}, "env"),
-    ({**CPU, "python_version": 3.11}, "python_version"),
-    ({**CPU, "gpus": [{"name": "H100", "sm": "9.0", "memory_gib": 80}]}, "gpus.0.sm"),
-    ({**CPU, "gpus": [{"name": "H100", "sm": [9, 0]}]}, "gpus.0.memory_gib"),
-    ({**CPU, "packages": {"torch": 2}}, "packages.torch"),
-    ({**CPU, "kernel_cache": {"path": "/x", "exists": "no", "writable": True, "entries": 0}}, "kernel_cache.exists"),
-    ({**CPU, "rollout_env": {"python": "/x"}}, "rollout_env.vllm"),
-    ({key: value for key, value in CPU.items() if key != "python_version"}, "python_version"),
-])
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ([CPU], "the top level"),
+        ("3.11", "the top level"),
+        ({**CPU, "env": {"NCCL_DEBUG": 1}}, "env.NCCL_DEBUG"),
+        ({**CPU, "env": ["NCCL_DEBUG"]}, "env"),
+        ({**CPU, "python_version": 3.11}, "python_version"),
+        ({**CPU, "gpus": [{"name": "H100", "sm": "9.0", "memory_gib": 80}]}, "gpus.0.sm"),
+        ({**CPU, "gpus": [{"name": "H100", "sm": [9, 0]}]}, "gpus.0.memory_gib"),
+        ({**CPU, "packages": {"torch": 2}}, "packages.torch"),
+        (
+            {**CPU, "kernel_cache": {"path": "/x", "exists": "no", "writable": True, "entries": 0}},
+            "kernel_cache.exists",
+        ),
+        ({**CPU, "rollout_env": {"python": "/x"}}, "rollout_env.vllm"),
+        ({key: value for key, value in CPU.items() if key != "python_version"}, "python_version"),
+    ],
+)
 def test_a_facts_file_of_the_wrong_shape_or_type_is_named(tmp_path, document, named):
     facts = tmp_path / "facts.json"
     facts.write_text(json.dumps(document))
@@ -54,10 +61,15 @@ def _special_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         stream.truncate(17 * 1024**2)
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000)
-    return {"fifo": (fifo, "named pipe (FIFO), not a regular file"), "zero": (zero, "a device, not a regular file"),
-            "utf8": (bad, "is not UTF-8 text"), "big": (big, "larger than 16 MiB"),
-            "directory": (tmp_path, "a directory, not a regular file"),
-            "missing": (tmp_path / "no.json", "does not exist"), "deep": (deep, "is not a facts file")}
+    return {
+        "fifo": (fifo, "named pipe (FIFO), not a regular file"),
+        "zero": (zero, "a device, not a regular file"),
+        "utf8": (bad, "is not UTF-8 text"),
+        "big": (big, "larger than 16 MiB"),
+        "directory": (tmp_path, "a directory, not a regular file"),
+        "missing": (tmp_path / "no.json", "does not exist"),
+        "deep": (deep, "is not a facts file"),
+    }
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "utf8", "big", "directory", "missing", "deep"])
@@ -81,8 +93,10 @@ def test_the_doctor_does_not_run_an_interpreter_another_user_could_have_planted(
     checks = {check["name"]: check for check in json.loads(proc.stdout)["checks"]}
     assert not canary.exists()
     assert checks["vllm"]["status"] == "FAIL" and "not run: another user could replace it" in checks["vllm"]["found"]
-    assert checks["preset.python"]["status"] == "WARN" and f"{shared} is writable by every user" in \
-        checks["preset.python"]["found"]
+    assert (
+        checks["preset.python"]["status"] == "WARN"
+        and f"{shared} is writable by every user" in checks["preset.python"]["found"]
+    )
 
 
 def test_an_interpreter_only_you_can_replace_is_ok():

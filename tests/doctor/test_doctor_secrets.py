@@ -11,17 +11,26 @@ from gdnctl.doctor.facts import CREDENTIAL_MARKERS, ENV_NAMES, ENV_PREFIXES, RED
 
 # Names the probes record (their prefix) whose names look like credentials, and the usual credentials outside the
 # probes' list; every value is unique so a leak anywhere is found by a plain substring search.
-RECORDED_SECRETS = {"NCCL_IB_PKEY": "s3cret-nccl-pkey-1", "NCCL_PLUGIN_AUTH_TOKEN": "s3cret-nccl-token-2",
-                    "TORCH_NCCL_Password": "s3cret-torch-nccl-password-3", "NCCL_NET_CREDENTIALS": "s3cret-cred-4"}
-OTHER_SECRETS = {"WANDB_API_KEY": "s3cret-wandb-5", "HF_TOKEN": "s3cret-hf-6",
-                 "AWS_SECRET_ACCESS_KEY": "s3cret-aws-7", "DB_PASSWD": "s3cret-passwd-8"}
+RECORDED_SECRETS = {
+    "NCCL_IB_PKEY": "s3cret-nccl-pkey-1",
+    "NCCL_PLUGIN_AUTH_TOKEN": "s3cret-nccl-token-2",
+    "TORCH_NCCL_Password": "s3cret-torch-nccl-password-3",
+    "NCCL_NET_CREDENTIALS": "s3cret-cred-4",
+}
+OTHER_SECRETS = {
+    "WANDB_API_KEY": "s3cret-wandb-5",
+    "HF_TOKEN": "s3cret-hf-6",
+    "AWS_SECRET_ACCESS_KEY": "s3cret-aws-7",
+    "DB_PASSWD": "s3cret-passwd-8",
+}
 SECRET_VALUES = [*RECORDED_SECRETS.values(), *OTHER_SECRETS.values()]
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **RECORDED_SECRETS, **OTHER_SECRETS, "NCCL_DEBUG": "WARN"}
-    return subprocess.run([sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", "doctor", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def assert_no_secret(*texts: str) -> None:
@@ -62,8 +71,9 @@ def test_facts_built_in_code_are_redacted_too():
 
 
 def test_help_says_exactly_which_variables_are_saved_and_that_credentials_are_redacted():
-    proc = subprocess.run([sys.executable, "-m", "gdnctl", "doctor", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "doctor", "--help"], capture_output=True, text=True, timeout=60
+    )
     text = " ".join(proc.stdout.split())
     for name in (*ENV_NAMES, *(f"{prefix}*" for prefix in ENV_PREFIXES), *CREDENTIAL_MARKERS, REDACTED):
         assert name in text, name

@@ -38,9 +38,18 @@ def _engine_config(run_dir: Path, model_id: str, builder: str, tp: int):
     te = "none" if builder == "te-free" else "2.20.2"
     # The backward pass below runs without Megatron's DDP wrapper, so no parameter has the main_grad buffer that
     # Transformer Engine's fused weight-gradient accumulation writes into: build without it.
-    render("tiny-qwen3.5-sft", run_dir, ["kernels.gdn_backend=fla", f"model.id={model_id}", "speed.wgrad_fusion=off",
-                                         f"runtime.transformer_engine={te}", f"cluster.gpus_per_node={tp}",
-                                         f"parallel.tp={tp}"])
+    render(
+        "tiny-qwen3.5-sft",
+        run_dir,
+        [
+            "kernels.gdn_backend=fla",
+            f"model.id={model_id}",
+            "speed.wgrad_fusion=off",
+            f"runtime.transformer_engine={te}",
+            f"cluster.gpus_per_node={tp}",
+            f"parallel.tp={tp}",
+        ],
+    )
     config = EngineConfig.from_file(run_dir / "engine.yaml")
     assert config.train.model_builder == builder, config.train.model_builder
     return config
@@ -111,14 +120,25 @@ def main(out_dir: str, model_id: str = "gdnctl/tiny-qwen3.5", builder_name: str 
         relative = ((hf_logits - expected).norm() / expected.norm()).item()
         agree = (hf_logits.argmax(-1) == expected.argmax(-1)).float().mean().item()
         attention = next(m for m in first.modules() if type(m).__name__ == "SelfAttention")
-        print(json.dumps({"reload_max_abs_diff": reload_max_abs, "before_reload_max_abs_diff": before,
-                          "transformers_relative_error": relative, "transformers_argmax_agreement": agree,
-                          "gradients_finite_on_every_rank": bool(finite.item()), "tp": tp, "backend": backend,
-                          "kv_heads": arch.num_key_value_heads,
-                          "kv_heads_per_rank": attention.num_query_groups_per_partition,
-                          "core_attention": type(attention.core_attention).__name__,
-                          "hf_class": type(hf_model).__name__, "builder": builder.builder,
-                          "layer_norm_kind": type(first.decoder.final_layernorm).__name__}))
+        print(
+            json.dumps(
+                {
+                    "reload_max_abs_diff": reload_max_abs,
+                    "before_reload_max_abs_diff": before,
+                    "transformers_relative_error": relative,
+                    "transformers_argmax_agreement": agree,
+                    "gradients_finite_on_every_rank": bool(finite.item()),
+                    "tp": tp,
+                    "backend": backend,
+                    "kv_heads": arch.num_key_value_heads,
+                    "kv_heads_per_rank": attention.num_query_groups_per_partition,
+                    "core_attention": type(attention.core_attention).__name__,
+                    "hf_class": type(hf_model).__name__,
+                    "builder": builder.builder,
+                    "layer_norm_kind": type(first.decoder.final_layernorm).__name__,
+                }
+            )
+        )
     dist.destroy_process_group()
 
 

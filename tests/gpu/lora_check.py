@@ -36,8 +36,15 @@ SEQ_LENGTH = 256
 
 def _sets(model_id: str, source: Path | None, extra: list[str]) -> list[str]:
     base = [f"model.path={source}"] if source is not None else []
-    return ["kernels.gdn_backend=fla", f"model.id={model_id}", *base, f"runtime.transformer_engine={TE_VERSION}",
-            "comm.memory_guard=false", f"train.seq_length={SEQ_LENGTH}", *extra]
+    return [
+        "kernels.gdn_backend=fla",
+        f"model.id={model_id}",
+        *base,
+        f"runtime.transformer_engine={TE_VERSION}",
+        "comm.memory_guard=false",
+        f"train.seq_length={SEQ_LENGTH}",
+        *extra,
+    ]
 
 
 def _engine_config(run_dir: Path, sets: list[str]):
@@ -98,8 +105,14 @@ def _flat(value, path: str = "") -> dict[str, torch.Tensor]:
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
     names = sorted(set(a) | set(b))
-    return [name for name in names if name not in a or name not in b or a[name].shape != b[name].shape
-            or not torch.equal(a[name].to(b[name].dtype), b[name])]
+    return [
+        name
+        for name in names
+        if name not in a
+        or name not in b
+        or a[name].shape != b[name].shape
+        or not torch.equal(a[name].to(b[name].dtype), b[name])
+    ]
 
 
 def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interval: int) -> None:
@@ -109,25 +122,37 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
     from gdnctl.runtime.train.trainer import Trainer
 
     run_dir = out_dir / f"run-{save_dir.name}-{steps}"
-    sets = _sets(model_id, out_dir / "source", [
-        f"train.data_path={out_dir / 'progressions.jsonl'}", f"train.lr={LR}", f"train.train_iters={steps}",
-        f"train.save_dir={save_dir}", f"train.save_interval={save_interval}",
-        f"train.lora={{rank: {RANK}, alpha: {ALPHA}}}"])
+    sets = _sets(
+        model_id,
+        out_dir / "source",
+        [
+            f"train.data_path={out_dir / 'progressions.jsonl'}",
+            f"train.lr={LR}",
+            f"train.train_iters={steps}",
+            f"train.save_dir={save_dir}",
+            f"train.save_interval={save_interval}",
+            f"train.lora={{rank: {RANK}, alpha: {ALPHA}}}",
+        ],
+    )
     config = _engine_config(run_dir, sets)
     trainer = Trainer(config, run_dir / "engine.yaml", policy=None)
     trainer.setup()
     module = trainer.model.module
-    result: dict = {"resumed_from": str(trainer.resume_dir) if trainer.resume_dir else None,
-                    "start_iteration": trainer.iteration}
+    result: dict = {
+        "resumed_from": str(trainer.resume_dir) if trainer.resume_dir else None,
+        "start_iteration": trainer.iteration,
+    }
     if trainer.resume_dir is not None:
         rank = dist.get_rank()
         stored = load_file(str(trainer.resume_dir / lora_checkpoint.shard_file(rank)))
         live = {name: p.detach().to("cpu") for name, p in lora_checkpoint.adapter_tensors(module).items()}
         result["adapters_differing_from_checkpoint"] = _same(live, stored)
-        saved_optimizer = torch.load(trainer.resume_dir / checkpoint.optimizer_file(rank), map_location="cpu",
-                                     weights_only=True)
+        saved_optimizer = torch.load(
+            trainer.resume_dir / checkpoint.optimizer_file(rank), map_location="cpu", weights_only=True
+        )
         result["optimizer_leaves_differing_from_checkpoint"] = _same(
-            _flat(checkpoint.optimizer_state(trainer.optimizer)), _flat(saved_optimizer))
+            _flat(checkpoint.optimizer_state(trainer.optimizer)), _flat(saved_optimizer)
+        )
         result["optimizer_leaves"] = len(_flat(saved_optimizer))
     frozen = {name: p.detach().to("cpu", copy=True) for name, p in module.named_parameters() if not p.requires_grad}
     adapters = {name: p.detach().to("cpu", copy=True) for name, p in module.named_parameters() if p.requires_grad}
@@ -136,11 +161,13 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
     result.update(
         losses=[stats.loss for stats in trainer.step_stats],
         iterations=[stats.iteration for stats in trainer.step_stats],
-        frozen_tensors=len(frozen), adapter_tensors=len(adapters),
+        frozen_tensors=len(frozen),
+        adapter_tensors=len(adapters),
         adapter_names_sample=sorted(adapters)[:4],
         frozen_changed=[name for name, before in frozen.items() if not torch.equal(after[name].detach().cpu(), before)],
-        adapters_unchanged=[name for name, before in adapters.items()
-                            if torch.equal(after[name].detach().cpu(), before)],
+        adapters_unchanged=[
+            name for name, before in adapters.items() if torch.equal(after[name].detach().cpu(), before)
+        ],
         every_trainable_is_an_adapter=all(".adapter." in name for name in adapters),
     )
     trainer.metrics.close()

@@ -51,12 +51,16 @@ def _adapters(policy) -> dict:
 
     trainer = policy.trainer
     return lora_checkpoint.adapters_from_hf(
-        (name, tensor.detach().to("cpu", copy=True)) for name, tensor in trainer.builder.export_adapters(trainer.model))
+        (name, tensor.detach().to("cpu", copy=True)) for name, tensor in trainer.builder.export_adapters(trainer.model)
+    )
 
 
 def _trainable(policy) -> dict[str, torch.Tensor]:
-    return {name: param.detach().to("cpu", copy=True)
-            for name, param in policy.trainer.model.module.named_parameters() if param.requires_grad}
+    return {
+        name: param.detach().to("cpu", copy=True)
+        for name, param in policy.trainer.model.module.named_parameters()
+        if param.requires_grad
+    }
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -79,10 +83,22 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     base = random_checkpoint(out / "weights", seed=7, init_std=0.2)
     run_dir = out / "run"
-    render("tiny-qwen3.5-rl-cpu", run_dir, [
-        "cluster.gpu=h100", f"model.path={out / 'weights'}", "kernels.gdn_backend=fla", "comm.memory_guard=false",
-        f"grpo.kl_coef={KL_COEF}", f"train.save_dir={out / 'ckpt'}", "runtime.transformer_engine=2.20.2",
-        f"train.lora={{rank: {RANK}, alpha: {ALPHA}}}", f"train.lr={LR}", f"train.train_iters={STEPS}"])
+    render(
+        "tiny-qwen3.5-rl-cpu",
+        run_dir,
+        [
+            "cluster.gpu=h100",
+            f"model.path={out / 'weights'}",
+            "kernels.gdn_backend=fla",
+            "comm.memory_guard=false",
+            f"grpo.kl_coef={KL_COEF}",
+            f"train.save_dir={out / 'ckpt'}",
+            "runtime.transformer_engine=2.20.2",
+            f"train.lora={{rank: {RANK}, alpha: {ALPHA}}}",
+            f"train.lr={LR}",
+            f"train.train_iters={STEPS}",
+        ],
+    )
     config = EngineConfig.from_file(run_dir / "engine.yaml")
     assert config.train.model_builder == "megatron-bridge" and config.train.lora is not None, config.train
     policy = _policy(config, run_dir)
@@ -120,30 +136,47 @@ def main(out_dir: str) -> None:
         resumed_probe_reference = resumed.probe_logprobs(PROBE)
     last = HFReader(out / "ckpt" / checkpoint_name(STEPS))
 
-    print(json.dumps({
-        "adapted": sorted(adapters),
-        "start_export_max_abs_diff": max(_max_diff(export_start[name], tensor) for name, tensor in base.items()),
-        "exported_names_match": sorted(exported) == sorted(base) == sorted(shared) == sorted(again),
-        "shared_differs_from_export": sorted(name for name in exported if not torch.equal(shared[name],
-                                                                                          exported[name])),
-        "second_export_differs": sorted(name for name in exported if not torch.equal(again[name], exported[name])),
-        "frozen_changed": sorted(name for name, before in frozen.items()
-                                 if not torch.equal(dict(module.named_parameters())[name], before)),
-        # Per adapted weight: [|export - (base + alpha/rank B A)|, |alpha/rank B A|] (Frobenius norms).
-        "merged_error": merged_error,
-        "untouched_max_abs_diff": untouched,
-        "kl": [step["kl"] for step in steps],
-        "probe_reference_vs_start": max(abs(a - b) for a, b in zip(probe_reference, probe_start, strict=True)),
-        "probe_trained_vs_start": max(abs(a - b) for a, b in zip(probe_trained, probe_start, strict=True)),
-        "resumed_step": resumed.step,
-        "resumed_adapters_differ": sorted(name for name, tensor in trained.items()
-                                          if not torch.equal(resumed_trained.get(name, torch.empty(0)), tensor)),
-        "resumed_adapter_names_match": sorted(resumed_trained) == sorted(trained),
-        "resumed_probe_reference_vs_start": max(abs(a - b) for a, b in
-                                                zip(resumed_probe_reference, probe_start, strict=True)),
-        "checkpoint_differs_from_export": sorted(name for name in exported
-                                                 if not torch.equal(last.get(name), exported[name])),
-    }))
+    print(
+        json.dumps(
+            {
+                "adapted": sorted(adapters),
+                "start_export_max_abs_diff": max(
+                    _max_diff(export_start[name], tensor) for name, tensor in base.items()
+                ),
+                "exported_names_match": sorted(exported) == sorted(base) == sorted(shared) == sorted(again),
+                "shared_differs_from_export": sorted(
+                    name for name in exported if not torch.equal(shared[name], exported[name])
+                ),
+                "second_export_differs": sorted(
+                    name for name in exported if not torch.equal(again[name], exported[name])
+                ),
+                "frozen_changed": sorted(
+                    name
+                    for name, before in frozen.items()
+                    if not torch.equal(dict(module.named_parameters())[name], before)
+                ),
+                # Per adapted weight: [|export - (base + alpha/rank B A)|, |alpha/rank B A|] (Frobenius norms).
+                "merged_error": merged_error,
+                "untouched_max_abs_diff": untouched,
+                "kl": [step["kl"] for step in steps],
+                "probe_reference_vs_start": max(abs(a - b) for a, b in zip(probe_reference, probe_start, strict=True)),
+                "probe_trained_vs_start": max(abs(a - b) for a, b in zip(probe_trained, probe_start, strict=True)),
+                "resumed_step": resumed.step,
+                "resumed_adapters_differ": sorted(
+                    name
+                    for name, tensor in trained.items()
+                    if not torch.equal(resumed_trained.get(name, torch.empty(0)), tensor)
+                ),
+                "resumed_adapter_names_match": sorted(resumed_trained) == sorted(trained),
+                "resumed_probe_reference_vs_start": max(
+                    abs(a - b) for a, b in zip(resumed_probe_reference, probe_start, strict=True)
+                ),
+                "checkpoint_differs_from_export": sorted(
+                    name for name in exported if not torch.equal(last.get(name), exported[name])
+                ),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -36,8 +36,17 @@ def _samples():
     for index in range(8):
         prompt = torch.randint(0, 256, (6 + index % 3,), generator=generator).tolist()
         response = torch.randint(0, 256, (5 + index % 4,), generator=generator).tolist()
-        samples.append(Sample(index // 4, tuple(prompt), tuple(response), tuple(-5.5 for _ in response), "stop",
-                              0.0, [1.0, -1.0, 0.5, -0.5][index % 4]))
+        samples.append(
+            Sample(
+                index // 4,
+                tuple(prompt),
+                tuple(response),
+                tuple(-5.5 for _ in response),
+                "stop",
+                0.0,
+                [1.0, -1.0, 0.5, -0.5][index % 4],
+            )
+        )
     return samples
 
 
@@ -67,20 +76,31 @@ def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
     loaded = random_checkpoint(out / "weights", seed=7, init_std=0.2)
     run_dir = out / "run"
     te = "none" if builder == "te-free" else "2.20.2"
-    render("tiny-qwen3.5-rl-cpu", run_dir, ["cluster.gpu=h100", f"model.path={out / 'weights'}",
-                                            "kernels.gdn_backend=fla", "comm.memory_guard=false",
-                                            f"grpo.kl_coef={KL_COEF}", f"train.save_dir={out / 'ckpt'}",
-                                            f"runtime.transformer_engine={te}", *sets])
+    render(
+        "tiny-qwen3.5-rl-cpu",
+        run_dir,
+        [
+            "cluster.gpu=h100",
+            f"model.path={out / 'weights'}",
+            "kernels.gdn_backend=fla",
+            "comm.memory_guard=false",
+            f"grpo.kl_coef={KL_COEF}",
+            f"train.save_dir={out / 'ckpt'}",
+            f"runtime.transformer_engine={te}",
+            *sets,
+        ],
+    )
     config = EngineConfig.from_file(run_dir / "engine.yaml")
     assert config.train.model_builder == builder, config.train.model_builder
     megatron = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
     reference = TorchPolicy(config, device="cuda")
 
     probe = list(b"Q: 24 + 48 = ? A: 72. Q: 26 + 2 = ? A: 28.")
-    probe_gap = (torch.tensor(megatron.probe_logprobs(probe)) - torch.tensor(reference.probe_logprobs(probe)))
+    probe_gap = torch.tensor(megatron.probe_logprobs(probe)) - torch.tensor(reference.probe_logprobs(probe))
     exported = megatron.export(out / "export")
-    export_max_diff = max((exported[name].float() - tensor.float()).abs().max().item()
-                          for name, tensor in loaded.items())
+    export_max_diff = max(
+        (exported[name].float() - tensor.float()).abs().max().item() for name, tensor in loaded.items()
+    )
 
     samples = _samples()
     rows = [rl_batch.build_batch(part, pad_id=256) for part in rl_batch.micro_batches(samples, 4)]
@@ -91,37 +111,47 @@ def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
 
     # Resume from step 2: the trained weights come back, the KL reference stays the starting checkpoint.
     megatron.save(out / "ckpt", 2)
-    trained = {name: param.detach().float().cpu()
-               for name, param in megatron.trainer.model.module.named_parameters()}
+    trained = {name: param.detach().float().cpu() for name, param in megatron.trainer.model.module.named_parameters()}
     initial = {name: tensor.float() for name, tensor in megatron.reference.items()}
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
     resumed = MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
-    resumed_params = {name: param.detach().float().cpu()
-                      for name, param in resumed.trainer.model.module.named_parameters()}
+    resumed_params = {
+        name: param.detach().float().cpu() for name, param in resumed.trainer.model.module.named_parameters()
+    }
     # Which parameters did not come back bit-identical: [max |difference|, max |value|] each.
-    inexact = {name: [(resumed_params[name] - t).abs().max().item(), t.abs().max().item()]
-               for name, t in trained.items() if not torch.equal(resumed_params[name], t)}
-    print(json.dumps({
-        "builder": builder,
-        "probe_mean_abs_diff": probe_gap.abs().mean().item(),
-        "exported_names_match": sorted(exported) == sorted(loaded),
-        "export_max_abs_diff": export_max_diff,
-        "loss": [megatron_stats["loss"], reference_stats["loss"]],
-        # Step 1: [Megatron (bf16), transformers fp32, transformers bf16].
-        "grad_norm": [megatron_stats["grad_norm"], reference_stats["grad_norm"], bf16_stats["grad_norm"]],
-        "tokens": [megatron_stats["tokens"], reference_stats["tokens"]],
-        "kl_step1": [megatron_steps[0]["kl"], reference_steps[0]["kl"]],
-        "kl_step2": [megatron_steps[1]["kl"], reference_steps[1]["kl"]],
-        "loss_step2": [megatron_steps[1]["loss"], reference_steps[1]["loss"]],
-        "resumed_step": resumed.step,
-        "resumed_weights_max_abs_diff": max((resumed_params[n] - t).abs().max().item() for n, t in trained.items()),
-        "resumed_inexact": inexact,
-        "resumed_reference_max_abs_diff": max((resumed.reference[n].float() - t).abs().max().item()
-                                              for n, t in initial.items()),
-        "trained_moved_from_reference": max((trained[n] - t).abs().max().item() for n, t in initial.items()),
-    }))
+    inexact = {
+        name: [(resumed_params[name] - t).abs().max().item(), t.abs().max().item()]
+        for name, t in trained.items()
+        if not torch.equal(resumed_params[name], t)
+    }
+    print(
+        json.dumps(
+            {
+                "builder": builder,
+                "probe_mean_abs_diff": probe_gap.abs().mean().item(),
+                "exported_names_match": sorted(exported) == sorted(loaded),
+                "export_max_abs_diff": export_max_diff,
+                "loss": [megatron_stats["loss"], reference_stats["loss"]],
+                # Step 1: [Megatron (bf16), transformers fp32, transformers bf16].
+                "grad_norm": [megatron_stats["grad_norm"], reference_stats["grad_norm"], bf16_stats["grad_norm"]],
+                "tokens": [megatron_stats["tokens"], reference_stats["tokens"]],
+                "kl_step1": [megatron_steps[0]["kl"], reference_steps[0]["kl"]],
+                "kl_step2": [megatron_steps[1]["kl"], reference_steps[1]["kl"]],
+                "loss_step2": [megatron_steps[1]["loss"], reference_steps[1]["loss"]],
+                "resumed_step": resumed.step,
+                "resumed_weights_max_abs_diff": max(
+                    (resumed_params[n] - t).abs().max().item() for n, t in trained.items()
+                ),
+                "resumed_inexact": inexact,
+                "resumed_reference_max_abs_diff": max(
+                    (resumed.reference[n].float() - t).abs().max().item() for n, t in initial.items()
+                ),
+                "trained_moved_from_reference": max((trained[n] - t).abs().max().item() for n, t in initial.items()),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

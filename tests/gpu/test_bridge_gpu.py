@@ -39,11 +39,17 @@ def data_file(tmp_path_factory):
     return _patterned_data(tmp_path_factory.mktemp("data") / "progressions.jsonl")
 
 
-@pytest.mark.parametrize("model", ["gdnctl/tiny-qwen3.5", "gdnctl/tiny-qwen3.5-moe-bytes",
-                                   "gdnctl/tiny-qwen3-next-bytes"])
+@pytest.mark.parametrize(
+    "model", ["gdnctl/tiny-qwen3.5", "gdnctl/tiny-qwen3.5-moe-bytes", "gdnctl/tiny-qwen3-next-bytes"]
+)
 def test_bridge_hf_round_trip_matches_transformers_and_reloads(tmp_path, model):
-    proc = subprocess.run([sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path), model, BRIDGE],
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path), model, BRIDGE],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     _record(f"bridge_hf_roundtrip_{model.split('/')[-1]}", result)
@@ -61,10 +67,19 @@ def test_bridge_hf_round_trip_matches_transformers_and_reloads(tmp_path, model):
 def precision_curves(tmp_path_factory, data_file) -> dict[str, list[dict]]:
     """The same 20 steps in bf16 and in FP8, launched side by side (one GPU holds both)."""
     runs = tmp_path_factory.mktemp("bridge-runs")
-    found = _finish_all({precision: _start(runs / precision, "kernels.gdn_backend=fla", f"train.precision={precision}",
-                                           f"train.data_path={data_file}", f"train.train_iters={STEPS}",
-                                           builder=BRIDGE)
-                         for precision in ("bf16", "fp8")})
+    found = _finish_all(
+        {
+            precision: _start(
+                runs / precision,
+                "kernels.gdn_backend=fla",
+                f"train.precision={precision}",
+                f"train.data_path={data_file}",
+                f"train.train_iters={STEPS}",
+                builder=BRIDGE,
+            )
+            for precision in ("bf16", "fp8")
+        }
+    )
     _record("bridge_precision_curves", {p: [step["loss"] for step in steps] for p, steps in found.items()})
     return found
 
@@ -85,8 +100,7 @@ def test_fp8_tracks_bf16(precision_curves):
 
 
 def test_bridge_resume_continues_the_run(tmp_path, data_file):
-    common = ["kernels.gdn_backend=fla", f"train.data_path={data_file}", "train.train_iters=6",
-              "train.save_interval=3"]
+    common = ["kernels.gdn_backend=fla", f"train.data_path={data_file}", "train.train_iters=6", "train.save_interval=3"]
     whole = _launch(tmp_path / "whole", *common, f"train.save_dir={tmp_path / 'whole-ckpt'}", builder=BRIDGE)
     partial_dir = tmp_path / "partial-ckpt"
     shutil.copytree(tmp_path / "whole-ckpt" / "iter_0000003", partial_dir / "iter_0000003")

@@ -67,14 +67,26 @@ def test_cp2_trains_the_cp1_loss_curve(tmp_path):
     # Positions a multiple of 2 x cp: CP=2 pads nothing, so both runs train the same rows step for step.
     data = _patterned_data(tmp_path / "progressions.jsonl", positions_multiple=4)
     common = ["kernels.gdn_backend=fla", f"train.data_path={data}", f"train.train_iters={STEPS}"]
-    runs = _finish_all({"cp1": _start(tmp_path / "cp1", *common, builder="megatron-bridge"),
-                        "cp2": _start(tmp_path / "cp2", *common, "cluster.gpus_per_node=2", "parallel.cp=2",
-                                      builder="megatron-bridge")})
+    runs = _finish_all(
+        {
+            "cp1": _start(tmp_path / "cp1", *common, builder="megatron-bridge"),
+            "cp2": _start(
+                tmp_path / "cp2", *common, "cluster.gpus_per_node=2", "parallel.cp=2", builder="megatron-bridge"
+            ),
+        }
+    )
     cp1, cp2 = runs["cp1"], runs["cp2"]
     one, two = ([step["loss"] for step in run] for run in (cp1, cp2))
     worst = max(abs(b - a) / a for a, b in zip(one, two, strict=True))
-    _record("bridge_cp2_vs_cp1", {"cp1": one, "cp2": two, "max_relative_difference": worst,
-                                  "tokens": [[a["tokens"], b["tokens"]] for a, b in zip(cp1, cp2, strict=True)]})
+    _record(
+        "bridge_cp2_vs_cp1",
+        {
+            "cp1": one,
+            "cp2": two,
+            "max_relative_difference": worst,
+            "tokens": [[a["tokens"], b["tokens"]] for a, b in zip(cp1, cp2, strict=True)],
+        },
+    )
     # Both ranks train each row once: the same tokens per step as CP=1, and the same falling curve.
     assert [step["tokens"] for step in cp2] == [step["tokens"] for step in cp1]
     assert two[-1] < 0.5 * two[0], two

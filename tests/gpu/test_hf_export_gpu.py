@@ -36,8 +36,9 @@ UNTRAINED = ("mtp.", "model.visual.")
 
 
 def _builder_available(builder: str) -> bool:
-    return builder == "te-free" or all(importlib.util.find_spec(module) is not None
-                                       for module in ("transformer_engine", "megatron.bridge"))
+    return builder == "te-free" or all(
+        importlib.util.find_spec(module) is not None for module in ("transformer_engine", "megatron.bridge")
+    )
 
 
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
@@ -47,9 +48,15 @@ def test_trainer_checkpoints_keep_every_source_tensor_and_a_resume_carries_them_
         pytest.skip(f"the {builder} builder needs Transformer Engine and megatron-bridge")
     source = SOURCES[kind](tmp_path / "source", seed=11)
     save_dir = tmp_path / "ckpt"
-    common = ["kernels.gdn_backend=fla", f"model.id={DENSE}", f"model.path={tmp_path / 'source'}",
-              f"runtime.transformer_engine={BUILDERS[builder]}", f"train.save_dir={save_dir}",
-              "train.save_interval=1", "train.seq_length=256"]
+    common = [
+        "kernels.gdn_backend=fla",
+        f"model.id={DENSE}",
+        f"model.path={tmp_path / 'source'}",
+        f"runtime.transformer_engine={BUILDERS[builder]}",
+        f"train.save_dir={save_dir}",
+        "train.save_interval=1",
+        "train.seq_length=256",
+    ]
     _launch(tmp_path / "run", *common, "train.train_iters=2")
     _launch(tmp_path / "resumed", *common, "train.train_iters=3")  # resumes from iter_0000002, its source
 

@@ -40,14 +40,21 @@ pytestmark = [
 ]
 MODELS = ["gdnctl/tiny-qwen3.5-bytes", "gdnctl/tiny-qwen3.5-moe-bytes"]
 STEPS, INTERVAL = 8, 4
-NEEDS_PEFT = pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers")
-                                is None, reason="needs peft and transformers")
+NEEDS_PEFT = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
+    reason="needs peft and transformers",
+)
 PEFT_PREFIX = "base_model.model."
 
 
 def _check(*args: object, timeout: float = 1500) -> dict:
-    proc = subprocess.run([sys.executable, str(HERE / "lora_check.py"), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "lora_check.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -99,8 +106,13 @@ def test_only_the_adapters_train(runs):
 def test_a_checkpoint_holds_the_adapters_and_the_last_the_merged_model(runs):
     middle, last = runs.checkpoint(INTERVAL), runs.checkpoint(STEPS)
     for directory in (middle, last):
-        for name in ("adapter/adapter_config.json", "adapter/adapter_model.safetensors",
-                     "adapter/rank-00000.safetensors", "optimizer/rank-00000.pt", "trainer_state.json"):
+        for name in (
+            "adapter/adapter_config.json",
+            "adapter/adapter_model.safetensors",
+            "adapter/rank-00000.safetensors",
+            "optimizer/rank-00000.pt",
+            "trainer_state.json",
+        ):
             assert (directory / name).is_file(), (directory, name)
         state = json.loads((directory / "trainer_state.json").read_text())
         assert {"adapter/adapter_model.safetensors", "adapter/rank-00000.safetensors"} <= set(state["files"])
@@ -135,8 +147,9 @@ def test_the_saved_adapter_loads_with_peft_and_gives_the_merged_models_logits(ru
         merged_logits = _hf_model(last)(tokens).logits
     moved = (adapted_logits - base_logits).norm()
     gap = (adapted_logits - merged_logits).norm()
-    _record(f"lora_peft_{runs.model.split('/')[-1]}", {"adapter_moved_logits": moved.item(),
-                                                       "peft_vs_merged": gap.item()})
+    _record(
+        f"lora_peft_{runs.model.split('/')[-1]}", {"adapter_moved_logits": moved.item(), "peft_vs_merged": gap.item()}
+    )
     assert moved > 0  # the trained adapter changes the model
     # The merged export is bf16 (and its GDN norms pass the bridge's w - 1 mapping: hf_roundtrip_check.py);
     # peft adds the adapter to fp32 base weights: they differ by roundings, far less than the adapter moves them.
@@ -151,8 +164,10 @@ def _peft_adapters(directory: Path, source: dict[str, torch.Tensor]) -> dict[str
     of one module nested through base_layer in sorted order), as A experts x rank x in and B experts x out x rank."""
     from safetensors.torch import load_file
 
-    tensors = {name.removeprefix(PEFT_PREFIX): tensor.float()
-               for name, tensor in load_file(str(directory / "adapter_model.safetensors")).items()}
+    tensors = {
+        name.removeprefix(PEFT_PREFIX): tensor.float()
+        for name, tensor in load_file(str(directory / "adapter_model.safetensors")).items()
+    }
     config = json.loads((directory / "adapter_config.json").read_text())
     parameters = sorted(name.rsplit(".", 1)[-1] for name in config.get("target_parameters", []))
     out = {}
@@ -195,7 +210,7 @@ def test_the_merged_export_is_base_plus_alpha_over_rank_b_a(runs):
             assert error < 0.1 * delta, (name, error, delta)
         elif "norm" in name:
             # The bridge maps zero-centred norms as w - 1 and back: a bf16 rounding at 1 (2^-7) at most.
-            assert (got - base).abs().max() <= 2 ** -7 * max(1.0, base.abs().max().item()), name
+            assert (got - base).abs().max() <= 2**-7 * max(1.0, base.abs().max().item()), name
         else:
             assert torch.equal(got, base), name
     _record(f"lora_merge_{runs.model.split('/')[-1]}", {"relative_error_per_adapted_tensor": report})
@@ -211,8 +226,10 @@ def test_a_resume_starts_from_the_checkpoints_adapters_and_optimizer_state(runs)
     assert resumed["optimizer_leaves"] > 0 and resumed["optimizer_leaves_differing_from_checkpoint"] == []
     assert resumed["iterations"] == list(range(INTERVAL + 1, STEPS + 1))
     expected = runs.whole["losses"][INTERVAL:]
-    assert all(abs(a - b) / b < 0.01 for a, b in zip(resumed["losses"], expected, strict=True)), \
-        (expected, resumed["losses"])
+    assert all(abs(a - b) / b < 0.01 for a, b in zip(resumed["losses"], expected, strict=True)), (
+        expected,
+        resumed["losses"],
+    )
     whole = json.loads((runs.checkpoint(STEPS) / "trainer_state.json").read_text())["lora"]
     again = json.loads((runs.checkpoint(STEPS, "partial-ckpt") / "trainer_state.json").read_text())["lora"]
     assert again["base_fingerprints"] == whole["base_fingerprints"]  # the same base, loaded again from model.path

@@ -21,8 +21,13 @@ STEPS = 20
 
 @NEEDS_BRIDGE_STACK
 def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
-    steps = _launch(tmp_path / "run", "kernels.gdn_backend=fla", f"train.train_iters={STEPS}", preset=PROXY,
-                    builder="megatron-bridge")
+    steps = _launch(
+        tmp_path / "run",
+        "kernels.gdn_backend=fla",
+        f"train.train_iters={STEPS}",
+        preset=PROXY,
+        builder="megatron-bridge",
+    )
     assert len(steps) == STEPS
     assert all(math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"]) for s in steps), steps
     assert not any(s["skipped"] for s in steps)
@@ -37,9 +42,17 @@ def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
 @NEEDS_BRIDGE_STACK
 def test_a_non_finite_step_stops_the_trainer_and_keeps_latest(tmp_path: Path):
     save_dir = tmp_path / "checkpoints"
-    started = _start(tmp_path / "run", "kernels.gdn_backend=fla", "train.train_iters=4", "train.lr=1e30",
-                     "train.seq_length=2048", f"train.save_dir={save_dir}", "train.save_interval=1", preset=PROXY,
-                     builder="megatron-bridge")
+    started = _start(
+        tmp_path / "run",
+        "kernels.gdn_backend=fla",
+        "train.train_iters=4",
+        "train.lr=1e30",
+        "train.seq_length=2048",
+        f"train.save_dir={save_dir}",
+        "train.save_interval=1",
+        preset=PROXY,
+        builder="megatron-bridge",
+    )
     try:
         started.process.wait(timeout=900)
     finally:

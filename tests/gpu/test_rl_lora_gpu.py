@@ -40,8 +40,13 @@ NEEDS_VLLM = pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON
 @pytest.fixture(scope="module")
 def policy_check(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("rl_lora_policy")
-    proc = subprocess.run([sys.executable, str(HERE / "rl_lora_check.py"), str(out)], capture_output=True,
-                          text=True, timeout=1200, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "rl_lora_check.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     _record("rl_lora_policy", result)
@@ -82,9 +87,23 @@ def _launch(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
     # The megatron-bridge builder (LoRA needs it), else the rl GPU tests' settings.
     on_gpu = [value for value in ON_GPU if not value.startswith("runtime.transformer_engine=")]
     values = [*on_gpu, "runtime.transformer_engine=2.20.2", f"rollout.python={VLLM_PYTHON}", *sets]
-    done = subprocess.run([sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
-                           *(arg for value in values for arg in ("--set", value))],
-                          text=True, capture_output=True, timeout=1500, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "launch",
+            PRESET,
+            "-o",
+            str(run_dir),
+            "--force",
+            *(arg for value in values for arg in ("--set", value)),
+        ],
+        text=True,
+        capture_output=True,
+        timeout=1500,
+        check=False,
+    )
     _keep_log(run_dir, done.stdout + done.stderr)
     return done
 
@@ -97,15 +116,24 @@ def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str) -> tuple[Path, 
     if not base.exists():
         random_checkpoint(base, seed=7, init_std=0.2)
     run_dir, save_dir = tmp_path / name, tmp_path / f"{name}-ckpt"
-    done = _launch(run_dir, f"model.path={base}", "train.lora={rank: 8, alpha: 16}", "train.lr=1e-3",
-                   "grpo.kl_coef=0.05", f"train.train_iters={steps}", f"train.save_dir={save_dir}", *sets)
+    done = _launch(
+        run_dir,
+        f"model.path={base}",
+        "train.lora={rank: 8, alpha: 16}",
+        "train.lr=1e-3",
+        "grpo.kl_coef=0.05",
+        f"train.train_iters={steps}",
+        f"train.save_dir={save_dir}",
+        *sets,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     steps_seen = metrics(run_dir)
     assert [s["step"] for s in steps_seen] == list(range(1, steps + 1))
     # The job checks every sync itself (checksums per rollout parameter, the probe) and stops on a mismatch.
     assert all(s["synced_parameters"] > 0 for s in steps_seen)
-    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps_seen), [s["probe_logprob_abs_diff"]
-                                                                          for s in steps_seen]
+    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps_seen), [
+        s["probe_logprob_abs_diff"] for s in steps_seen
+    ]
     assert all(s["kl"] is not None for s in steps_seen)
     return run_dir, save_dir, steps_seen
 
@@ -125,16 +153,21 @@ def test_the_rollouts_last_weights_are_the_last_checkpoints_merged_model(tmp_pat
 
     run_dir, save_dir, steps = _lora_run(tmp_path, "disk", 3, "rollout.weight_sync=disk")
     assert {s["weight_transport"] for s in steps} == {"disk"}
-    rollout, merged, base = (HFReader(run_dir / "rollout" / "weights"), HFReader(save_dir / "iter_0000003"),
-                             HFReader(tmp_path / "base"))
+    rollout, merged, base = (
+        HFReader(run_dir / "rollout" / "weights"),
+        HFReader(save_dir / "iter_0000003"),
+        HFReader(tmp_path / "base"),
+    )
     assert sorted(rollout.locations) == sorted(merged.locations)
     assert all(torch.equal(rollout.get(name), merged.get(name)) for name in merged.locations)
-    targets = set(json.loads((save_dir / "iter_0000003" / "adapter" / "adapter_config.json").read_text())
-                  ["target_modules"])
+    targets = set(
+        json.loads((save_dir / "iter_0000003" / "adapter" / "adapter_config.json").read_text())["target_modules"]
+    )
     adapted = [name for name in merged.locations if name.rsplit(".", 2)[-2] in targets]
     assert adapted and any(not torch.equal(merged.get(name), base.get(name)) for name in adapted)
     for name in sorted(set(merged.locations) - set(adapted)):
         got, was = merged.get(name).float(), base.get(name).float()
         # The bridge maps zero-centred norms as w - 1 and back (a bf16 rounding at 1 at most); the rest is the base.
-        assert torch.equal(got, was) or ("norm" in name and (got - was).abs().max() <= 2 ** -7 * max(
-            1.0, was.abs().max().item())), name
+        assert torch.equal(got, was) or (
+            "norm" in name and (got - was).abs().max() <= 2**-7 * max(1.0, was.abs().max().item())
+        ), name

@@ -32,7 +32,7 @@ pytestmark = [
 # so a checkpoint round trip may move those weights by one bf16 rounding of 1 + w (at most 2^-8 (1 + |w|)); every
 # other parameter comes back bit-identical, as with the TE-free builder.
 ZERO_CENTERED_NORM = "out_norm.weight"
-BF16_ROUNDING = 2.0 ** -8
+BF16_ROUNDING = 2.0**-8
 
 
 @pytest.fixture(scope="module", params=["te-free", pytest.param("megatron-bridge", marks=NEEDS_BRIDGE_STACK)])
@@ -40,8 +40,13 @@ def check_result(request, tmp_path_factory):
     """One run of rl_policy_check.py per builder (Megatron's parallel state is process-global)."""
     builder = request.param
     out = tmp_path_factory.mktemp(f"rl_policy_{builder}")
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(out), builder],
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "rl_policy_check.py"), str(out), builder],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["builder"] == builder

@@ -28,9 +28,16 @@ PRESET = "tiny-qwen3.5-rl-cpu"
 # cache: vLLM's memory profiling fails when another process frees GPU memory meanwhile (the other GPU tests under
 # pytest -n). 2 GiB is room for the tiny models' rollouts and keeps what these engines move small beside
 # MEMORY_READINGS' 16 GiB.
-ON_GPU = ("cluster.gpu=h100", "runtime.transformer_engine=none", "runtime.vllm=0.26.0",
-          "kernels.gdn_backend=fla", "rollout.gpu_memory_utilization=0.1", "rollout.kv_cache_gib=2",
-          "rollout.enforce_eager=true", "rollout.gdn_prefill_backend=triton")
+ON_GPU = (
+    "cluster.gpu=h100",
+    "runtime.transformer_engine=none",
+    "runtime.vllm=0.26.0",
+    "kernels.gdn_backend=fla",
+    "rollout.gpu_memory_utilization=0.1",
+    "rollout.kv_cache_gib=2",
+    "rollout.enforce_eager=true",
+    "rollout.gdn_prefill_backend=triton",
+)
 # The tests that read the GPU's memory in use as a whole while vLLM sleeps and wakes: what their engine frees stays
 # far above what a neighbouring test's 2 GiB engine or trainer moves meanwhile.
 MEMORY_READINGS = ("rollout.gpu_memory_utilization=0.3", "rollout.kv_cache_gib=16")
@@ -48,9 +55,19 @@ SECOND_WORKER = pytest.mark.xdist_group("gpu-vllm-2")
 
 
 def command(run_dir: Path, *sets: str) -> list[str]:
-    return [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
-            "--set", f"rollout.python={VLLM_PYTHON}",
-            *(arg for value in (*ON_GPU, *sets) for arg in ("--set", value))]
+    return [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "-o",
+        str(run_dir),
+        "--force",
+        "--set",
+        f"rollout.python={VLLM_PYTHON}",
+        *(arg for value in (*ON_GPU, *sets) for arg in ("--set", value)),
+    ]
 
 
 def launch(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
@@ -66,9 +83,8 @@ def _keep_log(run_dir: Path, text: str) -> None:
         (Path(log_dir) / f"rl_vllm_{run_dir.name}.log").write_text(text)
         if (run_dir / "metrics.jsonl").is_file():
             (Path(log_dir) / f"rl_vllm_{run_dir.name}.metrics.jsonl").write_text(
-                (run_dir / "metrics.jsonl").read_text())
-
-
+                (run_dir / "metrics.jsonl").read_text()
+            )
 
 
 @FIRST_WORKER
@@ -101,8 +117,13 @@ def test_separate_rl_broadcasts_the_weights_over_nccl_to_the_rollout_gpu(tmp_pat
     """Separate placement on one node: the trainer on GPU 0, vLLM on GPU 1 (the rollout server's
     CUDA_VISIBLE_DEVICES), the weights broadcast from trainer rank 0 to the vLLM worker over NCCL."""
     run_dir = tmp_path / "separate"
-    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
-                  "cluster.gpus_per_node=2", "rollout.num_gpus=1")
+    done = launch(
+        run_dir,
+        "model.id=gdnctl/tiny-qwen3-next-bytes",
+        "rollout.colocate=false",
+        "cluster.gpus_per_node=2",
+        "rollout.num_gpus=1",
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "weight group up: trainer rank 0 and 1 rollout worker(s) of 1 engine(s) over nccl" in done.stdout
     steps = metrics(run_dir)
@@ -141,8 +162,14 @@ def test_a_tensor_parallel_rollout_colocated_takes_each_gpus_weights_through_cud
     """rollout.tp 2 colocated on 2 GPUs: two trainer ranks (data parallel) and two vLLM workers share the GPUs;
     each worker opens the bucket of the trainer rank on its own GPU (by UUID) and keeps its shard."""
     run_dir = tmp_path / "colocated-tp2"
-    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "cluster.gpus_per_node=2", "rollout.tp=2",
-                  "train.train_iters=5", *MEMORY_READINGS)
+    done = launch(
+        run_dir,
+        "model.id=gdnctl/tiny-qwen3-next-bytes",
+        "cluster.gpus_per_node=2",
+        "rollout.tp=2",
+        "train.train_iters=5",
+        *MEMORY_READINGS,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     steps = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(1, 6))
@@ -160,8 +187,13 @@ def test_two_colocated_engines_each_take_their_gpus_weights_through_cuda_ipc(tmp
     between them, and every sync reaches both through CUDA IPC (each engine's worker opens the bucket of the
     trainer rank on its GPU), each checked by its checksums and the probe."""
     run_dir = tmp_path / "colocated-two-engines"
-    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "cluster.gpus_per_node=2", "train.train_iters=5",
-                  *MEMORY_READINGS)
+    done = launch(
+        run_dir,
+        "model.id=gdnctl/tiny-qwen3-next-bytes",
+        "cluster.gpus_per_node=2",
+        "train.train_iters=5",
+        *MEMORY_READINGS,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "rollout engines: 2 of rollout.tp 1 (colocated with the trainer)" in done.stdout
     steps = metrics(run_dir)
@@ -180,8 +212,14 @@ def test_separate_engines_all_receive_one_nccl_broadcast(tmp_path):
     """Two separate engines beside a one-GPU trainer: trainer rank 0 drives both and one broadcast per bucket
     reaches both engines' workers (group ranks 1 and 2)."""
     run_dir = tmp_path / "separate-two-engines"
-    done = launch(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
-                  "cluster.gpus_per_node=3", "rollout.num_gpus=2", "train.train_iters=5")
+    done = launch(
+        run_dir,
+        "model.id=gdnctl/tiny-qwen3-next-bytes",
+        "rollout.colocate=false",
+        "cluster.gpus_per_node=3",
+        "rollout.num_gpus=2",
+        "train.train_iters=5",
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 2 engine(s) over nccl" in done.stdout
     steps = metrics(run_dir)
@@ -217,9 +255,19 @@ def test_a_separate_rollout_killed_mid_run_fails_the_job_in_bounded_time(tmp_pat
     broadcast its workers will never receive), it notices the dead server and stops with a sentence instead of
     waiting on NCCL, and `latest` stays on a checkpoint."""
     run_dir, save_dir = tmp_path / "killed-separate", tmp_path / "checkpoints"
-    job = subprocess.Popen(command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", "rollout.colocate=false",
-                                   "cluster.gpus_per_node=2", f"train.save_dir={save_dir}", "train.save_interval=2"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        command(
+            run_dir,
+            "model.id=gdnctl/tiny-qwen3-next-bytes",
+            "rollout.colocate=false",
+            "cluster.gpus_per_node=2",
+            f"train.save_dir={save_dir}",
+            "train.save_interval=2",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 1200
         while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
@@ -272,9 +320,14 @@ def test_qwen35_syncs_through_cuda_ipc_into_the_vision_language_class(tmp_path):
 @FIRST_WORKER
 def test_a_rollout_killed_mid_run_fails_the_job_and_keeps_the_last_checkpoint(tmp_path):
     run_dir, save_dir = tmp_path / "killed", tmp_path / "checkpoints"
-    job = subprocess.Popen(command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}",
-                                   "train.save_interval=2"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        command(
+            run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}", "train.save_interval=2"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 1200
         while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
@@ -303,8 +356,13 @@ def test_the_rl_smoke_runs_green_on_the_gpu_with_the_rollout_colocated(tmp_path)
     from gdnctl.schema import SmokeReport
 
     run_dir, save_dir = tmp_path / "smoke", tmp_path / "checkpoints"
-    proc = subprocess.run([*command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}"),
-                           "--smoke"], text=True, capture_output=True, timeout=1500, check=False)
+    proc = subprocess.run(
+        [*command(run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}"), "--smoke"],
+        text=True,
+        capture_output=True,
+        timeout=1500,
+        check=False,
+    )
     _keep_log(run_dir, proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = SmokeReport.model_validate_json((run_dir / "smoke.json").read_text())

@@ -31,13 +31,29 @@ pytestmark = [
 
 PRESET = "tiny-qwen3.5-sft"
 COMMON = ["kernels.gdn_backend=fla", "runtime.transformer_engine=none"]
-TRAIN_CHECKS = ["job start", "gdn kernel warm-up", "optimizer steps", "checkpoint save+load", "step time",
-                "peak memory"]
+TRAIN_CHECKS = [
+    "job start",
+    "gdn kernel warm-up",
+    "optimizer steps",
+    "checkpoint save+load",
+    "step time",
+    "peak memory",
+]
 
 
 def _launch(run_dir: Path, *args: str, sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force", *args,
-               *(arg for value in (*COMMON, *sets) for arg in ("--set", value))]
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "-o",
+        str(run_dir),
+        "--force",
+        *args,
+        *(arg for value in (*COMMON, *sets) for arg in ("--set", value)),
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
     log_dir = os.environ.get("GDNCTL_GPU_LOG_DIR")
     if log_dir:

@@ -33,15 +33,25 @@ pytestmark = [
 CASES = [
     pytest.param("te-free", "gdnctl/tiny-qwen3.5", 4, id="te-free-qwen3.5-tp4-kv2"),
     pytest.param("megatron-bridge", "gdnctl/tiny-qwen3.5", 4, id="bridge-qwen3.5-tp4-kv2", marks=NEEDS_BRIDGE_STACK),
-    pytest.param("megatron-bridge", "gdnctl/tiny-qwen3-next-bytes", 2, id="bridge-qwen3-next-tp2-kv1",
-                 marks=NEEDS_BRIDGE_STACK),
+    pytest.param(
+        "megatron-bridge", "gdnctl/tiny-qwen3-next-bytes", 2, id="bridge-qwen3-next-tp2-kv1", marks=NEEDS_BRIDGE_STACK
+    ),
 ]
 
 
 @pytest.mark.parametrize("builder, model, tp", CASES)
 def test_tp_above_the_kv_heads_round_trips_through_hf_and_trains(tmp_path, builder, model, tp):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}",
-               str(HERE / "hf_roundtrip_check.py"), str(tmp_path), model, builder]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={tp}",
+        str(HERE / "hf_roundtrip_check.py"),
+        str(tmp_path),
+        model,
+        builder,
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

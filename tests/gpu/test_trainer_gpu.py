@@ -34,9 +34,10 @@ pytestmark = [
 
 HERE = Path(__file__).parent
 # The megatron-bridge builder's stack, for the GPU tests that also run it.
-NEEDS_BRIDGE_STACK = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
-                                        or importlib.util.find_spec("megatron.bridge") is None,
-                                        reason="needs Transformer Engine and megatron-bridge")
+NEEDS_BRIDGE_STACK = pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None or importlib.util.find_spec("megatron.bridge") is None,
+    reason="needs Transformer Engine and megatron-bridge",
+)
 PRESET = "tiny-qwen3.5-sft"
 TWO_GPU_PRESET = "tiny-qwen3.5-sft-2gpu"
 STEPS = 20
@@ -74,8 +75,18 @@ def _start(run_dir: Path, *sets: str, preset: str = PRESET, builder: str = "te-f
     """Start `gdnctl launch` of the preset; builder "te-free" pins gdnctl's TE-free spec
     (runtime.transformer_engine: none), "megatron-bridge" leaves the preset's Transformer Engine."""
     te_free = ["--set", "runtime.transformer_engine=none"] if builder == "te-free" else []
-    command = [sys.executable, "-m", "gdnctl", "launch", preset, "-o", str(run_dir), "--force", *te_free,
-               *(arg for value in sets for arg in ("--set", value))]
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        preset,
+        "-o",
+        str(run_dir),
+        "--force",
+        *te_free,
+        *(arg for value in sets for arg in ("--set", value)),
+    ]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with _console(run_dir, "stdout").open("w") as stdout, _console(run_dir, "stderr").open("w") as stderr:
         # Its own session: a failed wait stops torchrun and the trainer ranks with it (_stop).
@@ -147,9 +158,13 @@ def data_file(tmp_path_factory) -> Path:
 def test_hf_checkpoint_matches_transformers_and_reloads(tmp_path):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers")
-    proc = subprocess.run([sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path),
-                           "gdnctl/tiny-qwen3.5", "te-free"],
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "hf_roundtrip_check.py"), str(tmp_path), "gdnctl/tiny-qwen3.5", "te-free"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     _record("hf_roundtrip", result)
@@ -164,9 +179,17 @@ def curves(tmp_path_factory, data_file) -> dict[str, list[dict]]:
     """The same 20 steps with each installed GDN kernel, launched side by side (one GPU holds both)."""
     runs = tmp_path_factory.mktemp("runs")
     backends = ["fla"] + (["flashqla"] if importlib.util.find_spec("flash_qla") is not None else [])
-    found = _finish_all({backend: _start(runs / backend, f"kernels.gdn_backend={backend}",
-                                         f"train.data_path={data_file}", f"train.train_iters={STEPS}")
-                         for backend in backends})
+    found = _finish_all(
+        {
+            backend: _start(
+                runs / backend,
+                f"kernels.gdn_backend={backend}",
+                f"train.data_path={data_file}",
+                f"train.train_iters={STEPS}",
+            )
+            for backend in backends
+        }
+    )
     _record("loss_curves", {backend: [step["loss"] for step in steps] for backend, steps in found.items()})
     return found
 
@@ -192,8 +215,7 @@ def test_fla_and_flashqla_curves_agree(curves):
 
 
 def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
-    common = ["kernels.gdn_backend=fla", f"train.data_path={data_file}", "train.train_iters=6",
-              "train.save_interval=3"]
+    common = ["kernels.gdn_backend=fla", f"train.data_path={data_file}", "train.train_iters=6", "train.save_interval=3"]
     whole = _launch(tmp_path / "whole", *common, f"train.save_dir={tmp_path / 'whole-ckpt'}")
     # Keep only the step-3 checkpoint, as if the job had died during step 4.
     partial_dir = tmp_path / "partial-ckpt"
@@ -211,8 +233,13 @@ def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_2gpu_tp2_loss_falls_and_every_rank_writes_its_comm_profile(tmp_path, data_file):
-    steps = _launch(tmp_path / "tp2", f"train.data_path={data_file}", f"train.train_iters={STEPS}",
-                    "comm.profile=true", preset=TWO_GPU_PRESET)
+    steps = _launch(
+        tmp_path / "tp2",
+        f"train.data_path={data_file}",
+        f"train.train_iters={STEPS}",
+        "comm.profile=true",
+        preset=TWO_GPU_PRESET,
+    )
     losses = [step["loss"] for step in steps]
     _record("loss_curve_tp2", {"fla_tp2": losses, "seconds": [step["seconds"] for step in steps]})
     assert len(losses) == STEPS
@@ -222,7 +249,11 @@ def test_2gpu_tp2_loss_falls_and_every_rank_writes_its_comm_profile(tmp_path, da
     for rank in (0, 1):
         profile = json.loads((tmp_path / "tp2" / "comm_profile" / f"comm_profile_rank{rank}.json").read_text())
         assert sum(op["calls"] for op in profile["ops"].values()) >= STEPS, profile["ops"].keys()
-    report = subprocess.run([sys.executable, "-m", "gdnctl", "comm-report", str(tmp_path / "tp2")],
-                            capture_output=True, text=True, check=False)
+    report = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "comm-report", str(tmp_path / "tp2")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert report.returncode == 0, report.stderr
     assert "recommended comm.skip_ops" in report.stdout

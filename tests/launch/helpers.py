@@ -74,10 +74,10 @@ def fake_torchrun(directory: Path, *, ignore_term: bool = False) -> Path:
     path.write_text(
         "#!/usr/bin/env bash\n"
         # launch's check that the interpreter has gdnctl's runtime (interpreter.py): answered as the real one would
-        f"if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} \"$@\"; fi\n"
+        f'if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} "$@"; fi\n'
         f"{trap}\n"
         "for rank in 0 1; do\n"
-        f"  setsid bash -c '{trap}sleep 300 & echo $! >>\"$0\"; echo $$ >>\"$0\"; wait' {shlex.quote(str(pids))} &\n"
+        f'  setsid bash -c \'{trap}sleep 300 & echo $! >>"$0"; echo $$ >>"$0"; wait\' {shlex.quote(str(pids))} &\n'
         "done\n"
         f"echo $$ >>{shlex.quote(str(pids))}\n"
         "wait\n"

@@ -16,19 +16,37 @@ from tests.runtime.engine_fixture import WORLD_SIZE
 
 
 def _memory(drop_mib: float = 0.0, allocated_mib: float = 0.0) -> dict:
-    return {"driver_drop_bytes": int(drop_mib * MIB), "allocated_delta_bytes": int(allocated_mib * MIB),
-            "reserved_delta_bytes": 0}
+    return {
+        "driver_drop_bytes": int(drop_mib * MIB),
+        "allocated_delta_bytes": int(allocated_mib * MIB),
+        "reserved_delta_bytes": 0,
+    }
 
 
 def _op(calls: int, checks: int, first_mib: float = 0.0, steady: dict | None = None, groups: int = 1) -> dict:
-    return {"calls": calls, "checks": checks, "clears": 0, "guard_seconds": 1e-5 * checks, "groups": groups,
-            "first_use_max": _memory(first_mib), "steady_state_max": steady if calls > groups else None}
+    return {
+        "calls": calls,
+        "checks": checks,
+        "clears": 0,
+        "guard_seconds": 1e-5 * checks,
+        "groups": groups,
+        "first_use_max": _memory(first_mib),
+        "steady_state_max": steady if calls > groups else None,
+    }
 
 
 def _write_profile(directory: Path, rank: int, ops: dict, skip_ops: list[str], world_size: int = 2) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    document = {"format": "gdnctl-comm-profile", "version": 2, "rank": rank, "world_size": world_size,
-                "probe": "cuda", "free_gb_threshold": 3.0, "skip_ops": skip_ops, "ops": ops}
+    document = {
+        "format": "gdnctl-comm-profile",
+        "version": 2,
+        "rank": rank,
+        "world_size": world_size,
+        "probe": "cuda",
+        "free_gb_threshold": 3.0,
+        "skip_ops": skip_ops,
+        "ops": ops,
+    }
     (directory / f"comm_profile_rank{rank}.json").write_text(json.dumps(document))
 
 
@@ -39,7 +57,11 @@ def test_merges_the_files_of_a_real_run(gloo_run):
     assert (report.ranks, report.world_size, report.missing_ranks) == ((0, 1), WORLD_SIZE, ())
     by_op = {verdict.op: verdict for verdict in report.ops}
     assert {op: (v.calls, v.checks) for op, v in by_op.items()} == {
-        "all_reduce": (8, 8), "all_gather_into_tensor": (6, 0), "allreduce": (4, 4), "barrier": (2, 2)}
+        "all_reduce": (8, 8),
+        "all_gather_into_tensor": (6, 0),
+        "allreduce": (4, 4),
+        "barrier": (2, 2),
+    }
     assert by_op["all_reduce"].groups == 2 and by_op["allreduce"].groups == 1
     assert by_op["barrier"].verdict == KEEP_CHECKED and by_op["barrier"].steady_state_max_drop_mib is None
     assert all(v.verdict in (SKIP_SAFE, KEEP_CHECKED) for v in report.ops)
@@ -51,14 +73,19 @@ def test_merges_the_files_of_a_real_run(gloo_run):
 def test_verdicts_follow_the_steady_state_not_the_first_call(tmp_path):
     profile_dir = tmp_path / "comm_profile"
     for rank in range(2):
-        _write_profile(profile_dir, rank, {
-            # ~3.7 GiB at first use (NCCL setup, slime PR #1947) and nothing after: skip-safe.
-            "all_to_all_single": _op(10, 0, first_mib=3700, steady=_memory(0)),
-            "all_reduce": _op(10, 10, steady=_memory(drop_mib=200 if rank == 1 else 0)),
-            "all_gather_object": _op(10, 10, steady=_memory(allocated_mib=80)),
-            "broadcast": _op(1, 1),
-            "_allgather_base": _op(5, 5, steady=_memory(drop_mib=63.9)),
-        }, skip_ops=["all_to_all_single", "barrier"])
+        _write_profile(
+            profile_dir,
+            rank,
+            {
+                # ~3.7 GiB at first use (NCCL setup, slime PR #1947) and nothing after: skip-safe.
+                "all_to_all_single": _op(10, 0, first_mib=3700, steady=_memory(0)),
+                "all_reduce": _op(10, 10, steady=_memory(drop_mib=200 if rank == 1 else 0)),
+                "all_gather_object": _op(10, 10, steady=_memory(allocated_mib=80)),
+                "broadcast": _op(1, 1),
+                "_allgather_base": _op(5, 5, steady=_memory(drop_mib=63.9)),
+            },
+            skip_ops=["all_to_all_single", "barrier"],
+        )
     report = comm_report.build_report(tmp_path)
     by_op = {verdict.op: verdict for verdict in report.ops}
     assert by_op["all_to_all_single"].verdict == SKIP_SAFE
@@ -70,8 +97,7 @@ def test_verdicts_follow_the_steady_state_not_the_first_call(tmp_path):
     # barrier was not called in this run, so it keeps its place in the skip set.
     assert report.recommended_skip_ops == ("_allgather_base", "all_to_all_single", "barrier")
     assert "adds _allgather_base" in comm_report.format_table(report)
-    assert comm_report.build_report(tmp_path, threshold_mib=32).recommended_skip_ops == (
-        "all_to_all_single", "barrier")
+    assert comm_report.build_report(tmp_path, threshold_mib=32).recommended_skip_ops == ("all_to_all_single", "barrier")
 
 
 def test_engine_yaml_profile_dir_wins_and_json_is_plain_data(tmp_path):

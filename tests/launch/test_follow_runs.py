@@ -19,10 +19,12 @@ from tests.slurm_cluster import slurm_env
 SELFTEST = presets_dir() / "selftest-cpu.yaml"
 
 
-def gdnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+def gdnctl(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 def _until(check, timeout: float = 120) -> None:
@@ -107,8 +109,12 @@ AS_GDNCTL = [sys.executable, "-c", "from gdnctl.cli import app; app(prog_name='g
 def _bash_completes(line: str) -> list[str]:
     """What the bash script `gdnctl --install-completion` installs offers for `line` with the cursor at its end:
     the completion protocol it speaks (COMP_WORDS, COMP_CWORD and _GDNCTL_COMPLETE), run against gdnctl."""
-    env = {**os.environ, "_GDNCTL_COMPLETE": "complete_bash", "COMP_WORDS": line,
-           "COMP_CWORD": str(len(line.split(" ")) - 1)}
+    env = {
+        **os.environ,
+        "_GDNCTL_COMPLETE": "complete_bash",
+        "COMP_WORDS": line,
+        "COMP_CWORD": str(len(line.split(" ")) - 1),
+    }
     proc = subprocess.run(AS_GDNCTL, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()

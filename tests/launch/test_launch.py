@@ -22,8 +22,9 @@ SELFTEST = str(presets_dir() / "selftest-cpu.yaml")
 
 
 def gdnctl(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def selftest_with(tmp_path: Path, **launch) -> Path:
@@ -77,9 +78,11 @@ def test_a_job_killed_by_a_signal_is_recorded_with_the_signal(tmp_path):
     kills itself."""
     killed = tmp_path / "bin" / "killed python"
     killed.parent.mkdir()
-    killed.write_text("#!/usr/bin/env bash\n"
-                      f"if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} \"$@\"; fi\n"
-                      "kill -KILL $$\n")
+    killed.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ ${{1-}} == -c ]]; then exec {shlex.quote(sys.executable)} "$@"; fi\n'
+        "kill -KILL $$\n"
+    )
     killed.chmod(0o755)
     run_dir = tmp_path / "run"
     proc = gdnctl("launch", str(selftest_with(tmp_path, python=str(killed))), "--run-dir", str(run_dir))
@@ -105,8 +108,9 @@ def test_missing_sbatch_is_a_clear_error(tmp_path):
 
 @pytest.mark.slurm
 def test_slurm_selftest_end_to_end(tmp_path, local_slurm):
-    proc = gdnctl("launch", SELFTEST, "--slurm", "--wait", "--run-dir", str(tmp_path / "run"),
-                  env=slurm_env(local_slurm))
+    proc = gdnctl(
+        "launch", SELFTEST, "--slurm", "--wait", "--run-dir", str(tmp_path / "run"), env=slurm_env(local_slurm)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "submitted job" in proc.stdout and "selftest: passed: 7 ok, 0 failed" in proc.stdout
     assert "ended COMPLETED with exit code 0" in proc.stderr
@@ -115,8 +119,15 @@ def test_slurm_selftest_end_to_end(tmp_path, local_slurm):
 @pytest.mark.slurm
 def test_slurm_failed_job_fails_the_launch(tmp_path, local_slurm):
     fake = recorder(tmp_path / "bin", exit_code=5)
-    proc = gdnctl("launch", str(selftest_with(tmp_path, python=str(fake))), "--slurm", "--wait",
-                  "--run-dir", str(tmp_path / "run"), env=slurm_env(local_slurm))
+    proc = gdnctl(
+        "launch",
+        str(selftest_with(tmp_path, python=str(fake))),
+        "--slurm",
+        "--wait",
+        "--run-dir",
+        str(tmp_path / "run"),
+        env=slurm_env(local_slurm),
+    )
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "ended FAILED with exit code 5" in proc.stderr
 
@@ -136,8 +147,11 @@ def test_slurm_hostile_values_arrive_unchanged(tmp_path, local_slurm):
     fake = recorder(fake_dir)
     data = yaml.safe_load(Path(SELFTEST).read_text())
     data["name"] = "$(touch c1)`touch c2`; 'q'"
-    data["launch"] = {"python": str(fake), "env": {f"HOSTILE_{k.upper()}": v for k, v in values.items()},
-                      "slurm": {"time": "00:05:00", "exclusive": False}}
+    data["launch"] = {
+        "python": str(fake),
+        "env": {f"HOSTILE_{k.upper()}": v for k, v in values.items()},
+        "slurm": {"time": "00:05:00", "exclusive": False},
+    }
     preset = write_preset(tmp_path / "hostile.yaml", data)
     run_dir = tmp_path / "run dir; $(touch canary)"
     proc = gdnctl("launch", str(preset), "--slurm", "--wait", "--run-dir", str(run_dir), env=slurm_env(local_slurm))
@@ -150,4 +164,3 @@ def test_slurm_hostile_values_arrive_unchanged(tmp_path, local_slurm):
     assert not canary.exists()
     for leftover in ("c1", "c2", "out"):
         assert not list(tmp_path.rglob(leftover)), leftover
-

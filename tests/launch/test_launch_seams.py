@@ -21,8 +21,9 @@ SELFTEST = str(presets_dir() / "selftest-cpu.yaml")
 
 
 def gdnctl(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gdnctl", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def test_the_job_runs_with_gdnctls_own_interpreter_unless_the_preset_names_one(tmp_path):
@@ -56,8 +57,7 @@ def test_a_rollout_python_without_gdnctls_runtime_is_refused_before_the_job_star
     venv.create(stale, with_pip=False)
     (site,) = stale.glob("lib/python*/site-packages")
     (site / "gdnctl" / "_data").mkdir(parents=True)
-    proc = gdnctl("launch", "tiny-qwen3.5-rl-cpu", "--set", f"rollout.python={stale / 'bin' / 'python'}",
-                  cwd=tmp_path)
+    proc = gdnctl("launch", "tiny-qwen3.5-rl-cpu", "--set", f"rollout.python={stale / 'bin' / 'python'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"rollout.python {stale / 'bin' / 'python'} cannot start the rl job's rollout server" in proc.stderr
     assert "vllm, gdnctl.runtime are not installed there" in proc.stderr
@@ -121,8 +121,15 @@ def test_renders_hint_after_force_names_the_templates_and_resumes_a_used_run_dir
     # --force over a run dir no job has used: the lock it takes while replacing the files is no sign of a job, so
     # the hint still launches it as it is, with the templates it was rendered from.
     words = _hint(gdnctl(*render, "--force"))
-    assert words == ["launch", "selftest-cpu", "--set=selftest.steps=2", "--templates", str(templates),
-                     "--run-dir", str(run_dir)]
+    assert words == [
+        "launch",
+        "selftest-cpu",
+        "--set=selftest.steps=2",
+        "--templates",
+        str(templates),
+        "--run-dir",
+        str(run_dir),
+    ]
     launched = gdnctl(*words)
     assert launched.returncode == 0 and "selftest: passed" in launched.stdout, launched.stdout + launched.stderr
     # --force over a run dir a job has used, which `launch --run-dir` refuses: the hint resumes it instead.

@@ -50,8 +50,17 @@ def test_a_link_at_the_name_is_replaced_not_written_through_nor_read(run_dir, tm
     assert not (run_dir / LOCAL_EXIT_FILE).is_symlink() and read_local_exit(run_dir).exit_code == 0
 
 
-@pytest.mark.parametrize("content", [b"", b"{not json", b'{"exit_code": 300, "ended_at": "x"}', b"\xff\xfe",
-                                     b'{"exit_code": 0, "ended_at": "x", "extra": 1}', b" " * (128 * 1024)])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{not json",
+        b'{"exit_code": 300, "ended_at": "x"}',
+        b"\xff\xfe",
+        b'{"exit_code": 0, "ended_at": "x", "extra": 1}',
+        b" " * (128 * 1024),
+    ],
+)
 def test_what_gdnctl_did_not_write_is_no_record(run_dir, content):
     (run_dir / LOCAL_EXIT_FILE).write_bytes(content)
     assert read_local_exit(run_dir) is None
@@ -76,8 +85,7 @@ def test_a_directory_at_the_name_is_a_sentence_before_the_run(run_dir):
 def test_the_record_says_how_each_kind_of_end_reads():
     ended = "2026-11-26T00:00:00+00:00"
     assert LocalExit(exit_code=0, ended_at=ended).describe() == ": succeeded, exit code 0"
-    assert LocalExit(exit_code=0, smoke=True, ended_at=ended).describe() == \
-        " (the smoke run): succeeded, exit code 0"
+    assert LocalExit(exit_code=0, smoke=True, ended_at=ended).describe() == " (the smoke run): succeeded, exit code 0"
     killed = LocalExit(exit_code=137, signal="SIGKILL", ended_at=ended)
     assert (killed.outcome, killed.describe()) == ("failed", ": failed, killed by SIGKILL (exit code 137)")
     stopped = LocalExit(exit_code=130, signal="SIGINT", stopped=True, ended_at=ended)

@@ -25,13 +25,21 @@ SHIPPED = sorted(p.stem for p in presets_dir().glob("*.yaml"))
 SCRIPTS = ("launch_local.sh", "launch_slurm.sbatch")
 # Variants that reach the template branches the shipped presets do not.
 VARIANTS = {
-    "separate-rollout": ("qwen3-next-80b-a3b-grpo", ["rollout.colocate=false", "rollout.num_gpus=8",
-                                                    "parallel.ep=8", "rollout.container_image=nvcr.io/vllm:0.33"]),
-    "slurm-everything": ("qwen3.5-35b-a3b-sft", [
-        "launch.executor=slurm", "launch.slurm={partition: gpu, account: team, qos: high, constraint: h100&ib, "
-        "mem: 0, cpus_per_task: 64, container_image: 'nvcr.io/nvidia/pytorch:25.01-py3', "
-        "extra_sbatch: ['--reservation=big', '--comment=gdnctl']}",
-        "launch.pass_env=[WANDB_API_KEY, HF_TOKEN]", "launch.env={WANDB_PROJECT: q35}"]),
+    "separate-rollout": (
+        "qwen3-next-80b-a3b-grpo",
+        ["rollout.colocate=false", "rollout.num_gpus=8", "parallel.ep=8", "rollout.container_image=nvcr.io/vllm:0.33"],
+    ),
+    "slurm-everything": (
+        "qwen3.5-35b-a3b-sft",
+        [
+            "launch.executor=slurm",
+            "launch.slurm={partition: gpu, account: team, qos: high, constraint: h100&ib, "
+            "mem: 0, cpus_per_task: 64, container_image: 'nvcr.io/nvidia/pytorch:25.01-py3', "
+            "extra_sbatch: ['--reservation=big', '--comment=gdnctl']}",
+            "launch.pass_env=[WANDB_API_KEY, HF_TOKEN]",
+            "launch.env={WANDB_PROJECT: q35}",
+        ],
+    ),
     "no-requeue": ("selftest-cpu", ["launch.slurm.requeue=false"]),
 }
 
@@ -49,8 +57,13 @@ def test_run_dir_contents(tmp_path):
     out = tmp_path / "run"
     result = render("qwen3.5-35b-a3b-grpo", out)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["engine.yaml", "launch_local.sh", "launch_slurm.sbatch",
-                                                     "logs", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "engine.yaml",
+        "launch_local.sh",
+        "launch_slurm.sbatch",
+        "logs",
+        "manifest.json",
+    ]
     engine = EngineConfig.from_file(out / "engine.yaml")
     assert (engine.parallel.dp, engine.layout, engine.kernels.gdn_backend) == (4, "thd", "fla")
     assert engine.env["FLA_FLASH_QLA"] == "0" and engine.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
@@ -137,17 +150,30 @@ def test_variants_render_their_branches(tmp_path):
     preset, overrides = VARIANTS["slurm-everything"]
     assert render(preset, everything, *overrides).exit_code == 0
     sbatch = (everything / "launch_slurm.sbatch").read_text()
-    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=team", "#SBATCH --qos=high",
-                 "#SBATCH --constraint=h100&ib", "#SBATCH --mem=0", "#SBATCH --cpus-per-task=64",
-                 "#SBATCH --reservation=big", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive"):
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=team",
+        "#SBATCH --qos=high",
+        "#SBATCH --constraint=h100&ib",
+        "#SBATCH --mem=0",
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --reservation=big",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --exclusive",
+    ):
         assert line in sbatch
     assert "WANDB_API_KEY" in sbatch and "export WANDB_API_KEY" not in sbatch
 
 
-@pytest.mark.parametrize("field,value", [
-    ("launch.slurm.partition", "gpu; rm -rf /"), ("launch.slurm.account", "a\nb"),
-    ("launch.slurm.extra_sbatch", "['--comment=$(id)']"), ("launch.slurm.constraint", "a b"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("launch.slurm.partition", "gpu; rm -rf /"),
+        ("launch.slurm.account", "a\nb"),
+        ("launch.slurm.extra_sbatch", "['--comment=$(id)']"),
+        ("launch.slurm.constraint", "a b"),
+    ],
+)
 def test_unsafe_sbatch_values_are_refused(tmp_path, field, value):
     result = render("selftest-cpu", tmp_path / "run", f"{field}={value}")
     assert result.exit_code == 1 and "PRE002" in result.stderr
@@ -161,9 +187,12 @@ def test_hostile_values_arrive_as_literal_data(tmp_path):
     fake = recorder(fake_dir)
     data = yaml.safe_load((presets_dir() / "selftest-cpu.yaml").read_text())
     data["name"] = "$(touch c1)`touch c2`; touch c3 'q' \"d\" x"  # a newline in a name is refused (PRE002)
-    data["launch"] = {"python": str(fake), "env": {f"HOSTILE_{k.upper()}": v for k, v in values.items()},
-                      "kernel_cache_dir": str(tmp_path / "cache $(touch canary)"),
-                      "pass_env": ["GDNCTL_TEST_SECRET"]}
+    data["launch"] = {
+        "python": str(fake),
+        "env": {f"HOSTILE_{k.upper()}": v for k, v in values.items()},
+        "kernel_cache_dir": str(tmp_path / "cache $(touch canary)"),
+        "pass_env": ["GDNCTL_TEST_SECRET"],
+    }
     preset = write_preset(tmp_path / "hostile.yaml", data)
     out = tmp_path / "run dir; $(touch canary)"
     assert runner.invoke(app, ["render", str(preset), "-o", str(out)]).exit_code == 0
@@ -186,8 +215,18 @@ def test_hostile_values_arrive_as_literal_data(tmp_path):
 
 def test_dry_run_prints_scripts_and_env_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["launch", "qwen3.5-35b-a3b-grpo", "--dry-run", "--run-dir", str(out),
-                                 "--set", "launch.pass_env=[WANDB_API_KEY]"])
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "qwen3.5-35b-a3b-grpo",
+            "--dry-run",
+            "--run-dir",
+            str(out),
+            "--set",
+            "launch.pass_env=[WANDB_API_KEY]",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "===== launch_local.sh =====" in result.stdout and "===== launch_slurm.sbatch =====" in result.stdout
     env_section = result.stdout.split("===== environment =====")[1]
@@ -223,4 +262,5 @@ def test_golden_files(tmp_path, name, update_golden):
         assert expected.exists(), f"no golden {expected}: run pytest --update-golden and review the diff"
         assert _normalised((out / file).read_text()) == expected.read_text(), (
             f"{name}/{file} differs from its golden file; if the change is intended, run "
-            "pytest tests/launch --update-golden and commit the diff")
+            "pytest tests/launch --update-golden and commit the diff"
+        )

@@ -38,8 +38,19 @@ def stand_in(directory: Path, finish_on_restart: bool) -> Path:
 
 
 def _launch(run_dir: Path, python: Path, env: dict[str, str], *overrides: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "gdnctl", "launch", SELFTEST, "--slurm", "--wait", "--run-dir", str(run_dir),
-            "--set", f"launch.python={python}"]
+    args = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        SELFTEST,
+        "--slurm",
+        "--wait",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"launch.python={python}",
+    ]
     for override in overrides:
         args += ["--set", override]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,8 +89,13 @@ def test_a_job_at_its_time_limit_requeues_as_often_as_the_preset_says_then_ends_
     env = slurm_env(local_slurm)
     run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
     # A one-minute limit: USR1 (90 s before it) comes at slurmctld's first time-limit check, every 30 s.
-    launch = _launch(run_dir, stand_in(bin_dir, finish_on_restart=False), env, "launch.slurm.time='1'",
-                     "launch.slurm.time_limit_requeues=1")
+    launch = _launch(
+        run_dir,
+        stand_in(bin_dir, finish_on_restart=False),
+        env,
+        "launch.slurm.time='1'",
+        "launch.slurm.time_limit_requeues=1",
+    )
     try:
         stdout, stderr = launch.communicate(timeout=420)
     finally:
@@ -93,6 +109,8 @@ def test_a_job_at_its_time_limit_requeues_as_often_as_the_preset_says_then_ends_
     assert launch.returncode != 0, stdout + stderr
     assert f"job {job_id} ended TIMEOUT" in stderr
     assert f"requeueing job {job_id} (time-limit requeue 1 of 1), to resume from its last checkpoint" in stdout
-    assert ("after 1 time-limit requeue(s) of launch.slurm.time_limit_requeues=1; the job ends TIMEOUT (its "
-            "checkpoints stay in train.save_dir: launch it again to go on)") in stdout
+    assert (
+        "after 1 time-limit requeue(s) of launch.slurm.time_limit_requeues=1; the job ends TIMEOUT (its "
+        "checkpoints stay in train.save_dir: launch it again to go on)"
+    ) in stdout
     assert _restart_counts(bin_dir) == ["0", "1"]

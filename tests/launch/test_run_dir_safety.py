@@ -68,14 +68,17 @@ def test_force_replaces_only_what_gdnctl_wrote_and_says_what_it_kept(tmp_path):
     theirs = {name: data for name, data in snapshot(run_dir).items() if name not in RENDERED}
     result = render(run_dir, "--force", "--set", "name=renamed", "--json")
     assert result.exit_code == 0, result.output
-    assert {name: data for name, data in snapshot(run_dir).items() if name not in RENDERED
-            and name != LOCK_FILE} == theirs
+    assert {
+        name: data for name, data in snapshot(run_dir).items() if name not in RENDERED and name != LOCK_FILE
+    } == theirs
     assert json.loads((run_dir / "manifest.json").read_text())["resolved"]["name"] == "renamed"
     assert "export GDNCTL_JOB_NAME=renamed" in (run_dir / "launch_local.sh").read_text()
     kept = ["checkpoints/", "logs/", "metrics.jsonl", "nested-run/", "wandb/"]
     assert json.loads(result.stdout)["kept"] == kept
-    assert ("gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it was: "
-            + ", ".join(kept)) in result.stderr
+    assert (
+        "gdnctl: --force replaced only the files gdnctl rendered and kept what it did not write, as it was: "
+        + ", ".join(kept)
+    ) in result.stderr
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".gdnctl-rendering-")]
 
 
@@ -113,8 +116,10 @@ def test_force_refuses_while_a_local_job_holds_the_run_dir_and_admits_after(tmp_
         before = snapshot(run_dir)
         result = render(run_dir, "--force", "--set", "name=renamed")
         assert result.exit_code == 2
-        assert (f"{run_dir} is in use by a running job (launch_local.sh holds {run_dir / LOCK_FILE}); stop the job "
-                "or wait for it to end, or choose another run dir.") in result.stderr
+        assert (
+            f"{run_dir} is in use by a running job (launch_local.sh holds {run_dir / LOCK_FILE}); stop the job "
+            "or wait for it to end, or choose another run dir."
+        ) in result.stderr
         assert snapshot(run_dir) == before
         # A second launch into the same run dir is refused by the script itself.
         second = subprocess.run(["bash", str(run_dir / "launch_local.sh")], capture_output=True, text=True)
@@ -137,8 +142,10 @@ def test_a_planted_lock_link_is_refused_and_its_target_untouched(tmp_path):
     (run_dir / LOCK_FILE).symlink_to(victim)
     result = render(run_dir, "--force")
     assert result.exit_code == 2
-    assert (f"{run_dir / LOCK_FILE} is a symbolic link; gdnctl does not write through links in a run dir: remove it "
-            f"(rm {run_dir / LOCK_FILE}) and run again.") in result.stderr
+    assert (
+        f"{run_dir / LOCK_FILE} is a symbolic link; gdnctl does not write through links in a run dir: remove it "
+        f"(rm {run_dir / LOCK_FILE}) and run again."
+    ) in result.stderr
     script = subprocess.run(["bash", str(run_dir / "launch_local.sh")], capture_output=True, text=True)
     assert script.returncode == 2 and f"{run_dir / LOCK_FILE} is not a regular file (a symbolic link?)" in script.stderr
     assert recorded_calls(tmp_path / "bin") == []
@@ -157,17 +164,25 @@ def test_a_link_as_the_run_dir_is_refused_and_its_target_untouched(tmp_path):
         for args in ([], ["--force"]):
             result = render(link, *args)
             assert result.exit_code == 2, result.output
-            assert (f"{link} is a symbolic link (to {points_to}); gdnctl never renders through a link, which would "
-                    f"replace what it points to: pass the directory itself ({points_to}), or remove the link."
-                    ) in result.stderr
+            assert (
+                f"{link} is a symbolic link (to {points_to}); gdnctl never renders through a link, which would "
+                f"replace what it points to: pass the directory itself ({points_to}), or remove the link."
+            ) in result.stderr
             assert snapshot(points_to) == before and link.is_symlink()
 
 
 def test_launches_in_the_same_second_get_run_dirs_of_their_own(tmp_path):
     fake = recorder(tmp_path / "bin")
-    launches = [subprocess.Popen([sys.executable, "-m", "gdnctl", "launch", SELFTEST, "--set",
-                                  f"launch.python={fake}"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    launches = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gdnctl", "launch", SELFTEST, "--set", f"launch.python={fake}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     for launch in launches:
         _, stderr = launch.communicate(timeout=120)
         assert launch.returncode == 0, stderr
@@ -184,8 +199,13 @@ def test_a_default_run_dir_is_created_exclusively(tmp_path):
     with pytest.raises(RunDirTaken):
         write(rendered, exclusive=True)
     write(rendered)  # an empty directory given by name is rendered into
-    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["engine.yaml", "launch_local.sh",
-                                                                       "launch_slurm.sbatch", "logs", "manifest.json"]
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == [
+        "engine.yaml",
+        "launch_local.sh",
+        "launch_slurm.sbatch",
+        "logs",
+        "manifest.json",
+    ]
 
 
 def test_force_refuses_recorded_slurm_jobs_when_squeue_cannot_say(tmp_path):
@@ -193,11 +213,16 @@ def test_force_refuses_recorded_slurm_jobs_when_squeue_cannot_say(tmp_path):
     assert render(run_dir).exit_code == 0
     (run_dir / SLURM_JOBS_FILE).write_text("41\n")
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
-    proc = subprocess.run([sys.executable, "-m", "gdnctl", "render", SELFTEST, "-o", str(run_dir), "--force"],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", SELFTEST, "-o", str(run_dir), "--force"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert ("Slurm job(s) 41 were submitted from this run dir and squeue is not on PATH to tell whether they have "
-            "ended") in proc.stderr
+    assert (
+        "Slurm job(s) 41 were submitted from this run dir and squeue is not on PATH to tell whether they have ended"
+    ) in proc.stderr
 
 
 @pytest.mark.slurm
@@ -208,19 +233,31 @@ def test_force_refuses_while_a_slurm_job_of_the_run_dir_is_queued_or_running(tmp
     jobs = []
 
     def gdnctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "gdnctl", *args], env=env, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "gdnctl", *args], env=env, capture_output=True, text=True, timeout=120
+        )
 
     try:
         # Held: a queued job reads engine.yaml only when it starts, so a --force now would change what it runs.
-        held = gdnctl("launch", SELFTEST, "--slurm", "--run-dir", str(run_dir), "--set", f"launch.python={fake}",
-                      "--set", "launch.slurm.extra_sbatch=[--hold]")
+        held = gdnctl(
+            "launch",
+            SELFTEST,
+            "--slurm",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"launch.python={fake}",
+            "--set",
+            "launch.slurm.extra_sbatch=[--hold]",
+        )
         assert held.returncode == 0, held.stderr
         jobs = (run_dir / SLURM_JOBS_FILE).read_text().split()
         refused = gdnctl("launch", SELFTEST, "--slurm", "--run-dir", str(run_dir), "--force")
         assert refused.returncode == 2
-        assert (f"{run_dir} belongs to Slurm job {jobs[0]} (PENDING), which would run with the new engine.yaml; "
-                f"scancel {jobs[0]} or wait for it to end, or choose another run dir.") in refused.stderr
+        assert (
+            f"{run_dir} belongs to Slurm job {jobs[0]} (PENDING), which would run with the new engine.yaml; "
+            f"scancel {jobs[0]} or wait for it to end, or choose another run dir."
+        ) in refused.stderr
         subprocess.run(["scontrol", "release", jobs[0]], env=env, check=True)
         started_pids(tmp_path / "bin")
         running = gdnctl("render", SELFTEST, "-o", str(run_dir), "--force")

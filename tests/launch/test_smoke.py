@@ -18,8 +18,15 @@ from tests.runtime.rl.test_rl_vllm import PRESET as RL_PRESET
 from tests.runtime.rl.test_rl_vllm import VLLM_PYTHON, needs_vllm
 from tests.slurm_cluster import slurm_env
 
-RL_CHECKS = ["job start", "weight sync", "step-0 log-prob gap", "optimizer steps", "checkpoint save+load",
-             "step time", "peak memory"]
+RL_CHECKS = [
+    "job start",
+    "weight sync",
+    "step-0 log-prob gap",
+    "optimizer steps",
+    "checkpoint save+load",
+    "step time",
+    "peak memory",
+]
 
 
 def smoke_lines(output: str) -> list[str]:
@@ -43,7 +50,8 @@ def test_a_green_selftest_smoke_exits_0_with_its_verdicts_and_starts_no_job(tmp_
     assert "selftest: passed" not in proc.stdout
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "smoke" / "metrics.jsonl").is_file()
     assert gdnctl("status", str(run_dir)).stdout.splitlines()[0] == (
-        f"{run_dir}: selftest-cpu (selftest, local) ended (the smoke run): succeeded, exit code 0")
+        f"{run_dir}: selftest-cpu (selftest, local) ended (the smoke run): succeeded, exit code 0"
+    )
 
 
 def test_then_run_starts_the_job_after_a_green_smoke_and_json_is_one_object(tmp_path):
@@ -71,8 +79,18 @@ def test_then_run_needs_smoke():
 @needs_vllm
 def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_untouched(tmp_path):
     run_dir, save_dir = tmp_path / "run", tmp_path / "checkpoints"
-    proc = gdnctl("launch", RL_PRESET, "--smoke", "--run-dir", str(run_dir), "--set", f"rollout.python={VLLM_PYTHON}",
-                  "--set", f"train.save_dir={save_dir}", timeout=900)
+    proc = gdnctl(
+        "launch",
+        RL_PRESET,
+        "--smoke",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"rollout.python={VLLM_PYTHON}",
+        "--set",
+        f"train.save_dir={save_dir}",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     smoke = report(run_dir)
     assert [check.name for check in smoke.checks] == RL_CHECKS
@@ -82,10 +100,14 @@ def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_
     # oneDNN builds that GEMM (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm, remove_weight=True
     # from linear.py): on an AMD EPYC with AVX512-BF16 the rollout shows 24 of the 43 whole (embeddings, norms,
     # the GDN convolution and decay parameters); earlier CI machines showed all 43. The probe covers the rest.
-    sync = re.fullmatch(r"3 syncs checked: (\d+) of 43 parameters match(?P<unseen> \(the other \d+ .*\))?, "
-                        r"probe gap 0\.00\d+ <= 0\.1 nats/token", checks["weight sync"].detail)
-    assert sync and int(sync.group(1)) >= 24 and bool(sync["unseen"]) == (int(sync.group(1)) < 43), \
-        checks["weight sync"].detail
+    sync = re.fullmatch(
+        r"3 syncs checked: (\d+) of 43 parameters match(?P<unseen> \(the other \d+ .*\))?, "
+        r"probe gap 0\.00\d+ <= 0\.1 nats/token",
+        checks["weight sync"].detail,
+    )
+    assert sync and int(sync.group(1)) >= 24 and bool(sync["unseen"]) == (int(sync.group(1)) < 43), checks[
+        "weight sync"
+    ].detail
     assert checks["step-0 log-prob gap"].detail.endswith("<= 0.05 nats/token")
     assert checks["optimizer steps"].detail.startswith("2 steps, loss ")
     assert checks["checkpoint save+load"].detail.startswith("iter_0000002: 55 weight tensors and ")
@@ -103,8 +125,19 @@ def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_
 def test_a_failed_smoke_check_exits_1_and_then_run_does_not_start_the_job(tmp_path):
     """An honest failure: the real probe gap (0.001-0.0025 nats/token on CPU) is over a tolerance of 1e-6."""
     run_dir = tmp_path / "run"
-    proc = gdnctl("launch", RL_PRESET, "--smoke", "--then-run", "--run-dir", str(run_dir),
-                  "--set", f"rollout.python={VLLM_PYTHON}", "--set", "rollout.probe_tolerance=1e-6", timeout=900)
+    proc = gdnctl(
+        "launch",
+        RL_PRESET,
+        "--smoke",
+        "--then-run",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"rollout.python={VLLM_PYTHON}",
+        "--set",
+        "rollout.probe_tolerance=1e-6",
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     statuses = {check.name: check.status for check in report(run_dir).checks}
     assert statuses == {"job start": "ok", "weight sync": "FAIL", **{name: "skipped" for name in RL_CHECKS[2:]}}
@@ -117,8 +150,17 @@ def test_a_failed_smoke_check_exits_1_and_then_run_does_not_start_the_job(tmp_pa
 @pytest.mark.slurm
 def test_slurm_runs_the_smoke_as_the_first_step_and_the_job_after_it(tmp_path, local_slurm):
     run_dir = tmp_path / "run"
-    proc = gdnctl("launch", SELFTEST, "--slurm", "--smoke", "--then-run", "--wait", "--run-dir", str(run_dir),
-                  env=slurm_env(local_slurm))
+    proc = gdnctl(
+        "launch",
+        SELFTEST,
+        "--slurm",
+        "--smoke",
+        "--then-run",
+        "--wait",
+        "--run-dir",
+        str(run_dir),
+        env=slurm_env(local_slurm),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(the smoke run, then the job after a green smoke)" in proc.stdout
     assert proc.stdout.index("smoke: green: 7 ok") < proc.stdout.index("selftest: passed: 7 ok")
@@ -130,10 +172,26 @@ def test_slurm_runs_the_smoke_as_the_first_step_and_the_job_after_it(tmp_path, l
 @pytest.mark.slurm
 def test_slurm_does_not_start_the_job_after_a_failed_smoke(tmp_path, local_slurm):
     run_dir = tmp_path / "run"
-    proc = gdnctl("launch", RL_PRESET, "--slurm", "--smoke", "--then-run", "--wait", "--run-dir", str(run_dir),
-                  "--set", f"rollout.python={VLLM_PYTHON}", "--set", "rollout.probe_tolerance=1e-6",
-                  "--set", "launch.slurm.time=00:15:00", "--set", "launch.slurm.exclusive=false",
-                  env=slurm_env(local_slurm), timeout=900)
+    proc = gdnctl(
+        "launch",
+        RL_PRESET,
+        "--slurm",
+        "--smoke",
+        "--then-run",
+        "--wait",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"rollout.python={VLLM_PYTHON}",
+        "--set",
+        "rollout.probe_tolerance=1e-6",
+        "--set",
+        "launch.slurm.time=00:15:00",
+        "--set",
+        "launch.slurm.exclusive=false",
+        env=slurm_env(local_slurm),
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "the job was not started" in proc.stdout + proc.stderr
     assert not report(run_dir).green

@@ -24,8 +24,13 @@ GDNCTL = [sys.executable, "-m", "gdnctl"]
 
 
 def _launch(run_dir: Path, *args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([*GDNCTL, "launch", SELFTEST, "--run-dir", str(run_dir), *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return subprocess.Popen(
+        [*GDNCTL, "launch", SELFTEST, "--run-dir", str(run_dir), *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
 
 
 def _gone(pids: list[int], timeout: float = 5) -> list[int]:
@@ -61,23 +66,30 @@ def test_a_signal_to_gdnctl_stops_every_process_of_the_job(tmp_path, sig):
         assert _gone(pids) == []
     finally:
         _kill(pids)
-    assert f"gdnctl: stopped by {sig.name}: the job (bash {run_dir.resolve()}/launch_local.sh and every process it " \
-           "started) was sent SIGTERM and all 5 of its processes ended within" in stderr
+    assert (
+        f"gdnctl: stopped by {sig.name}: the job (bash {run_dir.resolve()}/launch_local.sh and every process it "
+        "started) was sent SIGTERM and all 5 of its processes ended within" in stderr
+    )
     assert "Traceback" not in stderr
     status = CliRunner().invoke(app, ["status", str(run_dir)])
-    assert status.stdout.splitlines()[0] == (f"{run_dir}: selftest-cpu (selftest, local) ended: stopped by gdnctl on "
-                                             f"{sig.name} (exit code {128 + sig})")
+    assert status.stdout.splitlines()[0] == (
+        f"{run_dir}: selftest-cpu (selftest, local) ended: stopped by gdnctl on {sig.name} (exit code {128 + sig})"
+    )
     _rerender_is_admitted(run_dir)
 
 
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     fake = fake_torchrun(tmp_path / "bin", ignore_term=True)
     run_dir = tmp_path / "run"
-    assert CliRunner().invoke(app, ["render", SELFTEST, "-o", str(run_dir), "--set", f"launch.python={fake}"]
-                              ).exit_code == 0
-    code = ("import sys; from pathlib import Path; from gdnctl.launch.process_tree import run_job, JobStopped\n"
-            "try:\n    run_job(['bash', 'launch_local.sh'], Path(sys.argv[1]), grace=1.0)\n"
-            "except JobStopped as stopped:\n    print(stopped, file=sys.stderr); sys.exit(stopped.exit_code)\n")
+    assert (
+        CliRunner().invoke(app, ["render", SELFTEST, "-o", str(run_dir), "--set", f"launch.python={fake}"]).exit_code
+        == 0
+    )
+    code = (
+        "import sys; from pathlib import Path; from gdnctl.launch.process_tree import run_job, JobStopped\n"
+        "try:\n    run_job(['bash', 'launch_local.sh'], Path(sys.argv[1]), grace=1.0)\n"
+        "except JobStopped as stopped:\n    print(stopped, file=sys.stderr); sys.exit(stopped.exit_code)\n"
+    )
     runner = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], text=True, stderr=subprocess.PIPE)
     pids = started_pids(tmp_path / "bin")
     try:
@@ -155,10 +167,16 @@ def test_stopping_slurm_wait_stops_following_and_says_the_job_goes_on(tmp_path, 
         launch.send_signal(signal.SIGINT)
         _, stderr = launch.communicate(timeout=30)
         assert launch.returncode == 128 + signal.SIGINT, stderr
-        assert (f"gdnctl: stopped following Slurm job {job_id} on SIGINT; the job goes on (scancel {job_id} stops "
-                "it)") in stderr
-        state = subprocess.run(["squeue", "--noheader", "--format=%T", "--jobs", job_id], env=env,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        assert (
+            f"gdnctl: stopped following Slurm job {job_id} on SIGINT; the job goes on (scancel {job_id} stops it)"
+        ) in stderr
+        state = subprocess.run(
+            ["squeue", "--noheader", "--format=%T", "--jobs", job_id],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert state == "RUNNING"
     finally:
         subprocess.run(["scancel", job_id], env=env, check=False)

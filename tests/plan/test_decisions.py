@@ -48,7 +48,8 @@ def test_the_run_exposes_the_decisions_it_was_built_from():
     assert run.layout == decisions.layout(preset, run.stack)
     assert run.sequence_parallel == decisions.sequence_parallel(preset)
     assert [name for name, _, _ in decisions.environment(preset, run.gpu)] == [
-        name for name, _, _ in decisions.environment(run.preset, run.gpu)]
+        name for name, _, _ in decisions.environment(run.preset, run.gpu)
+    ]
     shapes = run.gdn_rank_shapes()
     assert shapes[0].qk_heads == shapes[0].v_heads == run.model.linear_num_value_heads // preset.parallel.tp
 
@@ -61,14 +62,17 @@ def test_the_weight_transport_is_in_memory_exactly_where_it_can_run():
     # A rollout on GPUs of its own gets the broadcast; CUDA IPC cannot reach it.
     separate = _preset("rollout.colocate=false")
     assert decisions.rollout_weight_transport(separate, GPUS["h100"], te).value == "broadcast"
-    ipc_separate = decisions.rollout_weight_transport(_preset("rollout.colocate=false", "rollout.weight_sync=cuda_ipc"),
-                                                      GPUS["h100"], te)
+    ipc_separate = decisions.rollout_weight_transport(
+        _preset("rollout.colocate=false", "rollout.weight_sync=cuda_ipc"), GPUS["h100"], te
+    )
     assert ipc_separate.value == "disk" and "separate placement" in ipc_separate.reason
     # NCCL refuses two ranks of one group on one GPU, which a colocated broadcast would need; on CPU gloo serves.
     colocated = decisions.rollout_weight_transport(_preset("rollout.weight_sync=broadcast"), GPUS["h100"], te)
     assert colocated.value == "disk" and "NCCL refuses" in colocated.reason
-    assert decisions.rollout_weight_transport(_preset("rollout.weight_sync=broadcast"), GPUS["cpu"], te).value \
+    assert (
+        decisions.rollout_weight_transport(_preset("rollout.weight_sync=broadcast"), GPUS["cpu"], te).value
         == "broadcast"
+    )
     # The TE-free builder gathers over TP only: with ep > 1 no rank holds every expert.
     for preset in (_preset("parallel.ep=8"), _preset("parallel.ep=8", "rollout.colocate=false")):
         te_free = decisions.rollout_weight_transport(preset, GPUS["h100"], {"transformer_engine": None})
@@ -116,8 +120,11 @@ def test_explain_and_the_engine_config_carry_the_schedule_ppo_and_eval(tmp_path)
     from gdnctl.plan import compile_engine_config, derived_values
 
     (tmp_path / "heldout.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    run = resolve(_preset("grpo.mini_batches=4", "grpo.epochs=2", f"eval.data_path={tmp_path / 'heldout.jsonl'}",
-                          "eval.interval=5"))
+    run = resolve(
+        _preset(
+            "grpo.mini_batches=4", "grpo.epochs=2", f"eval.data_path={tmp_path / 'heldout.jsonl'}", "eval.interval=5"
+        )
+    )
     shown = {d.name: d for d in derived_values(run)}
     assert shown["lr_schedule"].value.startswith("warmup 10 steps to 1e-06, then constant")
     assert shown["ppo_updates"].value == "8 optimizer steps per rollout step" and "clip" in shown["ppo_updates"].reason

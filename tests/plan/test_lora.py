@@ -50,8 +50,9 @@ def test_the_default_covers_what_loras_default_names_match(arch):
     """LoRA()'s default target_modules match by the module's own name (module_matcher.py `name == pattern`)."""
     linears = _megatron_linears(arch)
     bare = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
-    covered = {target for target, names in linears.items() if target and any(n.rsplit(".", 1)[1] in bare
-                                                                             for n in names)}
+    covered = {
+        target for target, names in linears.items() if target and any(n.rsplit(".", 1)[1] in bare for n in names)
+    }
     assert set(lora.default_targets(arch)) == covered
 
 
@@ -95,8 +96,7 @@ def test_lora_memory_is_a_frozen_base_plus_trained_adapters():
 
 
 def test_expert_adapters_split_over_the_expert_parallel_ranks():
-    run = run_of({"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["experts"]},
-                            "optimizer_cpu_offload": False}})
+    run = run_of({"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["experts"]}, "optimizer_cpu_offload": False}})
     p = run.preset.parallel
     per_gpu = 461_373_440 / (p.ep * p.etp * p.pp)
     expert_dp = run.world_size.value // (p.ep * p.etp * p.pp)
@@ -115,8 +115,10 @@ def test_explain_shows_the_targets_and_the_adapter_count():
 
 
 def test_a_dense_model_refuses_the_expert_targets_by_position():
-    found = codes({"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "experts", "shared_expert"]}}},
-                  base="qwen3.5-9b-sft")
+    found = codes(
+        {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "experts", "shared_expert"]}}},
+        base="qwen3.5-9b-sft",
+    )
     assert [issue.path for issue in found["TRN017"]] == ["train.lora.targets[1]", "train.lora.targets[2]"]
     assert "dense model" in found["TRN017"][0].message
 

@@ -8,8 +8,16 @@ from gdnctl.plan.memory import estimate_training
 from gdnctl.plan.speed import SPEED_OPTIONS, speed_options
 from gdnctl.validate import load_preset
 
-ALL_ON = {"router_fusion": True, "bias_activation_fusion": True, "rope_fusion": True, "cross_entropy": "te",
-          "wgrad_fusion": True, "grad_reduce": "bf16", "manual_gc": True, "cuda_graphs": True}
+ALL_ON = {
+    "router_fusion": True,
+    "bias_activation_fusion": True,
+    "rope_fusion": True,
+    "cross_entropy": "te",
+    "wgrad_fusion": True,
+    "grad_reduce": "bf16",
+    "manual_gc": True,
+    "cuda_graphs": True,
+}
 
 
 def _run(name: str, *overrides: str):
@@ -31,8 +39,15 @@ def test_auto_turns_every_option_on_for_an_moe_sft_on_transformer_engine():
 
 def test_the_te_free_builder_keeps_megatron_cores_unfused_paths():
     decided = _values(_run("qwen3.5-35b-a3b-proxy-bench", "runtime.transformer_engine=none"))
-    assert decided == {**ALL_ON, "router_fusion": False, "bias_activation_fusion": False, "rope_fusion": False,
-                       "cross_entropy": "native", "wgrad_fusion": False, "cuda_graphs": False}
+    assert decided == {
+        **ALL_ON,
+        "router_fusion": False,
+        "bias_activation_fusion": False,
+        "rope_fusion": False,
+        "cross_entropy": "native",
+        "wgrad_fusion": False,
+        "cuda_graphs": False,
+    }
 
 
 def test_a_dense_model_has_no_router_to_fuse():
@@ -66,8 +81,9 @@ def test_cuda_graphs_need_one_row_shape_and_the_layouts_they_have_run_in():
 
 
 def test_the_presets_own_value_wins_and_says_so():
-    run = _run("qwen3.5-35b-a3b-proxy-bench", "speed.cross_entropy=native", "speed.grad_reduce=fp32",
-               "speed.router_fusion=off")
+    run = _run(
+        "qwen3.5-35b-a3b-proxy-bench", "speed.cross_entropy=native", "speed.grad_reduce=fp32", "speed.router_fusion=off"
+    )
     assert run.speed["cross_entropy"].value == "native"
     assert run.speed["grad_reduce"].value == "fp32"
     assert run.speed["router_fusion"].value is False

@@ -40,9 +40,11 @@ def equivalence(ranks: list[int]) -> dict:
     cases = gloo_cases(len(ranks))
     plain = dist.new_group(ranks)
     baseline = [case.run(plain) for case in cases]
-    modes = {"default": no_profile(3.0, frozenset(comm_ops.DEFAULT_SKIP_OPS)),
-             "all_checked": no_profile(3.0, frozenset()),
-             "all_skipped": no_profile(3.0, comm_ops.ALL_OPS)}
+    modes = {
+        "default": no_profile(3.0, frozenset(comm_ops.DEFAULT_SKIP_OPS)),
+        "all_checked": no_profile(3.0, frozenset()),
+        "all_skipped": no_profile(3.0, comm_ops.ALL_OPS),
+    }
     report = {}
     for mode, policy in modes.items():
         probe = CountingProbe(HostMemoryProbe())
@@ -54,8 +56,15 @@ def equivalence(ranks: list[int]) -> dict:
                 before = probe.reads
                 same = same_result(case.run(group), expected)
                 op = case.op(dist.get_rank())
-                rows.append({"case": case.label, "op": op, "same": same, "reads": probe.reads - before,
-                             "checked": op is not None and op not in policy.skip_ops})
+                rows.append(
+                    {
+                        "case": case.label,
+                        "op": op,
+                        "same": same,
+                        "reads": probe.reads - before,
+                        "checked": op is not None and op not in policy.skip_ops,
+                    }
+                )
         finally:
             comm_guard.uninstall()
         report[mode] = rows
@@ -66,8 +75,9 @@ def _small_calls(group: dist.ProcessGroup) -> dict:
     size = group.size()
     return {
         "all_reduce": lambda: dist.all_reduce(torch.ones(2), group=group),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2 * size), torch.ones(2),
-                                                                      group=group),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            torch.zeros(2 * size), torch.ones(2), group=group
+        ),
         "group.allreduce": lambda: group.allreduce([torch.ones(2)]).wait(),
         "group.barrier": lambda: group.barrier().wait(),
         "WORLD.allreduce": lambda: dist.group.WORLD.allreduce([torch.ones(2)]).wait(),
@@ -94,9 +104,11 @@ def skip_set_and_clear_path(ranks: list[int]) -> dict:
                 for label, call in _small_calls(dist.new_group(ranks)).items():
                     reads, releases, gcs = probe.reads, probe.releases, len(collections)
                     call()
-                    observed[f"{label}@{threshold:g}"] = {"reads": probe.reads - reads,
-                                                          "releases": probe.releases - releases,
-                                                          "gc_collects": len(collections) - gcs}
+                    observed[f"{label}@{threshold:g}"] = {
+                        "reads": probe.reads - reads,
+                        "releases": probe.releases - releases,
+                        "gc_collects": len(collections) - gcs,
+                    }
             finally:
                 comm_guard.uninstall()
     finally:
@@ -134,10 +146,12 @@ def policy_swap(ranks: list[int]) -> dict:
     observed = {}
     try:
         calls = _small_calls(dist.new_group(ranks))
-        for mode, policy in {"installed": None,
-                             "all_checked": no_profile(3.0, frozenset()),
-                             "all_skipped": no_profile(3.0, comm_ops.ALL_OPS),
-                             "zero_threshold": no_profile(0.0, frozenset())}.items():
+        for mode, policy in {
+            "installed": None,
+            "all_checked": no_profile(3.0, frozenset()),
+            "all_skipped": no_profile(3.0, comm_ops.ALL_OPS),
+            "zero_threshold": no_profile(0.0, frozenset()),
+        }.items():
             if policy is not None:
                 comm_guard.set_policy(policy)
             for label in ("all_reduce", "all_gather_into_tensor", "group.allreduce"):
@@ -175,8 +189,11 @@ def identity_and_lifecycle() -> dict:
     return {
         "replaced_while_installed": replaced,
         "changed_after_uninstall": changed_entries(before),
-        "identity": [dist.all_reduce is original_all_reduce, dist.get_rank is original_get_rank,
-                     dist.new_group is original_new_group],
+        "identity": [
+            dist.all_reduce is original_all_reduce,
+            dist.get_rank is original_get_rank,
+            dist.new_group is original_new_group,
+        ],
         "second_install_error": second_install,
         "installed_then": installed,
         "installed_now": comm_guard.is_installed(),

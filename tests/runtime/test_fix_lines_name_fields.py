@@ -25,8 +25,10 @@ DOTTED = re.compile(r"(?<![\w./-])(%s)\.([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*
 BARE_KEY = re.compile(r"(?:preset with|[Ss]et) ([a-z_]+): ")
 # Dotted names that are not preset fields and say so by their form: files (metrics.jsonl, model.safetensors, a
 # module's job.py) and Hugging Face / Megatron tensor names (model.layers.0...).
-NOT_FIELDS = re.compile(r"\.(jsonl?|py|safetensors|weight|log)(\.|$)|^model\.(layers|embed_tokens|norm|mtp|visual|"
-                        r"language_model)\b|^job\.reported$")
+NOT_FIELDS = re.compile(
+    r"\.(jsonl?|py|safetensors|weight|log)(\.|$)|^model\.(layers|embed_tokens|norm|mtp|visual|"
+    r"language_model)\b|^job\.reported$"
+)
 # Engine-config fields a message names as such ("compiled for parallel.world_size 8"): the engine config's
 # section, not a key the user writes.
 ENGINE_ONLY = {"parallel.world_size"}
@@ -59,9 +61,14 @@ def _runtime_strings():
     for path in sorted(RUNTIME.rglob("*.py")):
         tree = ast.parse(path.read_text())
         owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, owners) and node.body and isinstance(node.body[0], ast.Expr)
-                      and isinstance(node.body[0].value, ast.Constant)}
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, owners)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 yield f"{path.relative_to(RUNTIME)}:{node.lineno}", node.value

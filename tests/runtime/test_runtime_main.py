@@ -21,8 +21,9 @@ def test_selftest_passes_on_two_gloo_ranks(tmp_path):
     lines = [line for line in completed.stdout.splitlines() if line.startswith("selftest: ")]
     assert lines[-1] == f"selftest: passed: 7 ok, 0 failed, 0 skipped on {WORLD_SIZE} ranks (gloo)"
     assert len(lines) == 8 and all(" ok (" in line for line in lines[:-1]), lines
-    assert any(line.startswith("selftest: gdn kernel backend ok (flashqla unavailable (expected on CPU)")
-               for line in lines)
+    assert any(
+        line.startswith("selftest: gdn kernel backend ok (flashqla unavailable (expected on CPU)") for line in lines
+    )
     for rank in range(WORLD_SIZE):
         assert (tmp_path / "comm_profile" / f"comm_profile_rank{rank}.json").is_file()
 
@@ -33,9 +34,11 @@ def test_an_unknown_skip_op_stops_every_rank_with_one_sentence(tmp_path):
     completed = torchrun("-m", "gdnctl.runtime", "--config", str(config_path), cwd=tmp_path)
     assert completed.returncode != 0
     messages = [line for line in completed.stderr.splitlines() if line.startswith("gdnctl runtime: ")]
-    assert messages == ["gdnctl runtime: comm.skip_ops names unknown ops all_reduse (did you mean all_reduce?); use "
-                        "torch.distributed collective or ProcessGroup method names, which `gdnctl rules COM001` "
-                        "lists."], completed.stderr[-4000:]
+    assert messages == [
+        "gdnctl runtime: comm.skip_ops names unknown ops all_reduse (did you mean all_reduce?); use "
+        "torch.distributed collective or ProcessGroup method names, which `gdnctl rules COM001` "
+        "lists."
+    ], completed.stderr[-4000:]
     assert "Traceback (most recent call last)" not in completed.stdout
 
 
@@ -64,8 +67,10 @@ def test_bad_configs_exit_2_with_a_sentence(tmp_path, capsys, outside_torchrun):
 
     newer = write_engine_yaml(tmp_path, tiny_engine_config(version=ENGINE_CONFIG_VERSION + 1))
     assert main(["--config", str(newer)]) == 2
-    assert (f"has version {ENGINE_CONFIG_VERSION + 1} but this gdnctl reads version {ENGINE_CONFIG_VERSION}"
-            in capsys.readouterr().err)
+    assert (
+        f"has version {ENGINE_CONFIG_VERSION + 1} but this gdnctl reads version {ENGINE_CONFIG_VERSION}"
+        in capsys.readouterr().err
+    )
 
 
 def test_launch_outside_torchrun_or_with_the_wrong_rank_count(tmp_path, capsys, outside_torchrun):
@@ -73,12 +78,19 @@ def test_launch_outside_torchrun_or_with_the_wrong_rank_count(tmp_path, capsys, 
     assert main(["--config", str(config_path)]) == 2
     assert "torchrun's variables RANK, WORLD_SIZE" in capsys.readouterr().err
 
-    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": "29500"}.items():
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
         outside_torchrun.setenv(name, value)
     assert main(["--config", str(config_path)]) == 2
-    assert "torchrun started 4 ranks but the engine config was compiled for parallel.world_size 2" in \
-        capsys.readouterr().err
+    assert (
+        "torchrun started 4 ranks but the engine config was compiled for parallel.world_size 2"
+        in capsys.readouterr().err
+    )
 
 
 def test_config_env_fills_only_unset_variables(monkeypatch):
@@ -97,13 +109,30 @@ def test_rl_ranks_wait_longer_than_the_rollout_server_may_take():
 
     base = tiny_engine_config()
     assert collective_timeout(base) == timedelta(minutes=5)  # the selftest fixture
-    rollout = {"engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": True, "gdn_prefill_backend": None,
-               "gpu_memory_utilization": 0.5, "kv_cache_gib": None, "max_model_len": 256, "n_samples_per_prompt": 2,
-               "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 1200.0,
-               "probe_tolerance": 0.1, "max_step0_logprob_gap": 0.05,
-               "python": None,
-        "enforce_eager": False, "weight_transport": "disk", "weight_transport_reason": "CPU",
-        "sleep_between_phases": False, "vision_language_class": False}
-    rl = EngineConfig.model_validate({**base.model_dump(mode="json"), "job": "rl", "selftest": None,
-                                      "rollout": rollout})
+    rollout = {
+        "engine": "vllm",
+        "tp": 1,
+        "num_gpus": 1,
+        "colocate": True,
+        "gdn_prefill_backend": None,
+        "gpu_memory_utilization": 0.5,
+        "kv_cache_gib": None,
+        "max_model_len": 256,
+        "n_samples_per_prompt": 2,
+        "prompts_per_step": 1,
+        "max_response_tokens": 16,
+        "temperature": 1.0,
+        "timeout_s": 1200.0,
+        "probe_tolerance": 0.1,
+        "max_step0_logprob_gap": 0.05,
+        "python": None,
+        "enforce_eager": False,
+        "weight_transport": "disk",
+        "weight_transport_reason": "CPU",
+        "sleep_between_phases": False,
+        "vision_language_class": False,
+    }
+    rl = EngineConfig.model_validate(
+        {**base.model_dump(mode="json"), "job": "rl", "selftest": None, "rollout": rollout}
+    )
     assert collective_timeout(rl) == timedelta(minutes=30 + 60)

@@ -37,11 +37,24 @@ def codes(changes: dict | None = None, base: str = BASE) -> dict[str, list]:
 
 # A tiny Qwen3.5-MoE text config (HF keys): the rule tests' checkpoint and the config-agreement test's base.
 TINY_MOE_TEXT = {
-    "model_type": "qwen3_5_moe_text", "num_hidden_layers": 8, "hidden_size": 256, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 4, "vocab_size": 1024, "num_experts": 8, "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "mtp_num_hidden_layers": 1,
+    "model_type": "qwen3_5_moe_text",
+    "num_hidden_layers": 8,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "vocab_size": 1024,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "mtp_num_hidden_layers": 1,
 }
 
 
@@ -49,8 +62,12 @@ def write_checkpoint(directory: Path, **text_config) -> Path:
     """A local checkpoint dir whose config.json is a Qwen3.5-style VL config with `text_config` overrides."""
     text = {**TINY_MOE_TEXT, **text_config}
     architectures = text.pop("architectures", ["Qwen3_5MoeForConditionalGeneration"])
-    config = {"architectures": architectures, "model_type": "qwen3_5_moe", "text_config": text,
-              "tie_word_embeddings": False}
+    config = {
+        "architectures": architectures,
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "tie_word_embeddings": False,
+    }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
     return directory

@@ -41,49 +41,74 @@ def test_every_architecture_key_takes_only_its_json_type(tmp_path, key, value):
     assert f"text_config.{key} is {value!r}, not {kind}" in message
 
 
-@pytest.mark.parametrize(("top", "said"), [
-    ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no', not true or false"),
-    ({"tie_word_embeddings": 1}, "tie_word_embeddings is 1, not true or false"),
-    ({"architectures": {"Qwen3_5MoeForConditionalGeneration": 1}}, "architectures is {"),
-    ({"architectures": "Qwen3_5MoeForCausalLM"}, "not a list of strings"),
-    ({"architectures": [1]}, "architectures is [1], not a list of strings"),
-    ({"text_config": ["hidden_size"]}, "text_config is ['hidden_size'], not an object"),
-])
+@pytest.mark.parametrize(
+    ("top", "said"),
+    [
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no', not true or false"),
+        ({"tie_word_embeddings": 1}, "tie_word_embeddings is 1, not true or false"),
+        ({"architectures": {"Qwen3_5MoeForConditionalGeneration": 1}}, "architectures is {"),
+        ({"architectures": "Qwen3_5MoeForCausalLM"}, "not a list of strings"),
+        ({"architectures": [1]}, "architectures is [1], not a list of strings"),
+        ({"text_config": ["hidden_size"]}, "text_config is ['hidden_size'], not an object"),
+    ],
+)
 def test_top_level_values_of_the_wrong_type_are_named(tmp_path, top, said):
     assert said in _finding(_config(tmp_path, **top))
 
 
 def test_nested_values_of_the_wrong_type_are_named(tmp_path):
     assert "text_config.layer_types is ['linear_attention', 3]" in _finding(
-        write_checkpoint(tmp_path / "a", layer_types=["linear_attention", 3]))
+        write_checkpoint(tmp_path / "a", layer_types=["linear_attention", 3])
+    )
     assert "text_config.model_type is 5, not a string" in _finding(write_checkpoint(tmp_path / "d", model_type=5))
     assert "text_config.rope_parameters is [1]" in _finding(write_checkpoint(tmp_path / "b", rope_parameters=[1]))
     assert "text_config.rope_parameters.rope_theta is True, not a number" in _finding(
-        write_checkpoint(tmp_path / "c", rope_parameters={"rope_theta": True}))
+        write_checkpoint(tmp_path / "c", rope_parameters={"rope_theta": True})
+    )
 
 
 def test_values_of_the_right_type_are_read_as_written(tmp_path):
     checkpoint = _config(tmp_path, tie_word_embeddings=False)
     arch = validate("qwen3.5-35b-a3b-sft", [f"model.path={checkpoint}", "model.id=null"]).run.model
     assert arch.tie_word_embeddings is False and arch.num_layers == TINY_MOE_TEXT["num_hidden_layers"]
-    (checkpoint / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()),
-                                                        "tie_word_embeddings": True}))
-    assert validate("qwen3.5-35b-a3b-sft", [f"model.path={checkpoint}",
-                                            "model.id=null"]).run.model.tie_word_embeddings is True
+    (checkpoint / "config.json").write_text(
+        json.dumps({**json.loads((checkpoint / "config.json").read_text()), "tie_word_embeddings": True})
+    )
+    assert (
+        validate("qwen3.5-35b-a3b-sft", [f"model.path={checkpoint}", "model.id=null"]).run.model.tie_word_embeddings
+        is True
+    )
 
 
 def _validate_in_a_process(checkpoint) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gdnctl", "validate", "qwen3.5-35b-a3b-sft", "--set",
-                           f"model.path={checkpoint}", "--set", "model.id=null", "--json"], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "validate",
+            "qwen3.5-35b-a3b-sft",
+            "--set",
+            f"model.path={checkpoint}",
+            "--set",
+            "model.id=null",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize(("make", "said"), [
-    (lambda path: os.mkfifo(path), "is a named pipe (FIFO), not a regular file"),
-    (lambda path: path.symlink_to("/dev/zero"), "is a device, not a regular file"),
-    (lambda path: path.open("wb").truncate(5 * 1024**2), "is larger than 4 MiB"),
-    (lambda path: path.mkdir(), "is a directory, not a regular file"),
-])
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda path: os.mkfifo(path), "is a named pipe (FIFO), not a regular file"),
+        (lambda path: path.symlink_to("/dev/zero"), "is a device, not a regular file"),
+        (lambda path: path.open("wb").truncate(5 * 1024**2), "is larger than 4 MiB"),
+        (lambda path: path.mkdir(), "is a directory, not a regular file"),
+    ],
+)
 def test_a_config_json_that_is_no_regular_file_is_refused_without_reading_it(tmp_path, make, said):
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()

@@ -73,8 +73,14 @@ def test_explain_reasons_and_memory():
     assert derived["layout"]["value"] == "thd" and "0.18" in derived["layout"]["reason"]
     assert derived["dp"]["value"] == 4
     assert {r["name"] for r in data["memory"]["rows"]} >= {"weights", "gradients", "optimizer", "activations"}
-    text = invoke("explain", "qwen3.5-35b-a3b-grpo", "--set", "runtime.megatron_core=0.17.0",
-                  "--set", "runtime.megatron_bridge=0.4.0").stdout
+    text = invoke(
+        "explain",
+        "qwen3.5-35b-a3b-grpo",
+        "--set",
+        "runtime.megatron_core=0.17.0",
+        "--set",
+        "runtime.megatron_bridge=0.4.0",
+    ).stdout
     assert "bshd" in text and "NotImplementedError" in text and "memory per GPU" in text
 
 
@@ -112,10 +118,12 @@ def test_example_builds_on_a_shipped_preset():
 
 
 def test_validate_imports_no_heavy_package():
-    code = ("import sys\nfrom gdnctl.cli import main\nsys.argv=['gdnctl','validate','qwen3.5-35b-a3b-grpo']\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy=[m for m in ('torch','megatron','fla','flash_qla','vllm','transformers','tilelang') "
-            "if m in sys.modules]\nprint('HEAVY', heavy)")
+    code = (
+        "import sys\nfrom gdnctl.cli import main\nsys.argv=['gdnctl','validate','qwen3.5-35b-a3b-grpo']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy=[m for m in ('torch','megatron','fla','flash_qla','vllm','transformers','tilelang') "
+        "if m in sys.modules]\nprint('HEAVY', heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out
 
@@ -130,8 +138,9 @@ def test_docs_rule_table_is_the_generated_one():
     end = next((i for i in range(start, len(page)) if not page[i].startswith("|")), len(page))
     result = invoke("rules", "--markdown")
     assert result.exit_code == 0
-    assert "\n".join(page[start:end]) == result.stdout.strip(), \
+    assert "\n".join(page[start:end]) == result.stdout.strip(), (
         "docs/rules.md's rules table differs from `gdnctl rules --markdown`: replace it with that output"
+    )
 
 
 def test_rules_markdown_table():

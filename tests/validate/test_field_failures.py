@@ -23,33 +23,46 @@ def _severity(found: dict, code: str) -> Severity | None:
 
 
 # --- KRN007: FLA's gated GDN backward on Hopper with Triton 3.4-3.7.0 (fla #640, #983) ---------------------------
-@pytest.mark.parametrize(("triton", "expected"), [
-    ("3.3.1", None), ("3.4.0", Severity.ERROR), ("3.6.0", Severity.ERROR), ("3.7.0", Severity.ERROR),
-    ("3.7.1", None), ("3.8.0", None),
-])
+@pytest.mark.parametrize(
+    ("triton", "expected"),
+    [
+        ("3.3.1", None),
+        ("3.4.0", Severity.ERROR),
+        ("3.6.0", Severity.ERROR),
+        ("3.7.0", Severity.ERROR),
+        ("3.7.1", None),
+        ("3.8.0", None),
+    ],
+)
 def test_hopper_triton_window(triton, expected):
     found = codes({"runtime": {"triton": triton, "fla": "0.4.1", "flash_qla": "none"}})
     assert _severity(found, "KRN007") == expected
 
 
-@pytest.mark.parametrize(("fla", "flash_qla", "expected", "says"), [
-    ("0.4.1", "none", Severity.ERROR, "wrong db and dg"),
-    ("0.4.2", "none", Severity.WARNING, "no guard"),
-    ("0.5.0", "none", Severity.WARNING, "RuntimeError"),
-    ("0.6.0", "none", Severity.WARNING, "RuntimeError"),
-    ("0.6.0", "0.1.3", Severity.INFO, "TileLang"),
-])
+@pytest.mark.parametrize(
+    ("fla", "flash_qla", "expected", "says"),
+    [
+        ("0.4.1", "none", Severity.ERROR, "wrong db and dg"),
+        ("0.4.2", "none", Severity.WARNING, "no guard"),
+        ("0.5.0", "none", Severity.WARNING, "RuntimeError"),
+        ("0.6.0", "none", Severity.WARNING, "RuntimeError"),
+        ("0.6.0", "0.1.3", Severity.INFO, "TileLang"),
+    ],
+)
 def test_hopper_triton_by_fla_release(fla, flash_qla, expected, says):
     finding = codes({"runtime": {"triton": "3.6.0", "fla": fla, "flash_qla": flash_qla}})["KRN007"][0]
     assert finding.severity is expected and says in finding.message and finding.path == "runtime.triton"
 
 
-@pytest.mark.parametrize("changes", [
-    {"runtime": {"fla": "0.4.1"}},  # runtime.triton unknown
-    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "cluster": {"gpu": "a100"}},  # not Hopper
-    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "kernels": {"gdn_backend": "flashqla"}},
-    {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "job": "selftest", "rollout": None},  # no backward
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"runtime": {"fla": "0.4.1"}},  # runtime.triton unknown
+        {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "cluster": {"gpu": "a100"}},  # not Hopper
+        {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "kernels": {"gdn_backend": "flashqla"}},
+        {"runtime": {"triton": "3.6.0", "fla": "0.4.1"}, "job": "selftest", "rollout": None},  # no backward
+    ],
+)
 def test_hopper_triton_quiet(changes):
     assert "KRN007" not in codes(changes)
 
@@ -61,35 +74,48 @@ def test_hopper_triton_on_every_hopper_gpu():
 
 
 # --- KRN008: FLA's GDN backward on Blackwell before 0.5.2 (fla #913, #999, PR #1000) ------------------------------
-@pytest.mark.parametrize(("fla", "trips"), [("0.4.2", True), ("0.5.0", True), ("0.5.1", True), ("0.5.2", False),
-                                           ("0.6.0", False)])
+@pytest.mark.parametrize(
+    ("fla", "trips"), [("0.4.2", True), ("0.5.0", True), ("0.5.1", True), ("0.5.2", False), ("0.6.0", False)]
+)
 def test_blackwell_backward_by_fla_release(fla, trips):
     assert ("KRN008" in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": fla}})) is trips
 
 
-@pytest.mark.parametrize(("gpu", "trips"), [("b200", True), ("b300", True), ("rtx-pro-6000", True), ("h100", False),
-                                           ("a100", False)])
+@pytest.mark.parametrize(
+    ("gpu", "trips"), [("b200", True), ("b300", True), ("rtx-pro-6000", True), ("h100", False), ("a100", False)]
+)
 def test_blackwell_backward_by_gpu(gpu, trips):
     assert ("KRN008" in codes({"cluster": {"gpu": gpu}, "runtime": {"fla": "0.5.1"}})) is trips
 
 
 def test_blackwell_backward_only_for_fla_training():
-    assert "KRN008" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"},
-                                  "kernels": {"gdn_backend": "flashqla"}})
-    assert "KRN008" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}, "job": "selftest",
-                                  "rollout": None})
+    assert "KRN008" not in codes(
+        {"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}, "kernels": {"gdn_backend": "flashqla"}}
+    )
+    assert "KRN008" not in codes(
+        {"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}, "job": "selftest", "rollout": None}
+    )
 
 
 # --- KRN009: the flash-qla release must have kernels for the GPU (QwenLM/FlashQLA tags) ----------------------------
-@pytest.mark.parametrize(("gpu", "flash_qla", "trips"), [
-    ("h100", "0.1.1", False), ("b200", "0.1.1", False),
-    ("rtx-pro-6000", "0.1.1", True), ("rtx-pro-6000", "0.1.2", False),
-    ("b300", "0.1.2", True), ("b300", "0.1.3", False),
-    ("gb10", "0.1.2", True), ("gb10", "0.1.3", False), ("gb10", "0.2.0", False),
-])
+@pytest.mark.parametrize(
+    ("gpu", "flash_qla", "trips"),
+    [
+        ("h100", "0.1.1", False),
+        ("b200", "0.1.1", False),
+        ("rtx-pro-6000", "0.1.1", True),
+        ("rtx-pro-6000", "0.1.2", False),
+        ("b300", "0.1.2", True),
+        ("b300", "0.1.3", False),
+        ("gb10", "0.1.2", True),
+        ("gb10", "0.1.3", False),
+        ("gb10", "0.2.0", False),
+    ],
+)
 def test_flashqla_release_by_gpu(gpu, flash_qla, trips):
-    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": gpu},
-                   "runtime": {"flash_qla": flash_qla}})
+    found = codes(
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": gpu}, "runtime": {"flash_qla": flash_qla}}
+    )
     assert ("KRN009" in found) is trips
 
 
@@ -100,54 +126,67 @@ def test_flashqla_release_table_covers_the_supported_gpus():
 
 
 def test_flashqla_release_leaves_unsupported_gpus_to_krn001():
-    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"},
-                   "runtime": {"flash_qla": "0.1.1"}})
+    found = codes(
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"}, "runtime": {"flash_qla": "0.1.1"}}
+    )
     assert "KRN001" in found and "KRN009" not in found
 
 
 @pytest.mark.parametrize(("flash_qla", "refused"), [("0.1.2", True), ("0.1.3", False)])
 def test_sm120_training_is_refused_only_before_the_0_1_3_backward(flash_qla, refused):
     """flash-qla 0.1.3's wheel has blackwell_sm120/fused_bwd.py; 0.1.2 raised NotImplementedError in backward."""
-    found = codes({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"},
-                   "runtime": {"flash_qla": flash_qla}})
+    found = codes(
+        {
+            "kernels": {"gdn_backend": "flashqla"},
+            "cluster": {"gpu": "rtx-pro-6000"},
+            "runtime": {"flash_qla": flash_qla},
+        }
+    )
     assert ("KRN002" in found) == refused
     if refused:
         assert "only a forward kernel" in found["KRN002"][0].message
 
 
 # --- RLT004: FlashInfer GDN prefill on Hopper, by the FlashInfer vLLM pins (flashinfer #3477 in 0.6.14) ------------
-@pytest.mark.parametrize(("vllm", "backend", "expected"), [
-    ("0.17.0", None, None),  # no --gdn-prefill-backend, no FlashInfer GDN prefill to choose
-    ("0.18.0", None, Severity.WARNING),
-    ("0.25.1", "flashinfer", Severity.WARNING),
-    ("0.26.0", None, Severity.INFO),
-    ("0.26.0", "flashinfer", Severity.INFO),
-    ("0.33.0", "auto", Severity.INFO),
-    ("0.25.1", "triton", None),
-    ("0.33.0", "triton", None),
-])
+@pytest.mark.parametrize(
+    ("vllm", "backend", "expected"),
+    [
+        ("0.17.0", None, None),  # no --gdn-prefill-backend, no FlashInfer GDN prefill to choose
+        ("0.18.0", None, Severity.WARNING),
+        ("0.25.1", "flashinfer", Severity.WARNING),
+        ("0.26.0", None, Severity.INFO),
+        ("0.26.0", "flashinfer", Severity.INFO),
+        ("0.33.0", "auto", Severity.INFO),
+        ("0.25.1", "triton", None),
+        ("0.33.0", "triton", None),
+    ],
+)
 def test_prefill_hang_by_vllm_release(vllm, backend, expected):
     found = codes({"runtime": {"vllm": vllm}, "rollout": {"gdn_prefill_backend": backend}})
     assert _severity(found, "RLT004") == expected
 
 
 def test_prefill_hang_only_on_hopper():
-    assert "RLT004" not in codes({"cluster": {"gpu": "b200"}, "runtime": {"vllm": "0.25.1"},
-                                  "rollout": {"gdn_prefill_backend": None}})
+    assert "RLT004" not in codes(
+        {"cluster": {"gpu": "b200"}, "runtime": {"vllm": "0.25.1"}, "rollout": {"gdn_prefill_backend": None}}
+    )
 
 
 # --- TRN003: the trainer's transformers must know the model type (verl #5937) ------------------------------------
-@pytest.mark.parametrize(("model", "transformers", "trips"), [
-    ("gdnctl/tiny-qwen3.5-bytes", "4.57.6", True),
-    ("gdnctl/tiny-qwen3.5-bytes", "5.1.0", True),
-    ("gdnctl/tiny-qwen3.5-bytes", "5.2.0", False),
-    ("gdnctl/tiny-qwen3.5-bytes", "5.23.0", False),
-    ("gdnctl/tiny-qwen3.5-moe-bytes", "5.1.0", True),
-    ("gdnctl/tiny-qwen3.5-moe-bytes", "5.2.0", False),
-    ("gdnctl/tiny-qwen3-next-bytes", "4.56.2", True),
-    ("gdnctl/tiny-qwen3-next-bytes", "4.57.0", False),
-    ("gdnctl/tiny-qwen3-next-bytes", "5.1.0", False),
-])
+@pytest.mark.parametrize(
+    ("model", "transformers", "trips"),
+    [
+        ("gdnctl/tiny-qwen3.5-bytes", "4.57.6", True),
+        ("gdnctl/tiny-qwen3.5-bytes", "5.1.0", True),
+        ("gdnctl/tiny-qwen3.5-bytes", "5.2.0", False),
+        ("gdnctl/tiny-qwen3.5-bytes", "5.23.0", False),
+        ("gdnctl/tiny-qwen3.5-moe-bytes", "5.1.0", True),
+        ("gdnctl/tiny-qwen3.5-moe-bytes", "5.2.0", False),
+        ("gdnctl/tiny-qwen3-next-bytes", "4.56.2", True),
+        ("gdnctl/tiny-qwen3-next-bytes", "4.57.0", False),
+        ("gdnctl/tiny-qwen3-next-bytes", "5.1.0", False),
+    ],
+)
 def test_transformers_by_model_type(model, transformers, trips):
     found = codes({"model": {"id": model}, "runtime": {"transformers": transformers}}, base=CPU_RL)
     assert ("TRN003" in found) is trips
@@ -158,8 +197,9 @@ def test_transformers_by_model_type(model, transformers, trips):
 def test_transformers_matters_only_for_the_cpu_policy():
     assert "TRN003" not in codes({"runtime": {"transformers": "4.40.0"}})  # rl on GPUs: Megatron, no transformers
     assert "TRN003" not in codes({}, base=CPU_RL)  # runtime.transformers unknown
-    assert "TRN003" not in codes({"job": "selftest", "rollout": None, "runtime": {"transformers": "4.40.0"}},
-                                 base=CPU_RL)
+    assert "TRN003" not in codes(
+        {"job": "selftest", "rollout": None, "runtime": {"transformers": "4.40.0"}}, base=CPU_RL
+    )
 
 
 def test_new_runtime_versions_are_checked_and_default_to_unknown():
@@ -223,7 +263,8 @@ def test_a_fixed_kv_cache_is_what_vllm_holds_in_the_rollout_phase():
     assert phase["vLLM"] == pytest.approx(share.gib)
     profiled = run_of()
     assert memory.rollout_share(profiled).gib == pytest.approx(
-        profiled.preset.rollout.gpu_memory_utilization * profiled.gpu.memory_gib)
+        profiled.preset.rollout.gpu_memory_utilization * profiled.gpu.memory_gib
+    )
 
 
 def test_a_kv_cache_larger_than_the_gpu_is_refused_at_its_field():

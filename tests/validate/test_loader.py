@@ -15,8 +15,10 @@ def write(path, text):
 
 
 def test_base_relative_to_file_and_deep_merge(tmp_path):
-    write(tmp_path / "parent.yaml", "name: p\njob: sft\nmodel: {id: Qwen/Qwen3.5-9B}\n"
-                                    "parallel: {tp: 2, pp: 1}\ntrain: {seq_length: 4096}\n")
+    write(
+        tmp_path / "parent.yaml",
+        "name: p\njob: sft\nmodel: {id: Qwen/Qwen3.5-9B}\nparallel: {tp: 2, pp: 1}\ntrain: {seq_length: 4096}\n",
+    )
     child = write(tmp_path / "child.yaml", "base: parent.yaml\nname: c\nparallel: {pp: 2}\n")
     loaded = load_preset(child)
     assert loaded.preset.name == "c"
@@ -44,11 +46,18 @@ def test_missing_base(tmp_path):
         load_preset(tmp_path / "a.yaml")
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("parallel.tp=2", 2), ("train.lr=1e-5", 1e-5), ("parallel.sequence_parallel=false", False),
-    ("parallel.vpp=null", None), ("comm.skip_ops=[barrier, isend]", ["barrier", "isend"]),
-    ("launch.env={A: '1'}", {"A": "1"}), ("name=my run", "my run"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("parallel.tp=2", 2),
+        ("train.lr=1e-5", 1e-5),
+        ("parallel.sequence_parallel=false", False),
+        ("parallel.vpp=null", None),
+        ("comm.skip_ops=[barrier, isend]", ["barrier", "isend"]),
+        ("launch.env={A: '1'}", {"A": "1"}),
+        ("name=my run", "my run"),
+    ],
+)
 def test_override_values_parse_as_yaml(text, expected):
     assert parse_override(text)[1] == expected
 
@@ -90,8 +99,10 @@ def test_checkpoint_config_wins_over_catalog(tmp_path):
     from tests.validate.helpers import write_checkpoint
 
     ckpt = write_checkpoint(tmp_path / "ckpt", num_hidden_layers=12)
-    path = write(tmp_path / "p.yaml", f"name: p\njob: sft\nmodel: {{id: Qwen/Qwen3.5-35B-A3B, path: '{ckpt}'}}\n"
-                                      "cluster: {gpus_per_node: 1}\n")
+    path = write(
+        tmp_path / "p.yaml",
+        f"name: p\njob: sft\nmodel: {{id: Qwen/Qwen3.5-35B-A3B, path: '{ckpt}'}}\ncluster: {{gpus_per_node: 1}}\n",
+    )
     result = validate(path)
     assert result.run.model.num_layers == 12 and result.run.model.hidden_size == 256
 
@@ -102,20 +113,26 @@ def test_missing_checkpoint_config(tmp_path):
     assert finding.code == "PRE003" and finding.path == "model.path"
 
 
-@pytest.mark.parametrize("text,match", [
-    ("name: x\njob: [\n", r"p.yaml:3:1"),
-    ("", "empty"),
-    ("- a\n- b\n", "mapping"),
-    ("name: a\nname: b\n", "appears twice"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("name: x\njob: [\n", r"p.yaml:3:1"),
+        ("", "empty"),
+        ("- a\n- b\n", "mapping"),
+        ("name: a\nname: b\n", "appears twice"),
+    ],
+)
 def test_unreadable_yaml(tmp_path, text, match):
     with pytest.raises(PresetLoadError, match=match):
         load_preset(write(tmp_path / "p.yaml", text))
 
 
 def test_a_number_in_launch_env_is_written_as_yaml_spelled_it(tmp_path):
-    path = write(tmp_path / "p.yaml", "base: tiny-qwen3.5-sft\nname: p\nlaunch:\n  env:\n"
-                                      "    CUDA_DEVICE_MAX_CONNECTIONS: 1\n    NCCL_TIMEOUT_SCALE: 1.5\n")
+    path = write(
+        tmp_path / "p.yaml",
+        "base: tiny-qwen3.5-sft\nname: p\nlaunch:\n  env:\n"
+        "    CUDA_DEVICE_MAX_CONNECTIONS: 1\n    NCCL_TIMEOUT_SCALE: 1.5\n",
+    )
     result = validate(path)
     assert not [f for f in result.findings if f.code.startswith("PRE")]
     assert result.run.preset.launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_TIMEOUT_SCALE": "1.5"}
@@ -134,10 +151,14 @@ def test_override_key_parts_are_stripped():
     assert parse_override(" train . lr=1e-3")[0] == ("train", "lr")
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    ("train.x=[1, 2", "opens a YAML flow list with '[' that is not closed"),
-    ("train.x={a: 1", "opens a YAML flow mapping with '{' that is not closed"),
-    ("train.x=a: b: c", "is not valid YAML (mapping values are not allowed here)")])
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("train.x=[1, 2", "opens a YAML flow list with '[' that is not closed"),
+        ("train.x={a: 1", "opens a YAML flow mapping with '{' that is not closed"),
+        ("train.x=a: b: c", "is not valid YAML (mapping values are not allowed here)"),
+    ],
+)
 def test_an_unparsable_override_says_why_and_both_ways_out(text, said):
     with pytest.raises(PresetLoadError) as caught:
         parse_override(text)

@@ -45,8 +45,10 @@ def test_a_cluster_path_with_a_catalog_id_is_checked_against_the_catalog_and_sai
     assert exit_code == 0 and data["ok"], data["findings"]
     (note,) = [f for f in data["findings"] if f["code"] == "LCH008"]
     assert note["severity"] == "info" and note["path"] == "model.path"
-    assert note["message"] == (f"model.path {CLUSTER_PATH} is not on this machine: it will be read on the cluster, "
-                               f"and the catalog's architecture of {MODEL_ID} (model.id) was used for the checks.")
+    assert note["message"] == (
+        f"model.path {CLUSTER_PATH} is not on this machine: it will be read on the cluster, "
+        f"and the catalog's architecture of {MODEL_ID} (model.id) was used for the checks."
+    )
     assert note["location"].startswith(f"{preset}:")
     assert not [f for f in data["findings"] if f["code"] == "PRE003"]
 
@@ -71,14 +73,20 @@ def test_the_rendered_job_reads_the_cluster_path_with_the_catalogs_architecture(
 
 
 def test_a_missing_path_for_the_local_executor_is_pre003_with_the_fix(tmp_path):
-    preset = _preset(tmp_path, {"id": MODEL_ID, "path": CLUSTER_PATH},
-                     cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100"}, launch={"executor": "local"})
+    preset = _preset(
+        tmp_path,
+        {"id": MODEL_ID, "path": CLUSTER_PATH},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100"},
+        launch={"executor": "local"},
+    )
     exit_code, data = _validate_json(str(preset))
     (finding,) = data["findings"]
     assert exit_code == 1 and finding["code"] == "PRE003" and finding["path"] == "model.path"
-    assert finding["message"] == (f"model.path {CLUSTER_PATH} does not exist on this machine, so gdnctl cannot read "
-                                  "the model's architecture from its config.json, and the local executor runs the "
-                                  "job here.")
+    assert finding["message"] == (
+        f"model.path {CLUSTER_PATH} does not exist on this machine, so gdnctl cannot read "
+        "the model's architecture from its config.json, and the local executor runs the "
+        "job here."
+    )
     assert finding["hint"].startswith("Point model.path at the checkpoint directory on this machine")
     assert "launch with --slurm" in finding["hint"]
     # `launch --slurm` on the same preset is the cluster case again
@@ -95,14 +103,14 @@ def test_a_missing_path_without_a_catalog_id_is_pre003_asking_for_one(tmp_path):
 
 
 def test_a_missing_path_with_an_id_the_catalog_lacks_is_pre003_with_a_did_you_mean(tmp_path):
-    exit_code, data = _validate_json(str(_preset(tmp_path, {"id": "Qwen/Qwen3.5-27b-instruct",
-                                                           "path": CLUSTER_PATH})))
+    exit_code, data = _validate_json(str(_preset(tmp_path, {"id": "Qwen/Qwen3.5-27b-instruct", "path": CLUSTER_PATH})))
     (finding,) = data["findings"]
     assert exit_code == 1 and finding["code"] == "PRE003" and finding["path"] == "model.path"
     assert "model.id 'Qwen/Qwen3.5-27b-instruct' is not in gdnctl's catalog." in finding["message"]
     assert "Did you mean 'Qwen/Qwen3.5-27B'?" in finding["message"]
-    rendered = runner.invoke(app, ["render", str(_preset(tmp_path, {"path": CLUSTER_PATH})), "-o",
-                                   str(tmp_path / "run")])
+    rendered = runner.invoke(
+        app, ["render", str(_preset(tmp_path, {"path": CLUSTER_PATH})), "-o", str(tmp_path / "run")]
+    )
     assert rendered.exit_code == 1 and "PRE003" in rendered.output and "Traceback" not in rendered.output
     assert not (tmp_path / "run").exists()
 

@@ -21,7 +21,10 @@ def _world_writable(tmp_path):
 def _existing_data(tmp_path):
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     (tmp_path / "tokenizer").mkdir()
-    return {"model": {"tokenizer": str(tmp_path / "tokenizer")}, "train": {"data_path": str(tmp_path / "prompts.jsonl")}}
+    return {
+        "model": {"tokenizer": str(tmp_path / "tokenizer")},
+        "train": {"data_path": str(tmp_path / "prompts.jsonl")},
+    }
 
 
 def _text_only(tmp_path, **extra):
@@ -34,152 +37,281 @@ CASES = {
     "PAR001": ({"cluster": {"gpus_per_node": 7}}, {}),
     "PAR002": ({"parallel": {"ep": 3}}, {"parallel": {"ep": 8}}),
     "PAR003": ({"parallel": {"ep": 16}}, {"parallel": {"ep": 8}}),
-    "PAR004": ({"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 2}},
-               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 1}}),
+    "PAR004": (
+        {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 2}},
+        {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"ep": 1}},
+    ),
     "PAR005": ({"parallel": {"sequence_parallel": False}}, {"parallel": {"sequence_parallel": True}}),
     "PAR006": ({"parallel": {"vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}),
     "PAR007": ({"cluster": {"nodes": 3}, "parallel": {"pp": 3}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
     "PAR008": ({"train": {"global_batch_size": 130}}, {"train": {"global_batch_size": 132}}),
-    "PAR010": ({"job": "sft", "cluster": {"gpu": "cpu"}, "rollout": None},
-               {"job": "selftest", "cluster": {"gpu": "cpu"}, "rollout": None}),
-    "PAR011": ({"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},
-               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1}}),
-    "HEAD001": ({"model": {"id": "Qwen/Qwen3.5-27B"}, "cluster": {"nodes": 2}, "parallel": {"tp": 16, "ep": 1}},
-                {"model": {"id": "Qwen/Qwen3.5-27B"}, "parallel": {"tp": 4, "ep": 1}}),
+    "PAR010": (
+        {"job": "sft", "cluster": {"gpu": "cpu"}, "rollout": None},
+        {"job": "selftest", "cluster": {"gpu": "cpu"}, "rollout": None},
+    ),
+    "PAR011": (
+        {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},
+        {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1}},
+    ),
+    "HEAD001": (
+        {"model": {"id": "Qwen/Qwen3.5-27B"}, "cluster": {"nodes": 2}, "parallel": {"tp": 16, "ep": 1}},
+        {"model": {"id": "Qwen/Qwen3.5-27B"}, "parallel": {"tp": 4, "ep": 1}},
+    ),
     "HEAD002": ({"parallel": {"tp": 3}}, {"parallel": {"tp": 4, "ep": 2}}),
     "HEAD003": ({"cluster": {"nodes": 4}, "parallel": {"tp": 1, "cp": 32}}, {"parallel": {"tp": 2, "cp": 4}}),
-    "HEAD004": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
-                    tmp / "c", linear_num_key_heads=16, linear_num_value_heads=24))},
-                 "cluster": {"nodes": 2}, "parallel": {"tp": 2, "cp": 8, "ep": 8}},
-                {"parallel": {"tp": 2, "cp": 4}}),
-    "HEAD005": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
-                    tmp / "c", linear_num_key_heads=4, linear_num_value_heads=6))}, "parallel": {"ep": 8}},
-                lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
+    "HEAD004": (
+        lambda tmp: {
+            "model": {
+                "id": None,
+                "path": str(write_checkpoint(tmp / "c", linear_num_key_heads=16, linear_num_value_heads=24)),
+            },
+            "cluster": {"nodes": 2},
+            "parallel": {"tp": 2, "cp": 8, "ep": 8},
+        },
+        {"parallel": {"tp": 2, "cp": 4}},
+    ),
+    "HEAD005": (
+        lambda tmp: {
+            "model": {
+                "id": None,
+                "path": str(write_checkpoint(tmp / "c", linear_num_key_heads=4, linear_num_value_heads=6)),
+            },
+            "parallel": {"ep": 8},
+        },
+        lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}},
+    ),
     "LAY001": ({"runtime": {"megatron_core": "0.15.0"}}, {"runtime": {"megatron_core": "0.16.0"}}),
     "LAY002": ({"runtime": OLD_STACK, "train": {"layout": "thd"}}, {"runtime": OLD_STACK, "train": {"layout": "auto"}}),
-    "LAY003": ({"runtime": OLD_STACK, "parallel": {"cp": 2}}, {"runtime": {"megatron_core": "0.18.0"},
-                                                              "parallel": {"cp": 2}}),
-    "LAY004": ({"train": {"layout": "bshd"}, "parallel": {"cp": 2}}, {"train": {"layout": "thd"}, "parallel": {"cp": 2}}),
+    "LAY003": (
+        {"runtime": OLD_STACK, "parallel": {"cp": 2}},
+        {"runtime": {"megatron_core": "0.18.0"}, "parallel": {"cp": 2}},
+    ),
+    "LAY004": (
+        {"train": {"layout": "bshd"}, "parallel": {"cp": 2}},
+        {"train": {"layout": "thd"}, "parallel": {"cp": 2}},
+    ),
     "LAY005": ({"train": {"layout": "bshd", "micro_batch_size": 2}}, {"train": {"layout": "bshd"}}),
-    "LAY006": ({"runtime": {"megatron_core": "0.18.0", "megatron_bridge": "0.5.0"}, "parallel": {"cp": 2}},
-               {"parallel": {"cp": 2}}),
+    "LAY006": (
+        {"runtime": {"megatron_core": "0.18.0", "megatron_bridge": "0.5.0"}, "parallel": {"cp": 2}},
+        {"parallel": {"cp": 2}},
+    ),
     "LAY007": ({"train": {"layout": "thd", "micro_batch_size": 2}}, {"train": {"layout": "thd"}}),
     "LAY009": ({"parallel": {"cp": 2}, "train": {"seq_length": 8190}}, {"parallel": {"cp": 2}}),
     "LAY010": ({"kernels": {"attention": "te"}}, {"kernels": {"attention": "auto"}}),
     "LAY011": ({"train": {"layout": "bshd", "packing": "fill"}}, {"train": {"layout": "bshd", "packing": "auto"}}),
     "LAY012": ({"job": "sft", "train": {"packing": "fill"}}, {"job": "sft", "train": {"packing": "auto"}}),
     "BRG003": ({"runtime": {"megatron_bridge": "0.3.0"}}, {"runtime": {"megatron_bridge": "0.4.0"}}),
-    "BRG004": ({"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
-               {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}}),
-    "BRG005": ({"model": {"id": "Qwen/Qwen3.5-0.8B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2},
-                "rollout": {"tp": 1}},
-               {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2}}),
+    "BRG004": (
+        {"runtime": {"megatron_bridge": "0.4.0"}, "train": {"mtp": True}},
+        {"runtime": {"megatron_bridge": "0.6.2"}, "train": {"mtp": True}},
+    ),
+    "BRG005": (
+        {"model": {"id": "Qwen/Qwen3.5-0.8B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2}, "rollout": {"tp": 1}},
+        {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "pp": 2, "vpp": 2}},
+    ),
     "BRG006": ({"runtime": {"megatron_core": "0.18.0"}}, {"runtime": {"megatron_core": "0.19.0"}}),
-    "KRN001": ({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"}},
-               {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "h100"}}),
-    "KRN002": ({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"},
-                "runtime": {"flash_qla": "0.1.2"}},
-               {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"}}),
-    "KRN003": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
-                    tmp / "c", linear_key_head_dim=64, linear_value_head_dim=64))},
-                "parallel": {"ep": 8}, "kernels": {"gdn_backend": "flashqla"}},
-               lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
-                            "parallel": {"ep": 8}, "kernels": {"gdn_backend": "flashqla"}}),
-    "KRN004": ({"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.2"}},
-               {"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.3"}}),
-    "KRN005": ({"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "none"}},
-               {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}}),
-    "KRN006": ({"kernels": {"gdn_backend": "fla"}}, {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}}),
+    "KRN001": (
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "a100"}},
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "h100"}},
+    ),
+    "KRN002": (
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"}, "runtime": {"flash_qla": "0.1.2"}},
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "rtx-pro-6000"}},
+    ),
+    "KRN003": (
+        lambda tmp: {
+            "model": {
+                "id": None,
+                "path": str(write_checkpoint(tmp / "c", linear_key_head_dim=64, linear_value_head_dim=64)),
+            },
+            "parallel": {"ep": 8},
+            "kernels": {"gdn_backend": "flashqla"},
+        },
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
+            "parallel": {"ep": 8},
+            "kernels": {"gdn_backend": "flashqla"},
+        },
+    ),
+    "KRN004": (
+        {"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.2"}},
+        {"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "0.1.3"}},
+    ),
+    "KRN005": (
+        {"kernels": {"gdn_backend": "flashqla"}, "runtime": {"flash_qla": "none"}},
+        {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}},
+    ),
+    "KRN006": (
+        {"kernels": {"gdn_backend": "fla"}},
+        {"kernels": {"gdn_backend": "fla"}, "runtime": {"flash_qla": "none"}},
+    ),
     "KRN007": ({"runtime": {"triton": "3.5.0", "fla": "0.4.1"}}, {"runtime": {"triton": "3.7.1", "fla": "0.4.1"}}),
-    "KRN008": ({"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}},
-               {"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.2"}}),
-    "KRN009": ({"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "b300"}, "runtime": {"flash_qla": "0.1.2"}},
-               {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "b300"}, "runtime": {"flash_qla": "0.1.3"}}),
+    "KRN008": (
+        {"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.1"}},
+        {"cluster": {"gpu": "b200"}, "runtime": {"fla": "0.5.2"}},
+    ),
+    "KRN009": (
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "b300"}, "runtime": {"flash_qla": "0.1.2"}},
+        {"kernels": {"gdn_backend": "flashqla"}, "cluster": {"gpu": "b300"}, "runtime": {"flash_qla": "0.1.3"}},
+    ),
     "RLT001": ({"rollout": None}, {}),
     "RLT002": ({"job": "sft"}, {"job": "sft", "rollout": None}),
-    "RLT003": ({"runtime": {"vllm": "0.20.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}},
-               {"runtime": {"vllm": "0.22.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}}),
+    "RLT003": (
+        {"runtime": {"vllm": "0.20.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}},
+        {"runtime": {"vllm": "0.22.0"}, "rollout": {"gdn_prefill_backend": "cutedsl"}},
+    ),
     "RLT004": ({"rollout": {"gdn_prefill_backend": None}}, {"rollout": {"gdn_prefill_backend": "triton"}}),
     # The vision-language release too: the rollout serves the text-only export either way.
     "RLT015": ({"runtime": {"vllm": "0.25.0"}}, {"runtime": {"vllm": "0.26.0"}}),
     "RLT006": ({"rollout": {"tp": 3}}, {"rollout": {"tp": 4}}),
-    "RLT007": ({"rollout": {"colocate": False, "num_gpus": 8}},
-               {"parallel": {"ep": 4}, "rollout": {"colocate": False, "num_gpus": 4}}),
+    "RLT007": (
+        {"rollout": {"colocate": False, "num_gpus": 8}},
+        {"parallel": {"ep": 4}, "rollout": {"colocate": False, "num_gpus": 4}},
+    ),
     "RLT008": ({"rollout": {"python": None}}, {"rollout": {"python": "/opt/vllm/bin/python"}}),
-    "RLT009": ({"cluster": {"nodes": 2}, "parallel": {"ep": 4}, "launch": {"executor": "slurm"},
-                "rollout": {"colocate": False, "num_gpus": 4}},
-               {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}, "rollout": {"colocate": False, "num_gpus": 8}}),
+    "RLT009": (
+        {
+            "cluster": {"nodes": 2},
+            "parallel": {"ep": 4},
+            "launch": {"executor": "slurm"},
+            "rollout": {"colocate": False, "num_gpus": 4},
+        },
+        {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}, "rollout": {"colocate": False, "num_gpus": 8}},
+    ),
     "RLT010": ({"train": {"global_batch_size": 132}}, {"train": {"global_batch_size": 136}}),
     "RLT011": ({"train": {"data_path": None}}, {}),
     "RLT012": ({"rollout": {"max_response_tokens": 8192}}, {"rollout": {"max_response_tokens": 1024}}),
     "RLT013": ({}, {"rollout": {"tp": 1, "num_gpus": 1}}),
-    "RLT014": ({"rollout": {"weight_sync": "cuda_ipc", "colocate": False, "num_gpus": 4}, "parallel": {"ep": 4}},
-               {"rollout": {"weight_sync": "cuda_ipc"}}),
+    "RLT014": (
+        {"rollout": {"weight_sync": "cuda_ipc", "colocate": False, "num_gpus": 4}, "parallel": {"ep": 4}},
+        {"rollout": {"weight_sync": "cuda_ipc"}},
+    ),
     "LCH001": ({"cluster": {"nodes": 2}}, {"cluster": {"nodes": 2}, "launch": {"executor": "slurm"}}),
-    "LCH002": ({"launch": {"env": {"PS4": "$(touch /tmp/pwned)"}}},
-               {"launch": {"env": {"WANDB_PROJECT": "math"}, "pass_env": ["WANDB_API_KEY"]}}),
+    "LCH002": (
+        {"launch": {"env": {"PS4": "$(touch /tmp/pwned)"}}},
+        {"launch": {"env": {"WANDB_PROJECT": "math"}, "pass_env": ["WANDB_API_KEY"]}},
+    ),
     "LCH003": ({"launch": {"env": {"LD_LIBRARY_PATH": "/opt/other/lib"}}}, {"launch": {"env": {"NCCL_DEBUG": "INFO"}}}),
-    "LCH004": ({"launch": {"slurm": {"extra_sbatch": ["--output=/etc/cron.d/x"]}}},
-               {"launch": {"slurm": {"extra_sbatch": ["--reservation=big", "--comment=x"]}}}),
+    "LCH004": (
+        {"launch": {"slurm": {"extra_sbatch": ["--output=/etc/cron.d/x"]}}},
+        {"launch": {"slurm": {"extra_sbatch": ["--reservation=big", "--comment=x"]}}},
+    ),
     "LCH005": ({"launch": {"env": {"HF_TOKEN": "hf_abc"}}}, {"launch": {"pass_env": ["HF_TOKEN"]}}),
-    "LCH006": (lambda tmp: {"rollout": {"python": str(_world_writable(tmp) / "venv/bin/python")}},
-               lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}}),
-    "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}},
-               lambda tmp: _existing_data(tmp)),
-    "LCH008": ({"model": {"path": "/nonexistent/ckpt"}, "launch": {"executor": "slurm"}},
-               {"launch": {"executor": "slurm"}}),
+    "LCH006": (
+        lambda tmp: {"rollout": {"python": str(_world_writable(tmp) / "venv/bin/python")}},
+        lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}},
+    ),
+    "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}}, lambda tmp: _existing_data(tmp)),
+    "LCH008": (
+        {"model": {"path": "/nonexistent/ckpt"}, "launch": {"executor": "slurm"}},
+        {"launch": {"executor": "slurm"}},
+    ),
     "COM001": ({"comm": {"skip_ops": ["all_gather_into_tnesor"]}}, {"comm": {"skip_ops": ["all_gather_into_tensor"]}}),
     "COM002": ({"comm": {"free_gb_threshold": 100}}, {"comm": {"free_gb_threshold": 3}}),
     "COM003": ({"comm": {"add_skip_ops": ["barrier"]}}, {"comm": {"add_skip_ops": ["all_reduce"]}}),
     "MEM001": ({"train": {"optimizer_cpu_offload": False, "recompute": "none"}}, {}),
     "MEM002": ({"rollout": {"tp": 1, "gpu_memory_utilization": 0.3}}, {"rollout": {"tp": 4}}),
     "MEM003": ({"rollout": {"gpu_memory_utilization": 0.7}}, {"rollout": {"gpu_memory_utilization": 0.4}}),
-    "TRN001": ({}, lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
-                                "parallel": {"ep": 8}}),
-    "TRN002": ({"parallel": {"cp": 2}, "runtime": {"transformer_engine": "none"}},
-               {"parallel": {"cp": 2}}),
-    "TRN003": ({"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.1.0"}},
-               {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.2.0"}}),
+    "TRN001": (
+        {},
+        lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}},
+    ),
+    "TRN002": ({"parallel": {"cp": 2}, "runtime": {"transformer_engine": "none"}}, {"parallel": {"cp": 2}}),
+    "TRN003": (
+        {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.1.0"}},
+        {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.2.0"}},
+    ),
     "TRN004": ({"train": {"mtp": True}}, {"train": {"mtp": False}}),
-    "TRN005": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c", num_experts_per_tok=1))},
-                            "parallel": {"ep": 8}},
-               lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
-    "TRN006": (lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(
-                   tmp / "c", shared_expert_intermediate_size=0))}, "parallel": {"ep": 8}},
-               lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
-    "TRN007": ({"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}}, {"cluster": {"nodes": 2}, "parallel": {"pp": 2}}),
+    "TRN005": (
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "c", num_experts_per_tok=1))},
+            "parallel": {"ep": 8},
+        },
+        lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}},
+    ),
+    "TRN006": (
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "c", shared_expert_intermediate_size=0))},
+            "parallel": {"ep": 8},
+        },
+        lambda tmp: {"model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}},
+    ),
+    "TRN007": (
+        {"cluster": {"nodes": 2}, "parallel": {"pp": 2, "vpp": 2}},
+        {"cluster": {"nodes": 2}, "parallel": {"pp": 2}},
+    ),
     "TRN008": ({"parallel": {"cp": 2}}, {"job": "sft", "rollout": None, "parallel": {"cp": 2}}),
     "TRN009": ({"cluster": {"gpu": "a100"}, "train": {"precision": "fp8"}}, {"train": {"precision": "fp8"}}),
-    "TRN010": ({"cluster": {"gpu": "cpu", "gpus_per_node": 1}, "train": {"lora": {"rank": 8, "alpha": 16}}},
-               {"train": {"lora": {"rank": 8, "alpha": 16}}}),
-    "TRN022": ({"job": "sft", "rollout": None, "train": {"lora": {"rank": 8, "alpha": 16}}},
-               lambda tmp: {"job": "sft", "rollout": None, "train": {"lora": {"rank": 8, "alpha": 16}},
-                            "model": {"id": None, "path": str(write_checkpoint(tmp / "c"))}, "parallel": {"ep": 8}}),
-    "TRN016": ({"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"transformer_engine": "none"}},
-               {"train": {"lora": {"rank": 8, "alpha": 16}}}),
-    "TRN017": ({"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "mlp"]}}},
-               {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "experts", "shared_expert"]}}}),
-    "TRN019": ({"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"lora": {"rank": 8, "alpha": 16}}},
-               {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"},
-                "train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "experts"]}}}),
-    "TRN020": ({"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"lora": {"rank": 8, "alpha": 16}}},
-               {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}}),
-    "TRN021": ({"job": "sft", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
-               {"job": "pretrain", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}}),
-    "TRN018": ({"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"megatron_bridge": "0.4.2"}},
-               {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "gdn_out"]}},
-                "runtime": {"megatron_bridge": "0.4.2"}}),
-    "TRN011": ({"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},
-               {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4096}}),
+    "TRN010": (
+        {"cluster": {"gpu": "cpu", "gpus_per_node": 1}, "train": {"lora": {"rank": 8, "alpha": 16}}},
+        {"train": {"lora": {"rank": 8, "alpha": 16}}},
+    ),
+    "TRN022": (
+        {"job": "sft", "rollout": None, "train": {"lora": {"rank": 8, "alpha": 16}}},
+        lambda tmp: {
+            "job": "sft",
+            "rollout": None,
+            "train": {"lora": {"rank": 8, "alpha": 16}},
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "c"))},
+            "parallel": {"ep": 8},
+        },
+    ),
+    "TRN016": (
+        {"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"transformer_engine": "none"}},
+        {"train": {"lora": {"rank": 8, "alpha": 16}}},
+    ),
+    "TRN017": (
+        {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "mlp"]}}},
+        {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["gdn_in", "experts", "shared_expert"]}}},
+    ),
+    "TRN019": (
+        {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"lora": {"rank": 8, "alpha": 16}}},
+        {
+            "model": {"id": "Qwen/Qwen3-Next-80B-A3B"},
+            "train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "experts"]}},
+        },
+    ),
+    "TRN020": (
+        {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"lora": {"rank": 8, "alpha": 16}}},
+        {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}},
+    ),
+    "TRN021": (
+        {"job": "sft", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
+        {"job": "pretrain", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
+    ),
+    "TRN018": (
+        {"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"megatron_bridge": "0.4.2"}},
+        {
+            "train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv", "gdn_out"]}},
+            "runtime": {"megatron_bridge": "0.4.2"},
+        },
+    ),
+    "TRN011": (
+        {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},
+        {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4096}},
+    ),
     "RLT016": ({"grpo": {"mini_batches": 3}}, {"grpo": {"mini_batches": 4}}),
-    "RLT017": ({"eval": {"data_path": "/x.jsonl", "max_response_tokens": 8192}},
-               {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 1024}}),
-    "TRN015": ({"job": "selftest", "rollout": None, "cluster": {"gpu": "cpu", "gpus_per_node": 1},
-                "eval": {"data_path": "/x.jsonl"}}, {"eval": {"data_path": "/x.jsonl"}}),
-    "TRN013": ({"train": {"lr": 1e-6, "min_lr": 1e-5, "lr_decay": "cosine"}},
-               {"train": {"lr": 1e-6, "min_lr": 1e-7, "lr_decay": "cosine"}}),
-    "TRN014": ({"train": {"train_iters": 10, "lr_warmup_steps": 10}},
-               {"train": {"train_iters": 10, "lr_warmup_steps": 9}}),
+    "RLT017": (
+        {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 8192}},
+        {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 1024}},
+    ),
+    "TRN015": (
+        {
+            "job": "selftest",
+            "rollout": None,
+            "cluster": {"gpu": "cpu", "gpus_per_node": 1},
+            "eval": {"data_path": "/x.jsonl"},
+        },
+        {"eval": {"data_path": "/x.jsonl"}},
+    ),
+    "TRN013": (
+        {"train": {"lr": 1e-6, "min_lr": 1e-5, "lr_decay": "cosine"}},
+        {"train": {"lr": 1e-6, "min_lr": 1e-7, "lr_decay": "cosine"}},
+    ),
+    "TRN014": (
+        {"train": {"train_iters": 10, "lr_warmup_steps": 10}},
+        {"train": {"train_iters": 10, "lr_warmup_steps": 9}},
+    ),
 }
 
 
@@ -230,8 +362,10 @@ def test_the_removed_bridge_keys_say_what_replaced_them():
     preset gets PRE001 with what the runtime does instead."""
     from gdnctl.validate import load_preset
 
-    for setting, replaced_by in (("train.update_weights_via_bridge=true", "exports through the model's builder"),
-                                 ("train.bridge=mbridge", "megatron-bridge is the only bridge")):
+    for setting, replaced_by in (
+        ("train.update_weights_via_bridge=true", "exports through the model's builder"),
+        ("train.bridge=mbridge", "megatron-bridge is the only bridge"),
+    ):
         loaded = load_preset("qwen3.5-35b-a3b-grpo", [setting])
         (finding,) = [f for f in loaded.findings if f.code == "PRE001"]
         assert finding.path == setting.split("=")[0] and "no longer a key" in finding.message
@@ -258,8 +392,13 @@ def test_prefill_flag_missing_before_018():
 
 
 def test_mtp_with_cp_needs_bridge_060():
-    found = codes({"runtime": {"megatron_bridge": "0.5.0", "megatron_core": "0.18.0"}, "train": {"mtp": True},
-                   "parallel": {"cp": 2}})
+    found = codes(
+        {
+            "runtime": {"megatron_bridge": "0.5.0", "megatron_core": "0.18.0"},
+            "train": {"mtp": True},
+            "parallel": {"cp": 2},
+        }
+    )
     assert any("context parallel" in f.message for f in found["BRG004"])
 
 
@@ -269,8 +408,13 @@ def test_fp8_is_refused_only_for_the_te_free_builder():
 
 
 def test_text_only_checkpoint_needs_bridge_050(tmp_path):
-    found = codes({**_text_only(tmp_path), "runtime": {"megatron_bridge": "0.4.0", "megatron_core": "0.17.0"},
-                   "train": {"layout": "bshd"}})
+    found = codes(
+        {
+            **_text_only(tmp_path),
+            "runtime": {"megatron_bridge": "0.4.0", "megatron_core": "0.17.0"},
+            "train": {"layout": "bshd"},
+        }
+    )
     assert "text-only" in found["BRG003"][0].message
 
 
@@ -282,14 +426,19 @@ def test_separate_rollout_gpus_not_whole_engines():
 def test_a_rollout_engine_must_fit_one_node():
     found = codes({"cluster": {"nodes": 2, "gpus_per_node": 6}, "rollout": {"tp": 4, "num_gpus": 12}})
     messages = [f.message for f in found["RLT007"]]
-    assert messages == ["a rollout engine of tp=4 GPUs does not fit the nodes' 6 GPUs a whole number of times; "
-                        "gdnctl runs each engine within one node."]
+    assert messages == [
+        "a rollout engine of tp=4 GPUs does not fit the nodes' 6 GPUs a whole number of times; "
+        "gdnctl runs each engine within one node."
+    ]
     assert "RLT007" not in codes({"cluster": {"nodes": 2, "gpus_per_node": 8}, "rollout": {"tp": 4, "num_gpus": 12}})
 
 
 def test_a_broadcast_to_colocated_engines_on_several_nodes_is_refused():
-    cpu_nodes = {"cluster": {"gpu": "cpu", "nodes": 2, "gpus_per_node": 1}, "launch": {"executor": "slurm"},
-                 "rollout": {"tp": 1, "weight_sync": "broadcast"}}
+    cpu_nodes = {
+        "cluster": {"gpu": "cpu", "nodes": 2, "gpus_per_node": 1},
+        "launch": {"executor": "slurm"},
+        "rollout": {"tp": 1, "weight_sync": "broadcast"},
+    }
     finding = codes(cpu_nodes)["RLT014"][0]
     assert "each node's first trainer rank drives its node's engines" in finding.message
 

@@ -16,15 +16,23 @@ pytestmark = pytest.mark.slurm
 
 def test_a_later_abbreviated_line_wins_and_a_bare_export_takes_the_next_line(local_slurm, tmp_path: Path):
     script = tmp_path / "probe.sbatch"
-    script.write_text("#!/bin/bash\n"
-                      f"#SBATCH --output={tmp_path}/gdnctl.out\n"
-                      "#SBATCH --time=00:01:00\n"
-                      f"#SBATCH --outp={tmp_path}/elsewhere.out\n"
-                      "#SBATCH --export\n"
-                      "#SBATCH --x,GDNCTL_PROBE=reached\n"
-                      'echo "probe=${GDNCTL_PROBE:-unset}"\n')
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], env=slurm_env(local_slurm), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --output={tmp_path}/gdnctl.out\n"
+        "#SBATCH --time=00:01:00\n"
+        f"#SBATCH --outp={tmp_path}/elsewhere.out\n"
+        "#SBATCH --export\n"
+        "#SBATCH --x,GDNCTL_PROBE=reached\n"
+        'echo "probe=${GDNCTL_PROBE:-unset}"\n'
+    )
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--parsable", str(script)],
+        env=slurm_env(local_slurm),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "gdnctl.out").exists()
     assert (tmp_path / "elsewhere.out").read_text().strip() == "probe=reached"

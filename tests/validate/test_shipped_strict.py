@@ -19,6 +19,8 @@ def test_shipped_preset_is_strict_clean_or_says_why(path):
     result = validate(str(path))
     warned = {finding.code for finding in result.findings if finding.severity == Severity.WARNING}
     explained = {code for code, _ in REASON.findall(path.read_text())}
-    assert warned <= explained, f"{path.name} warns {sorted(warned - explained)} under --strict with no reason: " \
-                                "add a `# strict: CODE - reason` line, or fix the preset"
+    assert warned <= explained, (
+        f"{path.name} warns {sorted(warned - explained)} under --strict with no reason: "
+        "add a `# strict: CODE - reason` line, or fix the preset"
+    )
     assert explained <= warned, f"{path.name} explains {sorted(explained - warned)}, which it no longer raises"

@@ -68,14 +68,21 @@ class FirstMinuteWatch:
         self.peak_gib = float(peak[0])
         self._log(first_minute_line(self.peak_gib, self.source, self.estimate, self.steps))
         if over_estimate(self.peak_gib, self.estimate) and dist.get_rank() == 0:
-            print(f"gdnctl warning: {memory_warning(self.peak_gib, self.estimate, self.steps)}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"gdnctl warning: {memory_warning(self.peak_gib, self.estimate, self.steps)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def verdict(self) -> SmokeCheck:
         """The smoke's peak-memory check (once SMOKE_STEPS steps have run)."""
         return peak_memory(self.peak_gib, self.source, self.estimate)
 
     def measured(self, step_seconds: float) -> SmokeMeasured:
-        return SmokeMeasured(step_seconds=step_seconds, peak_memory_gib=self.peak_gib, memory_source=self.source,
-                             estimate_peak_memory_gib=self.estimate.total_gib if self.estimate else None,
-                             estimate_allocated_gib=self.estimate.allocated_gib if self.estimate else None)
+        return SmokeMeasured(
+            step_seconds=step_seconds,
+            peak_memory_gib=self.peak_gib,
+            memory_source=self.source,
+            estimate_peak_memory_gib=self.estimate.total_gib if self.estimate else None,
+            estimate_allocated_gib=self.estimate.allocated_gib if self.estimate else None,
+        )

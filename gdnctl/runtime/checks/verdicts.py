@@ -37,6 +37,7 @@ PEAK_MEMORY = "peak memory"
 
 # --- memory against the estimate --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ExplainedMemory:
     """explain's per-GPU estimate as the runtime compares it with CUDA's allocation counter."""
@@ -67,9 +68,11 @@ def memory_comparison(measured_gib: float, source: str, estimate: ExplainedMemor
     if estimate is None:
         return f"{measured_gib:.2f} GiB ({source}; explain makes no memory estimate for this job)"
     change = measured_gib / estimate.allocated_gib - 1 if estimate.allocated_gib > 0 else math.inf
-    return (f"{measured_gib:.2f} GiB ({source}) vs explain's {estimate.allocated_gib:.2f} GiB for the same "
-            f"({change:+.0%}; its {estimate.total_gib:.2f} GiB per GPU less {estimate.overhead_gib:g} GiB for the "
-            "CUDA context, NCCL buffers and allocator slack)")
+    return (
+        f"{measured_gib:.2f} GiB ({source}) vs explain's {estimate.allocated_gib:.2f} GiB for the same "
+        f"({change:+.0%}; its {estimate.total_gib:.2f} GiB per GPU less {estimate.overhead_gib:g} GiB for the "
+        "CUDA context, NCCL buffers and allocator slack)"
+    )
 
 
 def first_minute_line(measured_gib: float, source: str, estimate: ExplainedMemory | None, steps: int) -> str:
@@ -80,11 +83,13 @@ def first_minute_line(measured_gib: float, source: str, estimate: ExplainedMemor
 def memory_warning(measured_gib: float, estimate: ExplainedMemory, steps: int) -> str:
     """The sentence for a peak past the estimate's margin: what it means and what to change."""
     excess = measured_gib - estimate.allocated_gib
-    return (f"after {steps} optimizer steps the most loaded rank had {measured_gib:.2f} GiB allocated, "
-            f"{excess:.2f} GiB ({excess / estimate.allocated_gib:.0%}) more than explain's estimate of "
-            f"{estimate.allocated_gib:.2f} GiB for it: the estimate misses memory this job allocates, so validate's "
-            "fit check (MEM001) was optimistic; if the GPU is close to full, lower train.micro_batch_size, set "
-            "train.recompute or train.optimizer_cpu_offload, or raise parallel.tp or parallel.pp.")
+    return (
+        f"after {steps} optimizer steps the most loaded rank had {measured_gib:.2f} GiB allocated, "
+        f"{excess:.2f} GiB ({excess / estimate.allocated_gib:.0%}) more than explain's estimate of "
+        f"{estimate.allocated_gib:.2f} GiB for it: the estimate misses memory this job allocates, so validate's "
+        "fit check (MEM001) was optimistic; if the GPU is close to full, lower train.micro_batch_size, set "
+        "train.recompute or train.optimizer_cpu_offload, or raise parallel.tp or parallel.pp."
+    )
 
 
 def peak_memory(measured_gib: float, source: str, estimate: ExplainedMemory | None) -> SmokeCheck:
@@ -92,12 +97,15 @@ def peak_memory(measured_gib: float, source: str, estimate: ExplainedMemory | No
         return SmokeCheck(name=PEAK_MEMORY, status="info", detail=memory_comparison(measured_gib, source, None))
     over = over_estimate(measured_gib, estimate)
     margin = f"the margin ({MEMORY_MARGIN:.0%} and {MEMORY_MARGIN_GIB:g} GiB)"
-    return SmokeCheck(name=PEAK_MEMORY, status="warn" if over else "ok",
-                      detail=f"{memory_comparison(measured_gib, source, estimate)}, "
-                             f"{'over' if over else 'within'} {margin}")
+    return SmokeCheck(
+        name=PEAK_MEMORY,
+        status="warn" if over else "ok",
+        detail=f"{memory_comparison(measured_gib, source, estimate)}, {'over' if over else 'within'} {margin}",
+    )
 
 
 # --- the checks ---------------------------------------------------------------------------------------------------
+
 
 def _finite(values: Sequence[float]) -> bool:
     return all(math.isfinite(value) for value in values)
@@ -118,21 +126,29 @@ def optimizer_steps(losses: Sequence[float], grad_norms: Sequence[float], skippe
         problems.append(f"the optimizer skipped {skipped} update(s) (non-finite gradients)")
     if problems:
         return SmokeCheck(name=OPTIMIZER_STEPS, status="FAIL", detail="; ".join(problems))
-    return SmokeCheck(name=OPTIMIZER_STEPS, status="ok",
-                      detail=f"{len(losses)} steps, loss {losses[0]:.4g} -> {losses[-1]:.4g}, grad norm "
-                             f"{grad_norms[0]:.3g} -> {grad_norms[-1]:.3g}, finite")
+    return SmokeCheck(
+        name=OPTIMIZER_STEPS,
+        status="ok",
+        detail=f"{len(losses)} steps, loss {losses[0]:.4g} -> {losses[-1]:.4g}, grad norm "
+        f"{grad_norms[0]:.3g} -> {grad_norms[-1]:.3g}, finite",
+    )
 
 
-def checkpoint_round_trip(checkpoint: str, weights: int, optimizer: int, step: int,
-                          problems: Sequence[str]) -> SmokeCheck:
+def checkpoint_round_trip(
+    checkpoint: str, weights: int, optimizer: int, step: int, problems: Sequence[str]
+) -> SmokeCheck:
     """A checkpoint saved at the last step and loaded back: every tensor as it was in memory."""
     if problems:
         more = f" and {len(problems) - 4} more" if len(problems) > 4 else ""
-        return SmokeCheck(name=CHECKPOINT, status="FAIL",
-                          detail=f"{checkpoint} loaded back differs: {'; '.join(problems[:4])}{more}")
-    return SmokeCheck(name=CHECKPOINT, status="ok",
-                      detail=f"{checkpoint}: {weights} weight tensors and {optimizer} optimizer state entries as in "
-                             f"memory after loading it back, step {step}")
+        return SmokeCheck(
+            name=CHECKPOINT, status="FAIL", detail=f"{checkpoint} loaded back differs: {'; '.join(problems[:4])}{more}"
+        )
+    return SmokeCheck(
+        name=CHECKPOINT,
+        status="ok",
+        detail=f"{checkpoint}: {weights} weight tensors and {optimizer} optimizer state entries as in "
+        f"memory after loading it back, step {step}",
+    )
 
 
 def unchecked_parameters(checked: int, total: int) -> str:
@@ -141,8 +157,10 @@ def unchecked_parameters(checked: int, total: int) -> str:
     not shown under the trainer's names), which the probe's log-probs cover."""
     if checked >= total:
         return ""
-    return (f" (the other {total - checked} are not visible whole in the rollout, e.g. packed by vLLM's kernels or "
-            "tensor-parallel shards; the probe covers them)")
+    return (
+        f" (the other {total - checked} are not visible whole in the rollout, e.g. packed by vLLM's kernels or "
+        "tensor-parallel shards; the probe covers them)"
+    )
 
 
 def weight_sync(syncs: Sequence[tuple[int, int, float]], tolerance: float) -> SmokeCheck:
@@ -150,28 +168,40 @@ def weight_sync(syncs: Sequence[tuple[int, int, float]], tolerance: float) -> Sm
     checked = min(sync[0] for sync in syncs)
     total = max(sync[1] for sync in syncs)
     gap = max(sync[2] for sync in syncs)
-    return SmokeCheck(name=WEIGHT_SYNC, status="ok",
-                      detail=f"{len(syncs)} sync{'s' if len(syncs) != 1 else ''} checked: {checked} of {total} "
-                             f"parameters match{unchecked_parameters(checked, total)}, probe gap {gap:.4f} <= "
-                             f"{tolerance:g} nats/token")
+    return SmokeCheck(
+        name=WEIGHT_SYNC,
+        status="ok",
+        detail=f"{len(syncs)} sync{'s' if len(syncs) != 1 else ''} checked: {checked} of {total} "
+        f"parameters match{unchecked_parameters(checked, total)}, probe gap {gap:.4f} <= "
+        f"{tolerance:g} nats/token",
+    )
 
 
 def step0_logprob_gap(gap: float, threshold: float | None) -> SmokeCheck:
     if threshold is None:
-        return SmokeCheck(name=STEP0_GAP, status="info",
-                          detail=f"{gap:.4f} nats/token (not checked: rollout.max_step0_logprob_gap is off)")
+        return SmokeCheck(
+            name=STEP0_GAP,
+            status="info",
+            detail=f"{gap:.4f} nats/token (not checked: rollout.max_step0_logprob_gap is off)",
+        )
     return SmokeCheck(name=STEP0_GAP, status="ok", detail=f"{gap:.4f} <= {threshold:g} nats/token")
 
 
 def step_time(seconds: float, step: int, parts: str = "", mfu: float | None = None) -> SmokeCheck:
     extras = "".join(f"; {text}" for text in (parts, f"{mfu:.1%} MFU" if mfu is not None else "") if text)
-    return SmokeCheck(name=STEP_TIME, status="info",
-                      detail=f"{seconds:.2f} s (step {step}{extras}; explain makes no step-time estimate)")
+    return SmokeCheck(
+        name=STEP_TIME,
+        status="info",
+        detail=f"{seconds:.2f} s (step {step}{extras}; explain makes no step-time estimate)",
+    )
 
 
 def kernel_warm_up(backend: str, first_call_s: float, warm_call_s: float) -> SmokeCheck:
-    return SmokeCheck(name=KERNEL_WARM_UP, status="info",
-                      detail=f"{backend}: first call {first_call_s:.2f} s, warm {warm_call_s * 1e3:.2f} ms")
+    return SmokeCheck(
+        name=KERNEL_WARM_UP,
+        status="info",
+        detail=f"{backend}: first call {first_call_s:.2f} s, warm {warm_call_s * 1e3:.2f} ms",
+    )
 
 
 def error_text(error: BaseException) -> str:
@@ -189,8 +219,13 @@ class Checklist:
     def __init__(self, names: Sequence[str]) -> None:
         self._decided: dict[str, SmokeCheck | None] = dict.fromkeys(names)
         self.stopped_at: str | None = None
-        self.measured = SmokeMeasured(step_seconds=None, peak_memory_gib=None, memory_source=None,
-                                      estimate_peak_memory_gib=None, estimate_allocated_gib=None)
+        self.measured = SmokeMeasured(
+            step_seconds=None,
+            peak_memory_gib=None,
+            memory_source=None,
+            estimate_peak_memory_gib=None,
+            estimate_allocated_gib=None,
+        )
 
     def decide(self, check: SmokeCheck) -> None:
         if check.name not in self._decided:
@@ -202,13 +237,21 @@ class Checklist:
         self.stopped_at = name
 
     def checks(self) -> list[SmokeCheck]:
-        reason = (f"not reached: the smoke stopped at the {self.stopped_at} check" if self.stopped_at else
-                  "not measured by this job's smoke run")
-        return [check or SmokeCheck(name=name, status="skipped", detail=reason)
-                for name, check in self._decided.items()]
-
+        reason = (
+            f"not reached: the smoke stopped at the {self.stopped_at} check"
+            if self.stopped_at
+            else "not measured by this job's smoke run"
+        )
+        return [
+            check or SmokeCheck(name=name, status="skipped", detail=reason) for name, check in self._decided.items()
+        ]
 
     def report(self, job: str, ranks: int) -> SmokeReport:
         checks = self.checks()
-        return SmokeReport(job=job, ranks=ranks, green=all(check.status != "FAIL" for check in checks),
-                           checks=tuple(checks), measured=self.measured)
+        return SmokeReport(
+            job=job,
+            ranks=ranks,
+            green=all(check.status != "FAIL" for check in checks),
+            checks=tuple(checks),
+            measured=self.measured,
+        )

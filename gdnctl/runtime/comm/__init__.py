@@ -2,7 +2,12 @@
 
 from gdnctl.runtime.exports import lazy_attributes
 
-_HOMES = {"CommGuardPolicy": "guard", "CountingProbe": "guard", "install": "guard", "uninstall": "guard",
-    "set_policy": "guard"}
+_HOMES = {
+    "CommGuardPolicy": "guard",
+    "CountingProbe": "guard",
+    "install": "guard",
+    "uninstall": "guard",
+    "set_policy": "guard",
+}
 __all__ = ["CommGuardPolicy", "CountingProbe", "guard", "install", "set_policy", "uninstall"]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -64,7 +64,10 @@ MEGATRON_BINDINGS: dict[str, tuple[str, ...]] = {
     # the gradient reduce-scatter (:712) and the parameter all-gather (:515) of the distributed optimizer, each
     # inside a _coalescing_manager (:702, :504).
     "megatron.core.distributed.param_and_grad_buffer": (
-        "_coalescing_manager", "dist_all_gather_func", "dist_reduce_scatter_func"),
+        "_coalescing_manager",
+        "dist_all_gather_func",
+        "dist_reduce_scatter_func",
+    ),
     # distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:33: Megatron-FSDP's coalesced bucket
     # collectives (:4038, :4132, :4542, :4561).
     "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer": ("_coalescing_manager",),
@@ -100,18 +103,24 @@ class CommGuardPolicy:
         object.__setattr__(self, "skip_ops", frozenset(self.skip_ops))
         unknown = sorted(self.skip_ops - comm_ops.ALL_OPS)
         if unknown:
-            suggestions = [match for name in unknown
-                           for match in difflib.get_close_matches(name, sorted(comm_ops.ALL_OPS), n=1)]
+            suggestions = [
+                match for name in unknown for match in difflib.get_close_matches(name, sorted(comm_ops.ALL_OPS), n=1)
+            ]
             hint = f" (did you mean {', '.join(suggestions)}?)" if suggestions else ""
             raise CommPolicyError(
                 f"comm.skip_ops names unknown ops {', '.join(unknown)}{hint}; use torch.distributed collective "
-                f"or ProcessGroup method names, which `gdnctl rules COM001` lists.")
+                f"or ProcessGroup method names, which `gdnctl rules COM001` lists."
+            )
         if not self.free_gb_threshold >= 0:
-            raise CommPolicyError(f"comm.free_gb_threshold is {self.free_gb_threshold}; set it to a number of "
-                                  "GiB at or above 0 (slime uses 3).")
+            raise CommPolicyError(
+                f"comm.free_gb_threshold is {self.free_gb_threshold}; set it to a number of "
+                "GiB at or above 0 (slime uses 3)."
+            )
         if self.profile and self.profile_dir is None:
-            raise CommPolicyError("comm.profile is on but the engine config names no profile directory; "
-                                  "render the run dir again with `gdnctl render`.")
+            raise CommPolicyError(
+                "comm.profile is on but the engine config names no profile directory; "
+                "render the run dir again with `gdnctl render`."
+            )
 
     @classmethod
     def from_engine(cls, comm: Any, base_dir: str | Path | None = None) -> CommGuardPolicy:
@@ -120,11 +129,16 @@ class CommGuardPolicy:
         profile_dir = Path(comm.profile_dir)
         if base_dir is not None and not profile_dir.is_absolute():
             profile_dir = Path(base_dir) / profile_dir
-        return cls(free_gb_threshold=comm.free_gb_threshold, skip_ops=frozenset(comm.skip_ops),
-                   profile=comm.profile, profile_dir=profile_dir)
+        return cls(
+            free_gb_threshold=comm.free_gb_threshold,
+            skip_ops=frozenset(comm.skip_ops),
+            profile=comm.profile,
+            profile_dir=profile_dir,
+        )
 
 
 # --- memory probes ------------------------------------------------------------------------------------------
+
 
 class MemoryProbe(Protocol):
     """Where the guard reads free memory, and how it gives cached memory back."""
@@ -230,6 +244,7 @@ def default_memory_probe() -> MemoryProbe:
 
 # --- profiling ----------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CallMemory:
     """How one call moved memory: a positive driver drop means the call left less free memory."""
@@ -239,9 +254,11 @@ class CallMemory:
     reserved_delta_bytes: int
 
     def field_max(self, other: CallMemory) -> CallMemory:
-        return CallMemory(max(self.driver_drop_bytes, other.driver_drop_bytes),
-                          max(self.allocated_delta_bytes, other.allocated_delta_bytes),
-                          max(self.reserved_delta_bytes, other.reserved_delta_bytes))
+        return CallMemory(
+            max(self.driver_drop_bytes, other.driver_drop_bytes),
+            max(self.allocated_delta_bytes, other.allocated_delta_bytes),
+            max(self.reserved_delta_bytes, other.reserved_delta_bytes),
+        )
 
 
 @dataclass
@@ -258,8 +275,9 @@ class OpProfile:
     first_use_max: CallMemory | None = None
     steady_state_max: CallMemory | None = None
 
-    def record(self, checked: bool, cleared: bool, guard_seconds: float, memory: CallMemory,
-               first_on_group: bool) -> None:
+    def record(
+        self, checked: bool, cleared: bool, guard_seconds: float, memory: CallMemory, first_on_group: bool
+    ) -> None:
         self.calls += 1
         self.checks += checked
         self.clears += cleared
@@ -283,6 +301,7 @@ def _group_of(original: Callable, args: tuple, kwargs: dict) -> dist.ProcessGrou
 
 
 # --- the guard ----------------------------------------------------------------------------------------------
+
 
 class _Guard:
     def __init__(self, policy: CommGuardPolicy, probe: MemoryProbe):
@@ -335,8 +354,9 @@ class _Guard:
             raise
         free_after, _ = self.probe.free_and_total_bytes()
         allocated_after, reserved_after = self.probe.allocator_bytes()
-        memory = CallMemory(free_before - free_after, allocated_after - allocated_before,
-                            reserved_after - reserved_before)
+        memory = CallMemory(
+            free_before - free_after, allocated_after - allocated_before, reserved_after - reserved_before
+        )
         use = (op, id(_group_of(original, args, kwargs)))
         first_on_group = use not in self._used_groups
         self._used_groups.add(use)
@@ -350,8 +370,10 @@ class _Guard:
             allocated, reserved = self.probe.allocator_bytes()
         except Exception as error:  # the note must never hide the collective's own error
             return f"{where}; memory state unavailable ({type(error).__name__}: {error})."
-        return (f"{where}; {self.probe.name} free memory {free_bytes / GIB:.2f} of {total_bytes / GIB:.2f} GiB, "
-                f"torch allocator {allocated / GIB:.2f} GiB allocated, {reserved / GIB:.2f} GiB reserved.")
+        return (
+            f"{where}; {self.probe.name} free memory {free_bytes / GIB:.2f} of {total_bytes / GIB:.2f} GiB, "
+            f"torch allocator {allocated / GIB:.2f} GiB allocated, {reserved / GIB:.2f} GiB reserved."
+        )
 
     def profile_document(self) -> dict:
         return {
@@ -373,6 +395,7 @@ def _current_rank() -> int:
 
 
 # --- wrapped objects ----------------------------------------------------------------------------------------
+
 
 class GuardedProcessGroup(dist.ProcessGroup):
     """A process group whose communication methods go through the guard; everything else is the inner group's.
@@ -408,8 +431,7 @@ def _inner_group(value: Any) -> Any:
 
 
 def _unwrap_groups(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    return (tuple(_inner_group(arg) for arg in args),
-            {key: _inner_group(value) for key, value in kwargs.items()})
+    return (tuple(_inner_group(arg) for arg in args), {key: _inner_group(value) for key, value in kwargs.items()})
 
 
 def _guard_group(group: Any) -> Any:
@@ -468,6 +490,7 @@ class _GuardedGroupNamespace(metaclass=_GuardedWorldMeta):
 
 
 # --- install / uninstall ------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Installation:

@@ -3,11 +3,34 @@ sharded over data-parallel ranks and resumable."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
-_HOMES = {"DataPipeline": "pipeline", "MicroBatch": "pipeline", "load_tokenizer": "pipeline", "read_documents":
-    "pipeline", "sequence_padding_multiple": "pipeline", "synthetic_documents": "pipeline", "IGNORE_INDEX":
-    "layout", "BshdBatch": "layout", "ThdBatch": "layout", "TokenSequence": "layout", "pack": "layout", "to_bshd":
-    "layout"}
-__all__ = ["BshdBatch", "DataPipeline", "IGNORE_INDEX", "MicroBatch", "ThdBatch", "TokenSequence", "layout",
-           "load_tokenizer", "pack", "pipeline", "read_documents", "sequence_padding_multiple",
-           "synthetic_documents", "to_bshd"]
+_HOMES = {
+    "DataPipeline": "pipeline",
+    "MicroBatch": "pipeline",
+    "load_tokenizer": "pipeline",
+    "read_documents": "pipeline",
+    "sequence_padding_multiple": "pipeline",
+    "synthetic_documents": "pipeline",
+    "IGNORE_INDEX": "layout",
+    "BshdBatch": "layout",
+    "ThdBatch": "layout",
+    "TokenSequence": "layout",
+    "pack": "layout",
+    "to_bshd": "layout",
+}
+__all__ = [
+    "BshdBatch",
+    "DataPipeline",
+    "IGNORE_INDEX",
+    "MicroBatch",
+    "ThdBatch",
+    "TokenSequence",
+    "layout",
+    "load_tokenizer",
+    "pack",
+    "pipeline",
+    "read_documents",
+    "sequence_padding_multiple",
+    "synthetic_documents",
+    "to_bshd",
+]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -26,13 +26,17 @@ def context_parallel_positions(segment_lengths: torch.Tensor, cp_size: int, cp_r
     `segment_lengths` are the packed sequences' padded lengths, one after another from position 0; each must
     be a multiple of 2·cp_size. With cp_size 1 every position is returned."""
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
-        raise ValueError(f"cp_rank {cp_rank} is outside [0, {cp_size}); pass this rank's context-parallel rank "
-                         "and a positive context-parallel size.")
+        raise ValueError(
+            f"cp_rank {cp_rank} is outside [0, {cp_size}); pass this rank's context-parallel rank "
+            "and a positive context-parallel size."
+        )
     lengths = segment_lengths.long()
     chunks = 2 * cp_size
     if bool((lengths % chunks != 0).any()):
-        raise ValueError(f"packed sequence lengths {lengths.tolist()} are not all multiples of 2 x cp = {chunks}; "
-                         "pad every sequence to that multiple (DataPipeline does, from sequence_padding_multiple).")
+        raise ValueError(
+            f"packed sequence lengths {lengths.tolist()} are not all multiples of 2 x cp = {chunks}; "
+            "pad every sequence to that multiple (DataPipeline does, from sequence_padding_multiple)."
+        )
     starts = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
     chunk_lengths = lengths // chunks
     # Per sequence: chunk r, then its mirror 2·cp-1-r.

@@ -39,8 +39,10 @@ class TokenSequence:
     def __post_init__(self) -> None:
         lengths = {tensor.dim() == 1 and tensor.numel() for tensor in (self.input_ids, self.labels, self.loss_mask)}
         if len(lengths) != 1 or not lengths.pop():
-            raise ValueError("A TokenSequence needs input_ids, labels and loss_mask as non-empty 1-D tensors of "
-                             "one length; pass one sample's tokens, not a batch.")
+            raise ValueError(
+                "A TokenSequence needs input_ids, labels and loss_mask as non-empty 1-D tensors of "
+                "one length; pass one sample's tokens, not a batch."
+            )
 
 
 @dataclass(frozen=True)
@@ -101,16 +103,14 @@ def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
 
 
-def pack(sequences: Sequence[TokenSequence], pad_sequences_to_multiple_of: int = 1,
-         pad_token_id: int = 0) -> ThdBatch:
+def pack(sequences: Sequence[TokenSequence], pad_sequences_to_multiple_of: int = 1, pad_token_id: int = 0) -> ThdBatch:
     """Pack samples into one THD stream, padding each to a multiple of `pad_sequences_to_multiple_of`
     (pass cp for context-parallel THD)."""
     _check_multiple("pad_sequences_to_multiple_of", pad_sequences_to_multiple_of)
     if not sequences:
         raise ValueError("pack() got no sequences; pass at least one TokenSequence.")
     device = sequences[0].input_ids.device
-    seq_lens = torch.tensor([sequence.input_ids.numel() for sequence in sequences], dtype=torch.int64,
-                            device=device)
+    seq_lens = torch.tensor([sequence.input_ids.numel() for sequence in sequences], dtype=torch.int64, device=device)
     padded_seq_lens = _round_up(seq_lens, pad_sequences_to_multiple_of)
     input_ids, labels, loss_mask = [], [], []
     for sequence, padding in zip(sequences, (padded_seq_lens - seq_lens).tolist(), strict=True):
@@ -119,18 +119,27 @@ def pack(sequences: Sequence[TokenSequence], pad_sequences_to_multiple_of: int =
         loss_mask += [sequence.loss_mask, sequence.loss_mask.new_full((padding,), LOSS_MASK_PAD)]
     cu_seqlens_padded = _cumulative(padded_seq_lens)
     return ThdBatch(
-        input_ids=torch.cat(input_ids), labels=torch.cat(labels), loss_mask=torch.cat(loss_mask),
+        input_ids=torch.cat(input_ids),
+        labels=torch.cat(labels),
+        loss_mask=torch.cat(loss_mask),
         position_ids=_segment_positions(cu_seqlens_padded, padded_seq_lens),
-        cu_seqlens=_cumulative(seq_lens), cu_seqlens_padded=cu_seqlens_padded, pad_token_id=pad_token_id,
+        cu_seqlens=_cumulative(seq_lens),
+        cu_seqlens_padded=cu_seqlens_padded,
+        pad_token_id=pad_token_id,
     )
 
 
 def unpack(thd: ThdBatch) -> list[TokenSequence]:
     """The samples `pack` was given (padding dropped)."""
     starts = thd.cu_seqlens_padded[:-1].tolist()
-    return [TokenSequence(thd.input_ids[start:start + length], thd.labels[start:start + length],
-                          thd.loss_mask[start:start + length])
-            for start, length in zip(starts, thd.seq_lens.tolist(), strict=True)]
+    return [
+        TokenSequence(
+            thd.input_ids[start : start + length],
+            thd.labels[start : start + length],
+            thd.loss_mask[start : start + length],
+        )
+        for start, length in zip(starts, thd.seq_lens.tolist(), strict=True)
+    ]
 
 
 def _segment_positions(cu_seqlens_padded: torch.Tensor, padded_seq_lens: torch.Tensor) -> torch.Tensor:
@@ -147,8 +156,9 @@ def positions_within_segments(lengths: torch.Tensor) -> torch.Tensor:
 def _thd_coordinates(cu_seqlens_padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, column) in BSHD of every packed token."""
     padded_seq_lens = cu_seqlens_padded.diff().long()
-    rows = torch.repeat_interleave(torch.arange(padded_seq_lens.numel(), device=padded_seq_lens.device),
-                                   padded_seq_lens)
+    rows = torch.repeat_interleave(
+        torch.arange(padded_seq_lens.numel(), device=padded_seq_lens.device), padded_seq_lens
+    )
     return rows, _segment_positions(cu_seqlens_padded, padded_seq_lens)
 
 
@@ -170,20 +180,27 @@ def to_bshd(thd: ThdBatch, pad_to_multiple_of: int = 1) -> BshdBatch:
         labels=spread(thd.labels, thd.labels.new_full(shape, IGNORE_INDEX)),
         loss_mask=spread(thd.loss_mask, thd.loss_mask.new_full(shape, LOSS_MASK_PAD)),
         position_ids=spread(thd.position_ids, counting_positions.repeat(shape[0], 1)),
-        seq_lens=thd.seq_lens.long(), padded_seq_lens=padded_seq_lens, pad_token_id=thd.pad_token_id,
+        seq_lens=thd.seq_lens.long(),
+        padded_seq_lens=padded_seq_lens,
+        pad_token_id=thd.pad_token_id,
     )
 
 
 def to_thd(bshd: BshdBatch) -> ThdBatch:
     """Pack the rows back, keeping each row's first `padded_seq_lens` tokens."""
     if int(bshd.padded_seq_lens.max()) > bshd.input_ids.shape[1]:
-        raise ValueError(f"BshdBatch.padded_seq_lens reach {int(bshd.padded_seq_lens.max())} but rows hold "
-                         f"{bshd.input_ids.shape[1]} tokens; make padded_seq_lens at most the row width.")
+        raise ValueError(
+            f"BshdBatch.padded_seq_lens reach {int(bshd.padded_seq_lens.max())} but rows hold "
+            f"{bshd.input_ids.shape[1]} tokens; make padded_seq_lens at most the row width."
+        )
     cu_seqlens_padded = _cumulative(bshd.padded_seq_lens)
     rows, columns = _thd_coordinates(cu_seqlens_padded)
     return ThdBatch(
-        input_ids=bshd.input_ids[rows, columns], labels=bshd.labels[rows, columns],
-        loss_mask=bshd.loss_mask[rows, columns], position_ids=bshd.position_ids[rows, columns],
-        cu_seqlens=_cumulative(bshd.seq_lens), cu_seqlens_padded=cu_seqlens_padded,
+        input_ids=bshd.input_ids[rows, columns],
+        labels=bshd.labels[rows, columns],
+        loss_mask=bshd.loss_mask[rows, columns],
+        position_ids=bshd.position_ids[rows, columns],
+        cu_seqlens=_cumulative(bshd.seq_lens),
+        cu_seqlens_padded=cu_seqlens_padded,
         pad_token_id=bshd.pad_token_id,
     )

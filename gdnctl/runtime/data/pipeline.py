@@ -134,8 +134,9 @@ def load_tokenizer(path: str | Path) -> LocalTokenizer:
     try:
         backend = Tokenizer.from_str(text)
     except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
-        raise DataError(f"tokenizer {file} cannot be read ({error}); point model.tokenizer at a "
-                        "tokenizers-format tokenizer.json.") from None
+        raise DataError(
+            f"tokenizer {file} cannot be read ({error}); point model.tokenizer at a tokenizers-format tokenizer.json."
+        ) from None
     return LocalTokenizer(backend, _eos_id(backend, file.parent))
 
 
@@ -146,8 +147,10 @@ def _eos_id(backend: Any, directory: Path) -> int | None:
         return next((token_id for token_id in fallback_ids if token_id is not None), None)
     eos_id = backend.token_to_id(named)
     if eos_id is None:
-        raise DataError(f"{directory / 'tokenizer_config.json'} names eos_token {named!r}, which is not in "
-                        f"{directory / 'tokenizer.json'}; fix the eos_token or use the matching tokenizer.")
+        raise DataError(
+            f"{directory / 'tokenizer_config.json'} names eos_token {named!r}, which is not in "
+            f"{directory / 'tokenizer.json'}; fix the eos_token or use the matching tokenizer."
+        )
     return eos_id
 
 
@@ -179,14 +182,15 @@ class _TokenizerOnFirstUse:
     def __call__(self, where: str) -> LocalTokenizer:
         if self._tokenizer is None:
             if self._path is None:
-                raise DataError(f"{where} has text but model.tokenizer is not set; set it to a local "
-                                "tokenizer directory or tokenizer.json, or give input_ids instead of text.")
+                raise DataError(
+                    f"{where} has text but model.tokenizer is not set; set it to a local "
+                    "tokenizer directory or tokenizer.json, or give input_ids instead of text."
+                )
             self._tokenizer = load_tokenizer(self._path)
         return self._tokenizer
 
 
-def read_documents(path: str | Path, *, vocab_size: int, tokenizer_path: str | Path | None = None
-                   ) -> list[Document]:
+def read_documents(path: str | Path, *, vocab_size: int, tokenizer_path: str | Path | None = None) -> list[Document]:
     """Every record of a local .jsonl or .parquet file, tokenized and validated.
 
     Read eagerly, so a bad record stops the job at start-up instead of hours into training; every rank
@@ -220,16 +224,18 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
                 if line.strip():  # a blank line (an editor's trailing one, say) holds no record
                     yield f"{path} line {number}", _json_record(line, f"{path} line {number}")
     except OSError as error:
-        raise DataError(f"data file {path} cannot be read ({error.strerror or error}); check the file and its "
-                        "permissions.") from None
+        raise DataError(
+            f"data file {path} cannot be read ({error.strerror or error}); check the file and its permissions."
+        ) from None
 
 
 def _json_record(line: bytes, where: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as error:
-        raise DataError(f"{where} is not valid JSON ({error.msg} at column {error.colno}); write one JSON object "
-                        "per line.") from None
+        raise DataError(
+            f"{where} is not valid JSON ({error.msg} at column {error.colno}); write one JSON object per line."
+        ) from None
     except UnicodeDecodeError:
         raise DataError(f"{where} is not UTF-8 text; write the file as UTF-8.") from None
     except RecursionError:
@@ -267,16 +273,18 @@ def _document(record: Any, where: str, tokenizer: _TokenizerOnFirstUse, vocab_si
         ids, trained = _chat_record(record, where, tokenizer(where))
         source = "the tokenizer"
     else:
-        raise DataError(f"{where} has none of input_ids, text, or prompt and response; give every record one "
-                        "of them.")
+        raise DataError(f"{where} has none of input_ids, text, or prompt and response; give every record one of them.")
     if len(ids) < 2:
-        raise DataError(f"{where} has {len(ids)} token(s); a training sequence needs at least 2 (one to read, "
-                        "the next to predict).")
+        raise DataError(
+            f"{where} has {len(ids)} token(s); a training sequence needs at least 2 (one to read, the next to predict)."
+        )
     try:
         token_ids = torch.tensor(ids, dtype=torch.int64)
     except (ValueError, RuntimeError, OverflowError):  # an id past int64: outside every vocabulary
-        raise DataError(f"{where} has a token id beyond 64-bit integers (from {source}), outside the model's "
-                        f"vocabulary [0, {vocab_size}); use ids (or a tokenizer) made for this model.") from None
+        raise DataError(
+            f"{where} has a token id beyond 64-bit integers (from {source}), outside the model's "
+            f"vocabulary [0, {vocab_size}); use ids (or a tokenizer) made for this model."
+        ) from None
     _check_vocabulary(token_ids, where, vocab_size, source)
     return Document(token_ids.to(torch.int32), torch.tensor(trained, dtype=torch.bool))
 
@@ -288,18 +296,18 @@ def _ids_record(record: dict, where: str) -> tuple[list[int], list[bool]]:
     if mask is None:
         return ids, [True] * len(ids)
     if not _all_integers(mask) or not set(mask) <= {0, 1}:
-        raise DataError(f"{where} has a loss_mask that is not a list of 0/1 values; write 1 for each trained "
-                        "token and 0 for the others.")
+        raise DataError(
+            f"{where} has a loss_mask that is not a list of 0/1 values; write 1 for each trained "
+            "token and 0 for the others."
+        )
     if len(mask) != len(ids):
-        raise DataError(f"{where} has {len(mask)} loss_mask values for {len(ids)} input_ids; give one 0/1 per "
-                        "token.")
+        raise DataError(f"{where} has {len(mask)} loss_mask values for {len(ids)} input_ids; give one 0/1 per token.")
     return ids, [bool(value) for value in mask]
 
 
 def _all_integers(values: Any) -> bool:
     # bool is an int subclass, and JSON true/false is never meant as a token id or mask value here
-    return isinstance(values, list) and all(isinstance(value, int) and not isinstance(value, bool)
-                                            for value in values)
+    return isinstance(values, list) and all(isinstance(value, int) and not isinstance(value, bool) for value in values)
 
 
 def _text_record(record: dict, where: str, tokenizer: LocalTokenizer) -> tuple[list[int], list[bool]]:
@@ -325,28 +333,36 @@ def _check_vocabulary(token_ids: torch.Tensor, where: str, vocab_size: int, sour
     outside = ((token_ids < 0) | (token_ids >= vocab_size)).nonzero()
     if outside.numel():
         position = int(outside[0])
-        raise DataError(f"{where} has token id {int(token_ids[position])} (position {position}, from {source}) "
-                        f"outside the model's vocabulary [0, {vocab_size}); use ids (or a tokenizer) made for "
-                        "this model.")
+        raise DataError(
+            f"{where} has token id {int(token_ids[position])} (position {position}, from {source}) "
+            f"outside the model's vocabulary [0, {vocab_size}); use ids (or a tokenizer) made for "
+            "this model."
+        )
 
 
-def synthetic_documents(num_documents: int, *, vocab_size: int, min_length: int, max_length: int, seed: int
-                        ) -> list[Document]:
+def synthetic_documents(
+    num_documents: int, *, vocab_size: int, min_length: int, max_length: int, seed: int
+) -> list[Document]:
     """Deterministic random documents for benchmarks, every token trained.
 
     Lengths (in tokens; a document of n tokens fills n - 1 positions) are log-uniform in
     [min_length, max_length]: many short documents and few long ones, as in real corpora. Equal bounds give
     one fixed length (`seq_length + 1` fills a row exactly). Ids are uniform over the vocabulary."""
     if num_documents < 1 or not 2 <= min_length <= max_length:
-        raise ValueError(f"synthetic_documents got {num_documents} documents of {min_length}..{max_length} "
-                         "tokens; ask for at least one document and 2 <= min_length <= max_length.")
+        raise ValueError(
+            f"synthetic_documents got {num_documents} documents of {min_length}..{max_length} "
+            "tokens; ask for at least one document and 2 <= min_length <= max_length."
+        )
     generator = torch.Generator().manual_seed(seed)
     log_lengths = torch.empty(num_documents, dtype=torch.float64).uniform_(
-        math.log(min_length), math.log(max_length + 1), generator=generator)
+        math.log(min_length), math.log(max_length + 1), generator=generator
+    )
     lengths = log_lengths.exp().floor().clamp(min_length, max_length).long().tolist()
     token_ids = torch.randint(vocab_size, (sum(lengths),), generator=generator, dtype=torch.int32)
-    return [Document(ids, torch.ones(length, dtype=torch.bool))
-            for ids, length in zip(token_ids.split(lengths), lengths, strict=True)]
+    return [
+        Document(ids, torch.ones(length, dtype=torch.bool))
+        for ids, length in zip(token_ids.split(lengths), lengths, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -373,10 +389,13 @@ class MicroBatch:
         if cp_size == 1:
             return self
         if not self.is_packed:
-            raise ValueError("context parallelism is built for packed (THD) micro-batches; use layout thd with "
-                             "cp > 1 (validate's LAY004 says the same).")
-        return MicroBatch(self.batch, context_parallel_positions(self.batch.padded_seq_lens, cp_size, cp_rank),
-                          self.documents)
+            raise ValueError(
+                "context parallelism is built for packed (THD) micro-batches; use layout thd with "
+                "cp > 1 (validate's LAY004 says the same)."
+            )
+        return MicroBatch(
+            self.batch, context_parallel_positions(self.batch.padded_seq_lens, cp_size, cp_rank), self.documents
+        )
 
     def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.cp_positions is not None:
@@ -508,9 +527,20 @@ class DataPipeline:
     other, epoch after epoch, each exactly `max_positions` long (`filled_rows`), so a row may hold the end of one
     epoch and the start of the next; `consumed_samples` still counts rows."""
 
-    def __init__(self, documents: Iterable[Document], *, layout: Layout, seq_length: int,
-                 micro_batch_size: int, global_batch_size: int, dp: int, seed: int,
-                 pad_sequences_to_multiple_of: int = 1, cp: int = 1, packing: Packing = "whole") -> None:
+    def __init__(
+        self,
+        documents: Iterable[Document],
+        *,
+        layout: Layout,
+        seq_length: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        dp: int,
+        seed: int,
+        pad_sequences_to_multiple_of: int = 1,
+        cp: int = 1,
+        packing: Packing = "whole",
+    ) -> None:
         self.documents = tuple(documents)
         self.cp = cp
         self.layout = layout
@@ -524,22 +554,32 @@ class DataPipeline:
         self.max_positions = seq_length - seq_length % pad_sequences_to_multiple_of
         self._check_settings()
         # whole truncates a long document to the row; fill cuts it across rows and keeps every position
-        self._positions = [len(document) - 1 if packing == "fill" else min(len(document) - 1, self.max_positions)
-                           for document in self.documents]
+        self._positions = [
+            len(document) - 1 if packing == "fill" else min(len(document) - 1, self.max_positions)
+            for document in self.documents
+        ]
         multiple = pad_sequences_to_multiple_of
         self._padded_positions = [-(-positions // multiple) * multiple for positions in self._positions]
-        self.truncated_documents = sum(len(document) - 1 > positions
-                                       for document, positions in zip(self.documents, self._positions, strict=True))
+        self.truncated_documents = sum(
+            len(document) - 1 > positions for document, positions in zip(self.documents, self._positions, strict=True)
+        )
         self._cached_epoch: tuple[int, list[tuple[Piece, ...]]] | None = None
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, documents: Iterable[Document]) -> DataPipeline:
         train = config.train
-        return cls(documents, layout=config.layout, seq_length=train.seq_length,
-                   micro_batch_size=train.micro_batch_size, global_batch_size=train.global_batch_size,
-                   dp=config.parallel.dp, seed=train.seed,
-                   pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision),
-                   cp=config.parallel.cp, packing=config.packing)
+        return cls(
+            documents,
+            layout=config.layout,
+            seq_length=train.seq_length,
+            micro_batch_size=train.micro_batch_size,
+            global_batch_size=train.global_batch_size,
+            dp=config.parallel.dp,
+            seed=train.seed,
+            pad_sequences_to_multiple_of=sequence_padding_multiple(config.parallel, train.precision),
+            cp=config.parallel.cp,
+            packing=config.packing,
+        )
 
     def _check_settings(self) -> None:
         if self.layout not in ("thd", "bshd"):
@@ -547,22 +587,32 @@ class DataPipeline:
         if self.packing not in ("whole", "fill"):
             raise ValueError(f"packing is {self.packing!r}; pass 'whole' or 'fill'.")
         if self.packing == "fill" and self.layout != "thd":
-            raise ValueError("packing 'fill' cuts documents into packed rows and needs layout thd; a padded (BSHD) "
-                             "row holds one document, so use packing 'whole' with it.")
+            raise ValueError(
+                "packing 'fill' cuts documents into packed rows and needs layout thd; a padded (BSHD) "
+                "row holds one document, so use packing 'whole' with it."
+            )
         if self.layout == "thd" and self.micro_batch_size != 1:
-            raise ValueError(f"THD packs one row per micro-batch but micro_batch_size is {self.micro_batch_size}; "
-                             "use micro_batch_size 1 (Megatron's GDN needs batch 1 with packed sequences).")
+            raise ValueError(
+                f"THD packs one row per micro-batch but micro_batch_size is {self.micro_batch_size}; "
+                "use micro_batch_size 1 (Megatron's GDN needs batch 1 with packed sequences)."
+            )
         if min(self.micro_batch_size, self.dp, self.cp, self.pad_sequences_to_multiple_of) < 1:
             raise ValueError("micro_batch_size, dp, cp and pad_sequences_to_multiple_of must be positive integers.")
         if self.cp > 1 and (self.layout != "thd" or self.pad_sequences_to_multiple_of % (2 * self.cp)):
-            raise ValueError(f"cp {self.cp} needs layout thd and sequences padded to a multiple of 2 x cp; build the "
-                             "pipeline with pad_sequences_to_multiple_of=sequence_padding_multiple(parallel).")
+            raise ValueError(
+                f"cp {self.cp} needs layout thd and sequences padded to a multiple of 2 x cp; build the "
+                "pipeline with pad_sequences_to_multiple_of=sequence_padding_multiple(parallel)."
+            )
         if self.global_batch_size < 1 or self.global_batch_size % (self.micro_batch_size * self.dp):
-            raise ValueError(f"global_batch_size {self.global_batch_size} is not a positive multiple of "
-                             f"micro_batch_size x dp = {self.micro_batch_size * self.dp}; make it one.")
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is not a positive multiple of "
+                f"micro_batch_size x dp = {self.micro_batch_size * self.dp}; make it one."
+            )
         if self.max_positions < 1:
-            raise ValueError(f"seq_length {self.seq_length} is shorter than the sequence padding multiple "
-                             f"{self.pad_sequences_to_multiple_of}; make seq_length at least that.")
+            raise ValueError(
+                f"seq_length {self.seq_length} is shorter than the sequence padding multiple "
+                f"{self.pad_sequences_to_multiple_of}; make seq_length at least that."
+            )
         if not self.documents:
             raise ValueError("DataPipeline got no documents; pass at least one.")
 
@@ -599,8 +649,9 @@ class DataPipeline:
 
     def filled_samples(self) -> Iterator[tuple[Piece, ...]]:
         """packing fill: every row of the job in order, without end, each exactly `max_positions` positions."""
-        documents = ((index, self._positions[index])
-                     for epoch in itertools.count() for index in self.epoch_order(epoch))
+        documents = (
+            (index, self._positions[index]) for epoch in itertools.count() for index in self.epoch_order(epoch)
+        )
         return (tuple(row) for row in filled_rows(documents, self.max_positions, self.pad_sequences_to_multiple_of))
 
     def _whole(self, index: int) -> Piece:
@@ -614,16 +665,19 @@ class DataPipeline:
         self._check_position(dp_rank, consumed_samples)
         if not 0 <= cp_rank < self.cp:
             raise ValueError(f"cp_rank {cp_rank} is outside [0, {self.cp}); pass this rank's context-parallel rank.")
-        return (batch.on_context_parallel_rank(self.cp, cp_rank)
-                for batch in self._micro_batches(dp_rank, consumed_samples))
+        return (
+            batch.on_context_parallel_rank(self.cp, cp_rank) for batch in self._micro_batches(dp_rank, consumed_samples)
+        )
 
     def _check_position(self, dp_rank: int, consumed_samples: int) -> None:
         if not 0 <= dp_rank < self.dp:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, {self.dp}); pass this rank's data-parallel rank.")
         chunk = self.micro_batch_size * self.dp
         if consumed_samples < 0 or consumed_samples % chunk:
-            raise ValueError(f"consumed_samples {consumed_samples} is not a non-negative multiple of "
-                             f"micro_batch_size x dp = {chunk}; resume from a checkpoint of this batch layout.")
+            raise ValueError(
+                f"consumed_samples {consumed_samples} is not a non-negative multiple of "
+                f"micro_batch_size x dp = {chunk}; resume from a checkpoint of this batch layout."
+            )
 
     def _micro_batches(self, dp_rank: int, consumed_samples: int) -> Iterator[MicroBatch]:
         chunk = self.micro_batch_size * self.dp
@@ -649,8 +703,9 @@ class DataPipeline:
         pieces = [piece for sample in samples for piece in sample]
         documents = tuple(dict.fromkeys(index for index, _, _ in pieces))
         sequences = [self._token_sequence(piece) for piece in pieces]
-        packed = pack(sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of,
-                      pad_token_id=PAD_TOKEN_ID)
+        packed = pack(
+            sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of, pad_token_id=PAD_TOKEN_ID
+        )
         if self.layout == "thd":
             return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:
@@ -660,7 +715,7 @@ class DataPipeline:
     def _token_sequence(self, piece: Piece) -> TokenSequence:
         index, start, end = piece
         document = self.documents[index]
-        tokens = document.token_ids[start:end + 1].long()
-        trained = document.trained[start + 1:end + 1]
+        tokens = document.token_ids[start : end + 1].long()
+        trained = document.trained[start + 1 : end + 1]
         labels = torch.where(trained, tokens[1:], IGNORE_INDEX)
         return TokenSequence(tokens[:-1], labels, trained.float())

@@ -93,42 +93,60 @@ def find_backend_problem(backend: str, facts: RuntimeFacts, *, training: bool = 
 
 def _flashqla_problem(facts: RuntimeFacts, training: bool) -> str | None:
     if facts.torch_version is None:
-        return (f"PyTorch is not installed; install torch>={stack.FLASHQLA_MIN_TORCH} built for "
-                f"CUDA>={stack.FLASHQLA_MIN_CUDA} {_USE_FLA_INSTEAD}.")
+        return (
+            f"PyTorch is not installed; install torch>={stack.FLASHQLA_MIN_TORCH} built for "
+            f"CUDA>={stack.FLASHQLA_MIN_CUDA} {_USE_FLA_INSTEAD}."
+        )
     if not versions.at_least(facts.torch_version, stack.FLASHQLA_MIN_TORCH):
-        return (f"FlashQLA needs torch>={stack.FLASHQLA_MIN_TORCH} but torch {facts.torch_version} is installed; "
-                f"upgrade torch {_USE_FLA_INSTEAD}.")
+        return (
+            f"FlashQLA needs torch>={stack.FLASHQLA_MIN_TORCH} but torch {facts.torch_version} is installed; "
+            f"upgrade torch {_USE_FLA_INSTEAD}."
+        )
     if not facts.cuda_available:
-        return (f"FlashQLA needs a CUDA GPU but torch {facts.torch_version} sees none; run on a Hopper or "
-                f"Blackwell GPU node {_USE_FLA_INSTEAD}.")
+        return (
+            f"FlashQLA needs a CUDA GPU but torch {facts.torch_version} sees none; run on a Hopper or "
+            f"Blackwell GPU node {_USE_FLA_INSTEAD}."
+        )
     if facts.cuda_version is None or not versions.at_least(facts.cuda_version, stack.FLASHQLA_MIN_CUDA):
         built_for = f"CUDA {facts.cuda_version}" if facts.cuda_version else "no CUDA"
-        return (f"FlashQLA needs torch built for CUDA>={stack.FLASHQLA_MIN_CUDA} but torch {facts.torch_version} "
-                f"is built for {built_for}; install a torch built for CUDA {stack.FLASHQLA_MIN_CUDA} or newer "
-                f"{_USE_FLA_INSTEAD}.")
+        return (
+            f"FlashQLA needs torch built for CUDA>={stack.FLASHQLA_MIN_CUDA} but torch {facts.torch_version} "
+            f"is built for {built_for}; install a torch built for CUDA {stack.FLASHQLA_MIN_CUDA} or newer "
+            f"{_USE_FLA_INSTEAD}."
+        )
     gpu = f"{sm_label(facts.capability)} ({facts.device_name})"
     if not FLASHQLA.has_kernels_for(facts.capability):
-        return (f"FlashQLA has no kernels for {gpu}; use a Hopper or Blackwell GPU "
-                f"({_sm_list(FLASHQLA.gpus)}) {_USE_FLA_INSTEAD}.")
+        return (
+            f"FlashQLA has no kernels for {gpu}; use a Hopper or Blackwell GPU "
+            f"({_sm_list(FLASHQLA.gpus)}) {_USE_FLA_INSTEAD}."
+        )
     flash_qla_version = facts.package_versions.get("flash-qla")
     if flash_qla_version is None:
-        return (f"flash-qla is not installed; pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' "
-                f"{_USE_FLA_INSTEAD}.")
+        return f"flash-qla is not installed; pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}."
     # SM120/SM121 got a backward in flash-qla 0.1.3 (its chunk/__init__.py imports blackwell_sm120's
     # fused_gdr_bwd); older releases raise NotImplementedError in the first backward, so refuse them up front.
-    if (training and facts.capability in FLASHQLA.forward_only_gpus
-            and versions.below(flash_qla_version, stack.FLASHQLA_SM120_BACKWARD)):
-        return (f"flash-qla {flash_qla_version} has only a forward kernel on {gpu}, so it cannot train; "
-                f"pip install 'flash-qla>={stack.FLASHQLA_SM120_BACKWARD}', train on "
-                f"{_sm_list(_FLASHQLA_TRAINING_SMS)} {_USE_FLA_INSTEAD}.")
+    if (
+        training
+        and facts.capability in FLASHQLA.forward_only_gpus
+        and versions.below(flash_qla_version, stack.FLASHQLA_SM120_BACKWARD)
+    ):
+        return (
+            f"flash-qla {flash_qla_version} has only a forward kernel on {gpu}, so it cannot train; "
+            f"pip install 'flash-qla>={stack.FLASHQLA_SM120_BACKWARD}', train on "
+            f"{_sm_list(_FLASHQLA_TRAINING_SMS)} {_USE_FLA_INSTEAD}."
+        )
     if training and not versions.at_least(flash_qla_version, stack.FLASHQLA_TRAINING_MIN):
-        return (f"flash-qla {flash_qla_version} computes wrong dg gradients (QwenLM/FlashQLA PR #28); "
-                f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}.")
+        return (
+            f"flash-qla {flash_qla_version} computes wrong dg gradients (QwenLM/FlashQLA PR #28); "
+            f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' {_USE_FLA_INSTEAD}."
+        )
     tilelang_version = facts.package_versions.get("tilelang")
     if not versions.at_least(tilelang_version, stack.FLASHQLA_MIN_TILELANG):
         found = f"tilelang {tilelang_version} is installed" if tilelang_version else "tilelang is not installed"
-        return (f"flash-qla needs tilelang>={stack.FLASHQLA_MIN_TILELANG} but {found}; "
-                f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'.")
+        return (
+            f"flash-qla needs tilelang>={stack.FLASHQLA_MIN_TILELANG} but {found}; "
+            f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'."
+        )
     return None
 
 
@@ -137,11 +155,9 @@ def _fla_problem(facts: RuntimeFacts, training: bool) -> str | None:
     if facts.torch_version is None:
         return f"PyTorch is not installed; install torch>={FLA_MIN_TORCH} with CUDA support."
     if not versions.at_least(facts.torch_version, FLA_MIN_TORCH):
-        return (f"FLA needs torch>={FLA_MIN_TORCH} but torch {facts.torch_version} is installed; "
-                f"upgrade torch.")
+        return f"FLA needs torch>={FLA_MIN_TORCH} but torch {facts.torch_version} is installed; upgrade torch."
     if not facts.cuda_available:
-        return (f"FLA's Triton GDN kernels need a CUDA GPU but torch {facts.torch_version} sees none; "
-                f"run on a GPU node.")
+        return f"FLA's Triton GDN kernels need a CUDA GPU but torch {facts.torch_version} sees none; run on a GPU node."
     if facts.package_versions.get("triton") is None:
         return "FLA's GDN kernels need triton, which is not installed; pip install triton."
     if facts.package_versions.get("fla-core") is None and facts.package_versions.get("flash-linear-attention") is None:
@@ -187,8 +203,14 @@ class GdnKernel:
     varlen inputs have B == 1 and `cu_seqlens`. Returns `(o, final_state)`.
     """
 
-    def __init__(self, name: str, raw_kernel: Callable, *, environment: Mapping[str, str] | None = None,
-                 shows_compile_progress: bool = False):
+    def __init__(
+        self,
+        name: str,
+        raw_kernel: Callable,
+        *,
+        environment: Mapping[str, str] | None = None,
+        shows_compile_progress: bool = False,
+    ):
         self.name = name
         self.raw_kernel = raw_kernel
         self._environment = dict(environment or {})
@@ -200,8 +222,20 @@ class GdnKernel:
         # FLA builds its chunk index from a host copy of packed offsets when given one (no device synchronisation).
         self._takes_host_offsets = "cu_seqlens_cpu" in inspect.signature(raw_kernel).parameters
 
-    def __call__(self, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                 use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+    ):
         for variable, value in self._environment.items():
             if os.environ.get(variable) != value:
                 os.environ[variable] = value
@@ -218,15 +252,18 @@ class GdnKernel:
             options["cu_seqlens_cpu"] = host_copy(cu_seqlens)
         # Tensor.contiguous() returns the tensor itself when it already is contiguous, so this copies only
         # what a kernel would otherwise read with the wrong strides.
-        return self.raw_kernel(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
-                               beta.contiguous(), **options)
+        return self.raw_kernel(
+            q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), **options
+        )
 
     def _drop_unsupported(self, options: dict[str, Any]) -> dict[str, Any]:
         for option in self._unsupported_options:
             value = options.pop(option)
             if not (value is None or value is False):
-                raise TypeError(f"The {self.name} GDN kernel has no {option} option, so {option}={value!r} "
-                                f"cannot be honoured; leave it at its default or use the other backend.")
+                raise TypeError(
+                    f"The {self.name} GDN kernel has no {option} option, so {option}={value!r} "
+                    f"cannot be honoured; leave it at its default or use the other backend."
+                )
         return options
 
     def __repr__(self) -> str:
@@ -255,8 +292,12 @@ def resolve_backend(name: str, *, training: bool = True) -> GdnKernel:
         raise GdnBackendUnavailable(problem)
     backend = GDN_BACKENDS[name]
     os.environ.update(backend.environment)
-    return GdnKernel(name, _import_chunk_kernel(backend.kernel_module, name), environment=backend.environment,
-                     shows_compile_progress=backend.shows_compile_progress)
+    return GdnKernel(
+        name,
+        _import_chunk_kernel(backend.kernel_module, name),
+        environment=backend.environment,
+        shows_compile_progress=backend.shows_compile_progress,
+    )
 
 
 def _import_chunk_kernel(module_name: str, backend: str) -> Callable:
@@ -265,8 +306,9 @@ def _import_chunk_kernel(module_name: str, backend: str) -> Callable:
     except Exception as error:  # flash_qla raises ValueError, not ImportError, on GPUs it does not support
         first_line = (str(error).splitlines() or [""])[0]
         hint = GDN_BACKENDS[backend].install + ("" if backend == FLA.name else f" {_USE_FLA_INSTEAD}")
-        raise GdnBackendUnavailable(f"Importing {module_name} failed ({type(error).__name__}: {first_line}); "
-                                    f"{hint}.") from error
+        raise GdnBackendUnavailable(
+            f"Importing {module_name} failed ({type(error).__name__}: {first_line}); {hint}."
+        ) from error
 
 
 # --- Megatron-Core injection --------------------------------------------------------------------------------
@@ -293,8 +335,10 @@ def megatron_kernel_modules(megatron_version: str) -> tuple[str, ...]:
     modules = MEGATRON_KERNEL_MODULES.get((release[0], release[1] if len(release) > 1 else 0))
     if modules is None:
         known = ", ".join(f"{major}.{minor}" for major, minor in MEGATRON_KERNEL_MODULES)
-        raise GdnInjectionError(f"megatron-core {megatron_version} is not one whose GDN kernel hook gdnctl "
-                                f"knows ({known}); install one of those megatron-core releases.")
+        raise GdnInjectionError(
+            f"megatron-core {megatron_version} is not one whose GDN kernel hook gdnctl "
+            f"knows ({known}); install one of those megatron-core releases."
+        )
     return modules
 
 
@@ -315,8 +359,10 @@ def patch_megatron_gdn_kernel(kernel: GdnKernel) -> list[str]:
     for module_name in megatron_kernel_modules(installed_megatron_version()):
         module = importlib.import_module(module_name)
         if not hasattr(module, KERNEL_GLOBAL):
-            raise GdnInjectionError(f"{module_name} has no {KERNEL_GLOBAL} to replace, so this megatron-core "
-                                    f"build differs from its release; install a released megatron-core wheel.")
+            raise GdnInjectionError(
+                f"{module_name} has no {KERNEL_GLOBAL} to replace, so this megatron-core "
+                f"build differs from its release; install a released megatron-core wheel."
+            )
         setattr(module, KERNEL_GLOBAL, kernel)
         patched.append(f"{module_name}.{KERNEL_GLOBAL}")
     return patched

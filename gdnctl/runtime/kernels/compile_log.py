@@ -73,8 +73,12 @@ def capture_compiler_output(cache_dir: Path, header: str) -> Iterator[CompileCon
     try:
         log = _open_log(log_path, header)
     except OSError as error:
-        yield CompileConsole(None, sys.stdout, sys.stderr,
-                             f"compiler output stays on this console: cannot write {log_path} ({error.strerror})")
+        yield CompileConsole(
+            None,
+            sys.stdout,
+            sys.stderr,
+            f"compiler output stays on this console: cannot write {log_path} ({error.strerror})",
+        )
         return
     with log, _descriptors_to(log.fileno()) as (stdout, stderr):
         yield CompileConsole(log_path, stdout, stderr, f"compiler output goes to {log_path}")

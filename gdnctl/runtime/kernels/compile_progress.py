@@ -54,12 +54,16 @@ def compile_estimate(shapes: int, cache_dir: Path, cached_files: int, prewarm: s
     low, high = COLD_MINUTES_PER_SHAPE
     count = f"{shapes} kernel shape{'s' if shapes != 1 else ''}"
     if cached_files:
-        text = (f"FlashQLA kernels for {count}: the kernel cache {cache_dir} holds {cached_files} files, so a shape "
-                f"compiled into it before loads in seconds; one it lacks compiles in about {low:g}-{high:g} min "
-                "on an H100")
+        text = (
+            f"FlashQLA kernels for {count}: the kernel cache {cache_dir} holds {cached_files} files, so a shape "
+            f"compiled into it before loads in seconds; one it lacks compiles in about {low:g}-{high:g} min "
+            "on an H100"
+        )
     else:
-        text = (f"FlashQLA kernels for {count} to compile into the empty kernel cache {cache_dir}: about "
-                f"{low:g}-{high:g} min per shape on an H100")
+        text = (
+            f"FlashQLA kernels for {count} to compile into the empty kernel cache {cache_dir}: about "
+            f"{low:g}-{high:g} min per shape on an H100"
+        )
         if shapes > 1:
             text += f", {shapes * low:g}-{shapes * high:g} min in all"
     return text + (f"; `{prewarm}` does this once, ahead of the job." if prewarm else ".")
@@ -95,8 +99,12 @@ class ShapeCompile:
 
     def kernel_begins(self, symbol: str) -> None:
         self.kernels.append(kernel_label(symbol))
-        _say(self.report, kernel_progress_line(self.shape, len(self.kernels), self.expected, self.kernels[-1],
-                                               time.monotonic() - self.started))
+        _say(
+            self.report,
+            kernel_progress_line(
+                self.shape, len(self.kernels), self.expected, self.kernels[-1], time.monotonic() - self.started
+            ),
+        )
 
     def ready_line(self) -> str:
         return shape_ready_line(self.shape, len(self.kernels), time.monotonic() - self.started)
@@ -137,8 +145,9 @@ def watch_compiles(shape: str, expected: int, report: Progress | None) -> Iterat
 
 
 @contextlib.contextmanager
-def compile_quietly(shapes: Sequence[object], report: Progress | None, *, header: str,
-                    prewarm: str | None = None) -> Iterator[Progress | None]:
+def compile_quietly(
+    shapes: Sequence[object], report: Progress | None, *, header: str, prewarm: str | None = None
+) -> Iterator[Progress | None]:
     """Say what compiling `shapes` will cost, then send the compiler's output to the kernel cache's log for the
     duration; yields `report` made to reach the terminal (None stays None: nothing is said)."""
     cache_dir = kernel_cache_dir()
@@ -170,9 +179,12 @@ def compiles_logged(during: str, report: Progress | None) -> Iterator[None]:
     sink.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     saved_handlers, saved_propagate = logger.handlers[:], logger.propagate
     logger.handlers, logger.propagate = [sink], False
-    begins = _CompileBeginsHandler(lambda symbol: _say(
-        report, f"compiling FlashQLA kernel {kernel_label(symbol)} during {during} (compiler output: "
-                f"{sink.baseFilename})"))
+    begins = _CompileBeginsHandler(
+        lambda symbol: _say(
+            report,
+            f"compiling FlashQLA kernel {kernel_label(symbol)} during {during} (compiler output: {sink.baseFilename})",
+        )
+    )
     kernel_logger = logging.getLogger(TILELANG_KERNEL_LOGGER)
     kernel_logger.addHandler(begins)
     level = kernel_logger.level

@@ -45,16 +45,19 @@ def install_host_side_checks() -> str:
         common = importlib.import_module(_GDN_COMMON)
     except ImportError:
         return "packed offsets: this megatron-core has no GDN common module, left as it is"
-    owner = next((cls for cls in vars(common).values()
-                  if isinstance(cls, type) and "_resolve_cu_seqlens" in vars(cls)), None)
+    owner = next(
+        (cls for cls in vars(common).values() if isinstance(cls, type) and "_resolve_cu_seqlens" in vars(cls)), None
+    )
     if owner is None:
         return "packed offsets: megatron-core's GDN has no _resolve_cu_seqlens, left as it is"
     original = vars(owner)["_resolve_cu_seqlens"]
     if getattr(original, "_gdnctl_host_side", False):
         return f"packed offsets: checked on the host in {owner.__name__}"
     if tuple(inspect.signature(original).parameters) != _RESOLVE_PARAMETERS:
-        return (f"packed offsets: {owner.__name__}._resolve_cu_seqlens has another signature than megatron-core "
-                "0.19.2's, left as it is")
+        return (
+            f"packed offsets: {owner.__name__}._resolve_cu_seqlens has another signature than megatron-core "
+            "0.19.2's, left as it is"
+        )
 
     def _resolve_cu_seqlens(self, cu_seqlens_padded, cu_seqlens_actual, total_seq_len, name, cp_size: int = 1):
         offsets = cu_seqlens_padded if cu_seqlens_padded is not None else cu_seqlens_actual
@@ -77,5 +80,7 @@ def check_offsets(host: torch.Tensor, total_seq_len: int, name: str, cp_size: in
         raise ValueError(f"GDN: {name}[-1]={total} does not match total_sequence_length={total_seq_len}.")
     lengths = host[1:] - host[:-1]
     if bool((lengths % cp_size != 0).any()):
-        raise ValueError(f"All per-sequence lengths in cu_seqlens must be divisible by cp_size={cp_size}, "
-                         f"but got lengths: {lengths.tolist()}")
+        raise ValueError(
+            f"All per-sequence lengths in cu_seqlens must be divisible by cp_size={cp_size}, "
+            f"but got lengths: {lengths.tolist()}"
+        )

@@ -66,8 +66,9 @@ def gated_delta_rule_reference(
     for index, (start, end) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
         tokens = slice(start, end)
         state = None if initial_state is None else initial_state[index : index + 1]
-        o, final_state = _run_sequences(q[:, tokens], k[:, tokens], v[:, tokens], g[:, tokens], beta[:, tokens],
-                                        scale, state, chunk_size)
+        o, final_state = _run_sequences(
+            q[:, tokens], k[:, tokens], v[:, tokens], g[:, tokens], beta[:, tokens], scale, state, chunk_size
+        )
         outputs.append(o)
         final_states.append(final_state)
     return torch.cat(outputs, dim=1), torch.cat(final_states) if output_final_state else None
@@ -77,11 +78,11 @@ def _check_shapes(q, k, v, g, beta, cu_seqlens) -> None:
     if q.shape != k.shape:
         raise ValueError(f"q and k must have one shape, got {tuple(q.shape)} and {tuple(k.shape)}.")
     if v.shape[:2] != q.shape[:2] or v.shape[2] % q.shape[2] != 0:
-        raise ValueError(f"v {tuple(v.shape)} must share batch and length with q {tuple(q.shape)} and have "
-                         f"a multiple of its heads.")
+        raise ValueError(
+            f"v {tuple(v.shape)} must share batch and length with q {tuple(q.shape)} and have a multiple of its heads."
+        )
     if g.shape != v.shape[:3] or beta.shape != v.shape[:3]:
-        raise ValueError(f"g {tuple(g.shape)} and beta {tuple(beta.shape)} must be [B, T, HV] = "
-                         f"{tuple(v.shape[:3])}.")
+        raise ValueError(f"g {tuple(g.shape)} and beta {tuple(beta.shape)} must be [B, T, HV] = {tuple(v.shape[:3])}.")
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError(f"Packed sequences (cu_seqlens) need batch 1, got {q.shape[0]}.")
 
@@ -95,8 +96,9 @@ def _run_sequences(q, k, v, g, beta, scale, initial_state, chunk_size):
     outputs = []
     for start in range(0, length, chunk_size):
         tokens = slice(start, start + chunk_size)
-        o, state = _chunk(q[:, :, tokens] * scale, k[:, :, tokens], v[:, :, tokens], g[:, :, tokens],
-                          beta[:, :, tokens], state)
+        o, state = _chunk(
+            q[:, :, tokens] * scale, k[:, :, tokens], v[:, :, tokens], g[:, :, tokens], beta[:, :, tokens], state
+        )
         outputs.append(o)
     return torch.cat(outputs, dim=2).transpose(1, 2), state
 
@@ -140,8 +142,9 @@ class GdnShape:
             raise ValueError(f"{self.name}: unpacked sequences share one length, got {self.seq_lens}.")
 
 
-def make_gdn_inputs(shape: GdnShape, *, device: str | torch.device, dtype: torch.dtype = torch.bfloat16,
-                    seed: int = 0) -> dict[str, torch.Tensor | None]:
+def make_gdn_inputs(
+    shape: GdnShape, *, device: str | torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> dict[str, torch.Tensor | None]:
     """Inputs as Megatron-Core hands them to the kernel: l2-normed q/k, fp32 log-space g, sigmoid beta."""
     generator = torch.Generator(device=device).manual_seed(seed)
 

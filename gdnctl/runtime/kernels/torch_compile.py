@@ -25,5 +25,4 @@ def apply_torch_compile(enabled: bool, reason: str = "") -> str:
     import torch
 
     torch.compiler.set_stance("force_eager")
-    return (f"torch.compile: off{why}: Megatron-Core's, Transformer Engine's and FLA's compiled functions run "
-            "eagerly")
+    return f"torch.compile: off{why}: Megatron-Core's, Transformer Engine's and FLA's compiled functions run eagerly"

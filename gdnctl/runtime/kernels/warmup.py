@@ -25,8 +25,9 @@ def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
 
     from gdnctl.runtime.kernels.reference import GdnShape, make_gdn_inputs
 
-    inputs = make_gdn_inputs(GdnShape(shape.name, shape.qk_heads, shape.v_heads, shape.seq_lens, shape.packed,
-                                      shape.head_dim), device="cuda")
+    inputs = make_gdn_inputs(
+        GdnShape(shape.name, shape.qk_heads, shape.v_heads, shape.seq_lens, shape.packed, shape.head_dim), device="cuda"
+    )
     leaves = [inputs[n].detach().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -36,8 +37,7 @@ def fwd_bwd_seconds(kernel, shape: RankShape) -> float:
     return time.perf_counter() - start
 
 
-def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None, *,
-                kernel) -> list[ShapeTiming]:
+def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None = None, *, kernel) -> list[ShapeTiming]:
     """First and second forward+backward call per shape of `kernel` (a GdnKernel), in this process, with a
     progress line per kernel the first call compiles where its backend shows compile progress (FlashQLA: TileLang
     says which; FLA's Triton compiles say nothing, so the first call's time is all there is)."""
@@ -48,10 +48,15 @@ def time_shapes(shapes: list[RankShape], progress: Callable[[str], None] | None 
     timings = []
     for index, shape in enumerate(shapes, 1):
         if progress:
-            progress(f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
-                     f"{shape.tokens} tokens{' packed' if shape.packed else ''}")
-        watching = (watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress)
-                    if kernel.shows_compile_progress else contextlib.nullcontext())
+            progress(
+                f"[{index}/{len(shapes)}] {shape.name}: {shape.qk_heads} q/k heads, {shape.v_heads} v heads, "
+                f"{shape.tokens} tokens{' packed' if shape.packed else ''}"
+            )
+        watching = (
+            watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), progress)
+            if kernel.shows_compile_progress
+            else contextlib.nullcontext()
+        )
         with watching:
             first = fwd_bwd_seconds(kernel, shape)
         warm = min(fwd_bwd_seconds(kernel, shape) for _ in range(3))

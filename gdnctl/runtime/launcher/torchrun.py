@@ -30,8 +30,7 @@ def failure_sentence(rank: int, exitcode: int, host: str | None, failed: int) ->
         how = f"exited with code {exitcode}"
     others = f"; {failed - 1} other rank(s) failed too" if failed > 1 else ""
     where = f" on {host}" if host else ""
-    return (f"gdnctl: the job failed: rank {rank}{where} {how}{others}. The rank's own message, above, says "
-            "why.")
+    return f"gdnctl: the job failed: rank {rank}{where} {how}{others}. The rank's own message, above, says why."
 
 
 def exit_status(exitcode: int) -> int:
@@ -51,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         torchrun.run(args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
-        print(failure_sentence(rank, failure.exitcode, getattr(failure, "hostname", None), len(error.failures)),
-              file=sys.stderr, flush=True)
+        print(
+            failure_sentence(rank, failure.exitcode, getattr(failure, "hostname", None), len(error.failures)),
+            file=sys.stderr,
+            flush=True,
+        )
         return exit_status(failure.exitcode)
     return 0
 

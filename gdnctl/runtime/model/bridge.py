@@ -47,8 +47,10 @@ FP8_RECIPE = "delayed"
 
 def transformer_engine_available() -> str | None:
     """Why the bridge builder cannot run here, or None when Transformer Engine and megatron-bridge import."""
-    for module, package in (("transformer_engine.pytorch", "transformer-engine"),
-                            ("megatron.bridge", "megatron-bridge")):
+    for module, package in (
+        ("transformer_engine.pytorch", "transformer-engine"),
+        ("megatron.bridge", "megatron-bridge"),
+    ):
         try:
             __import__(module)
         except Exception as error:  # a broken TE install raises OSError/RuntimeError from its library loader
@@ -68,16 +70,20 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
     """What gdnctl decides on the bridge's provider; the architecture is the bridge's, from the HF config."""
     parallel, train, speed = config.parallel, config.train, config.speed
     overrides: dict[str, Any] = dict(
-        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
-        context_parallel_size=parallel.cp, sequence_parallel=parallel.sequence_parallel,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel,
         pipeline_dtype=torch.bfloat16,
         # Weight gradients added into the gradient buffer inside TE's GEMM (runtime/model/wgrad_fusion.py says how
         # this works without APEX).
         gradient_accumulation_fusion=speed.wgrad_fusion,
         # The speed options (plan/speed.py): TE's fused RoPE, the experts' fused SwiGLU, TE's or Megatron's
         # cross entropy.
-        apply_rope_fusion=speed.rope_fusion, bias_activation_fusion=speed.bias_activation_fusion,
-        cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=speed.cross_entropy,
+        apply_rope_fusion=speed.rope_fusion,
+        bias_activation_fusion=speed.bias_activation_fusion,
+        cross_entropy_loss_fusion=True,
+        cross_entropy_fusion_impl=speed.cross_entropy,
         # The trainer's loss is a per-token sum divided by the global token count (trainer._loss).
         calculate_per_token_loss=True,
         init_method_std=INIT_METHOD_STD,
@@ -92,13 +98,22 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
         # (ColumnParallelMapping.hf_to_megatron) and `as_stored_in_hf` cuts them from the export.
         overrides.update(should_pad_vocab=True, make_vocab_size_divisible_by=1)
     if config.model.is_moe:
-        overrides.update(expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
-                         moe_grouped_gemm=True, moe_router_dtype="fp32", moe_router_fusion=speed.router_fusion)
+        overrides.update(
+            expert_model_parallel_size=parallel.ep,
+            expert_tensor_parallel_size=parallel.etp,
+            moe_grouped_gemm=True,
+            moe_router_dtype="fp32",
+            moe_router_fusion=speed.router_fusion,
+        )
     if speed.cuda_graphs:
         # Captured by the trainer after its warm-up steps (runtime/train/cuda_graphs.py); TE's RNG tracker is the
         # one a graph can replay.
-        overrides.update(cuda_graph_impl="transformer_engine", cuda_graph_modules=list(CUDA_GRAPH_MODULES),
-                         cuda_graph_warmup_steps=speed.cuda_graph_warmup_steps, use_te_rng_tracker=True)
+        overrides.update(
+            cuda_graph_impl="transformer_engine",
+            cuda_graph_modules=list(CUDA_GRAPH_MODULES),
+            cuda_graph_warmup_steps=speed.cuda_graph_warmup_steps,
+            use_te_rng_tracker=True,
+        )
     if train.recompute == "full":
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif train.recompute == "selective":
@@ -122,8 +137,10 @@ class BridgeModel:
         try:
             provider.apply_overrides_and_finalize(dtype=torch.bfloat16, overrides=provider_overrides(config))
         except AttributeError as error:
-            raise ModelBuildError(f"megatron-bridge's provider lacks a setting gdnctl passes ({error}); use the "
-                                  "megatron-bridge version the preset's runtime.megatron_bridge names.") from None
+            raise ModelBuildError(
+                f"megatron-bridge's provider lacks a setting gdnctl passes ({error}); use the "
+                "megatron-bridge version the preset's runtime.megatron_bridge names."
+            ) from None
         # Set after finalize, as the TE-free builder does: TransformerConfig's checks refuse variable sequence
         # lengths with the allgather dispatcher a dense model's config keeps by default, which a model without
         # experts never uses (only pipeline parallel reads this, to size its point-to-point buffers).
@@ -135,18 +152,25 @@ class BridgeModel:
         """The bridge read the architecture from the HF config; gdnctl's own sizes must agree with it (a mismatch
         would mean the FLOP counts, memory estimate and weight names describe another model)."""
         arch, t = self.config.model, self.transformer
-        expected = {"num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
-                    "num_attention_heads": arch.num_attention_heads, "num_query_groups": arch.num_key_value_heads,
-                    "linear_num_value_heads": arch.linear_num_value_heads,
-                    "linear_num_key_heads": arch.linear_num_key_heads}
+        expected = {
+            "num_layers": arch.num_layers,
+            "hidden_size": arch.hidden_size,
+            "num_attention_heads": arch.num_attention_heads,
+            "num_query_groups": arch.num_key_value_heads,
+            "linear_num_value_heads": arch.linear_num_value_heads,
+            "linear_num_key_heads": arch.linear_num_key_heads,
+        }
         if arch.is_moe:
             expected.update(num_moe_experts=arch.num_experts, moe_router_topk=arch.num_experts_per_tok)
-        wrong = {name: (getattr(t, name, None), value) for name, value in expected.items()
-                 if getattr(t, name, None) != value}
+        wrong = {
+            name: (getattr(t, name, None), value) for name, value in expected.items() if getattr(t, name, None) != value
+        }
         if wrong:
             described = ", ".join(f"{name} {got} (gdnctl: {want})" for name, (got, want) in wrong.items())
-            raise ModelBuildError(f"megatron-bridge read another architecture from the HF config: {described}; "
-                                  "set runtime.transformer_engine: none to use gdnctl's TE-free builder.")
+            raise ModelBuildError(
+                f"megatron-bridge read another architecture from the HF config: {described}; "
+                "set runtime.transformer_engine: none to use gdnctl's TE-free builder."
+            )
 
     def build(self, *, pre_process: bool, post_process: bool):
         with self._non_te_linears_built():
@@ -199,8 +223,9 @@ class BridgeModel:
     def export(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model, gathered over the parallel groups (collective: all ranks iterate;
         every rank receives every tensor, on the CPU)."""
-        yield from as_stored_in_hf(self.config.model,
-                                   self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False))
+        yield from as_stored_in_hf(
+            self.config.model, self.bridge.export_hf_weights([_unwrapped(model)], cpu=True, show_progress=False)
+        )
 
     def export_adapters(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """The LoRA adapters alone, in HF names (`<weight>.lora_A.weight` / `.lora_B.weight`), gathered over the
@@ -210,16 +235,20 @@ class BridgeModel:
 
     def hf_tensors(self, model) -> Iterator[tuple[str, torch.Tensor]]:
         """Every HF tensor of the text model on this rank's GPU (collective: every rank receives every tensor)."""
-        yield from as_stored_in_hf(self.config.model,
-                                   self.bridge.export_hf_weights([_unwrapped(model)], cpu=False, show_progress=False))
+        yield from as_stored_in_hf(
+            self.config.model, self.bridge.export_hf_weights([_unwrapped(model)], cpu=False, show_progress=False)
+        )
 
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
         """An HF checkpoint of the model in `directory`, shaped like `source` (passthrough.py; collective, rank 0
         writes). Returns the files written."""
         import torch.distributed as dist
 
-        writer = checkpoint.ShardWriter(directory, source, durable=durable, shard_bytes=SHARD_BYTES) \
-            if dist.get_rank() == 0 else None
+        writer = (
+            checkpoint.ShardWriter(directory, source, durable=durable, shard_bytes=SHARD_BYTES)
+            if dist.get_rank() == 0
+            else None
+        )
         for name, tensor in self.export(model):
             if writer is not None:
                 writer.add(name, tensor)
@@ -277,7 +306,7 @@ def _renamed_source(directory: Path):
                 for key in super().get_all_keys():
                     if key.startswith(("model.visual.", "mtp.", "model.mtp.")):
                         continue
-                    text = TEXT_PREFIX + key[len(VL_LANGUAGE_PREFIX):] if key.startswith(VL_LANGUAGE_PREFIX) else key
+                    text = TEXT_PREFIX + key[len(VL_LANGUAGE_PREFIX) :] if key.startswith(VL_LANGUAGE_PREFIX) else key
                     self._names[text] = key
             return self._names
 

@@ -38,24 +38,26 @@ class TeFreeModel:
     def build(self, *, pre_process: bool, post_process: bool):
         from gdnctl.runtime.model.megatron import build_gpt_model
 
-        return build_gpt_model(self.config, self.transformer, pre_process=pre_process,
-                               post_process=post_process).cuda()
+        return build_gpt_model(self.config, self.transformer, pre_process=pre_process, post_process=post_process).cuda()
 
     def load(self, model, directory: Path) -> int:
         return checkpoint.load_hf(model, self.config.model, self._place(), directory)
 
     def add_lora(self, model):
-        raise ModelBuildError("train.lora needs megatron-bridge's LoRA, which needs Transformer Engine, and the "
-                              "engine config names gdnctl's TE-free builder; name the trainer's Transformer Engine "
-                              "in runtime.transformer_engine, or remove train.lora.")
+        raise ModelBuildError(
+            "train.lora needs megatron-bridge's LoRA, which needs Transformer Engine, and the "
+            "engine config names gdnctl's TE-free builder; name the trainer's Transformer Engine "
+            "in runtime.transformer_engine, or remove train.lora."
+        )
 
     def hf_tensors(self, model):
         """Every HF tensor on this rank's GPU (collective; whole only with pp == ep == 1: checkpoint.iter_hf)."""
         return checkpoint.iter_hf(model, self.config.model, self._place(), self._groups())
 
     def save(self, model, directory: Path, source, *, durable: bool = True) -> checkpoint.Files:
-        return checkpoint.save_hf(model, self.config.model, self._place(), self._groups(), directory, source,
-                                  durable=durable)
+        return checkpoint.save_hf(
+            model, self.config.model, self._place(), self._groups(), directory, source, durable=durable
+        )
 
     def _place(self):
         from megatron.core import parallel_state as ps
@@ -64,20 +66,29 @@ class TeFreeModel:
         from gdnctl.runtime.model.hf_weights import ShardPlace
 
         return ShardPlace(
-            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
-            ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
-            etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
-            layer_offset=get_transformer_layer_offset(self.transformer))
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            ep_size=ps.get_expert_model_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
+            etp_size=ps.get_expert_tensor_parallel_world_size(),
+            layer_offset=get_transformer_layer_offset(self.transformer),
+        )
 
     @staticmethod
     def _groups() -> checkpoint.Groups:
         from megatron.core import parallel_state as ps
 
-        dense_writer = (ps.get_tensor_model_parallel_rank() == 0
-                        and ps.get_data_parallel_rank(with_context_parallel=True) == 0)
+        dense_writer = (
+            ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank(with_context_parallel=True) == 0
+        )
         expert_writer = ps.get_expert_tensor_parallel_rank() == 0 and ps.get_expert_data_parallel_rank() == 0
-        return checkpoint.Groups(tp=ps.get_tensor_model_parallel_group(), etp=ps.get_expert_tensor_parallel_group(),
-                                 writes_dense=dense_writer, writes_experts=expert_writer)
+        return checkpoint.Groups(
+            tp=ps.get_tensor_model_parallel_group(),
+            etp=ps.get_expert_tensor_parallel_group(),
+            writes_dense=dense_writer,
+            writes_experts=expert_writer,
+        )
 
 
 def make_model_builder(config: EngineConfig):
@@ -88,9 +99,11 @@ def make_model_builder(config: EngineConfig):
 
     missing = transformer_engine_available()
     if missing is not None:
-        raise ModelBuildError(f"runtime.transformer_engine names a Transformer Engine, so the trainer builds the "
-                              f"model through megatron-bridge, but {missing}. Install Transformer Engine and "
-                              "megatron-bridge in the trainer's environment (`gdnctl doctor PRESET` checks it), or "
-                              "set runtime.transformer_engine: none for gdnctl's TE-free builder (no context "
-                              "parallel, no FP8).")
+        raise ModelBuildError(
+            f"runtime.transformer_engine names a Transformer Engine, so the trainer builds the "
+            f"model through megatron-bridge, but {missing}. Install Transformer Engine and "
+            "megatron-bridge in the trainer's environment (`gdnctl doctor PRESET` checks it), or "
+            "set runtime.transformer_engine: none for gdnctl's TE-free builder (no context "
+            "parallel, no FP8)."
+        )
     return BridgeModel(config)

@@ -114,8 +114,10 @@ def _parameter_rules(model, arch: ModelArch, place: ShardPlace) -> list[tuple[st
     try:
         rules = rules_for(arch, [name for name, _ in named], place)
     except UnknownParameter as error:
-        raise CheckpointError(f"the model has a parameter gdnctl cannot map to HF names ({error.args[0]}); "
-                              "this model variant is not supported by the HF checkpoint writer.") from None
+        raise CheckpointError(
+            f"the model has a parameter gdnctl cannot map to HF names ({error.args[0]}); "
+            "this model variant is not supported by the HF checkpoint writer."
+        ) from None
     return [(name, param, rules[name]) for name, param in named]
 
 
@@ -129,8 +131,16 @@ def _gather(tensor: torch.Tensor, rule: Rule, groups: Groups, place: ShardPlace)
     return shards
 
 
-def save_hf(model, arch: ModelArch, place: ShardPlace, groups: Groups, directory: Path, source: HFSource, *,
-            durable: bool = True) -> Files:
+def save_hf(
+    model,
+    arch: ModelArch,
+    place: ShardPlace,
+    groups: Groups,
+    directory: Path,
+    source: HFSource,
+    *,
+    durable: bool = True,
+) -> Files:
     """Write this rank's part of an HF checkpoint into `directory` (collective: every rank calls it), shaped
     like `source` (passthrough.py); returns the files this rank wrote, for save_training_state.
 
@@ -172,29 +182,35 @@ def save_tensors(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path, s
     make_directory(directory)
     prepared = {source.stored_name(name): tensor.detach().to("cpu").contiguous() for name, tensor in tensors}
     if not source.passthrough(prepared):
-        return {SINGLE_FILE: write_safetensors(directory / SINGLE_FILE, prepared, durable=True),
-                CONFIG_FILE: write_json(directory / CONFIG_FILE, source.config, durable=True)}
+        return {
+            SINGLE_FILE: write_safetensors(directory / SINGLE_FILE, prepared, durable=True),
+            CONFIG_FILE: write_json(directory / CONFIG_FILE, source.config, durable=True),
+        }
     # transformers reads model.safetensors alone whenever a directory has one, ignoring the index, so beside the
     # carried-over tensors the weights take a shard's name.
     file_name = _shard_file(0)
     written = {file_name: write_safetensors(directory / file_name, prepared, durable=True)}
-    return {**written, **_write_passthrough_index_and_config(directory, source, dict.fromkeys(prepared, file_name),
-                                                             durable=True)}
+    return {
+        **written,
+        **_write_passthrough_index_and_config(directory, source, dict.fromkeys(prepared, file_name), durable=True),
+    }
 
 
 def _shard_file(index: int) -> str:
     return f"model-{index:05d}.safetensors"
 
 
-def _write_passthrough_index_and_config(directory: Path, source: HFSource, weight_map: dict[str, str],
-                                        durable: bool) -> Files:
+def _write_passthrough_index_and_config(
+    directory: Path, source: HFSource, weight_map: dict[str, str], durable: bool
+) -> Files:
     """The last files of a save, written by one rank once the weights are: the source's tensors that the save
     did not write (PASSTHROUGH_FILE), the index naming every tensor's file, and the source's config.json."""
     written: Files = {}
     carried = source.passthrough(weight_map)
     if carried:
-        written[PASSTHROUGH_FILE] = write_file(directory / PASSTHROUGH_FILE, partial(write_passthrough, carried),
-                                                durable)
+        written[PASSTHROUGH_FILE] = write_file(
+            directory / PASSTHROUGH_FILE, partial(write_passthrough, carried), durable
+        )
         weight_map = {**weight_map, **dict.fromkeys(carried, PASSTHROUGH_FILE)}
     index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
     written[INDEX_FILE] = write_json(directory / INDEX_FILE, index, durable)
@@ -232,8 +248,9 @@ class ShardWriter:
 
     def close(self) -> Files:
         self._flush()
-        self.written.update(_write_passthrough_index_and_config(self.directory, self.source, self.weight_map,
-                                                                self.durable))
+        self.written.update(
+            _write_passthrough_index_and_config(self.directory, self.source, self.weight_map, self.durable)
+        )
         return self.written
 
 
@@ -253,16 +270,17 @@ class HFReader:
         from safetensors import SafetensorError, safe_open
 
         if name not in self.locations:
-            raise CheckpointError(f"{self.directory} has no tensor {name}; is it a Qwen3.5 checkpoint of the "
-                                  "architecture the preset names?")
+            raise CheckpointError(
+                f"{self.directory} has no tensor {name}; is it a Qwen3.5 checkpoint of the "
+                "architecture the preset names?"
+            )
         file, stored = self.locations[name]
         try:
             if file not in self._handles:
                 self._handles[file] = safe_open(str(self.directory / file), framework="pt")
             return self._handles[file].get_tensor(stored)
         except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"{self.directory / file} cannot give tensor {stored} ({error}); "
-                                  f"{RESTORE}") from None
+            raise CheckpointError(f"{self.directory / file} cannot give tensor {stored} ({error}); {RESTORE}") from None
 
 
 # The fix for a checkpoint directory whose files do not read back.
@@ -279,24 +297,31 @@ def _weight_map(directory: Path) -> dict[str, str]:
             raise CheckpointError(f"{error}; {RESTORE}.") from None
         weight_map = document.get("weight_map") if isinstance(document, dict) else None
         if not isinstance(weight_map, dict) or not all(
-                isinstance(name, str) and isinstance(file, str) and _plain_file_name(file)
-                for name, file in weight_map.items()):
-            raise CheckpointError(f"{index} has no weight_map of tensor names to safetensors files of "
-                                  f"{directory}; {RESTORE}.")
+            isinstance(name, str) and isinstance(file, str) and _plain_file_name(file)
+            for name, file in weight_map.items()
+        ):
+            raise CheckpointError(
+                f"{index} has no weight_map of tensor names to safetensors files of {directory}; {RESTORE}."
+            )
         return weight_map
     if (directory / SINGLE_FILE).exists():
         try:
             with safe_open(str(directory / SINGLE_FILE), framework="pt") as handle:
                 return {name: SINGLE_FILE for name in handle.keys()}
         except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"{directory / SINGLE_FILE} cannot be read as safetensors ({error}); "
-                                  f"{RESTORE}.") from None
+            raise CheckpointError(
+                f"{directory / SINGLE_FILE} cannot be read as safetensors ({error}); {RESTORE}."
+            ) from None
     if (directory / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
-        raise CheckpointError(f"{directory} holds LoRA adapters without the model (a LoRA run writes the merged model "
-                              "only at its last step); point model.path at the base the adapters were trained on, "
-                              "or at the LoRA run's last checkpoint for the merged model.")
-    raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
-                          "an HF checkpoint directory with safetensors weights.")
+        raise CheckpointError(
+            f"{directory} holds LoRA adapters without the model (a LoRA run writes the merged model "
+            "only at its last step); point model.path at the base the adapters were trained on, "
+            "or at the LoRA run's last checkpoint for the merged model."
+        )
+    raise CheckpointError(
+        f"{directory} has neither {INDEX_FILE} nor {SINGLE_FILE}; model.path must be "
+        "an HF checkpoint directory with safetensors weights."
+    )
 
 
 def _plain_file_name(name: str) -> bool:
@@ -308,8 +333,7 @@ def run_source(arch: ModelArch, directory: Path | None) -> HFSource:
     one it resumes from, else model.path), or for random weights the text-only class with nothing carried over."""
     if directory is None:
         return text_only_source(arch)
-    return source_checkpoint(directory, read_object(directory / CONFIG_FILE, MAX_CONFIG_BYTES),
-                             _weight_map(directory))
+    return source_checkpoint(directory, read_object(directory / CONFIG_FILE, MAX_CONFIG_BYTES), _weight_map(directory))
 
 
 def text_only_source(arch: ModelArch) -> HFSource:
@@ -332,10 +356,13 @@ def hf_vision_language_config(arch: ModelArch) -> dict:
     defaults)."""
     text = hf_text_config(arch)
     moe = arch.is_moe
-    return {"architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5_moe" if moe else "qwen3_5",
-            "text_config": {key: value for key, value in text.items() if key != "architectures"},
-            "tie_word_embeddings": arch.tie_word_embeddings, "torch_dtype": "bfloat16"}
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5_moe" if moe else "qwen3_5",
+        "text_config": {key: value for key, value in text.items() if key != "architectures"},
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "torch_dtype": "bfloat16",
+    }
 
 
 def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
@@ -350,12 +377,16 @@ def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:
                 shard = rule.to_local(source, rank, size)
             except (RuntimeError, IndexError, ValueError):  # a tensor too small to cut, or of another shape
                 shapes = ", ".join(f"{hf_name} {tuple(tensor.shape)}" for hf_name, tensor in source.items())
-                raise CheckpointError(f"{directory}: {shapes} cannot make {name} of shape {tuple(param.shape)}; "
-                                      "the checkpoint's architecture differs from the preset's.") from None
+                raise CheckpointError(
+                    f"{directory}: {shapes} cannot make {name} of shape {tuple(param.shape)}; "
+                    "the checkpoint's architecture differs from the preset's."
+                ) from None
             if shard.shape != param.shape:
-                raise CheckpointError(f"{directory}: {', '.join(rule.hf_names)} gives {name} the shape "
-                                      f"{tuple(shard.shape)}, but the model has {tuple(param.shape)}; the "
-                                      "checkpoint's architecture differs from the preset's.")
+                raise CheckpointError(
+                    f"{directory}: {', '.join(rule.hf_names)} gives {name} the shape "
+                    f"{tuple(shard.shape)}, but the model has {tuple(param.shape)}; the "
+                    "checkpoint's architecture differs from the preset's."
+                )
             param.copy_(shard.to(param.dtype))
             loaded += 1
     return loaded
@@ -369,26 +400,42 @@ def hf_text_config(arch: ModelArch) -> dict:
     moe = arch.is_moe
     # The keys the catalog reads from a config.json, written back from the architecture (dense models have no
     # expert fields, MoE models no dense intermediate size: those are None and left out).
-    config = {key: getattr(arch, field) for key, field in HF_CONFIG_KEYS.items()
-              if key not in ROPE_KEYS and getattr(arch, field) is not None}
+    config = {
+        key: getattr(arch, field)
+        for key, field in HF_CONFIG_KEYS.items()
+        if key not in ROPE_KEYS and getattr(arch, field) is not None
+    }
     if arch.is_qwen3_next:
         architecture, model_type = "Qwen3NextForCausalLM", arch.model_type
     else:
         architecture = "Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"
         model_type = "qwen3_5_moe_text" if moe else "qwen3_5_text"
-    config.update({
-        "architectures": [architecture],
-        "model_type": model_type,
-        "hidden_act": "silu", "tie_word_embeddings": arch.tie_word_embeddings, "attention_bias": False,
-        "layer_types": ["linear_attention" if arch.layer_is_gdn(i) else "full_attention"
-                        for i in range(arch.num_layers)],
-        "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta,
-                            "partial_rotary_factor": arch.partial_rotary_factor},
-        # The text-only class here has no MTP head: a run from a checkpoint writes the source's config.json and
-        # carries its MTP head over (passthrough.py); random weights have none, and the rollout serves none.
-        "mtp_num_hidden_layers": 0, "torch_dtype": "bfloat16",
-    })
+    config.update(
+        {
+            "architectures": [architecture],
+            "model_type": model_type,
+            "hidden_act": "silu",
+            "tie_word_embeddings": arch.tie_word_embeddings,
+            "attention_bias": False,
+            "layer_types": [
+                "linear_attention" if arch.layer_is_gdn(i) else "full_attention" for i in range(arch.num_layers)
+            ],
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": arch.rope_theta,
+                "partial_rotary_factor": arch.partial_rotary_factor,
+            },
+            # The text-only class here has no MTP head: a run from a checkpoint writes the source's config.json and
+            # carries its MTP head over (passthrough.py); random weights have none, and the rollout serves none.
+            "mtp_num_hidden_layers": 0,
+            "torch_dtype": "bfloat16",
+        }
+    )
     if moe:
-        config.update(shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or 0,
-                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        config.update(
+            shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or 0,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     return config

@@ -37,7 +37,6 @@ class CheckpointError(GdnctlError):
     """A checkpoint cannot be read or does not match the model."""
 
 
-
 RESTORE = "restore the checkpoint's files, or point model.path (or save_dir/latest) at a whole checkpoint"
 
 

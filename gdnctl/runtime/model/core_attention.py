@@ -44,17 +44,36 @@ class TorchCoreAttention(MegatronModule):
     """Megatron's core-attention interface (query, key, value as [s, b, heads, d], or [t, heads, d] packed) on
     torch's SDPA and varlen FlashAttention."""
 
-    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
-                 attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: ProcessGroupCollection | None = None) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: ProcessGroupCollection | None = None,
+    ) -> None:
         super().__init__(config=config)
         if config.context_parallel_size > 1:
-            raise ModelBuildError("context parallel full attention needs Transformer Engine's attention; set "
-                                  "parallel.cp: 1 or kernels.attention: te")
+            raise ModelBuildError(
+                "context parallel full attention needs Transformer Engine's attention; set "
+                "parallel.cp: 1 or kernels.attention: te"
+            )
         self.softmax_scale = softmax_scale
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None, **unused):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        **unused,
+    ):
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
             return self._packed(query, key, value, packed_seq_params)
         # [s, b, heads, d] -> [b, heads, s, d]
@@ -72,15 +91,24 @@ class TorchCoreAttention(MegatronModule):
                 groups = query.shape[1] // key.shape[1]
                 key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
             longest = int(params.max_seqlen_q)
-            return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, longest, longest,
-                               scale=self.softmax_scale, window_size=_CAUSAL_WINDOW, **options)
+            return varlen_attn(
+                query,
+                key,
+                value,
+                cu_seqlens,
+                cu_seqlens,
+                longest,
+                longest,
+                scale=self.softmax_scale,
+                window_size=_CAUSAL_WINDOW,
+                **options,
+            )
         bounds = cu_seqlens.tolist()
         outputs = []
         for start, end in zip(bounds[:-1], bounds[1:]):
             # [t, heads, d] -> [1, heads, t, d]
             q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
             outputs.append(out.squeeze(0).transpose(0, 1))
         return torch.cat(outputs, dim=0)
 
@@ -95,7 +123,11 @@ def replace_core_attention(model) -> list[str]:
     for name, module in model.named_modules():
         if isinstance(module, SelfAttention) and not isinstance(module.core_attention, TorchCoreAttention):
             module.core_attention = TorchCoreAttention(
-                module.config, layer_number=module.layer_number, attn_mask_type=module.attn_mask_type,
-                attention_type="self", softmax_scale=module.config.softmax_scale)
+                module.config,
+                layer_number=module.layer_number,
+                attn_mask_type=module.attn_mask_type,
+                attention_type="self",
+                softmax_scale=module.config.softmax_scale,
+            )
             changed.append(name)
     return changed

@@ -36,15 +36,19 @@ def _claim_temporary(temporary: Path) -> None:
     truncate the file it points to. `latest` and the checkpoint's files themselves are safe from links: os.replace
     renames over a link, it does not follow it."""
     if temporary.is_symlink() or (temporary.exists() and not temporary.is_file()):
-        raise CheckpointError(f"{temporary} is a symbolic link or not a regular file, which gdnctl does not write "
-                              f"through (it would overwrite what it points to); remove it (rm {temporary}) and "
-                              "start the job again.")
+        raise CheckpointError(
+            f"{temporary} is a symbolic link or not a regular file, which gdnctl does not write "
+            f"through (it would overwrite what it points to); remove it (rm {temporary}) and "
+            "start the job again."
+        )
     temporary.unlink(missing_ok=True)
     try:
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     except FileExistsError:  # created between the check and the open: by another writer, so not this save's
-        raise CheckpointError(f"{temporary} appeared while this save was writing it: another job writes into "
-                              f"{temporary.parent}; give each job its own train.save_dir.") from None
+        raise CheckpointError(
+            f"{temporary} appeared while this save was writing it: another job writes into "
+            f"{temporary.parent}; give each job its own train.save_dir."
+        ) from None
 
 
 def _sync_and_describe(path: Path) -> dict:
@@ -81,8 +85,7 @@ def write_json(path: Path, document: dict, durable: bool = True) -> dict:
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], durable: bool) -> dict:
     from safetensors.torch import save_file
 
-    return write_file(path, lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}),
-                       durable)
+    return write_file(path, lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}), durable)
 
 
 def document_checksum(document: dict) -> str:

@@ -63,8 +63,12 @@ def _replicated(hf_name: str) -> Rule:
 
 
 def _split(hf_name: str, dim: int, group: str = "tp") -> Rule:
-    return Rule((hf_name,), lambda hf, rank, size: hf[hf_name].chunk(size, dim)[rank].contiguous(),
-                lambda shards: {hf_name: torch.cat(shards, dim)}, group)
+    return Rule(
+        (hf_name,),
+        lambda hf, rank, size: hf[hf_name].chunk(size, dim)[rank].contiguous(),
+        lambda shards: {hf_name: torch.cat(shards, dim)},
+        group,
+    )
 
 
 def _sections(hf_names: tuple[str, ...], sections: list[tuple[str, int]], group: str = "tp") -> Rule:
@@ -78,7 +82,7 @@ def _sections(hf_names: tuple[str, ...], sections: list[tuple[str, int]], group:
         offsets[name] = offsets.get(name, 0) + rows
 
     def to_local(hf, rank, size):
-        parts = [hf[name][start:start + rows].chunk(size, 0)[rank] for name, start, rows in pieces]
+        parts = [hf[name][start : start + rows].chunk(size, 0)[rank] for name, start, rows in pieces]
         return torch.cat(parts, 0).contiguous()
 
     def to_hf(shards):
@@ -109,15 +113,23 @@ def next_gdn_to_qwen35(qkvz: torch.Tensor, ba: torch.Tensor, arch: ModelArch) ->
     return qkv, z.reshape(-1, hidden), b.reshape(-1, hidden), a.reshape(-1, hidden)
 
 
-def qwen35_gdn_to_next(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                       arch: ModelArch) -> tuple[torch.Tensor, torch.Tensor]:
+def qwen35_gdn_to_next(
+    qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, arch: ModelArch
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of `next_gdn_to_qwen35`: Qwen3.5's four tensors -> Qwen3-Next's (in_proj_qkvz, in_proj_ba)."""
     key_heads, dk, dv = arch.linear_num_key_heads, arch.linear_key_head_dim, arch.linear_value_head_dim
     group = arch.linear_num_value_heads // key_heads
     hidden = qkv.shape[-1]
     q, k, v = qkv.split([key_heads * dk, key_heads * dk, key_heads * group * dv], 0)
-    qkvz = torch.cat([q.view(key_heads, dk, hidden), k.view(key_heads, dk, hidden),
-                      v.view(key_heads, group * dv, hidden), z.view(key_heads, group * dv, hidden)], 1)
+    qkvz = torch.cat(
+        [
+            q.view(key_heads, dk, hidden),
+            k.view(key_heads, dk, hidden),
+            v.view(key_heads, group * dv, hidden),
+            z.view(key_heads, group * dv, hidden),
+        ],
+        1,
+    )
     ba = torch.cat([b.view(key_heads, group, hidden), a.view(key_heads, group, hidden)], 1)
     return qkvz.reshape(-1, hidden), ba.reshape(-1, hidden)
 
@@ -180,14 +192,15 @@ def _gated_qkv(arch: ModelArch, hf: str) -> Rule:
         hidden = whole.shape[-1]
         grouped = whole.view(groups, (2 * per_group + 2) * dim, hidden)
         query = grouped[:, : per_group * dim].reshape(heads, dim, hidden)
-        gate = grouped[:, per_group * dim: 2 * per_group * dim].reshape(heads, dim, hidden)
-        key = grouped[:, 2 * per_group * dim: (2 * per_group + 1) * dim].reshape(groups * dim, hidden)
-        value = grouped[:, (2 * per_group + 1) * dim:].reshape(groups * dim, hidden)
+        gate = grouped[:, per_group * dim : 2 * per_group * dim].reshape(heads, dim, hidden)
+        key = grouped[:, 2 * per_group * dim : (2 * per_group + 1) * dim].reshape(groups * dim, hidden)
+        value = grouped[:, (2 * per_group + 1) * dim :].reshape(groups * dim, hidden)
         q_proj = torch.stack([query, gate], 1).reshape(heads * 2 * dim, hidden)
         return {names[0]: q_proj, names[1]: key.contiguous(), names[2]: value.contiguous()}
 
-    return Rule(names, lambda tensors, rank, size: megatron_global(tensors).chunk(size, 0)[rank].contiguous(),
-                to_hf, "tp")
+    return Rule(
+        names, lambda tensors, rank, size: megatron_global(tensors).chunk(size, 0)[rank].contiguous(), to_hf, "tp"
+    )
 
 
 def _attention_rules(arch: ModelArch, hf: str, mg: str) -> dict[str, Rule]:
@@ -305,5 +318,5 @@ def canonical_hf_name(name: str) -> str | None:
     if name.startswith(IGNORED_HF_PREFIXES):
         return None
     if name.startswith(VL_PREFIX):
-        return "model." + name[len(VL_PREFIX):]
+        return "model." + name[len(VL_PREFIX) :]
     return name

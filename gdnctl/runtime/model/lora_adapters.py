@@ -45,10 +45,16 @@ class Adapter:
     b: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.a.dim() != self.b.dim() or self.a.dim() not in (2, 3) or self.a.shape[-2] != self.b.shape[-1] \
-                or self.a.shape[:-2] != self.b.shape[:-2]:
-            raise ValueError(f"a LoRA adapter needs A (rank x in) and B (out x rank), per expert for experts; got A "
-                             f"{tuple(self.a.shape)} and B {tuple(self.b.shape)}")
+        if (
+            self.a.dim() != self.b.dim()
+            or self.a.dim() not in (2, 3)
+            or self.a.shape[-2] != self.b.shape[-1]
+            or self.a.shape[:-2] != self.b.shape[:-2]
+        ):
+            raise ValueError(
+                f"a LoRA adapter needs A (rank x in) and B (out x rank), per expert for experts; got A "
+                f"{tuple(self.a.shape)} and B {tuple(self.b.shape)}"
+            )
 
     @property
     def rank(self) -> int:
@@ -75,19 +81,21 @@ def merge(base: torch.Tensor, adapter: Adapter, alpha: float) -> torch.Tensor:
     """base + (alpha / rank) B A, added in fp32 and returned in the base's dtype."""
     update = delta(adapter, alpha)
     if update.shape != base.shape:
-        raise ValueError(f"a LoRA adapter of shape {tuple(update.shape)} (B A) cannot merge into a weight of shape "
-                         f"{tuple(base.shape)}")
+        raise ValueError(
+            f"a LoRA adapter of shape {tuple(update.shape)} (B A) cannot merge into a weight of shape "
+            f"{tuple(base.shape)}"
+        )
     return (base.float() + update).to(base.dtype)
 
 
-def merged_state(base: Mapping[str, torch.Tensor], adapters: Mapping[str, Adapter],
-                 alpha: float) -> dict[str, torch.Tensor]:
+def merged_state(
+    base: Mapping[str, torch.Tensor], adapters: Mapping[str, Adapter], alpha: float
+) -> dict[str, torch.Tensor]:
     """The base weights with every adapter merged into the weight of its name; the other tensors as they are."""
     missing = sorted(set(adapters) - set(base))
     if missing:
         raise KeyError(f"LoRA adapters name weights the base does not have: {', '.join(missing[:5])}")
-    return {name: merge(tensor, adapters[name], alpha) if name in adapters else tensor
-            for name, tensor in base.items()}
+    return {name: merge(tensor, adapters[name], alpha) if name in adapters else tensor for name, tensor in base.items()}
 
 
 def peft_tensors(adapters: Mapping[str, Adapter]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
@@ -127,16 +135,33 @@ def peft_tensors(adapters: Mapping[str, Adapter]) -> tuple[dict[str, torch.Tenso
     return tensors, sorted(modules), sorted(target_parameters)
 
 
-def adapter_config(rank: int, alpha: float, dropout: float, target_modules: list[str],
-                   target_parameters: list[str], base_model: str = "") -> dict:
+def adapter_config(
+    rank: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str],
+    target_parameters: list[str],
+    base_model: str = "",
+) -> dict:
     """adapter_config.json as `peft`'s LoraConfig reads it (the keys megatron-bridge 0.6.2 writes,
     models/conversion/peft_bridge.py build_adapter_config_dict). `peft` refuses dropout on target_parameters
     (ParamWrapper.update_layer), and dropout does nothing once training is over, so it is 0 there."""
     config: dict = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model, "r": rank,
-        "lora_alpha": alpha, "lora_dropout": 0.0 if target_parameters else dropout, "bias": "none",
-        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
-        "rank_pattern": {}, "alpha_pattern": {}, "use_dora": False, "use_rslora": False,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0 if target_parameters else dropout,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "use_dora": False,
+        "use_rslora": False,
         "target_modules": target_modules,
     }
     if target_parameters:
@@ -144,8 +169,14 @@ def adapter_config(rank: int, alpha: float, dropout: float, target_modules: list
     return config
 
 
-def write_adapter(directory: Path, adapters: Mapping[str, Adapter], alpha: float, dropout: float = 0.0,
-                  base_model: str = "", durable: bool = True) -> dict[str, dict]:
+def write_adapter(
+    directory: Path,
+    adapters: Mapping[str, Adapter],
+    alpha: float,
+    dropout: float = 0.0,
+    base_model: str = "",
+    durable: bool = True,
+) -> dict[str, dict]:
     """Write `directory`/adapter_config.json and adapter_model.safetensors, loadable with
     `peft.PeftModel.from_pretrained(hf_model, directory)`. Returns each file's size and checksum
     (durable_files)."""
@@ -156,6 +187,9 @@ def write_adapter(directory: Path, adapters: Mapping[str, Adapter], alpha: float
     make_directory(directory)
     return {
         WEIGHTS_FILE: write_safetensors(directory / WEIGHTS_FILE, tensors, durable),
-        CONFIG_FILE: write_json(directory / CONFIG_FILE,
-                                adapter_config(ranks.pop(), alpha, dropout, modules, parameters, base_model), durable),
+        CONFIG_FILE: write_json(
+            directory / CONFIG_FILE,
+            adapter_config(ranks.pop(), alpha, dropout, modules, parameters, base_model),
+            durable,
+        ),
     }

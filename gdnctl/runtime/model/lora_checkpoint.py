@@ -71,8 +71,10 @@ def writes_merged(iteration: int, train_iters: int) -> bool:
 
 # --- the peft layout ------------------------------------------------------------------------------------------
 
-def adapters_from_hf(pairs: Iterable[tuple[str, torch.Tensor]],
-                     rename: Callable[[str], str] = lambda name: name) -> dict[str, Adapter]:
+
+def adapters_from_hf(
+    pairs: Iterable[tuple[str, torch.Tensor]], rename: Callable[[str], str] = lambda name: name
+) -> dict[str, Adapter]:
     """megatron-bridge's exported adapter tensors (`X.lora_A.weight`, `X.lora_B.weight`) as lora_adapters.Adapter
     by the HF weight they adapt: `X.weight` for a module's 2-D weight, `X` itself for a routed experts' 3-D
     parameter (A and B then one per expert, experts first), per-expert routed adapters fused into those
@@ -85,21 +87,27 @@ def adapters_from_hf(pairs: Iterable[tuple[str, torch.Tensor]],
                 halves.setdefault(name.removesuffix(suffix), {})[half] = tensor
                 break
         else:
-            raise ValueError(f"megatron-bridge exported {name}, which is neither a lora_A nor a lora_B weight; use the "
-                             "megatron-bridge version the preset's runtime.megatron_bridge names.")
+            raise ValueError(
+                f"megatron-bridge exported {name}, which is neither a lora_A nor a lora_B weight; use the "
+                "megatron-bridge version the preset's runtime.megatron_bridge names."
+            )
     adapters = {}
     for base, pair in halves.items():
         if set(pair) != {"a", "b"}:
-            raise ValueError(f"megatron-bridge exported only lora_{'A' if 'a' in pair else 'B'} of {base}; use the "
-                             "megatron-bridge version the preset's runtime.megatron_bridge names.")
+            raise ValueError(
+                f"megatron-bridge exported only lora_{'A' if 'a' in pair else 'B'} of {base}; use the "
+                "megatron-bridge version the preset's runtime.megatron_bridge names."
+            )
         weight = base if pair["a"].dim() == 3 else f"{base}.weight"
         adapters[weight] = Adapter(pair["a"], pair["b"])
     return {rename(name): adapter for name, adapter in fused_routed_experts(adapters).items()}
 
 
 # A routed expert's projection as a per-expert export names it (text-model names).
-_ROUTED_EXPERT = re.compile(r"(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\."
-                            r"(?P<projection>gate_proj|up_proj|down_proj)\.weight")
+_ROUTED_EXPERT = re.compile(
+    r"(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\."
+    r"(?P<projection>gate_proj|up_proj|down_proj)\.weight"
+)
 
 
 def fused_routed_experts(adapters: Mapping[str, Adapter]) -> dict[str, Adapter]:
@@ -125,37 +133,54 @@ def fused_routed_experts(adapters: Mapping[str, Adapter]) -> dict[str, Adapter]:
         indices = sorted(by_expert)
         projections = {frozenset(found) for found in by_expert.values()}
         if indices != list(range(len(indices))) or len(projections) != 1:
-            raise ValueError(f"megatron-bridge exported adapters of {prefix} for experts {indices} with projections "
-                             f"{sorted(sorted(found) for found in projections)}, not the same projections of every "
-                             "expert 0..E-1; use the megatron-bridge version the preset's runtime.megatron_bridge "
-                             "names.")
+            raise ValueError(
+                f"megatron-bridge exported adapters of {prefix} for experts {indices} with projections "
+                f"{sorted(sorted(found) for found in projections)}, not the same projections of every "
+                "expert 0..E-1; use the megatron-bridge version the preset's runtime.megatron_bridge "
+                "names."
+            )
         found = next(iter(projections))
         if found & {"gate_proj", "up_proj"}:
             if not {"gate_proj", "up_proj"} <= found:
-                raise ValueError(f"megatron-bridge exported {prefix}'s {' '.join(sorted(found))} adapters, which "
-                                 "cannot be fused into gate_up_proj without both gate_proj and up_proj; use the "
-                                 "megatron-bridge version the preset's runtime.megatron_bridge names.")
+                raise ValueError(
+                    f"megatron-bridge exported {prefix}'s {' '.join(sorted(found))} adapters, which "
+                    "cannot be fused into gate_up_proj without both gate_proj and up_proj; use the "
+                    "megatron-bridge version the preset's runtime.megatron_bridge names."
+                )
             for index in indices:
                 if not torch.equal(by_expert[index]["gate_proj"].a, by_expert[index]["up_proj"].a):
-                    raise ValueError(f"megatron-bridge exported different lora_A for {prefix}.{index}.gate_proj and "
-                                     "up_proj, which one fused adapter cannot hold; use the megatron-bridge version "
-                                     "the preset's runtime.megatron_bridge names.")
+                    raise ValueError(
+                        f"megatron-bridge exported different lora_A for {prefix}.{index}.gate_proj and "
+                        "up_proj, which one fused adapter cannot hold; use the megatron-bridge version "
+                        "the preset's runtime.megatron_bridge names."
+                    )
             kept[f"{prefix}.gate_up_proj"] = Adapter(
                 torch.stack([by_expert[index]["gate_proj"].a for index in indices]),
-                torch.stack([torch.cat([by_expert[index]["gate_proj"].b, by_expert[index]["up_proj"].b])
-                             for index in indices]))
+                torch.stack(
+                    [torch.cat([by_expert[index]["gate_proj"].b, by_expert[index]["up_proj"].b]) for index in indices]
+                ),
+            )
         if "down_proj" in found:
-            kept[f"{prefix}.down_proj"] = Adapter(torch.stack([by_expert[index]["down_proj"].a for index in indices]),
-                                                  torch.stack([by_expert[index]["down_proj"].b for index in indices]))
+            kept[f"{prefix}.down_proj"] = Adapter(
+                torch.stack([by_expert[index]["down_proj"].a for index in indices]),
+                torch.stack([by_expert[index]["down_proj"].b for index in indices]),
+            )
     return kept
 
 
 # --- trainer_state.json's record ------------------------------------------------------------------------------
 
+
 def state_record(spec: EngineLora, base: str, fingerprints: list[str]) -> dict:
     """trainer_state.json's `lora`: what the adapters are and which base they were trained on (per rank)."""
-    return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
-            "base": base, "base_fingerprints": list(fingerprints)}
+    return {
+        "rank": spec.rank,
+        "alpha": spec.alpha,
+        "dropout": spec.dropout,
+        "targets": list(spec.targets),
+        "base": base,
+        "base_fingerprints": list(fingerprints),
+    }
 
 
 def resume_problem(state: dict, spec: EngineLora | None, directory: Path) -> str | None:
@@ -167,17 +192,23 @@ def resume_problem(state: dict, spec: EngineLora | None, directory: Path) -> str
     if spec is None and record is None:
         return None
     if spec is None:
-        return (f"{directory} holds LoRA adapters (train.lora) without full weights to resume every parameter from; "
-                f"set train.lora as that run had it to go on training the adapters, or {restart}.")
+        return (
+            f"{directory} holds LoRA adapters (train.lora) without full weights to resume every parameter from; "
+            f"set train.lora as that run had it to go on training the adapters, or {restart}."
+        )
     if record is None:
-        return (f"{directory} is a full-parameter checkpoint, and train.lora trains adapters on a frozen base; "
-                f"{restart}, and model.path to {directory} to train adapters on its weights.")
+        return (
+            f"{directory} is a full-parameter checkpoint, and train.lora trains adapters on a frozen base; "
+            f"{restart}, and model.path to {directory} to train adapters on its weights."
+        )
     saved = (record.get("rank"), record.get("alpha"), sorted(record.get("targets") or []))
     wanted = (spec.rank, spec.alpha, sorted(spec.targets))
     if saved != wanted:
-        return (f"{directory} holds adapters of rank {saved[0]}, alpha {saved[1]} on {', '.join(saved[2])}, but "
-                f"train.lora asks for rank {wanted[0]}, alpha {wanted[1]} on {', '.join(wanted[2])}; set train.lora "
-                f"as the checkpoint's, or {restart}.")
+        return (
+            f"{directory} holds adapters of rank {saved[0]}, alpha {saved[1]} on {', '.join(saved[2])}, but "
+            f"train.lora asks for rank {wanted[0]}, alpha {wanted[1]} on {', '.join(wanted[2])}; set train.lora "
+            f"as the checkpoint's, or {restart}."
+        )
     return None
 
 
@@ -187,12 +218,15 @@ def base_problem(record: dict, fingerprints: list[str], base: str) -> str | None
         return None
     then = record.get("base")
     moved = f" (the checkpoint's base was {then})" if then != base else ""
-    return (f"the base weights loaded from model.path {base} differ from those the checkpoint's adapters were trained "
-            f"on{moved}; point model.path at the base the adapters were trained on, or set train.save_dir to a new "
-            "directory to train new adapters.")
+    return (
+        f"the base weights loaded from model.path {base} differ from those the checkpoint's adapters were trained "
+        f"on{moved}; point model.path at the base the adapters were trained on, or set train.save_dir to a new "
+        "directory to train new adapters."
+    )
 
 
 # --- the base's fingerprint -----------------------------------------------------------------------------------
+
 
 def _integer_view(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bits as signed integers of its own width (bf16 -> int16, fp32 -> int32), flattened."""
@@ -210,7 +244,7 @@ def base_fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
         plain = torch.zeros((), dtype=torch.int64, device=bits.device)
         positional = torch.zeros((), dtype=torch.int64, device=bits.device)
         for start in range(0, bits.numel(), FINGERPRINT_PIECE):
-            piece = bits[start:start + FINGERPRINT_PIECE].to(torch.int64)
+            piece = bits[start : start + FINGERPRINT_PIECE].to(torch.int64)
             positions = torch.arange(start + 1, start + 1 + piece.numel(), dtype=torch.int64, device=bits.device)
             plain += piece.sum()
             positional += (piece * positions).sum()
@@ -220,21 +254,26 @@ def base_fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 # --- the per-rank adapter tensors -----------------------------------------------------------------------------
 
+
 def adapter_tensors(model) -> dict[str, torch.Tensor]:
     """This rank's trainable parameters (the adapters) by their names in the bare model."""
     module = getattr(model, "module", model)  # under Megatron's DDP wrapper
     return {name: param for name, param in module.named_parameters() if param.requires_grad}
 
 
-def shard_problems(model_shapes: Mapping[str, tuple[int, ...]], stored_shapes: Mapping[str, tuple[int, ...]]
-                   ) -> list[str]:
+def shard_problems(
+    model_shapes: Mapping[str, tuple[int, ...]], stored_shapes: Mapping[str, tuple[int, ...]]
+) -> list[str]:
     """How a rank's stored adapter tensors differ from the model's adapters (empty when they match)."""
     problems = [f"{name} is not in the checkpoint" for name in sorted(set(model_shapes) - set(stored_shapes))]
-    problems += [f"the checkpoint has {name}, which this model lacks"
-                 for name in sorted(set(stored_shapes) - set(model_shapes))]
-    problems += [f"{name} is {tuple(stored_shapes[name])} in the checkpoint and {tuple(model_shapes[name])} here"
-                 for name in sorted(set(model_shapes) & set(stored_shapes))
-                 if tuple(stored_shapes[name]) != tuple(model_shapes[name])]
+    problems += [
+        f"the checkpoint has {name}, which this model lacks" for name in sorted(set(stored_shapes) - set(model_shapes))
+    ]
+    problems += [
+        f"{name} is {tuple(stored_shapes[name])} in the checkpoint and {tuple(model_shapes[name])} here"
+        for name in sorted(set(model_shapes) & set(stored_shapes))
+        if tuple(stored_shapes[name]) != tuple(model_shapes[name])
+    ]
     return problems
 
 
@@ -256,24 +295,32 @@ def load_shard(model, directory: Path, rank: int) -> int:
         with safe_open(str(path), framework="pt") as handle:
             stored = {name: handle.get_tensor(name) for name in handle.keys()}
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{path} cannot be read ({error}); restore the checkpoint's files, or point "
-                              f"{directory.parent / 'latest'} at an earlier checkpoint.") from None
-    problems = shard_problems({name: tuple(param.shape) for name, param in params.items()},
-                              {name: tuple(tensor.shape) for name, tensor in stored.items()})
+        raise CheckpointError(
+            f"{path} cannot be read ({error}); restore the checkpoint's files, or point "
+            f"{directory.parent / 'latest'} at an earlier checkpoint."
+        ) from None
+    problems = shard_problems(
+        {name: tuple(param.shape) for name, param in params.items()},
+        {name: tuple(tensor.shape) for name, tensor in stored.items()},
+    )
     if problems:
-        raise CheckpointError(f"{path} does not fit this run's adapters: {'; '.join(problems[:3])}; resume with the "
-                              "train.lora and parallel settings the checkpoint was saved with.")
+        raise CheckpointError(
+            f"{path} does not fit this run's adapters: {'; '.join(problems[:3])}; resume with the "
+            "train.lora and parallel settings the checkpoint was saved with."
+        )
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(stored[name].to(param.dtype))
     return len(params)
 
 
-def write_peft(directory: Path, adapters: Mapping[str, Adapter], spec: EngineLora, base: str,
-               durable: bool = True) -> Files:
+def write_peft(
+    directory: Path, adapters: Mapping[str, Adapter], spec: EngineLora, base: str, durable: bool = True
+) -> Files:
     """adapter/adapter_config.json and adapter_model.safetensors (one rank writes them); returns their records
     under their paths in the checkpoint."""
-    written = write_adapter(directory / ADAPTER_DIR, adapters, alpha=spec.alpha, dropout=spec.dropout,
-                            base_model=base, durable=durable)
+    written = write_adapter(
+        directory / ADAPTER_DIR, adapters, alpha=spec.alpha, dropout=spec.dropout, base_model=base, durable=durable
+    )
     assert set(written) == {CONFIG_FILE, WEIGHTS_FILE}
     return {f"{ADAPTER_DIR}/{name}": record for name, record in written.items()}

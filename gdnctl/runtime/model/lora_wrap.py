@@ -54,8 +54,10 @@ class Trainable:
     frozen_params: int
 
     def line(self) -> str:
-        return (f"LoRA: {self.adapter_params / 1e6:.2f}M adapter parameters train on this rank "
-                f"({len(self.adapter_names)} tensors); {self.frozen_params / 1e6:.1f}M base parameters frozen")
+        return (
+            f"LoRA: {self.adapter_params / 1e6:.2f}M adapter parameters train on this rank "
+            f"({len(self.adapter_names)} tensors); {self.frozen_params / 1e6:.1f}M base parameters frozen"
+        )
 
 
 def trainable(parameters: Iterable[tuple[str, bool, int]]) -> Trainable:
@@ -77,13 +79,17 @@ def trainable(parameters: Iterable[tuple[str, bool, int]]) -> Trainable:
         else:
             frozen += numel
     if base_training:
-        raise ModelBuildError(f"megatron-bridge's LoRA left base parameters trainable ({_some(base_training)}), so "
-                              "train.lora would update the base; use the megatron-bridge version the preset's "
-                              "runtime.megatron_bridge names.")
+        raise ModelBuildError(
+            f"megatron-bridge's LoRA left base parameters trainable ({_some(base_training)}), so "
+            "train.lora would update the base; use the megatron-bridge version the preset's "
+            "runtime.megatron_bridge names."
+        )
     if adapters_frozen:
-        raise ModelBuildError(f"megatron-bridge's LoRA built frozen adapters ({_some(adapters_frozen)}), so "
-                              "train.lora would train nothing; use the megatron-bridge version the preset's "
-                              "runtime.megatron_bridge names.")
+        raise ModelBuildError(
+            f"megatron-bridge's LoRA built frozen adapters ({_some(adapters_frozen)}), so "
+            "train.lora would train nothing; use the megatron-bridge version the preset's "
+            "runtime.megatron_bridge names."
+        )
     return Trainable(tuple(adapters), adapter_params, frozen)
 
 
@@ -97,8 +103,13 @@ def make_lora(spec: EngineLora):
     imports it)."""
     from megatron.bridge.peft.lora import LoRA
 
-    return LoRA(target_modules=list(spec.target_modules), dim=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
-                share_expert_adapters=False)
+    return LoRA(
+        target_modules=list(spec.target_modules),
+        dim=spec.rank,
+        alpha=spec.alpha,
+        dropout=spec.dropout,
+        share_expert_adapters=False,
+    )
 
 
 def apply_lora(model, spec: EngineLora) -> Trainable:

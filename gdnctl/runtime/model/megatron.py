@@ -58,8 +58,9 @@ class _RMSNorm(torch.nn.Module):
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.full((hidden_size,), self.initial, dtype=config.params_dtype,
-                                                    device=torch.cuda.current_device()))
+        self.weight = torch.nn.Parameter(
+            torch.full((hidden_size,), self.initial, dtype=config.params_dtype, device=torch.cuda.current_device())
+        )
         self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,32 +88,54 @@ class _Provider(LocalSpecProvider):
 
 
 def gated_delta_net_spec() -> ModuleSpec:
-    return ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
-        in_proj=ColumnParallelLinear, out_norm=GatedOutputRMSNorm, out_proj=RowParallelLinear))
+    return ModuleSpec(
+        module=GatedDeltaNet,
+        submodules=GatedDeltaNetSubmodules(
+            in_proj=ColumnParallelLinear, out_norm=GatedOutputRMSNorm, out_proj=RowParallelLinear
+        ),
+    )
 
 
 def gated_attention_spec() -> ModuleSpec:
-    return ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
-                      submodules=SelfAttentionSubmodules(
-                          linear_qkv=ColumnParallelLinear, core_attention=TorchCoreAttention,
-                          linear_proj=RowParallelLinear, q_layernorm=ZeroCenteredRMSNorm,
-                          k_layernorm=ZeroCenteredRMSNorm))
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear,
+            core_attention=TorchCoreAttention,
+            linear_proj=RowParallelLinear,
+            q_layernorm=ZeroCenteredRMSNorm,
+            k_layernorm=ZeroCenteredRMSNorm,
+        ),
+    )
 
 
 def block_spec(arch: ModelArch, layer_indices: range) -> TransformerBlockSubmodules:
     provider = _Provider()
     if arch.is_moe:
-        mlp = get_moe_module_spec_for_backend(backend=provider, num_experts=arch.num_experts,
-                                              moe_grouped_gemm=False, use_te_activation_func=False)
+        mlp = get_moe_module_spec_for_backend(
+            backend=provider, num_experts=arch.num_experts, moe_grouped_gemm=False, use_te_activation_func=False
+        )
     else:
-        mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
-                                                                linear_fc2=RowParallelLinear))
+        mlp = ModuleSpec(
+            module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+        )
     layers = []
     for index in layer_indices:
         attention = gated_delta_net_spec() if arch.layer_is_gdn(index) else gated_attention_spec()
-        layers.append(ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
-            input_layernorm=ZeroCenteredRMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=ZeroCenteredRMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add)))
+        layers.append(
+            ModuleSpec(
+                module=TransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    input_layernorm=ZeroCenteredRMSNorm,
+                    self_attention=attention,
+                    self_attn_bda=get_bias_dropout_add,
+                    pre_mlp_layernorm=ZeroCenteredRMSNorm,
+                    mlp=mlp,
+                    mlp_bda=get_bias_dropout_add,
+                ),
+            )
+        )
     return TransformerBlockSubmodules(layer_specs=layers, layer_norm=ZeroCenteredRMSNorm)
 
 
@@ -120,16 +143,22 @@ def transformer_config(config: EngineConfig) -> TransformerConfig:
     return TransformerConfig(**transformer_config_kwargs(config))
 
 
-def build_gpt_model(config: EngineConfig, transformer: TransformerConfig, *, pre_process: bool = True,
-                    post_process: bool = True) -> GPTModel:
+def build_gpt_model(
+    config: EngineConfig, transformer: TransformerConfig, *, pre_process: bool = True, post_process: bool = True
+) -> GPTModel:
     arch = config.model
     # With pipeline parallel each stage builds its own slice of the layers (the pattern is global).
     first = get_transformer_layer_offset(transformer)
     local_layers = range(first, first + get_num_layers_to_build(transformer))
     return GPTModel(
-        config=transformer, transformer_layer_spec=block_spec(arch, local_layers),
-        vocab_size=padded_vocab_size(arch.vocab_size, config.parallel.tp), max_sequence_length=config.train.seq_length,
-        pre_process=pre_process, post_process=post_process,
-        share_embeddings_and_output_weights=arch.tie_word_embeddings, position_embedding_type="rope",
-        rotary_percent=arch.partial_rotary_factor, rotary_base=int(arch.rope_theta),
+        config=transformer,
+        transformer_layer_spec=block_spec(arch, local_layers),
+        vocab_size=padded_vocab_size(arch.vocab_size, config.parallel.tp),
+        max_sequence_length=config.train.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=arch.partial_rotary_factor,
+        rotary_base=int(arch.rope_theta),
     )

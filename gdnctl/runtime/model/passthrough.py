@@ -42,8 +42,10 @@ _NEVER_CARRIED = ("lm_head.weight",)
 _COPY_CHUNK_BYTES = 64 << 20
 _HEADER_ALIGNMENT = 8  # the safetensors writer pads its header with spaces to a multiple of 8 bytes
 # The source was read when the run loaded its weights; a save that finds it different cannot carry it over.
-_CHANGED = ("The checkpoint the run loaded its weights from (model.path, or the checkpoint it resumed from) was "
-            "changed after the run read it; restore it and relaunch.")
+_CHANGED = (
+    "The checkpoint the run loaded its weights from (model.path, or the checkpoint it resumed from) was "
+    "changed after the run read it; restore it and relaunch."
+)
 
 
 class SourceCheckpointError(GdnctlError):
@@ -70,20 +72,22 @@ class HFSource:
         if name in self.stored_names:
             return self.stored_names[name]
         if self.language_model_prefix and name.startswith("model."):
-            return self.language_model_prefix + name[len("model."):]
+            return self.language_model_prefix + name[len("model.") :]
         return name
 
     def passthrough(self, written: Iterable[str]) -> dict[str, Path]:
         """The source's tensors a save carries over (stored name -> file): every one it does not write itself."""
         written = set(written)
-        return {name: path for name, path in sorted(self.files.items())
-                if name not in written and canonical_hf_name(name) not in _NEVER_CARRIED}
+        return {
+            name: path
+            for name, path in sorted(self.files.items())
+            if name not in written and canonical_hf_name(name) not in _NEVER_CARRIED
+        }
 
 
 def source_checkpoint(directory: Path, config: dict, weight_map: Mapping[str, str]) -> HFSource:
     """The HF checkpoint in `directory` (its config.json and its index's tensor name -> file) as a source."""
-    stored_names = {canonical: stored for stored in weight_map
-                    if (canonical := canonical_hf_name(stored)) is not None}
+    stored_names = {canonical: stored for stored in weight_map if (canonical := canonical_hf_name(stored)) is not None}
     return HFSource(config, stored_names, {name: directory / file for name, file in weight_map.items()})
 
 
@@ -94,8 +98,11 @@ def write_passthrough(tensors: Mapping[str, Path], target: Path) -> None:
     pieces = [_piece(name, tensors[name], *headers[tensors[name]]) for name in sorted(tensors)]
     entries, offset = {}, 0
     for piece in pieces:
-        entries[piece.name] = {"dtype": piece.dtype, "shape": piece.shape,
-                               "data_offsets": [offset, offset + piece.length]}
+        entries[piece.name] = {
+            "dtype": piece.dtype,
+            "shape": piece.shape,
+            "data_offsets": [offset, offset + piece.length],
+        }
         offset += piece.length
     header = json.dumps({"__metadata__": {"format": "pt"}, **entries}, separators=(",", ":")).encode()
     header += b" " * (-len(header) % _HEADER_ALIGNMENT)

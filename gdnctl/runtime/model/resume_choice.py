@@ -51,9 +51,11 @@ def latest_checkpoint(save_dir: Path) -> Path | None:
             return directory
         rejected.append(f"checkpoint {directory.name} is {problem}")
     if rejected:
-        raise CheckpointError(f"no checkpoint in {save_dir} can be resumed ({'; '.join(rejected)}); restore an "
-                              f"intact checkpoint directory there and write its name into {save_dir / LATEST}, "
-                              "or delete that file to start the run over.")
+        raise CheckpointError(
+            f"no checkpoint in {save_dir} can be resumed ({'; '.join(rejected)}); restore an "
+            f"intact checkpoint directory there and write its name into {save_dir / LATEST}, "
+            "or delete that file to start the run over."
+        )
     return None
 
 
@@ -77,9 +79,14 @@ def _candidates(save_dir: Path) -> list[Path]:
         return []
     named = save_dir / marker.read_text(errors="replace").strip()
     newest = _iteration(named.name)
-    older = {iteration: path for path in save_dir.iterdir()
-             if path.is_dir() and path != named and (iteration := _iteration(path.name)) is not None
-             and (newest is None or iteration < newest)}
+    older = {
+        iteration: path
+        for path in save_dir.iterdir()
+        if path.is_dir()
+        and path != named
+        and (iteration := _iteration(path.name)) is not None
+        and (newest is None or iteration < newest)
+    }
     return [named, *(older[iteration] for iteration in sorted(older, reverse=True))]
 
 
@@ -106,8 +113,14 @@ def _expected_files(directory: Path) -> list[_Expected] | str:
 def _first_problem(directory: Path, expected: list[_Expected]) -> str | None:
     """The problem of the first failing file in `expected` order, the same on every rank (collective)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    mine = next(((index, problem) for index in range(rank, len(expected), world_size)
-                 if (problem := _file_problem(directory, expected[index])) is not None), None)
+    mine = next(
+        (
+            (index, problem)
+            for index in range(rank, len(expected), world_size)
+            if (problem := _file_problem(directory, expected[index])) is not None
+        ),
+        None,
+    )
     everyone: list[tuple[int, str] | None] = [None] * world_size
     dist.all_gather_object(everyone, mine)
     found = [entry for entry in everyone if entry is not None]

@@ -39,15 +39,20 @@ def _open_lock_file(path: Path) -> IO[str]:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as error:
         if error.errno != errno.ELOOP:
-            raise UnsafeLockFile(f"the save dir's lock file {path} cannot be opened ({error.strerror}); fix its "
-                                 "permissions, or give this run another train.save_dir.") from None
-        raise UnsafeLockFile(f"the save dir's lock file {path} is a symbolic link, which gdnctl does not write "
-                             f"through (it would truncate what the link points to); remove the link (rm {path}) "
-                             "and start the job again.") from None
+            raise UnsafeLockFile(
+                f"the save dir's lock file {path} cannot be opened ({error.strerror}); fix its "
+                "permissions, or give this run another train.save_dir."
+            ) from None
+        raise UnsafeLockFile(
+            f"the save dir's lock file {path} is a symbolic link, which gdnctl does not write "
+            f"through (it would truncate what the link points to); remove the link (rm {path}) "
+            "and start the job again."
+        ) from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise UnsafeLockFile(f"the save dir's lock file {path} is not a regular file; remove it and start the job "
-                             "again.")
+        raise UnsafeLockFile(
+            f"the save dir's lock file {path} is not a regular file; remove it and start the job again."
+        )
     return os.fdopen(descriptor, "r+")
 
 
@@ -64,9 +69,11 @@ def hold_save_dir(save_dir: Path, run_dir: Path) -> IO[str]:
         handle.seek(0)
         holder = handle.read().strip() or "a job that did not say which"
         handle.close()
-        raise SaveDirInUse(f"train.save_dir {save_dir} is in use by another running job ({holder}); two jobs "
-                           "writing one checkpoint directory would overwrite each other's checkpoints. Give this "
-                           "run its own train.save_dir, or stop the other job first.") from None
+        raise SaveDirInUse(
+            f"train.save_dir {save_dir} is in use by another running job ({holder}); two jobs "
+            "writing one checkpoint directory would overwrite each other's checkpoints. Give this "
+            "run its own train.save_dir, or stop the other job first."
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"run dir {run_dir}, host {socket.gethostname()}, pid {os.getpid()}\n")

@@ -43,8 +43,10 @@ def optimizer_state(optimizer) -> list[dict]:
 def load_optimizer_state(optimizer, states: list[dict]) -> None:
     subs = _sub_optimizers(optimizer)
     if len(states) != len(subs):
-        raise CheckpointError(f"the checkpoint has {len(states)} optimizer states but this run builds "
-                              f"{len(subs)}; resume with the parallel settings the checkpoint was saved with.")
+        raise CheckpointError(
+            f"the checkpoint has {len(states)} optimizer states but this run builds "
+            f"{len(subs)}; resume with the parallel settings the checkpoint was saved with."
+        )
     for sub, entry in zip(subs, states):
         sub.load_state_dict(entry["state_dict"])
         _unshare_step_counters(sub)
@@ -82,8 +84,7 @@ def save_training_state(directory: Path, optimizer, state: dict, written: Files)
     make_directory(directory / OPTIMIZER_DIR)
     states = optimizer_state(optimizer)
     file_name = optimizer_file(rank)
-    mine = {**written, file_name: write_file(directory / file_name,
-                                                   lambda temporary: torch.save(states, temporary))}
+    mine = {**written, file_name: write_file(directory / file_name, lambda temporary: torch.save(states, temporary))}
     everyone: list[Files] = [{} for _ in range(world_size)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -102,11 +103,14 @@ def read_training_state(directory: Path, world_size: int) -> dict:
     for key in ("iteration", "consumed_samples"):
         value = state.get(key)
         if (key == "iteration" or value is not None) and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
             raise CheckpointError(f"{directory / STATE_FILE} has {key} {value!r}, not a count; {RESTORE}.")
     if state.get("world_size") != world_size:
-        raise CheckpointError(f"{directory} was saved by {state.get('world_size')} ranks but this run has "
-                              f"{world_size}; resume with the same parallel settings.")
+        raise CheckpointError(
+            f"{directory} was saved by {state.get('world_size')} ranks but this run has "
+            f"{world_size}; resume with the same parallel settings."
+        )
     return state
 
 
@@ -128,14 +132,19 @@ def load_training_state(directory: Path, optimizer, device: str = "cuda") -> Non
         states = torch.load(path, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as error:
         reason = (str(error).splitlines() or [type(error).__name__])[0] or type(error).__name__
-        raise CheckpointError(f"{path} cannot be loaded ({reason}); point {directory.parent / LATEST} at an earlier "
-                              f"checkpoint of {directory.parent}.") from None
-    if not isinstance(states, list) or not all(isinstance(entry, dict) and "state_dict" in entry
-                                               for entry in states):
-        raise CheckpointError(f"{path} holds no optimizer states of gdnctl's; point {directory.parent / LATEST} at "
-                              f"an earlier checkpoint of {directory.parent}.")
+        raise CheckpointError(
+            f"{path} cannot be loaded ({reason}); point {directory.parent / LATEST} at an earlier "
+            f"checkpoint of {directory.parent}."
+        ) from None
+    if not isinstance(states, list) or not all(isinstance(entry, dict) and "state_dict" in entry for entry in states):
+        raise CheckpointError(
+            f"{path} holds no optimizer states of gdnctl's; point {directory.parent / LATEST} at "
+            f"an earlier checkpoint of {directory.parent}."
+        )
     try:
         load_optimizer_state(optimizer, states)
     except (KeyError, ValueError, TypeError, IndexError) as error:  # torch's load_state_dict on another layout
-        raise CheckpointError(f"{path} does not fit this run's optimizer ({type(error).__name__}: {error}); resume "
-                              "with the model and parallel settings the checkpoint was saved with.") from None
+        raise CheckpointError(
+            f"{path} does not fit this run's optimizer ({type(error).__name__}: {error}); resume "
+            "with the model and parallel settings the checkpoint was saved with."
+        ) from None

@@ -64,12 +64,13 @@ def build_batch(samples: Sequence[Sample], pad_id: int, multiple: int = 1) -> Rl
         if prompt == 0:
             raise ValueError(f"sample {row} has an empty prompt; every response needs a prompt token before it.")
         if len(sample.rollout_logprobs) != response:
-            raise ValueError(f"sample {row} has {response} response tokens but {len(sample.rollout_logprobs)} "
-                             "rollout log-probs.")
-        tokens[row, :prompt + response] = torch.tensor(sample.prompt + sample.response, dtype=torch.long)
-        attention[row, :prompt + response] = 1
-        response_mask[row, prompt - 1:prompt - 1 + response] = True
-        rollout_logprobs[row, prompt - 1:prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
+            raise ValueError(
+                f"sample {row} has {response} response tokens but {len(sample.rollout_logprobs)} rollout log-probs."
+            )
+        tokens[row, : prompt + response] = torch.tensor(sample.prompt + sample.response, dtype=torch.long)
+        attention[row, : prompt + response] = 1
+        response_mask[row, prompt - 1 : prompt - 1 + response] = True
+        rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return RlBatch(tokens, attention, response_mask, rollout_logprobs, advantages)
 
@@ -80,8 +81,8 @@ def rank_share(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sa
     if len(samples) % world_size:
         raise ValueError(f"{len(samples)} samples cannot be split evenly over {world_size} ranks.")
     share = len(samples) // world_size
-    return list(samples[rank * share:(rank + 1) * share])
+    return list(samples[rank * share : (rank + 1) * share])
 
 
 def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
-    return [list(samples[start:start + size]) for start in range(0, len(samples), size)]
+    return [list(samples[start : start + size]) for start in range(0, len(samples), size)]

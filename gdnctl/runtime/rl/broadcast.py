@@ -113,19 +113,32 @@ class TrainerEnd:
         # workers are told (join_fields); they connect later, so the store must not wait for them.
         self._listener = socket.create_server((bind, 0), backlog=64)
         try:
-            self.store = dist.TCPStore(self.host, self._listener.getsockname()[1], self.size, True,
-                                       timeout=self.group_timeout, wait_for_workers=False,
-                                       master_listen_fd=self._listener.fileno())
+            self.store = dist.TCPStore(
+                self.host,
+                self._listener.getsockname()[1],
+                self.size,
+                True,
+                timeout=self.group_timeout,
+                wait_for_workers=False,
+                master_listen_fd=self._listener.fileno(),
+            )
         except (RuntimeError, OSError) as error:
             self._listener.close()
-            raise WeightGroupError(f"trainer rank 0 could not open the weight group's store on {bind} ({error}); "
-                                   "set rollout.weight_sync: disk to sync through the run dir instead.") from None
+            raise WeightGroupError(
+                f"trainer rank 0 could not open the weight group's store on {bind} ({error}); "
+                "set rollout.weight_sync: disk to sync through the run dir instead."
+            ) from None
         self.group = None
 
     def join_fields(self) -> dict:
         """What the rollout server hands its workers to join (the `group_join` request)."""
-        return {"host": self.host, "port": self.store.port, "size": self.size, "backend": self.backend,
-                "timeout_s": self.group_timeout.total_seconds()}
+        return {
+            "host": self.host,
+            "port": self.store.port,
+            "size": self.size,
+            "backend": self.backend,
+            "timeout_s": self.group_timeout.total_seconds(),
+        }
 
     def join(self, check: Callable[[], None]) -> None:
         """Take part in the group's creation and first connection while the workers join; `check` runs
@@ -147,8 +160,10 @@ class TrainerEnd:
         maker.start()
         self._wait(maker.is_alive, check, "join the weight group")
         if failed:
-            raise WeightGroupError(f"the weight group with the rollout's workers did not form ({failed[0]}); set "
-                                   "rollout.weight_sync: disk to sync through the run dir instead.") from None
+            raise WeightGroupError(
+                f"the weight group with the rollout's workers did not form ({failed[0]}); set "
+                "rollout.weight_sync: disk to sync through the run dir instead."
+            ) from None
         self.group = made[0]
 
     def send(self, bucket: packing.Bucket, check: Callable[[], None]) -> None:
@@ -174,13 +189,16 @@ class TrainerEnd:
             check()
             if time.monotonic() > deadline:
                 check()  # the server's own error, if it has one, says more than the deadline
-                raise WeightGroupError(f"the rollout's workers did not {what} within {self.timeout_s:g} s "
-                                       "(rollout.timeout_s); see the rollout server's log, or raise "
-                                       "rollout.timeout_s if the network between them is just slow.")
+                raise WeightGroupError(
+                    f"the rollout's workers did not {what} within {self.timeout_s:g} s "
+                    "(rollout.timeout_s); see the rollout server's log, or raise "
+                    "rollout.timeout_s if the network between them is just slow."
+                )
             time.sleep(_CHECK_SECONDS)
 
 
 # --- rollout side: run inside vLLM's workers through LLM.collective_rpc (the first argument is the worker) -----
+
 
 def join_group(worker, host: str, port: int, size: int, backend: str, timeout_s: float, first_rank: int) -> int:
     """Join trainer rank 0's weight group as rank `first_rank` (this engine's first worker's) + this worker's rank

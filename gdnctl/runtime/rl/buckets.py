@@ -63,12 +63,15 @@ def copies(buffer: torch.Tensor, entries: list[Entry]) -> list[tuple[str, torch.
 
 
 def view(buffer: torch.Tensor, entry: Entry) -> torch.Tensor:
-    return buffer[entry.offset:entry.offset + entry.nbytes].view(getattr(torch, entry.dtype)).view(entry.shape)
+    return buffer[entry.offset : entry.offset + entry.nbytes].view(getattr(torch, entry.dtype)).view(entry.shape)
 
 
-def buckets(tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype = torch.bfloat16,
-            bucket_bytes: int = BUCKET_BYTES,
-            allocate: Callable[[int, torch.device], torch.Tensor] | None = None) -> Iterator[Bucket]:
+def buckets(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype = torch.bfloat16,
+    bucket_bytes: int = BUCKET_BYTES,
+    allocate: Callable[[int, torch.device], torch.Tensor] | None = None,
+) -> Iterator[Bucket]:
     """Pack HF-named tensors, cast to `dtype`, into flat buffers of at most `bucket_bytes` (a larger tensor gets
     one of its own), on the tensors' device; `allocate(nbytes, device)` makes each buffer (default: a plain
     torch.empty). Each bucket is yielded once full; the caller sends it and drops it before the next is packed,
@@ -95,13 +98,19 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGNMENT) * _ALIGNMENT
 
 
-def _pack(tensors: list[tuple[str, torch.Tensor]], size: int,
-          allocate: Callable[[int, torch.device], torch.Tensor]) -> Bucket:
+def _pack(
+    tensors: list[tuple[str, torch.Tensor]], size: int, allocate: Callable[[int, torch.device], torch.Tensor]
+) -> Bucket:
     buffer = allocate(size, tensors[0][1].device)
     entries, offset = [], 0
     for name, tensor in tensors:
-        entry = Entry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset,
-                      tensor.numel() * tensor.element_size())
+        entry = Entry(
+            name,
+            str(tensor.dtype).removeprefix("torch."),
+            tuple(tensor.shape),
+            offset,
+            tensor.numel() * tensor.element_size(),
+        )
         view(buffer, entry).copy_(tensor)
         entries.append(entry)
         offset += _aligned(entry.nbytes)

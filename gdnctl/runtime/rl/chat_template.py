@@ -35,11 +35,11 @@ class ChatTemplate:
         def raise_exception(message: str):
             raise ChatTemplateError(f"the chat template in {self.source} refused the messages: {message}")
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    extensions=["jinja2.ext.loopcontrols"])
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         environment.globals["raise_exception"] = raise_exception
-        environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False,
-                                                                             indent=indent)
+        environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         try:
             template = environment.from_string(self.text)
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt)

@@ -55,6 +55,7 @@ def _ipc_shareable_allocations(device: torch.device):
 
 # --- the handle ------------------------------------------------------------------------------------------------
 
+
 def device_uuid(device: int | None = None) -> str:
     """The GPU's UUID: how a vLLM worker finds the trainer rank on its own GPU, whatever each process numbers
     it (CUDA_VISIBLE_DEVICES may differ between them)."""
@@ -84,13 +85,16 @@ def open_shared(args: tuple) -> torch.Tensor:
 
 # --- rollout side: run inside vLLM's workers through LLM.collective_rpc (the first argument is the worker) -----
 
+
 def load_bucket(worker, shared: dict[str, tuple], wire_entries: list[tuple]) -> int:
     """Load one bucket (Bucket.wire_entries) from the trainer rank on this worker's GPU; returns how many
     tensors it held."""
     args = shared.get(device_uuid())
     if args is None:
-        raise RuntimeError(f"no trainer rank shared weights on this worker's GPU {device_uuid()} (shared: "
-                           f"{', '.join(sorted(shared))}); CUDA IPC needs the rollout on the trainer's GPUs")
+        raise RuntimeError(
+            f"no trainer rank shared weights on this worker's GPU {device_uuid()} (shared: "
+            f"{', '.join(sorted(shared))}); CUDA IPC needs the rollout on the trainer's GPUs"
+        )
     buffer = open_shared(args)
     weights = packing.copies(buffer, packing.entries_from_wire(wire_entries))
     torch.cuda.synchronize()  # the copies are done before the mapping closes and the trainer may free it

@@ -59,12 +59,14 @@ def drivers(count: int, tp: int, colocate: bool, ranks_per_node: int) -> list[in
 
 
 def _slice(devices: list[str], first: int, tp: int, what: str) -> str:
-    mine = devices[first:first + tp]
+    mine = devices[first : first + tp]
     if len(mine) < tp:
-        raise EngineLayoutError(f"{what} needs GPUs {first}..{first + tp - 1} of this node, but it shows "
-                                f"{len(devices)} ({','.join(devices) or 'none'}); lower rollout.num_gpus or "
-                                "rollout.tp to what the nodes have, or set cluster.gpus_per_node to the GPUs a "
-                                "node has.")
+        raise EngineLayoutError(
+            f"{what} needs GPUs {first}..{first + tp - 1} of this node, but it shows "
+            f"{len(devices)} ({','.join(devices) or 'none'}); lower rollout.num_gpus or "
+            "rollout.tp to what the nodes have, or set cluster.gpus_per_node to the GPUs a "
+            "node has."
+        )
     return ",".join(mine)
 
 
@@ -72,8 +74,9 @@ class EngineLayoutError(GdnctlError):
     """The GPUs this process sees cannot hold the engines it must start."""
 
 
-def driven_slots(*, count: int, tp: int, colocate: bool, rank: int, ranks_per_node: int,
-                 visible: list[str] | None, spawn: bool) -> list[EngineSlot]:
+def driven_slots(
+    *, count: int, tp: int, colocate: bool, rank: int, ranks_per_node: int, visible: list[str] | None, spawn: bool
+) -> list[EngineSlot]:
     """The engines trainer rank `rank` drives, with the GPUs to give the servers it spawns.
 
     visible: the node's GPUs as CUDA_VISIBLE_DEVICES would list them (None on CPU: no devices are assigned).
@@ -92,8 +95,9 @@ def driven_slots(*, count: int, tp: int, colocate: bool, rank: int, ranks_per_no
             else:
                 # After the trainer's ranks, which take the node's first GPUs.
                 first = ranks_per_node + engine * tp
-                devices = _slice(visible, first, tp, f"separate rollout engine {engine} beside {ranks_per_node} "
-                                                     "trainer rank(s)")
+                devices = _slice(
+                    visible, first, tp, f"separate rollout engine {engine} beside {ranks_per_node} trainer rank(s)"
+                )
         slots.append(EngineSlot(engine, devices))
     return slots
 

@@ -34,8 +34,17 @@ from gdnctl.schema import EngineConfig
 # How long servers get to exit after the job asked them to, together.
 SHUTDOWN_SECONDS = 60.0
 # torchrun's variables: a spawned vLLM must not take itself for a rank of the trainer's job.
-_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 class RolloutEngineError(GdnctlError):
@@ -52,8 +61,14 @@ class RolloutEngines:
         self.drivers = engine_layout.drivers(self.count, rollout.tp, rollout.colocate, ranks_per_node)
         self.external = os.environ.get(ROLLOUT_ENV) == EXTERNAL
         self.slots = engine_layout.driven_slots(
-            count=self.count, tp=rollout.tp, colocate=rollout.colocate, rank=self.rank,
-            ranks_per_node=ranks_per_node, visible=self._visible_devices(), spawn=not self.external)
+            count=self.count,
+            tp=rollout.tp,
+            colocate=rollout.colocate,
+            rank=self.rank,
+            ranks_per_node=ranks_per_node,
+            visible=self._visible_devices(),
+            spawn=not self.external,
+        )
         self.clients: dict[int, RolloutClient] = {}
         self._processes: dict[int, subprocess.Popen] = {}  # every server this rank spawned, connected or not
         self.started = False
@@ -79,8 +94,13 @@ class RolloutEngines:
         for slot in self.slots:
             process = self._processes.get(slot.engine)
             self.clients[slot.engine] = RolloutClient.connect(
-                self.run_dir, timeout=timeout, engine=slot.engine, process=process, named=self.count > 1,
-                log_path=None if process is None else rollout_log(self.run_dir, slot.engine))
+                self.run_dir,
+                timeout=timeout,
+                engine=slot.engine,
+                process=process,
+                named=self.count > 1,
+                log_path=None if process is None else rollout_log(self.run_dir, slot.engine),
+            )
         self.started = True
         return self.request("start", model=model)
 
@@ -89,23 +109,37 @@ class RolloutEngines:
         log_path = rollout_log(self.run_dir, slot.engine)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         python = self.config.rollout.python or sys.executable
-        env = {name: value for name, value in os.environ.items()
-               if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")}
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")
+        }
         # The server is on this host: it listens on loopback only (rollout_server.trainer_shares_host).
         env[ROLLOUT_ENV] = LOCAL
         if slot.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.devices
-        command = [python, "-m", "gdnctl.runtime", "--config", str(self.config_path), "--role", "rollout",
-                   "--engine", str(slot.engine)]
+        command = [
+            python,
+            "-m",
+            "gdnctl.runtime",
+            "--config",
+            str(self.config_path),
+            "--role",
+            "rollout",
+            "--engine",
+            str(slot.engine),
+        ]
         on = f" on GPUs {slot.devices}" if slot.devices is not None else ""  # CPU servers get no devices
         self._say(f"starting rollout engine {slot.engine}{on}: {' '.join(command)} (log: {log_path})")
         with log_path.open("ab") as log:
             try:
                 return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.run_dir)
             except OSError as error:
-                raise RolloutEngineError(f"rollout.python {python} cannot be started ({error.strerror}); set "
-                                         "rollout.python to the interpreter of the environment that has "
-                                         "vLLM.") from None
+                raise RolloutEngineError(
+                    f"rollout.python {python} cannot be started ({error.strerror}); set "
+                    "rollout.python to the interpreter of the environment that has "
+                    "vLLM."
+                ) from None
 
     # --- requests -----------------------------------------------------------------------------------------
     def request(self, op: str, **fields: Any) -> list[dict] | None:
@@ -118,8 +152,13 @@ class RolloutEngines:
         mine = {engine: fields[engine] for engine in self.clients if engine in fields}
         for engine, engine_fields in mine.items():
             self.clients[engine].send(op, **engine_fields)
-        answers = dict(zip(mine, answer_all([self.clients[engine] for engine in mine], op,
-                                            timeout=self.config.rollout.timeout_s), strict=True))
+        answers = dict(
+            zip(
+                mine,
+                answer_all([self.clients[engine] for engine in mine], op, timeout=self.config.rollout.timeout_s),
+                strict=True,
+            )
+        )
         return self._on_rank_0(answers)
 
     def send(self, op: str, **fields: Any) -> None:
@@ -147,21 +186,40 @@ class RolloutEngines:
         return [answers[engine] for engine in sorted(answers)]
 
     # --- generation -------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float, seed: int,
-                 stop_token_ids: list[int]) -> dict | None:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        stop_token_ids: list[int],
+    ) -> dict | None:
         """Every engine samples its share of `prompts` (engine_layout.shares), each prompt seeded by its place in
         the whole list, so the draw does not depend on how many engines there are. Rank 0 gets the samples in
         prompt order, the slowest engine's seconds, and engine 0's GPU memory in use."""
-        fields = {engine: {"prompts": prompts[share.start:share.stop], "n": n, "max_tokens": max_tokens,
-                           "temperature": temperature, "seed": seed + share.start,
-                           "stop_token_ids": stop_token_ids}
-                  for engine, share in enumerate(engine_layout.shares(len(prompts), self.count)) if len(share)}
+        fields = {
+            engine: {
+                "prompts": prompts[share.start : share.stop],
+                "n": n,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": seed + share.start,
+                "stop_token_ids": stop_token_ids,
+            }
+            for engine, share in enumerate(engine_layout.shares(len(prompts), self.count))
+            if len(share)
+        }
         answers = self.request_each("generate", fields)
         if answers is None:
             return None
-        return {"samples": [group for answer in answers for group in answer["samples"]],
-                "seconds": max(answer["seconds"] for answer in answers),
-                "gpu_used_bytes": answers[0]["gpu_used_bytes"], "engines": len(answers)}
+        return {
+            "samples": [group for answer in answers for group in answer["samples"]],
+            "seconds": max(answer["seconds"] for answer in answers),
+            "gpu_used_bytes": answers[0]["gpu_used_bytes"],
+            "engines": len(answers),
+        }
 
     def close(self, failed: bool = False) -> None:
         """Ask every server to exit, then wait for them together (a server busy with a request exits once it is

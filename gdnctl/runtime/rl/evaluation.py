@@ -35,12 +35,27 @@ class HeldOutEval:
         spec, rollout = config.eval, config.rollout
         self.config, self.spec = config, spec
         records = load_prompts(spec.data_path)
-        checked = check_prompts(records, encode, max_model_len=rollout.max_model_len,
-                                max_response_tokens=spec.max_response_tokens, refuse=False, where=spec.data_path)
+        checked = check_prompts(
+            records,
+            encode,
+            max_model_len=rollout.max_model_len,
+            max_response_tokens=spec.max_response_tokens,
+            refuse=False,
+            where=spec.data_path,
+        )
         if checked.dropped:
-            log(describe(checked.dropped, len(records), spec.data_path, checked.limit, rollout.max_model_len,
-                         spec.max_response_tokens) + "; the evaluation leaves them out")
-        self.records = checked.records[:spec.max_prompts] if spec.max_prompts else checked.records
+            log(
+                describe(
+                    checked.dropped,
+                    len(records),
+                    spec.data_path,
+                    checked.limit,
+                    rollout.max_model_len,
+                    spec.max_response_tokens,
+                )
+                + "; the evaluation leaves them out"
+            )
+        self.records = checked.records[: spec.max_prompts] if spec.max_prompts else checked.records
         self.prompts = [checked.encoded[record.line] for record in self.records]
         self.reward = get_reward(config.grpo.reward)
 
@@ -52,9 +67,14 @@ class HeldOutEval:
         metrics row's values on rank 0, None on the other ranks."""
         spec = self.spec
         started = time.perf_counter()
-        reply = generate(self.prompts, n=spec.samples_per_prompt, max_tokens=spec.max_response_tokens,
-                         temperature=spec.temperature, seed=self.config.train.seed + EVAL_SEED_OFFSET,
-                         stop_token_ids=stop_token_ids)
+        reply = generate(
+            self.prompts,
+            n=spec.samples_per_prompt,
+            max_tokens=spec.max_response_tokens,
+            temperature=spec.temperature,
+            seed=self.config.train.seed + EVAL_SEED_OFFSET,
+            stop_token_ids=stop_token_ids,
+        )
         if reply is None:
             return None
         rewards, tokens = [], 0
@@ -62,6 +82,12 @@ class HeldOutEval:
             rewards.append([float(self.reward(tokenizer.decode(o["tokens"]), record.answer)) for o in outputs])
             tokens += sum(len(o["tokens"]) for o in outputs)
         flat = [r for group in rewards for r in group]
-        return {"step": step, "eval_reward": sum(flat) / len(flat), "eval_pass_at_k": pass_at_k(rewards),
-                "eval_k": spec.samples_per_prompt, "eval_prompts": len(self.records),
-                "eval_response_length": tokens / len(flat), "eval_seconds": time.perf_counter() - started}
+        return {
+            "step": step,
+            "eval_reward": sum(flat) / len(flat),
+            "eval_pass_at_k": pass_at_k(rewards),
+            "eval_k": spec.samples_per_prompt,
+            "eval_prompts": len(self.records),
+            "eval_response_length": tokens / len(flat),
+            "eval_seconds": time.perf_counter() - started,
+        }

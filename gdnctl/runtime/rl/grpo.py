@@ -54,8 +54,10 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.Tensor:
 def _check_same_shape(reference: torch.Tensor, **tensors: torch.Tensor) -> None:
     for name, tensor in tensors.items():
         if tensor.shape != reference.shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the per-token tensors here have shape "
-                             f"{tuple(reference.shape)}; pass tensors of one layout ([B, T] or packed [1, T]).")
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)} but the per-token tensors here have shape "
+                f"{tuple(reference.shape)}; pass tensors of one layout ([B, T] or packed [1, T])."
+            )
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -72,8 +74,11 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
 
-def sequence_ids(shape: torch.Size | tuple[int, ...], cu_seqlens: torch.Tensor | None = None,
-                 device: torch.device | str | None = None) -> torch.Tensor:
+def sequence_ids(
+    shape: torch.Size | tuple[int, ...],
+    cu_seqlens: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """int64 tensor of `shape` holding the index of the sequence each token belongs to.
 
     Without `cu_seqlens` the layout is padded rows `[B, T]` and the sequence is the row. With it, the tokens are
@@ -81,20 +86,25 @@ def sequence_ids(shape: torch.Size | tuple[int, ...], cu_seqlens: torch.Tensor |
     """
     if cu_seqlens is None:
         if len(shape) != 2:
-            raise ValueError(f"Per-token tensors of shape {tuple(shape)} need cu_seqlens to say where each "
-                             "sequence starts; only padded [B, T] rows can do without.")
+            raise ValueError(
+                f"Per-token tensors of shape {tuple(shape)} need cu_seqlens to say where each "
+                "sequence starts; only padded [B, T] rows can do without."
+            )
         return torch.arange(shape[0], device=device).unsqueeze(1).expand(shape)
     total = int(torch.Size(shape).numel())
     if len(shape) > 2 or (len(shape) == 2 and shape[0] != 1) or int(cu_seqlens[-1]) != total:
-        raise ValueError(f"cu_seqlens ending at {int(cu_seqlens[-1])} does not describe one packed row of shape "
-                         f"{tuple(shape)}; pass the packed tokens as [T] or [1, T] with cu_seqlens[-1] == T.")
+        raise ValueError(
+            f"cu_seqlens ending at {int(cu_seqlens[-1])} does not describe one packed row of shape "
+            f"{tuple(shape)}; pass the packed tokens as [T] or [1, T] with cu_seqlens[-1] == T."
+        )
     lengths = cu_seqlens.diff().to(device=device, dtype=torch.long)
     ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
     return ids.reshape(shape)
 
 
-def masked_mean_per_sequence(values: torch.Tensor, mask: torch.Tensor,
-                             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_mean_per_sequence(
+    values: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence mean over masked-in tokens -> (means `[N]`, has_tokens bool `[N]`).
 
     A sequence without masked-in tokens gets mean 0 and has_tokens False, so the caller can leave it out of a
@@ -109,8 +119,12 @@ def masked_mean_per_sequence(values: torch.Tensor, mask: torch.Tensor,
     return sums / counts.clamp(min=1), counts > 0
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation = "token-mean",
-              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: Aggregation = "token-mean",
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     "token-mean": every response token weighs the same, so long responses weigh more (DAPO's choice: repetition
@@ -125,8 +139,9 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation
     raise ValueError(f"Unknown aggregation {aggregation!r}; use one of {', '.join(AGGREGATIONS)}.")
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, normalize_std: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """GRPO outcome advantages: `rewards` `[num_prompts * group_size]`, the samples of one prompt contiguous.
 
     A_i = (r_i - mean(group)) / (std(group) + eps), std unbiased (torch.std) as verl and slime compute it; with
@@ -138,8 +153,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, normalize_std: b
     rewards), without grad.
     """
     if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}; "
-                         "pass a 1-D tensor of num_prompts * group_size rewards, each prompt's samples together.")
+        raise ValueError(
+            f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}; "
+            "pass a 1-D tensor of num_prompts * group_size rewards, each prompt's samples together."
+        )
     with torch.no_grad():
         groups = rewards.reshape(-1, group_size)
         groups = groups.float() if not groups.is_floating_point() else _compute_dtype(groups)
@@ -150,15 +167,18 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, normalize_std: b
         return torch.where(uniform, 0, centered).reshape(rewards.shape)
 
 
-def token_advantages(advantages: torch.Tensor, response_mask: torch.Tensor,
-                     cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+def token_advantages(
+    advantages: torch.Tensor, response_mask: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Broadcast per-sequence advantages `[N]` onto their response tokens (outcome reward: every token of a
     response gets the response's advantage); 0 on tokens outside `response_mask`. Layout as `response_mask`:
     padded `[N, T]`, or packed `[T]` / `[1, T]` with `cu_seqlens` (N + 1 offsets)."""
     num_sequences = response_mask.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     if advantages.shape != (num_sequences,):
-        raise ValueError(f"advantages of shape {tuple(advantages.shape)} do not match the {num_sequences} sequences "
-                         f"of a response mask of shape {tuple(response_mask.shape)}; pass one per sequence.")
+        raise ValueError(
+            f"advantages of shape {tuple(advantages.shape)} do not match the {num_sequences} sequences "
+            f"of a response mask of shape {tuple(response_mask.shape)}; pass one per sequence."
+        )
     ids = sequence_ids(response_mask.shape, cu_seqlens, device=advantages.device)
     return torch.where(response_mask.bool(), advantages[ids], 0)
 
@@ -173,11 +193,14 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, *, temperat
     probability to rounding; bf16/fp16 logits are upcast first.
     """
     if tokens.shape != logits.shape[:-1]:
-        raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match logits of shape "
-                         f"{tuple(logits.shape)}; tokens need the logits' shape without the vocab dimension.")
+        raise ValueError(
+            f"tokens of shape {tuple(tokens.shape)} do not match logits of shape "
+            f"{tuple(logits.shape)}; tokens need the logits' shape without the vocab dimension."
+        )
     if temperature <= 0:
-        raise ValueError(f"temperature must be positive (got {temperature}); greedy rollouts have no "
-                         "log-probs to train on.")
+        raise ValueError(
+            f"temperature must be positive (got {temperature}); greedy rollouts have no log-probs to train on."
+        )
     logits = _compute_dtype(logits)
     if temperature != 1.0:
         logits = logits / temperature
@@ -207,11 +230,19 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KlKind 
     raise ValueError(f"Unknown KL estimator {kind!r}; use one of {', '.join(KL_KINDS)}.")
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                response_mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                aggregation: Aggregation = "token-mean", cu_seqlens: torch.Tensor | None = None,
-                rollout_logprobs: torch.Tensor | None = None,
-                tis_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token-mean",
+    cu_seqlens: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip surrogate as GRPO uses it -> (scalar loss to minimise, stats).
 
     logprobs: current policy, with grad; old_logprobs: the policy that sampled (no grad needed); advantages:
@@ -232,11 +263,15 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     """
     _check_same_shape(logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
     if tis_cap is not None and rollout_logprobs is None:
-        raise ValueError("tis_cap is set but no rollout_logprobs were given; pass the rollout's log-probs of the "
-                         "sampled tokens, or tis_cap=None.")
+        raise ValueError(
+            "tis_cap is set but no rollout_logprobs were given; pass the rollout's log-probs of the "
+            "sampled tokens, or tis_cap=None."
+        )
     if advantages.dim() != logprobs.dim():
-        raise ValueError(f"advantages of shape {tuple(advantages.shape)} do not line up with log-probs of shape "
-                         f"{tuple(logprobs.shape)}; pass per-token advantages (token_advantages) or [B, 1].")
+        raise ValueError(
+            f"advantages of shape {tuple(advantages.shape)} do not line up with log-probs of shape "
+            f"{tuple(logprobs.shape)}; pass per-token advantages (token_advantages) or [B, 1]."
+        )
     mask = response_mask.bool()
     # Zero the log-ratio outside the mask before exp(): padding may hold -inf/nan log-probs, and only finite
     # values should reach exp(), maximum() and their backward, not rely on being dropped afterwards.
@@ -275,27 +310,48 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     return loss, stats
 
 
-def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              response_mask: torch.Tensor, *, ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
-              kl_kind: KlKind = "k3", clip_low: float = 0.2, clip_high: float = 0.2,
-              aggregation: Aggregation = "token-mean", cu_seqlens: torch.Tensor | None = None,
-              rollout_logprobs: torch.Tensor | None = None,
-              tis_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KlKind = "k3",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token-mean",
+    cu_seqlens: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """policy_loss + kl_coef * KL(current || ref), the KL aggregated like the policy loss -> (loss, stats).
 
     The KL is a loss term (GRPO), not a reward penalty, so it regularises every token directly. With
     kl_coef == 0 no reference log-probs are needed. stats: policy_loss's plus policy_loss and, with a KL term,
     kl (the aggregated estimate, before kl_coef).
     """
-    pg_loss, stats = policy_loss(logprobs, old_logprobs, advantages, response_mask, clip_low=clip_low,
-                                 clip_high=clip_high, aggregation=aggregation, cu_seqlens=cu_seqlens,
-                                 rollout_logprobs=rollout_logprobs, tis_cap=tis_cap)
+    pg_loss, stats = policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        response_mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        aggregation=aggregation,
+        cu_seqlens=cu_seqlens,
+        rollout_logprobs=rollout_logprobs,
+        tis_cap=tis_cap,
+    )
     stats["policy_loss"] = pg_loss.detach()
     if kl_coef == 0.0:
         return pg_loss, stats
     if ref_logprobs is None:
-        raise ValueError(f"kl_coef is {kl_coef} but no ref_logprobs were given; pass the reference model's "
-                         "log-probs or set kl_coef to 0.")
+        raise ValueError(
+            f"kl_coef is {kl_coef} but no ref_logprobs were given; pass the reference model's "
+            "log-probs or set kl_coef to 0."
+        )
     mask = response_mask.bool()
     # Same reason as in policy_loss: padding log-probs (possibly -inf in both) must not reach exp() or its grad.
     per_token = kl_penalty(torch.where(mask, logprobs, 0), torch.where(mask, ref_logprobs, 0), kl_kind)

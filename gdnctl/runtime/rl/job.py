@@ -94,13 +94,15 @@ class RlStepStats:
     gpu_used_gib_train: float | None = None
 
     def line(self, total: int, eta: str) -> str:
-        return (f"step {self.step}/{total} | {eta} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
-                f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
-                f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
-                f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
-                f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f} | lr {self.lr:.2e}"
-                + (f" | clip {self.clip_fraction:.3f}" if self.updates > 1 else "")
-                + (f" | kl {self.kl:.4f}" if self.kl is not None else ""))
+        return (
+            f"step {self.step}/{total} | {eta} | reward {self.reward_mean:.3f} +- {self.reward_std:.3f} | "
+            f"response {self.response_length:.1f} tok | rollout {self.rollout_tokens_per_second:,.0f} tok/s | "
+            f"train {self.train_tokens_per_second:,.0f} tok/s | sync {self.sync_seconds:.2f} s | "
+            f"loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
+            f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f} | lr {self.lr:.2e}"
+            + (f" | clip {self.clip_fraction:.3f}" if self.updates > 1 else "")
+            + (f" | kl {self.kl:.4f}" if self.kl is not None else "")
+        )
 
 
 def engine_start_steps(config: EngineConfig) -> str:
@@ -123,21 +125,36 @@ class RlJob:
         self.chat_template = load_chat_template(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
-        checked = check_prompts(load_prompts(train.data_path), lambda record: self._encode(record.prompt, record.line),
-                                max_model_len=rollout.max_model_len, max_response_tokens=rollout.max_response_tokens,
-                                refuse=rollout.overlong_prompts == "refuse", where=str(train.data_path))
+        checked = check_prompts(
+            load_prompts(train.data_path),
+            lambda record: self._encode(record.prompt, record.line),
+            max_model_len=rollout.max_model_len,
+            max_response_tokens=rollout.max_response_tokens,
+            refuse=rollout.overlong_prompts == "refuse",
+            where=str(train.data_path),
+        )
         if checked.dropped:
-            self._log(describe(checked.dropped, len(checked.records) + len(checked.dropped), str(train.data_path),
-                               checked.limit, rollout.max_model_len, rollout.max_response_tokens)
-                      + "; they are left out (rollout.overlong_prompts: refuse stops instead)")
+            self._log(
+                describe(
+                    checked.dropped,
+                    len(checked.records) + len(checked.dropped),
+                    str(train.data_path),
+                    checked.limit,
+                    rollout.max_model_len,
+                    rollout.max_response_tokens,
+                )
+                + "; they are left out (rollout.overlong_prompts: refuse stops instead)"
+            )
         records = list(checked.records)
         self.encoded = checked.encoded  # line -> token ids: every prompt is encoded once, here
         self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
         # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
         self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
         if len(self.probe) < 2:
-            raise RlSetupError(f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
-                               "tokens; the weight-sync probe scores it, so make it a sentence.")
+            raise RlSetupError(
+                f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
+                "tokens; the weight-sync probe scores it, so make it a sentence."
+            )
         self.reward = get_reward(config.grpo.reward)
         self.evaluation = None  # every rank: the engines' drivers generate the held-out samples, rank 0 scores them
         if config.eval is not None:
@@ -163,8 +180,10 @@ class RlJob:
         self.engines = RolloutEngines(config, config_path)
         if rollout.weight_transport == "broadcast" and self.engines.gathers:
             # Colocated broadcast is a CPU path (NCCL refuses it on shared GPUs), where one node is the rule.
-            raise RlSetupError("rollout.weight_sync: broadcast with colocated engines on several nodes: trainer rank "
-                               "0 must drive every engine it broadcasts to; set rollout.weight_sync: disk.")
+            raise RlSetupError(
+                "rollout.weight_sync: broadcast with colocated engines on several nodes: trainer rank "
+                "0 must drive every engine it broadcasts to; set rollout.weight_sync: disk."
+            )
         self.weight_group: broadcast.TrainerEnd | None = None  # rank 0, once the first broadcast sync built it
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.nonfinite = NonFiniteGuard(train.skip_nonfinite_steps)
@@ -179,22 +198,31 @@ class RlJob:
         if synced is not None:
             checked, gap = synced
             unchecked = verdicts.unchecked_parameters(checked.checked, checked.total)
-            self._log(f"weight sync checked: {checked.checked} of {checked.total} parameters match{unchecked}; "
-                      f"probe log-probs within {gap:.4f} nats/token")
+            self._log(
+                f"weight sync checked: {checked.checked} of {checked.total} parameters match{unchecked}; "
+                f"probe log-probs within {gap:.4f} nats/token"
+            )
         return synced
 
     def _start_engines(self) -> None:
         """Every rank: the drivers start their engines (or find the launch script's) on the weights dir."""
         self._log_sync_path()
         rollout = self.config.rollout
-        self._log(f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
-                  f"({'colocated with' if rollout.colocate else 'beside'} the trainer)")
-        with progress(f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
-                      f"({engine_start_steps(self.config)})", self._log):
+        self._log(
+            f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
+            f"({'colocated with' if rollout.colocate else 'beside'} the trainer)"
+        )
+        with progress(
+            f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
+            f"({engine_start_steps(self.config)})",
+            self._log,
+        ):
             replies = self.engines.start(str(self.weights_dir))
         if replies is not None:
-            self._log(f"rollout engine{'s' if len(replies) > 1 else ''} up in "
-                      f"{max(reply['seconds'] for reply in replies):.1f} s")
+            self._log(
+                f"rollout engine{'s' if len(replies) > 1 else ''} up in "
+                f"{max(reply['seconds'] for reply in replies):.1f} s"
+            )
 
     def _log_sync_path(self) -> None:
         """Once, at start: what writes the weights the rollout reloads (explain's weight_sync line says the same,
@@ -286,22 +314,30 @@ class RlJob:
         """Rank 0, on the first broadcast sync: build the weight group with every worker of every engine (engine
         k's workers from group rank 1 + k * rollout.tp)."""
         rollout = self.config.rollout
-        device = torch.device("cuda", torch.cuda.current_device()) if self.config.device == "cuda" \
-            else torch.device("cpu")
-        end = broadcast.TrainerEnd(os.environ.get(ROLLOUT_ENV) != EXTERNAL, workers=self.engines.count * rollout.tp,
-                                   device=device, timeout_s=rollout.timeout_s)
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.config.device == "cuda" else torch.device("cpu")
+        )
+        end = broadcast.TrainerEnd(
+            os.environ.get(ROLLOUT_ENV) != EXTERNAL,
+            workers=self.engines.count * rollout.tp,
+            device=device,
+            timeout_s=rollout.timeout_s,
+        )
         fields = end.join_fields()
         for engine, client in self.engines.clients.items():
             client.send("group_join", **fields, first_rank=1 + engine * rollout.tp)
         end.join(check=lambda: self.engines.check("group_join"))
         replies = self.engines.answer("group_join")
         workers = sum(len(reply["ranks"]) for reply in replies)
-        self._log(f"weight group up: trainer rank 0 and {workers} rollout worker(s) of {len(replies)} engine(s) "
-                  f"over {end.backend} ({end.host}:{fields['port']})")
+        self._log(
+            f"weight group up: trainer rank 0 and {workers} rollout worker(s) of {len(replies)} engine(s) "
+            f"over {end.backend} ({end.host}:{fields['port']})"
+        )
         return end
 
-    def _check(self, replies: list[dict], checksums: weight_sync.Checksums, probe: list[float], step: int,
-               transport: str) -> tuple[weight_sync.SyncCheck, float]:
+    def _check(
+        self, replies: list[dict], checksums: weight_sync.Checksums, probe: list[float], step: int, transport: str
+    ) -> tuple[weight_sync.SyncCheck, float]:
         """Rank 0: every engine's checksums and its log-probs on the probe must match the trainer's."""
         result, gap = weight_sync.check_engines(replies, checksums, probe, step, self.config.rollout.probe_tolerance)
         wake = [reply["wake_seconds"] for reply in replies if reply.get("wake_seconds") is not None]
@@ -317,9 +353,13 @@ class RlJob:
         records = self.schedule.batch(step).records
         prompts = [self.encoded[record.line] for record in records]
         reply = self.engines.generate(
-            prompts, n=rollout.n_samples_per_prompt, max_tokens=rollout.max_response_tokens,
-            temperature=rollout.temperature, seed=config.train.seed + step * rollout.prompts_per_step,
-            stop_token_ids=self.stop_token_ids)
+            prompts,
+            n=rollout.n_samples_per_prompt,
+            max_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature,
+            seed=config.train.seed + step * rollout.prompts_per_step,
+            stop_token_ids=self.stop_token_ids,
+        )
         slept = self.engines.request("sleep") if self.sleeps else None
         if reply is None:
             return None
@@ -327,11 +367,20 @@ class RlJob:
         for group, (record, prompt, outputs) in enumerate(zip(records, prompts, reply["samples"], strict=True)):
             for output in outputs:
                 text = self.tokenizer.decode(output["tokens"])
-                samples.append(Sample(group, tuple(prompt), tuple(output["tokens"]), tuple(output["logprobs"]),
-                                      output["finish_reason"], float(self.reward(text, record.answer))))
+                samples.append(
+                    Sample(
+                        group,
+                        tuple(prompt),
+                        tuple(output["tokens"]),
+                        tuple(output["logprobs"]),
+                        output["finish_reason"],
+                        float(self.reward(text, record.answer)),
+                    )
+                )
         rewards = torch.tensor([s.reward for s in samples])
-        advantages = grpo.group_advantages(rewards, rollout.n_samples_per_prompt,
-                                           normalize_std=config.grpo.normalize_std)
+        advantages = grpo.group_advantages(
+            rewards, rollout.n_samples_per_prompt, normalize_std=config.grpo.normalize_std
+        )
         samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
         generated = sum(len(s.response) for s in samples)
         phases: dict = {}
@@ -346,10 +395,12 @@ class RlJob:
         assistant's turn opened (add_generation_prompt)."""
         if not isinstance(prompt, str):
             if self.chat_template is None:
-                raise RlSetupError(f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
-                                   f"{self.config.train.tokenizer_path} has no chat template (chat_template in "
-                                   "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
-                                   "strings with the template applied.")
+                raise RlSetupError(
+                    f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
+                    f"{self.config.train.tokenizer_path} has no chat template (chat_template in "
+                    "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
+                    "strings with the template applied."
+                )
             prompt = self.chat_template.render([dict(message) for message in prompt])
         ids = self.tokenizer.encode(prompt)
         if not ids:
@@ -381,24 +432,42 @@ class RlJob:
                 result, probe_gap = synced
                 rewards = torch.tensor([s.reward for s in samples])
                 tflops = self._train_tflops(stats["tokens"], len(samples), train_seconds)
-                self._report(RlStepStats(
-                    step=self.step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
-                    response_length=generated / len(samples),
-                    rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
-                    train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
-                    rollout_seconds=rollout_seconds, train_seconds=train_seconds, sync_seconds=sync_seconds,
-                    loss=stats["loss"], grad_norm=stats["grad_norm"],
-                    rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"], kl=stats.get("kl"),
-                    updates=stats["updates"], clip_fraction=stats["clip_fraction"], approx_kl=stats["approx_kl"],
-                    ratio_min=stats["ratio_min"], ratio_max=stats["ratio_max"], tis_mean=stats.get("tis_mean"),
-                    tis_capped_fraction=stats.get("tis_capped_fraction"),
-                    synced_parameters=result.checked, probe_logprob_abs_diff=probe_gap, lr=lr,
-                    tflops_per_gpu=tflops, mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
-                    peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda"
-                                     else None),
-                    gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
-                    weight_transport=self.last_sync["weight_transport"], wake_seconds=self.last_sync["wake_seconds"],
-                    **phases))
+                self._report(
+                    RlStepStats(
+                        step=self.step,
+                        reward_mean=float(rewards.mean()),
+                        reward_std=float(rewards.std(correction=0)),
+                        response_length=generated / len(samples),
+                        rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
+                        train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
+                        rollout_seconds=rollout_seconds,
+                        train_seconds=train_seconds,
+                        sync_seconds=sync_seconds,
+                        loss=stats["loss"],
+                        grad_norm=stats["grad_norm"],
+                        rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
+                        kl=stats.get("kl"),
+                        updates=stats["updates"],
+                        clip_fraction=stats["clip_fraction"],
+                        approx_kl=stats["approx_kl"],
+                        ratio_min=stats["ratio_min"],
+                        ratio_max=stats["ratio_max"],
+                        tis_mean=stats.get("tis_mean"),
+                        tis_capped_fraction=stats.get("tis_capped_fraction"),
+                        synced_parameters=result.checked,
+                        probe_logprob_abs_diff=probe_gap,
+                        lr=lr,
+                        tflops_per_gpu=tflops,
+                        mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
+                        peak_memory_gib=(
+                            torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda" else None
+                        ),
+                        gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
+                        weight_transport=self.last_sync["weight_transport"],
+                        wake_seconds=self.last_sync["wake_seconds"],
+                        **phases,
+                    )
+                )
             if self.evaluation is not None and self.evaluation.due(self.step):  # every rank: a collective
                 self._evaluate()
             self.first_minute.after_step()
@@ -410,8 +479,9 @@ class RlJob:
     def _update(self, samples: list[Sample], lr: float) -> dict[str, float]:
         """This data-parallel rank's share of the step's updates at `lr` (grpo.mini_batches x grpo.epochs optimizer
         steps, runtime/rl/updates.py); returns the step's stats."""
-        return updates.update(self.policy, samples, self.config, lr=lr, pad_id=self.pad_id,
-                              row_multiple=self.row_multiple)
+        return updates.update(
+            self.policy, samples, self.config, lr=lr, pad_id=self.pad_id, row_multiple=self.row_multiple
+        )
 
     def _evaluate(self) -> None:
         """The held-out prompts through the rollout's engines, on the weights just synced; rank 0 writes the
@@ -419,9 +489,11 @@ class RlJob:
         row = self.evaluation.run(self.engines.generate, self.tokenizer, self.stop_token_ids, self.step)
         if row is None:
             return
-        self._log(f"eval at step {self.step}: reward {row['eval_reward']:.3f}, pass@{row['eval_k']} "
-                  f"{row['eval_pass_at_k']:.3f} on {row['eval_prompts']} held-out prompts "
-                  f"({row['eval_seconds']:.1f} s)")
+        self._log(
+            f"eval at step {self.step}: reward {row['eval_reward']:.3f}, pass@{row['eval_k']} "
+            f"{row['eval_pass_at_k']:.3f} on {row['eval_prompts']} held-out prompts "
+            f"({row['eval_seconds']:.1f} s)"
+        )
         self.metrics.log(self.step, row)
 
     def _check_finite(self, stats: dict) -> None:
@@ -429,11 +501,19 @@ class RlJob:
         finite; the policy did not apply it. Every rank takes the same branch (the policy's checks are reduced)."""
         records = self.schedule.batch(self.step).records
         lines = ", ".join(str(record.line) for record in records[:8]) + (
-            f" and {len(records) - 8} more" if len(records) > 8 else "")
-        line = self.nonfinite.after_step(StepVerdict(
-            step=self.step + 1, applied=stats["applied"], loss_finite=stats["loss_finite"],
-            grad_finite=stats["grad_finite"], inputs=f"the rollouts of the prompts at lines {lines} of train.data_path",
-            bad_parameters=stats["bad_parameters"], parameter_count=stats["parameter_count"]))
+            f" and {len(records) - 8} more" if len(records) > 8 else ""
+        )
+        line = self.nonfinite.after_step(
+            StepVerdict(
+                step=self.step + 1,
+                applied=stats["applied"],
+                loss_finite=stats["loss_finite"],
+                grad_finite=stats["grad_finite"],
+                inputs=f"the rollouts of the prompts at lines {lines} of train.data_path",
+                bad_parameters=stats["bad_parameters"],
+                parameter_count=stats["parameter_count"],
+            )
+        )
         if line is not None:
             self._log(line)
 

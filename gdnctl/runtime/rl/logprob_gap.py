@@ -29,4 +29,5 @@ def check_step0_gap(gap: float, threshold: float | None) -> None:
         "did not get or loaded under other names (the weight sync's HF naming), a different dtype on one side "
         "(bf16 against fp32 weights or logits), or different kernels (the GDN prefill backend, attention); compare "
         "the weight-sync probe gap in the log, and raise rollout.max_step0_logprob_gap (0 turns the check off) only "
-        "once the gap is known to be numerical.")
+        "once the gap is known to be numerical."
+    )

@@ -52,15 +52,19 @@ class MegatronPolicy:
         lora = config.train.lora is not None
         # A LoRA policy's reference is its frozen base, reached by switching the adapters off (_reference_weights):
         # no copy of the weights is kept.
-        self.trainer = Trainer(config, config_path, comm_policy,
-                               keep_initial_weights=config.grpo.kl_coef > 0 and not lora)
+        self.trainer = Trainer(
+            config, config_path, comm_policy, keep_initial_weights=config.grpo.kl_coef > 0 and not lora
+        )
         self.trainer.setup()
         self.trainer.warm_up_kernel()
         self.has_reference = config.grpo.kl_coef > 0
         self.reference = self.trainer.initial_weights  # None with train.lora
         # Where the current weights wait while the reference's are in the model (allocated once).
-        self._parked = None if self.reference is None else {
-            name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
+        self._parked = (
+            None
+            if self.reference is None
+            else {name: torch.empty_like(tensor, pin_memory=True) for name, tensor in self.reference.items()}
+        )
         # What the rollout serves (the text-only class, or Qwen3.5's vision-language one on vLLM < 0.27): its
         # weights carry nothing over from model.path.
         self.rollout_source = checkpoint.rollout_source(config.model, config.rollout.vision_language_class)
@@ -112,15 +116,21 @@ class MegatronPolicy:
     def _forward_token_losses(self, micro_batches: list[RlBatch], forward_backward) -> list[torch.Tensor | None]:
         """-log p of every next token, per micro-batch, under the weights the model holds now, forward only (None
         on ranks before the last pipeline stage)."""
+
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
             return self._token_losses(model, batch.tokens.cuda()), _keep_token_losses
 
         self.trainer.model.eval()
         reports = forward_backward(
-            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.trainer.model],
-            num_microbatches=len(micro_batches), seq_length=max(b.tokens.shape[1] for b in micro_batches),
-            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=True)
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[self.trainer.model],
+            num_microbatches=len(micro_batches),
+            seq_length=max(b.tokens.shape[1] for b in micro_batches),
+            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches),
+            forward_only=True,
+        )
         self.trainer.model.train()
         if not self.trainer.ps.is_pipeline_last_stage():
             return [None] * len(micro_batches)
@@ -140,8 +150,14 @@ class MegatronPolicy:
         return [None if loss is None else -loss[:, :-1].float() for loss in losses]
 
     # --- one step ----------------------------------------------------------------------------------------
-    def train_step(self, micro_batches: list[RlBatch], settings, *, lr: float | None = None,
-                   old_logprobs: list[torch.Tensor | None] | None = None) -> dict[str, float]:
+    def train_step(
+        self,
+        micro_batches: list[RlBatch],
+        settings,
+        *,
+        lr: float | None = None,
+        old_logprobs: list[torch.Tensor | None] | None = None,
+    ) -> dict[str, float]:
         """One optimizer step at `lr` (None: the optimizer's current lr) over this data-parallel rank's
         micro-batches, the ratio against `old_logprobs` (None: the current weights sampled) -> stats over the whole
         step (the same on every rank): loss, grad_norm, rollout_logprob_abs_diff, tokens, response_tokens,
@@ -161,14 +177,20 @@ class MegatronPolicy:
 
         def forward_step(data_iterator, model):
             batch, reference, old = next(data_iterator)
-            return (self._token_losses(model, batch.tokens.cuda()),
-                    partial(_grpo_loss, batch, reference, old, settings))
+            return (
+                self._token_losses(model, batch.tokens.cuda()),
+                partial(_grpo_loss, batch, reference, old, settings),
+            )
 
         reports = forward_backward(
-            forward_step_func=forward_step, data_iterator=zip(micro_batches, references, olds, strict=True),
-            model=[trainer.model], num_microbatches=len(micro_batches),
+            forward_step_func=forward_step,
+            data_iterator=zip(micro_batches, references, olds, strict=True),
+            model=[trainer.model],
+            num_microbatches=len(micro_batches),
             seq_length=max(b.tokens.shape[1] for b in micro_batches),
-            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches), forward_only=False)
+            micro_batch_size=max(b.tokens.shape[0] for b in micro_batches),
+            forward_only=False,
+        )
         # [loss sum, loss count, |logp diff| sum, response tokens, kl sum, clipped tokens, approx-kl sum,
         #  tis weight sum, capped tokens, tokens] over this rank's micro-batches.
         totals = torch.zeros(10, dtype=torch.float64, device="cuda")
@@ -192,15 +214,22 @@ class MegatronPolicy:
             # Free the optimizer's fp32 copies of bf16 gradients now: the rollout generates next, on this memory.
             self.optimizer.zero_grad()
         grad_finite = updated or not loss_finite
-        stats = {"loss": float(totals[0] / totals[1].clamp(min=1)),
-                 "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
-                 "loss_finite": loss_finite, "grad_finite": grad_finite, "applied": updated,
-                 "bad_parameters": [] if grad_finite else _nonfinite_main_gradients(trainer.model),
-                 "parameter_count": sum(1 for _ in trainer.model.parameters()),
-                 "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)), "tokens": int(totals[9]),
-                 "response_tokens": int(totals[3]), "clip_fraction": float(totals[5] / totals[3].clamp(min=1)),
-                 "approx_kl": float(totals[6] / totals[3].clamp(min=1)),
-                 "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1])}
+        stats = {
+            "loss": float(totals[0] / totals[1].clamp(min=1)),
+            "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
+            "loss_finite": loss_finite,
+            "grad_finite": grad_finite,
+            "applied": updated,
+            "bad_parameters": [] if grad_finite else _nonfinite_main_gradients(trainer.model),
+            "parameter_count": sum(1 for _ in trainer.model.parameters()),
+            "rollout_logprob_abs_diff": float(totals[2] / totals[3].clamp(min=1)),
+            "tokens": int(totals[9]),
+            "response_tokens": int(totals[3]),
+            "clip_fraction": float(totals[5] / totals[3].clamp(min=1)),
+            "approx_kl": float(totals[6] / totals[3].clamp(min=1)),
+            "ratio_min": float(-extremes[0]),
+            "ratio_max": float(extremes[1]),
+        }
         if settings.rollout_correction:
             stats["tis_mean"] = float(totals[7] / totals[3].clamp(min=1))
             stats["tis_capped_fraction"] = float(totals[8] / totals[3].clamp(min=1))
@@ -239,9 +268,11 @@ def _adapters_off(model) -> Iterator[None]:
     having been zero (peft/lora.py: lora_B_init_method "zero")."""
     wrappers = [module for module in model.modules() if callable(getattr(module, "disable_adapter_layers", None))]
     if not wrappers:
-        raise RuntimeError("train.lora is set but the policy's model has no LoRA wrapper to switch off, so the KL "
-                           "reference would be the trained policy itself; build it through the megatron-bridge "
-                           "builder (runtime.transformer_engine).")
+        raise RuntimeError(
+            "train.lora is set but the policy's model has no LoRA wrapper to switch off, so the KL "
+            "reference would be the trained policy itself; build it through the megatron-bridge "
+            "builder (runtime.transformer_engine)."
+        )
     for module in wrappers:
         module.disable_adapter_layers()
     try:
@@ -257,8 +288,9 @@ def _keep_token_losses(token_losses: torch.Tensor):
     return zero, torch.ones((), dtype=torch.int, device=token_losses.device), {"token_losses": token_losses.detach()}
 
 
-def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, old: torch.Tensor | None, settings,
-               token_losses: torch.Tensor):
+def _grpo_loss(
+    batch: RlBatch, reference: torch.Tensor | None, old: torch.Tensor | None, settings, token_losses: torch.Tensor
+):
     """Megatron's per-token loss contract: (sum of losses, count, report). The count is response tokens for
     "token-mean" and sequences for "seq-mean-token-mean", so Megatron's division gives the batch mean.
     `reference`: the reference model's per-token losses for these rows, when the KL term is on; `old`: the
@@ -269,11 +301,20 @@ def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, old: torch.Tensor
     advantages = grpo.token_advantages(batch.advantages.cuda(), mask)
     old = logprobs.detach() if old is None else old
     rollout = batch.rollout_logprobs.cuda()
-    loss, stats = grpo.grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref_logprobs,
-                                 kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
-                                 clip_high=settings.clip_high, aggregation=settings.aggregation,
-                                 rollout_logprobs=rollout,
-                                 tis_cap=settings.rollout_correction_cap if settings.rollout_correction else None)
+    loss, stats = grpo.grpo_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        ref_logprobs=ref_logprobs,
+        kl_coef=settings.kl_coef,
+        kl_kind=settings.kl_kind,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        aggregation=settings.aggregation,
+        rollout_logprobs=rollout,
+        tis_cap=settings.rollout_correction_cap if settings.rollout_correction else None,
+    )
     tokens = mask.sum()
     count = tokens if settings.aggregation == "token-mean" else torch.tensor(mask.shape[0], device=mask.device)
     total = loss * count
@@ -281,18 +322,32 @@ def _grpo_loss(batch: RlBatch, reference: torch.Tensor | None, old: torch.Tensor
     zero = torch.zeros((), device=mask.device)
     kl = stats["kl"].detach() * count if "kl" in stats else zero
     # Token-weighted sums of the per-token means, so the step's values are means over all its response tokens.
-    report = torch.stack([total.detach().double(), count.double(), gap.double(), tokens.double(), kl.double(),
-                          (stats["clip_fraction"] * tokens).double(), (stats["approx_kl"] * tokens).double(),
-                          (stats.get("tis_mean", zero) * tokens).double(),
-                          (stats.get("tis_capped_fraction", zero) * tokens).double(),
-                          -stats["ratio_min"].double() if tokens else torch.tensor(-torch.inf, device=mask.device,
-                                                                                   dtype=torch.float64),
-                          stats["ratio_max"].double() if tokens else torch.tensor(-torch.inf, device=mask.device,
-                                                                                  dtype=torch.float64)])
+    report = torch.stack(
+        [
+            total.detach().double(),
+            count.double(),
+            gap.double(),
+            tokens.double(),
+            kl.double(),
+            (stats["clip_fraction"] * tokens).double(),
+            (stats["approx_kl"] * tokens).double(),
+            (stats.get("tis_mean", zero) * tokens).double(),
+            (stats.get("tis_capped_fraction", zero) * tokens).double(),
+            -stats["ratio_min"].double()
+            if tokens
+            else torch.tensor(-torch.inf, device=mask.device, dtype=torch.float64),
+            stats["ratio_max"].double()
+            if tokens
+            else torch.tensor(-torch.inf, device=mask.device, dtype=torch.float64),
+        ]
+    )
     return total, count.to(torch.int), {"rl": report}
 
 
 def _nonfinite_main_gradients(model) -> list[str]:
     """Names of the parameters whose main gradient holds a non-finite value, in the model's order."""
-    return [name.removeprefix("module.") for name, param in model.named_parameters()
-            if getattr(param, "main_grad", None) is not None and not bool(torch.isfinite(param.main_grad).all())]
+    return [
+        name.removeprefix("module.")
+        for name, param in model.named_parameters()
+        if getattr(param, "main_grad", None) is not None and not bool(torch.isfinite(param.main_grad).all())
+    ]

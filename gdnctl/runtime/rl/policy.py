@@ -32,8 +32,14 @@ class Policy(Protocol):
         policy's, before a rollout batch's first update; None where a rank computes none, e.g. a pipeline stage
         before the last)."""
 
-    def train_step(self, micro_batches: list["RlBatch"], settings, *, lr: float | None = None,
-                   old_logprobs: "list[torch.Tensor | None] | None" = None) -> dict[str, float]:
+    def train_step(
+        self,
+        micro_batches: list["RlBatch"],
+        settings,
+        *,
+        lr: float | None = None,
+        old_logprobs: "list[torch.Tensor | None] | None" = None,
+    ) -> dict[str, float]:
         """One GRPO optimizer step at `lr` (None: the optimizer's current lr) over this rank's micro-batches,
         the ratio against `old_logprobs` (None: the current weights sampled); returns the step's statistics: loss,
         grad_norm, rollout_logprob_abs_diff, tokens, response_tokens, clip_fraction, approx_kl, ratio_min,

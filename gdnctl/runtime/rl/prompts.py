@@ -45,12 +45,20 @@ class RolloutBatch:
 def _parse_prompt(value: Any, where: str, key: str) -> Prompt:
     if isinstance(value, str) and value.strip():
         return value
-    if isinstance(value, list) and value and all(
-            isinstance(message, dict) and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str) for message in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+            for message in value
+        )
+    ):
         return tuple(value)
-    raise PromptDatasetError(f"{where}: '{key}' must be a non-empty string or a list of "
-                             "{\"role\": ..., \"content\": ...} messages.")
+    raise PromptDatasetError(
+        f'{where}: \'{key}\' must be a non-empty string or a list of {{"role": ..., "content": ...}} messages.'
+    )
 
 
 def _parse_answer(value: Any, where: str, key: str) -> str:
@@ -81,10 +89,17 @@ def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
         missing = [key for key in (prompt_key, answer_key) if key not in item]
         if missing:
             fields = ", ".join(map(repr, item)) or "none"
-            raise PromptDatasetError(f"{where}: no '{missing[0]}' field (it has {fields}); set the dataset's "
-                                     "prompt/answer field names to the ones it uses.")
-        records.append(PromptRecord(_parse_prompt(item[prompt_key], where, prompt_key),
-                                    _parse_answer(item[answer_key], where, answer_key), number))
+            raise PromptDatasetError(
+                f"{where}: no '{missing[0]}' field (it has {fields}); set the dataset's "
+                "prompt/answer field names to the ones it uses."
+            )
+        records.append(
+            PromptRecord(
+                _parse_prompt(item[prompt_key], where, prompt_key),
+                _parse_answer(item[answer_key], where, answer_key),
+                number,
+            )
+        )
     if not records:
         raise PromptDatasetError(f"The prompt dataset {path} has no records; it needs one JSON object per line.")
     return records
@@ -95,8 +110,10 @@ class PromptSchedule:
 
     def __init__(self, records: Sequence[PromptRecord], prompts_per_step: int, *, seed: int = 0) -> None:
         if prompts_per_step < 1 or len(records) < prompts_per_step:
-            raise PromptDatasetError(f"prompts_per_step is {prompts_per_step} but the dataset has {len(records)} "
-                                     "records; it must be between 1 and the number of records.")
+            raise PromptDatasetError(
+                f"prompts_per_step is {prompts_per_step} but the dataset has {len(records)} "
+                "records; it must be between 1 and the number of records."
+            )
         self.records = tuple(records)
         self.prompts_per_step = prompts_per_step
         self.seed = seed
@@ -118,7 +135,7 @@ class PromptSchedule:
             raise ValueError(f"step must be >= 0, got {step}.")
         epoch, index = divmod(step, self.steps_per_epoch)
         start = index * self.prompts_per_step
-        chosen = self._permutation(epoch)[start:start + self.prompts_per_step]
+        chosen = self._permutation(epoch)[start : start + self.prompts_per_step]
         return RolloutBatch(step, epoch, tuple(self.records[i] for i in chosen))
 
     def batches(self, start_step: int = 0, stop_step: int | None = None) -> Iterator[RolloutBatch]:

@@ -36,8 +36,23 @@ _FRAC_SHORT = re.compile(r"(-?)\\frac(\d)(\d)")
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\{([^{}]*)\}")
 # Only short left-hand sides are variables ("x = 5", "k=3"); a longer one is part of the answer ("a+b=5").
 _VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]\w?=")
-_LATEX_NOISE = ("\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "^\\circ", "^{\\circ}",
-                "\\%", "%", "\\$", "$", "{,}")
+_LATEX_NOISE = (
+    "\\left",
+    "\\right",
+    "\\displaystyle",
+    "\\!",
+    "\\,",
+    "\\;",
+    "\\:",
+    "\\ ",
+    "^\\circ",
+    "^{\\circ}",
+    "\\%",
+    "%",
+    "\\$",
+    "$",
+    "{,}",
+)
 
 
 def _last_boxed(text: str) -> str | None:
@@ -52,7 +67,7 @@ def _last_boxed(text: str) -> str | None:
         elif text[index] == "}":
             depth -= 1
             if depth == 0:
-                return text[start + len(_BOXED) + 1:index]
+                return text[start + len(_BOXED) + 1 : index]
     return None
 
 

@@ -79,8 +79,9 @@ def rollout_log(run_dir: Path, engine: int) -> Path:
     return run_dir / "logs" / engine_file_name("rollout", engine, ".log")
 
 
-def listen(run_dir: Path, *, local: bool, engine: int = 0,
-           handshake_seconds: float = HANDSHAKE_SECONDS) -> RolloutListener:
+def listen(
+    run_dir: Path, *, local: bool, engine: int = 0, handshake_seconds: float = HANDSHAKE_SECONDS
+) -> RolloutListener:
     """Bind a free port and publish the address (engine `engine`'s address file) for the trainer; returns the
     listener.
 
@@ -107,8 +108,10 @@ def remote_bind_address(host: str) -> str:
     try:
         address = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror:
-        raise RolloutError(f"this node's name {host} does not resolve, so the trainer cannot reach the rollout "
-                           "server by it; add the name to DNS or /etc/hosts, or set rollout.colocate: true.") from None
+        raise RolloutError(
+            f"this node's name {host} does not resolve, so the trainer cannot reach the rollout "
+            "server by it; add the name to DNS or /etc/hosts, or set rollout.colocate: true."
+        ) from None
     # A name that resolves to loopback here (Debian's `127.0.1.1 <name>` line in /etc/hosts) resolves to the
     # node's real address on the trainer's node, which this node cannot tell: every interface is the one that
     # surely includes it (the authkey still guards the port).
@@ -136,8 +139,11 @@ class RolloutListener:
                 return _handshake(peer_socket, self._authkey, self._handshake_seconds)
             except (AuthenticationError, EOFError, OSError) as error:
                 peer_socket.close()
-                print(f"gdnctl rollout: dropped a connection from {peer_host}:{peer_port}: "
-                      f"{_refusal(error, self._handshake_seconds)}", flush=True)
+                print(
+                    f"gdnctl rollout: dropped a connection from {peer_host}:{peer_port}: "
+                    f"{_refusal(error, self._handshake_seconds)}",
+                    flush=True,
+                )
 
     def close(self) -> None:
         self._socket.close()
@@ -215,8 +221,9 @@ def _refusal(error: BaseException, handshake_seconds: float) -> str:
 class RolloutClient:
     """The trainer's end: `request(op, timeout=..., **fields)` -> the server's answer dict."""
 
-    def __init__(self, connection: Connection, process: subprocess.Popen | None, log_path: Path | None,
-                 engine: int | None = None) -> None:
+    def __init__(
+        self, connection: Connection, process: subprocess.Popen | None, log_path: Path | None, engine: int | None = None
+    ) -> None:
         """engine: which of several rollout engines this server runs (None: the only one), for the messages."""
         self._connection = connection
         self._process = process
@@ -226,8 +233,16 @@ class RolloutClient:
         self._early: dict[str, Any] | None = None  # an answer `check` received before `answer` asked for it
 
     @classmethod
-    def connect(cls, run_dir: Path, *, timeout: float, engine: int = 0, process: subprocess.Popen | None = None,
-                log_path: Path | None = None, named: bool = False) -> RolloutClient:
+    def connect(
+        cls,
+        run_dir: Path,
+        *,
+        timeout: float,
+        engine: int = 0,
+        process: subprocess.Popen | None = None,
+        log_path: Path | None = None,
+        named: bool = False,
+    ) -> RolloutClient:
         """Wait up to `timeout` s for engine `engine`'s address file, then connect to its server. named: the
         rollout has several engines, so messages name this one."""
         published = address_file(run_dir, engine)
@@ -241,9 +256,11 @@ class RolloutClient:
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
-                raise RolloutError(f"{who} did not come up within {timeout:g} s (no server listening "
-                                   f"at {published}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
-                                   "starts slowly here.")
+                raise RolloutError(
+                    f"{who} did not come up within {timeout:g} s (no server listening "
+                    f"at {published}); {_see_log(log_path)}or raise rollout.timeout_s if vLLM "
+                    "starts slowly here."
+                )
             time.sleep(POLL_SECONDS / 4)
 
     def request(self, op: str, *, timeout: float, **fields: Any) -> dict[str, Any]:
@@ -257,8 +274,7 @@ class RolloutClient:
             self._connection.send({"op": op, **fields})
         except OSError:
             _check_alive(self._process, op, self._log_path, who=self.who)
-            raise RolloutError(f"{self.who} closed the connection before '{op}'; "
-                               f"{_see_log(self._log_path)}") from None
+            raise RolloutError(f"{self.who} closed the connection before '{op}'; {_see_log(self._log_path)}") from None
 
     def check(self, op: str) -> None:
         """While trainer rank 0 takes part in the collective request `op`: raise if the server died or answered
@@ -277,9 +293,11 @@ class RolloutClient:
             _check_alive(self._process, op, self._log_path, who=self.who)
             if time.monotonic() > deadline:
                 self.kill()
-                raise RolloutError(f"{self.who} did not answer '{op}' within {timeout:g} s "
-                                   "(rollout.timeout_s), so it was stopped as hung; "
-                                   f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow.")
+                raise RolloutError(
+                    f"{self.who} did not answer '{op}' within {timeout:g} s "
+                    "(rollout.timeout_s), so it was stopped as hung; "
+                    f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow."
+                )
         return self._receive(op)
 
     def _receive(self, op: str) -> dict[str, Any]:
@@ -287,11 +305,11 @@ class RolloutClient:
             reply = self._connection.recv()
         except (EOFError, OSError):
             _check_alive(self._process, op, self._log_path, wait=5.0, who=self.who)
-            raise RolloutError(f"{self.who} closed the connection during '{op}'; "
-                               f"{_see_log(self._log_path)}") from None
+            raise RolloutError(f"{self.who} closed the connection during '{op}'; {_see_log(self._log_path)}") from None
         if "error" in reply:
-            raise RolloutError(f"{self.who} failed '{op}': {reply['error']}"
-                               f"{_cause_in_log(self._log_path, reply['error'])}")
+            raise RolloutError(
+                f"{self.who} failed '{op}': {reply['error']}{_cause_in_log(self._log_path, reply['error'])}"
+            )
         return reply
 
     def close(self, timeout: float = 60.0) -> None:
@@ -339,9 +357,11 @@ def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list
                 client.kill()
             hung = ", ".join(client.who for client in pending)
             logs = "; ".join(_see_log(client._log_path).removesuffix("; ") for client in pending)
-            raise RolloutError(f"{hung} did not answer '{op}' within {timeout:g} s (rollout.timeout_s), so "
-                               f"{'it was' if len(pending) == 1 else 'they were'} stopped as hung ({logs}); raise "
-                               f"rollout.timeout_s if '{op}' is just slow.")
+            raise RolloutError(
+                f"{hung} did not answer '{op}' within {timeout:g} s (rollout.timeout_s), so "
+                f"{'it was' if len(pending) == 1 else 'they were'} stopped as hung ({logs}); raise "
+                f"rollout.timeout_s if '{op}' is just slow."
+            )
         wait([client._connection for client in pending], timeout=POLL_SECONDS)
 
 
@@ -397,8 +417,9 @@ def _see_log(log_path: Path | None) -> str:
     return f"its log is {log_path}; " if log_path else "see the rollout step's log; "
 
 
-def _check_alive(process: subprocess.Popen | None, op: str, log_path: Path | None, wait: float = 0.0,
-                 who: str = "the rollout server") -> None:
+def _check_alive(
+    process: subprocess.Popen | None, op: str, log_path: Path | None, wait: float = 0.0, who: str = "the rollout server"
+) -> None:
     if process is None:
         return
     try:
@@ -406,5 +427,7 @@ def _check_alive(process: subprocess.Popen | None, op: str, log_path: Path | Non
     except subprocess.TimeoutExpired:
         code = None
     if code is not None:
-        raise RolloutError(f"{who} exited with code {code} during '{op}'; {_see_log(log_path)}"
-                           "fix what it reports and start the job again (it resumes from the last checkpoint).")
+        raise RolloutError(
+            f"{who} exited with code {code} during '{op}'; {_see_log(log_path)}"
+            "fix what it reports and start the job again (it resumes from the last checkpoint)."
+        )

@@ -52,8 +52,12 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
     """vLLM LLM(...) arguments from the engine config."""
     rollout = config.rollout
     kwargs: dict[str, Any] = {
-        "model": model, "skip_tokenizer_init": True, "dtype": "bfloat16", "seed": config.train.seed,
-        "tensor_parallel_size": rollout.tp, "max_model_len": rollout.max_model_len,
+        "model": model,
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "seed": config.train.seed,
+        "tensor_parallel_size": rollout.tp,
+        "max_model_len": rollout.max_model_len,
     }
     kv_cache_bytes = None if rollout.kv_cache_gib is None else int(rollout.kv_cache_gib * 2**30)
     if config.device == "cpu":
@@ -160,30 +164,52 @@ class VllmRollout:
         self.llm = LLM(**engine_kwargs(self.config, model))
         return {"seconds": time.perf_counter() - began}
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 stop_token_ids: list[int]) -> dict[str, Any]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        stop_token_ids: list[int],
+    ) -> dict[str, Any]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # One seed per prompt: a step's samples are a function of (seed, step), so a resumed job redraws them.
-        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0,
-                                 detokenize=False, seed=seed + index, stop_token_ids=stop_token_ids)
-                  for index in range(len(prompts))]
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                logprobs=0,
+                detokenize=False,
+                seed=seed + index,
+                stop_token_ids=stop_token_ids,
+            )
+            for index in range(len(prompts))
+        ]
         self._wake(["weights", "kv_cache"])  # a sync always wakes it; this only guards the order of requests
         began = time.perf_counter()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
-                                    use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - began
         # Every process's use of the rollout's GPUs while the engine is awake (the colocated phase's memory).
         used = None
         if self.config.device == "cuda":
             used = sum(total - free for free, total in self.llm.collective_rpc(worker_reload.free_gpu_memory))
-        samples = [[{"tokens": list(choice.token_ids),
-                     "logprobs": [entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids,
-                                                                                strict=True)],
-                     "finish_reason": choice.finish_reason}
-                    for choice in output.outputs]
-                   for output in outputs]
+        samples = [
+            [
+                {
+                    "tokens": list(choice.token_ids),
+                    "logprobs": [
+                        entry[token].logprob for entry, token in zip(choice.logprobs, choice.token_ids, strict=True)
+                    ],
+                    "finish_reason": choice.finish_reason,
+                }
+                for choice in output.outputs
+            ]
+            for output in outputs
+        ]
         return {"samples": samples, "seconds": seconds, "gpu_used_bytes": used}
 
     def sleep(self) -> dict[str, Any]:
@@ -225,12 +251,16 @@ class VllmRollout:
     def ipc_bucket(self, shared: dict[str, tuple], entries: list[tuple]) -> dict[str, Any]:
         return {"tensors": self.llm.collective_rpc(cuda_ipc.load_bucket, args=(shared, entries))[0]}
 
-    def group_join(self, host: str, port: int, size: int, backend: str, timeout_s: float,
-                   first_rank: int) -> dict[str, Any]:
+    def group_join(
+        self, host: str, port: int, size: int, backend: str, timeout_s: float, first_rank: int
+    ) -> dict[str, Any]:
         """Every worker joins trainer rank 0's weight group (broadcast.py) from `first_rank` (this engine's place
         among the rollout's engines); the trainer joins at the same time."""
-        return {"ranks": self.llm.collective_rpc(broadcast.join_group,
-                                                 args=(host, port, size, backend, timeout_s, first_rank))}
+        return {
+            "ranks": self.llm.collective_rpc(
+                broadcast.join_group, args=(host, port, size, backend, timeout_s, first_rank)
+            )
+        }
 
     def broadcast_bucket(self, nbytes: int, entries: list[tuple]) -> dict[str, Any]:
         """Every worker receives one bucket that trainer rank 0 broadcasts while this runs, and loads it."""
@@ -257,22 +287,32 @@ class VllmRollout:
         # recognises by their element count and skips; the replicated ones (norms, A_log, dt_bias) are compared.
         checksums = self.llm.apply_model(weight_sync.visible_parameter_checksums)[0]
         packed = self.llm.apply_model(weight_sync.packed_modules_mapping)[0]
-        scored = self.llm.generate([TokensPrompt(prompt_token_ids=probe)],
-                                   SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
-                                   use_tqdm=False)[0]
+        scored = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=probe)],
+            SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+            use_tqdm=False,
+        )[0]
         # Entry t scores probe[t] given probe[:t]; the first token has no entry.
-        probe_logprobs = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:],
-                                                                       strict=True)]
-        return {"checksums": checksums, "packed_modules": packed, "probe_logprobs": probe_logprobs,
-                "seconds": seconds, "wake_seconds": wake_seconds}
+        probe_logprobs = [
+            entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:], strict=True)
+        ]
+        return {
+            "checksums": checksums,
+            "packed_modules": packed,
+            "probe_logprobs": probe_logprobs,
+            "seconds": seconds,
+            "wake_seconds": wake_seconds,
+        }
 
 
 def serve(config: EngineConfig, run_dir: Path, engine: int = 0) -> int:
     """Serve rollout engine `engine` to the trainer rank that drives it, until it disconnects or says shutdown."""
     engines = engine_layout.engine_count(config.rollout.num_gpus, config.rollout.tp)
     if not 0 <= engine < engines:
-        raise RolloutServerError(f"--engine {engine} names no engine of this rollout (it runs {engines}: "
-                                 f"rollout.num_gpus / rollout.tp); pass 0 to {engines - 1}.")
+        raise RolloutServerError(
+            f"--engine {engine} names no engine of this rollout (it runs {engines}: "
+            f"rollout.num_gpus / rollout.tp); pass 0 to {engines - 1}."
+        )
     listener = rollout_protocol.listen(run_dir, local=trainer_shares_host(config.rollout), engine=engine)
     host, port = listener.address
     print(f"{rollout_protocol.LISTENING_LINE}{host}:{port} (engine {engine})", flush=True)
@@ -293,8 +333,13 @@ def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
     # The node's GPU count from the config, not torch: this process starts servers, it uses no GPU itself.
     visible = engine_layout.visible_devices(config.parallel.gpus_per_node) if config.device == "cuda" else None
     node = int(os.environ.get("SLURM_PROCID", "0"))
-    slots = engine_layout.node_slots(count=engine_layout.engine_count(rollout.num_gpus, rollout.tp), tp=rollout.tp,
-                                     gpus_per_node=config.parallel.gpus_per_node, node=node, visible=visible)
+    slots = engine_layout.node_slots(
+        count=engine_layout.engine_count(rollout.num_gpus, rollout.tp),
+        tp=rollout.tp,
+        gpus_per_node=config.parallel.gpus_per_node,
+        node=node,
+        visible=visible,
+    )
     if not slots:
         print(f"gdnctl rollout: node {node} of the rollout step has no engine to run", flush=True)
         return 0
@@ -320,8 +365,10 @@ def serve_node(config: EngineConfig, run_dir: Path, relaunch: list[str]) -> int:
             failed = [(slot, code) for slot, code in zip(slots, codes, strict=True) if code not in (None, 0)]
             if failed:
                 slot, code = failed[0]
-                print(f"gdnctl rollout: engine {slot.engine} exited with code {code}; stopping this node's other "
-                      "engines", flush=True)
+                print(
+                    f"gdnctl rollout: engine {slot.engine} exited with code {code}; stopping this node's other engines",
+                    flush=True,
+                )
                 return code if code > 0 else 128 - code  # killed by signal N: the shell's 128 + N
             if all(code == 0 for code in codes):
                 return 0
@@ -350,10 +397,17 @@ def trainer_shares_host(rollout: EngineRollout) -> bool:
 
 
 def _serve_connection(rollout: VllmRollout, connection: Connection) -> int:
-    handlers = {"start": rollout.start, "generate": rollout.generate, "load_weights": rollout.load_weights,
-                "sleep": rollout.sleep, "reload_begin": rollout.reload_begin, "ipc_bucket": rollout.ipc_bucket,
-                "group_join": rollout.group_join, "broadcast_bucket": rollout.broadcast_bucket,
-                "reload_end": rollout.reload_end}
+    handlers = {
+        "start": rollout.start,
+        "generate": rollout.generate,
+        "load_weights": rollout.load_weights,
+        "sleep": rollout.sleep,
+        "reload_begin": rollout.reload_begin,
+        "ipc_bucket": rollout.ipc_bucket,
+        "group_join": rollout.group_join,
+        "broadcast_bucket": rollout.broadcast_bucket,
+        "reload_end": rollout.reload_end,
+    }
     while True:
         try:
             request = connection.recv()

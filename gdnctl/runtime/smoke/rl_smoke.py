@@ -52,8 +52,11 @@ def run(config: EngineConfig, config_path: Path, comm_policy, checklist: Checkli
                 _decide_steps(checklist, job, config, syncs)
             stage = CHECKPOINT
             result = round_trip.gathered(_round_trip(job, config, config_path, comm_policy))
-            checklist.decide(verdicts.checkpoint_round_trip(result.checkpoint, result.weights, result.optimizer,
-                                                            result.step, result.problems))
+            checklist.decide(
+                verdicts.checkpoint_round_trip(
+                    result.checkpoint, result.weights, result.optimizer, result.step, result.problems
+                )
+            )
         finally:
             job.close()
     except Exception as error:
@@ -67,8 +70,9 @@ def _decide_steps(checklist: Checklist, job: RlJob, config: EngineConfig, syncs:
     total = syncs[0][1]
     syncs += [(s.synced_parameters, total, s.probe_logprob_abs_diff) for s in steps]
     checklist.decide(verdicts.weight_sync(syncs, config.rollout.probe_tolerance))
-    checklist.decide(verdicts.step0_logprob_gap(steps[0].rollout_logprob_abs_diff,
-                                                config.rollout.max_step0_logprob_gap))
+    checklist.decide(
+        verdicts.step0_logprob_gap(steps[0].rollout_logprob_abs_diff, config.rollout.max_step0_logprob_gap)
+    )
     checklist.decide(verdicts.optimizer_steps([s.loss for s in steps], [s.grad_norm for s in steps]))
     last = steps[-1]
     seconds = last.rollout_seconds + last.train_seconds + last.sync_seconds

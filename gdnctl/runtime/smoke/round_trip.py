@@ -75,8 +75,9 @@ def differences(before: Checksums, after: Checksums) -> list[str]:
     problems += [f"{name} appeared only after the load" for name in sorted(set(after) - set(before))]
     for name in sorted(set(before) & set(after)):
         if not all(_close(a, b) for a, b in zip(before[name], after[name], strict=True)):
-            problems.append(f"{name} differs (sum of squares {before[name][1]:.6g} in memory, {after[name][1]:.6g} "
-                            "loaded)")
+            problems.append(
+                f"{name} differs (sum of squares {before[name][1]:.6g} in memory, {after[name][1]:.6g} loaded)"
+            )
     return problems
 
 
@@ -123,7 +124,11 @@ def gathered(mine: RoundTrip) -> RoundTrip:
     """Every rank's round trip as one (collective): tensors counted over ranks, each problem with its rank."""
     everyone: list[RoundTrip | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    problems = tuple(f"rank {rank}: {problem}" if len(everyone) > 1 else problem
-                     for rank, result in enumerate(everyone) for problem in result.problems)
-    return RoundTrip(mine.checkpoint, sum(r.weights for r in everyone), sum(r.optimizer for r in everyone),
-                     mine.step, problems)
+    problems = tuple(
+        f"rank {rank}: {problem}" if len(everyone) > 1 else problem
+        for rank, result in enumerate(everyone)
+        for problem in result.problems
+    )
+    return RoundTrip(
+        mine.checkpoint, sum(r.weights for r in everyone), sum(r.optimizer for r in everyone), mine.step, problems
+    )

@@ -38,8 +38,12 @@ def run(config: EngineConfig, config_path: Path, comm_policy, checklist: Checkli
         began = time.perf_counter()
         trainer.setup()
         ranks = dist.get_world_size()
-        checklist.decide(verdicts.started(f"model built and loaded on {ranks} rank{'s' if ranks != 1 else ''} in "
-                                          f"{time.perf_counter() - began:.1f} s"))
+        checklist.decide(
+            verdicts.started(
+                f"model built and loaded on {ranks} rank{'s' if ranks != 1 else ''} in "
+                f"{time.perf_counter() - began:.1f} s"
+            )
+        )
         stage = KERNEL_WARM_UP
         warm = trainer.warm_up_kernel()
         checklist.decide(verdicts.kernel_warm_up(warm.kernel, warm.first_call_s, warm.warm_call_s))
@@ -51,8 +55,11 @@ def run(config: EngineConfig, config_path: Path, comm_policy, checklist: Checkli
         if directory is None:
             raise checkpoint.CheckpointError(f"the smoke's last step saved no checkpoint into {config.train.save_dir}.")
         result = round_trip.gathered(round_trip.reload_in_place(trainer, directory))
-        checklist.decide(verdicts.checkpoint_round_trip(result.checkpoint, result.weights, result.optimizer,
-                                                        result.step, result.problems))
+        checklist.decide(
+            verdicts.checkpoint_round_trip(
+                result.checkpoint, result.weights, result.optimizer, result.step, result.problems
+            )
+        )
     except Exception as error:
         checklist.fail(stage, error)
         raise
@@ -62,10 +69,12 @@ def run(config: EngineConfig, config_path: Path, comm_policy, checklist: Checkli
 
 def _decide_steps(checklist: Checklist, trainer: Trainer) -> None:
     steps = trainer.step_stats
-    checklist.decide(verdicts.optimizer_steps([s.loss for s in steps], [s.grad_norm for s in steps],
-                                              skipped=sum(s.skipped for s in steps)))
+    checklist.decide(
+        verdicts.optimizer_steps(
+            [s.loss for s in steps], [s.grad_norm for s in steps], skipped=sum(s.skipped for s in steps)
+        )
+    )
     last = steps[-1]
-    checklist.decide(verdicts.step_time(last.seconds, last.iteration, f"{last.tokens_per_second:,.0f} tok/s",
-                                        last.mfu))
+    checklist.decide(verdicts.step_time(last.seconds, last.iteration, f"{last.tokens_per_second:,.0f} tok/s", last.mfu))
     checklist.decide(trainer.first_minute.verdict())
     checklist.measured = trainer.first_minute.measured(last.seconds)

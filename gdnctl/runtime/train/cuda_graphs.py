@@ -28,8 +28,19 @@ class CudaGraphError(GdnctlError):
 class MoeRouterGraphs:
     """Captures after the warm-up steps of this start; `before_step` is called before every step is timed."""
 
-    def __init__(self, *, model, optimizer, transformer_config, row_length: int, micro_batch_size: int,
-                 global_batch_size: int, dp: int, warmup_steps: int, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        *,
+        model,
+        optimizer,
+        transformer_config,
+        row_length: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        dp: int,
+        warmup_steps: int,
+        log: Callable[[str], None],
+    ) -> None:
         import torch.distributed as dist
         from megatron.core import num_microbatches_calculator as calculator
         from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
@@ -43,14 +54,20 @@ class MoeRouterGraphs:
         self.steps_seen = 0
         self.capture_seconds: float | None = None
         self._log = log
-        self._helper = TECudaGraphHelper(model=[model], config=transformer_config, seq_length=row_length,
-                                         micro_batch_size=micro_batch_size, optimizers=[optimizer])
+        self._helper = TECudaGraphHelper(
+            model=[model],
+            config=transformer_config,
+            seq_length=row_length,
+            micro_batch_size=micro_batch_size,
+            optimizers=[optimizer],
+        )
 
     def check_row(self, row_length: int, where: str) -> None:
         if row_length != self.row_length:
             raise CudaGraphError(
                 f"{where} is {row_length} tokens long, but the CUDA graphs replay rows of {self.row_length}; set "
-                "speed.cuda_graphs: off, or train.packing: fill so that every row has one length.")
+                "speed.cuda_graphs: off, or train.packing: fill so that every row has one length."
+            )
 
     def before_step(self) -> None:
         """Capture once this start has run its warm-up steps (eager), before the next step is timed."""
@@ -58,7 +75,9 @@ class MoeRouterGraphs:
             started = time.perf_counter()
             self._helper.create_cudagraphs()
             self.capture_seconds = time.perf_counter() - started
-            self._log(f"CUDA graphs: captured the MoE router and preprocessing of "
-                      f"{len(self._helper.flattened_callables)} layers in {self.capture_seconds:.1f} s, after "
-                      f"{self.warmup_steps} eager step(s)")
+            self._log(
+                f"CUDA graphs: captured the MoE router and preprocessing of "
+                f"{len(self._helper.flattened_callables)} layers in {self.capture_seconds:.1f} s, after "
+                f"{self.warmup_steps} eager step(s)"
+            )
         self.steps_seen += 1

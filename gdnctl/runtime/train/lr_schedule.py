@@ -37,8 +37,14 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, decay: str, min_lr: float,
 
 def lr_of(train, step: int) -> float:
     """lr_at with the engine config's train section (EngineTrain) as the schedule."""
-    return lr_at(step, lr=train.lr, warmup_steps=train.lr_warmup_steps, decay=train.lr_decay, min_lr=train.min_lr,
-                 total_steps=train.train_iters)
+    return lr_at(
+        step,
+        lr=train.lr,
+        warmup_steps=train.lr_warmup_steps,
+        decay=train.lr_decay,
+        min_lr=train.min_lr,
+        total_steps=train.train_iters,
+    )
 
 
 def set_lr(optimizer, lr: float) -> None:

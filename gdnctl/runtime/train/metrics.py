@@ -117,8 +117,11 @@ class MetricsLog:
         if not self.enabled or step <= 0:
             return
         if self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and _logged_step(json.loads(line)) <= step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and _logged_step(json.loads(line)) <= step
+            ]
             replace_text(self.path, "".join(line + "\n" for line in kept))
         from torch.utils.tensorboard import SummaryWriter
 
@@ -131,8 +134,11 @@ class MetricsLog:
         record = {"time": round(time.time(), 3), **values}
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
-        scalars = {name: float(value) for name, value in values.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None}
+        scalars = {
+            name: float(value)
+            for name, value in values.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None
+        }
         for name, value in scalars.items():
             self._tensorboard.add_scalar(f"{self.group}/{name}", value, step)
         self._tensorboard.flush()
@@ -157,11 +163,20 @@ def _start_wandb(config: EngineConfig, run_dir: Path):
     try:
         import wandb
     except ImportError:
-        raise MetricsSetupError("metrics.wandb is set but the wandb package is not installed in the trainer's "
-                                "environment; pip install wandb there, or remove metrics.wandb.") from None
+        raise MetricsSetupError(
+            "metrics.wandb is set but the wandb package is not installed in the trainer's "
+            "environment; pip install wandb there, or remove metrics.wandb."
+        ) from None
     settings = config.metrics
     directory = run_dir / WANDB_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    return wandb.init(project=settings.wandb_project, entity=settings.wandb_entity, name=config.name,
-                      id=wandb_run_id(run_dir), resume="allow", mode=settings.wandb_mode, dir=str(directory),
-                      config={"engine": config.model_dump(mode="json")})
+    return wandb.init(
+        project=settings.wandb_project,
+        entity=settings.wandb_entity,
+        name=config.name,
+        id=wandb_run_id(run_dir),
+        resume="allow",
+        mode=settings.wandb_mode,
+        dir=str(directory),
+        config={"engine": config.model_dump(mode="json")},
+    )

@@ -79,21 +79,29 @@ class NonFiniteGuard:
         if verdict.finite:
             return None
         if verdict.applied:
-            raise NonFiniteStep(f"step {verdict.step} applied an update although {verdict.what()} was not finite; "
-                                "this is a bug in gdnctl's step check, please report it. Inputs: "
-                                f"{verdict.inputs}.")
+            raise NonFiniteStep(
+                f"step {verdict.step} applied an update although {verdict.what()} was not finite; "
+                "this is a bug in gdnctl's step check, please report it. Inputs: "
+                f"{verdict.inputs}."
+            )
         self.skipped.append(verdict.step)
         if len(self.skipped) > self.allowed:
-            allowance = ("train.skip_nonfinite_steps is 0" if not self.allowed else
-                         f"{len(self.skipped)} steps were not finite ({_steps(self.skipped)}), more than "
-                         f"train.skip_nonfinite_steps {self.allowed}")
+            allowance = (
+                "train.skip_nonfinite_steps is 0"
+                if not self.allowed
+                else f"{len(self.skipped)} steps were not finite ({_steps(self.skipped)}), more than "
+                f"train.skip_nonfinite_steps {self.allowed}"
+            )
             raise NonFiniteStep(
                 f"Stopped at step {verdict.step}: {verdict.what()} was not finite on {verdict.inputs}; the update "
                 f"was not applied and nothing was saved, so `latest` is the last good checkpoint ({allowance}). "
                 "Look at those inputs, lower train.lr, or set train.skip_nonfinite_steps to let a few such steps "
-                "pass.")
-        return (f"step {verdict.step}: {verdict.what()} was not finite on {verdict.inputs}; update skipped "
-                f"({len(self.skipped)} of {self.allowed} allowed by train.skip_nonfinite_steps)")
+                "pass."
+            )
+        return (
+            f"step {verdict.step}: {verdict.what()} was not finite on {verdict.inputs}; update skipped "
+            f"({len(self.skipped)} of {self.allowed} allowed by train.skip_nonfinite_steps)"
+        )
 
 
 def _steps(steps: list[int]) -> str:
@@ -103,7 +111,8 @@ def _steps(steps: list[int]) -> str:
 def describe_documents(documents: Sequence[int], data_path: str | None, limit: int = 8) -> str:
     """'documents 3, 17 and 40 of train.data_path (0-based, in file order)' or the synthetic equivalent."""
     unique = sorted(set(documents))
-    shown = ", ".join(str(index) for index in unique[:limit]) + (f" and {len(unique) - limit} more"
-                                                                 if len(unique) > limit else "")
+    shown = ", ".join(str(index) for index in unique[:limit]) + (
+        f" and {len(unique) - limit} more" if len(unique) > limit else ""
+    )
     where = "of train.data_path (0-based, in file order)" if data_path else "of the synthetic data"
     return f"documents {shown} {where}"

@@ -47,7 +47,11 @@ class StartupClock:
     def report(self, run_dir: Path, write: bool) -> str:
         total = sum(self.phases.values())
         if write:
-            replace_text(run_dir / STARTUP_FILE, json.dumps({"phases_s": self.phases, "total_s": round(total, 2)})
-                         + "\n")
-        return ("start-up: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items())
-                + f"; {total:.1f} s from this rank's start to the end of step 1")
+            replace_text(
+                run_dir / STARTUP_FILE, json.dumps({"phases_s": self.phases, "total_s": round(total, 2)}) + "\n"
+            )
+        return (
+            "start-up: "
+            + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items())
+            + f"; {total:.1f} s from this rank's start to the end of step 1"
+        )

@@ -82,11 +82,13 @@ class StepStats:
 
     def line(self, total: int, eta: str) -> str:
         mfu = f" ({self.mfu:.1%} MFU)" if self.mfu is not None else ""
-        return (f"step {self.iteration}/{total} | loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
-                f"lr {self.lr:.2e} | {self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU{mfu} | "
-                f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s | {eta}"
-                + (f" | padding {self.padding_share:.0%} of the slots" if self.padding_share >= 0.005 else "")
-                + (" | update skipped" if self.skipped else ""))
+        return (
+            f"step {self.iteration}/{total} | loss {self.loss:.4f} | grad norm {self.grad_norm:.3f} | "
+            f"lr {self.lr:.2e} | {self.tokens_per_second:,.0f} tok/s | {self.tflops_per_gpu:.1f} TFLOPS/GPU{mfu} | "
+            f"peak mem {self.peak_memory_gib:.2f} GiB | {self.seconds:.3f} s | {eta}"
+            + (f" | padding {self.padding_share:.0%} of the slots" if self.padding_share >= 0.005 else "")
+            + (" | update skipped" if self.skipped else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,11 @@ class KernelWarmUp:
     warm_call_s: float  # median of WARM_CALLS calls after the first two
 
     def line(self) -> str:
-        return (f"GDN kernel warm-up ({self.kernel}, {self.heads} heads x {self.tokens} tokens, fwd+bwd): "
-                f"first call {self.first_call_s:.3f} s, next call {self.next_call_s * 1e3:.2f} ms, "
-                f"warm {self.warm_call_s * 1e3:.2f} ms (median of {WARM_CALLS})")
+        return (
+            f"GDN kernel warm-up ({self.kernel}, {self.heads} heads x {self.tokens} tokens, fwd+bwd): "
+            f"first call {self.first_call_s:.3f} s, next call {self.next_call_s * 1e3:.2f} ms, "
+            f"warm {self.warm_call_s * 1e3:.2f} ms (median of {WARM_CALLS})"
+        )
 
 
 def _documents(config: EngineConfig):
@@ -110,8 +114,7 @@ def _documents(config: EngineConfig):
         return read_documents(train.data_path, vocab_size=arch.vocab_size, tokenizer_path=train.tokenizer_path)
     low, high = (max(2, int(train.seq_length * f)) for f in SYNTHETIC_LENGTH_FRACTIONS)
     count = max(64, 4 * train.global_batch_size)
-    return synthetic_documents(count, vocab_size=arch.vocab_size, min_length=low, max_length=high + 1,
-                               seed=train.seed)
+    return synthetic_documents(count, vocab_size=arch.vocab_size, min_length=low, max_length=high + 1, seed=train.seed)
 
 
 def _packed_seq_params(batch: MicroBatch):
@@ -124,9 +127,15 @@ def _packed_seq_params(batch: MicroBatch):
     # The GDN layers read the offsets' host copies (runtime/kernels/host_offsets.py): no synchronisation per layer.
     real = with_host_copy(_to_gpu(batch.cu_seqlens), batch.cu_seqlens)
     padded = with_host_copy(_to_gpu(batch.cu_seqlens_padded), batch.cu_seqlens_padded)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=real, cu_seqlens_kv=real, cu_seqlens_q_padded=padded,
-                           cu_seqlens_kv_padded=padded, max_seqlen_q=batch.max_seqlen,
-                           max_seqlen_kv=batch.max_seqlen)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=real,
+        cu_seqlens_kv=real,
+        cu_seqlens_q_padded=padded,
+        cu_seqlens_kv_padded=padded,
+        max_seqlen_q=batch.max_seqlen,
+        max_seqlen_kv=batch.max_seqlen,
+    )
 
 
 def _loss(loss_mask: torch.Tensor, output: torch.Tensor):
@@ -146,8 +155,13 @@ def _to_gpu(tensor: torch.Tensor) -> torch.Tensor:
 
 def _forward_step(data_iterator, model):
     batch: MicroBatch = next(data_iterator)
-    output = model(_to_gpu(batch.tokens), _to_gpu(batch.position_ids), None, labels=_to_gpu(batch.labels),
-                   packed_seq_params=_packed_seq_params(batch))
+    output = model(
+        _to_gpu(batch.tokens),
+        _to_gpu(batch.position_ids),
+        None,
+        labels=_to_gpu(batch.labels),
+        packed_seq_params=_packed_seq_params(batch),
+    )
     return output, partial(_loss, _to_gpu(batch.loss_mask))
 
 
@@ -193,8 +207,12 @@ class Trainer:
             comm_guard.install(self.policy)
         p = config.parallel
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, context_parallel_size=p.cp,
-            expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
+            tensor_model_parallel_size=p.tp,
+            pipeline_model_parallel_size=p.pp,
+            context_parallel_size=p.cp,
+            expert_model_parallel_size=p.ep,
+            expert_tensor_parallel_size=p.etp,
+        )
         # CUDA graphs replay random numbers only from Transformer Engine's tracker (what Megatron-Bridge sets with
         # them: rng.te_rng_tracker).
         tensor_parallel.model_parallel_cuda_manual_seed(config.train.seed, te_rng_tracker=config.speed.cuda_graphs)
@@ -209,12 +227,15 @@ class Trainer:
         self._build()
         self._log(f"model builder: {self.builder.builder} ({config.train.model_builder_reason})")
         self._log(f"attention: {config.kernels.attention} ({config.kernels.attention_reason})")
-        self._log("speed: " + ", ".join(f"{name} {_shown(getattr(config.speed, name))}"
-                                       for name in config.speed.reasons))
-        self._log(f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
-                  f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}"
-                  f"{', packing ' + config.packing if config.layout == 'thd' else ''}; "
-                  f"comm guard {'on' if config.comm.memory_guard else 'off'}")
+        self._log(
+            "speed: " + ", ".join(f"{name} {_shown(getattr(config.speed, name))}" for name in config.speed.reasons)
+        )
+        self._log(
+            f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
+            f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}"
+            f"{', packing ' + config.packing if config.layout == 'thd' else ''}; "
+            f"comm guard {'on' if config.comm.memory_guard else 'off'}"
+        )
         self._log(torch_compile)
         if config.layout == "thd":
             self._log(offsets)
@@ -233,8 +254,9 @@ class Trainer:
         config, train = self.config, self.config.train
         self.builder = make_model_builder(config)
         self.transformer = self.builder.transformer
-        model = self.builder.build(pre_process=self.ps.is_pipeline_first_stage(),
-                                   post_process=self.ps.is_pipeline_last_stage())
+        model = self.builder.build(
+            pre_process=self.ps.is_pipeline_first_stage(), post_process=self.ps.is_pipeline_last_stage()
+        )
         self.gdn_layers = install_kernel_on_layers(model, self.kernel)
         self.startup.mark("model build")
         self.resume_dir = None
@@ -246,8 +268,9 @@ class Trainer:
         initial = Path(config.model.path) if config.model.path else None
         # Read before any weights: a LoRA checkpoint holds adapters, not the weights a full resume loads, and the
         # reverse (runtime/model/lora_checkpoint.py).
-        self.resume_state = None if self.resume_dir is None else \
-            checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
+        self.resume_state = (
+            None if self.resume_dir is None else checkpoint.read_training_state(self.resume_dir, dist.get_world_size())
+        )
         if self.resume_state is not None:
             problem = lora_checkpoint.resume_problem(self.resume_state, train.lora, self.resume_dir)
             if problem is not None:
@@ -256,8 +279,9 @@ class Trainer:
             self._load_and_wrap_lora(model, initial)
         elif self.keep_initial_weights:
             self._load(model, initial)
-            self.initial_weights = {name: param.detach().to("cpu", copy=True).pin_memory()
-                                    for name, param in model.named_parameters()}
+            self.initial_weights = {
+                name: param.detach().to("cpu", copy=True).pin_memory() for name, param in model.named_parameters()
+            }
             self._load(model, self.resume_dir)
         else:
             self._load(model, self.resume_dir or initial)
@@ -266,18 +290,32 @@ class Trainer:
         self.source = checkpoint.run_source(config.model, initial if train.lora else (self.resume_dir or initial))
         self.startup.mark("weights")
         self.model = DistributedDataParallel(
-            config=self.transformer, module=model,
+            config=self.transformer,
+            module=model,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=config.speed.grad_reduce == "fp32",
-                use_distributed_optimizer=train.distributed_optimizer))
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(
-            optimizer="adam", lr=train.lr, min_lr=train.lr, weight_decay=WEIGHT_DECAY,
-            adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], clip_grad=CLIP_GRAD, bf16=True,
-            params_dtype=torch.bfloat16, use_distributed_optimizer=train.distributed_optimizer,
-            optimizer_cpu_offload=train.optimizer_cpu_offload,
-            # A constant scale of 1.0 (exact) turns on Megatron's own inf/NaN check of the main gradients: such a
-            # step returns update_successful=False before the optimizer state changes (runtime/train/nonfinite.py).
-            loss_scale=1.0), [self.model])
+                use_distributed_optimizer=train.distributed_optimizer,
+            ),
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=train.lr,
+                min_lr=train.lr,
+                weight_decay=WEIGHT_DECAY,
+                adam_beta1=ADAM_BETAS[0],
+                adam_beta2=ADAM_BETAS[1],
+                clip_grad=CLIP_GRAD,
+                bf16=True,
+                params_dtype=torch.bfloat16,
+                use_distributed_optimizer=train.distributed_optimizer,
+                optimizer_cpu_offload=train.optimizer_cpu_offload,
+                # A constant scale of 1.0 (exact) turns on Megatron's own inf/NaN check of the main gradients: such a
+                # step returns update_successful=False before the optimizer state changes (runtime/train/nonfinite.py).
+                loss_scale=1.0,
+            ),
+            [self.model],
+        )
         self.transformer.grad_scale_func = self.optimizer.scale_loss
         self.transformer.no_sync_func = self.model.no_sync
         self.transformer.finalize_model_grads_func = finalize_model_grads
@@ -289,7 +327,8 @@ class Trainer:
                 raise TrainerError(
                     f"{self.resume_dir} has no consumed_samples in its training state, so it was not written by an "
                     f"sft or pretrain job (an rl job's checkpoint counts rollout steps); set train.save_dir to a new "
-                    f"directory and model.path to {self.resume_dir} to start {self.config.job} from its weights.")
+                    f"directory and model.path to {self.resume_dir} to start {self.config.job} from its weights."
+                )
             self.iteration, self.consumed_samples = state["iteration"], state["consumed_samples"]
             self._log(f"resumed from {self.resume_dir} at step {self.iteration}")
             self.metrics.resumed_at(self.iteration)
@@ -301,30 +340,37 @@ class Trainer:
         the optimizer, which then hold the adapters alone (runtime/model/lora_wrap.py)."""
         if self.keep_initial_weights:
             # A programming error, not a setting: MegatronPolicy asks for no copy with train.lora.
-            raise TrainerError("keep_initial_weights copies every parameter as the rl policy's KL reference, and with "
-                               "train.lora that reference is the frozen base with the adapters switched off "
-                               "(runtime/rl/megatron_policy.py); build the Trainer without keep_initial_weights when "
-                               "train.lora is set.")
+            raise TrainerError(
+                "keep_initial_weights copies every parameter as the rl policy's KL reference, and with "
+                "train.lora that reference is the frozen base with the adapters switched off "
+                "(runtime/rl/megatron_policy.py); build the Trainer without keep_initial_weights when "
+                "train.lora is set."
+            )
         if base is None:
-            raise TrainerError("train.lora trains adapters on a frozen base, and model.path is unset (TRN022); set "
-                               "model.path to the base checkpoint's directory.")
+            raise TrainerError(
+                "train.lora trains adapters on a frozen base, and model.path is unset (TRN022); set "
+                "model.path to the base checkpoint's directory."
+            )
         self._load(model, base)
         mine = lora_checkpoint.base_fingerprint(model.named_parameters())
         self.base_fingerprints = [None] * dist.get_world_size()
         dist.all_gather_object(self.base_fingerprints, mine)
         if self.resume_state is not None:
             # Every rank compares the same gathered list with the same record, so all stop or none does.
-            problem = lora_checkpoint.base_problem(self.resume_state.get(lora_checkpoint.STATE_KEY, {}),
-                                                   self.base_fingerprints, str(base))
+            problem = lora_checkpoint.base_problem(
+                self.resume_state.get(lora_checkpoint.STATE_KEY, {}), self.base_fingerprints, str(base)
+            )
             if problem is not None:
                 raise TrainerError(problem)
         trained = self.builder.add_lora(model)
         adapters = torch.tensor([trained.adapter_params], dtype=torch.int64, device="cuda")
         dist.all_reduce(adapters)
         if int(adapters) == 0:
-            raise TrainerError(f"train.lora.targets ({', '.join(self.config.train.lora.targets)}) matched no linear of "
-                               f"{self.config.model.label}, so no adapter was added; name targets the model has "
-                               "(gdnctl explain PRESET lists them).")
+            raise TrainerError(
+                f"train.lora.targets ({', '.join(self.config.train.lora.targets)}) matched no linear of "
+                f"{self.config.model.label}, so no adapter was added; name targets the model has "
+                "(gdnctl explain PRESET lists them)."
+            )
         self._log(trained.line())
         if self.resume_dir is not None:
             count = lora_checkpoint.load_shard(model, self.resume_dir, self.rank)
@@ -362,8 +408,14 @@ class Trainer:
         arch, p, train = self.config.model, self.config.parallel, self.config.train
         heads = kernel_heads(arch, p.tp, p.cp)
         length = train.seq_length
-        shape = RankShape(f"{heads} heads x {length} tokens", heads, heads, arch.linear_key_head_dim, (length,),
-                          packed=self.config.layout == "thd")
+        shape = RankShape(
+            f"{heads} heads x {length} tokens",
+            heads,
+            heads,
+            arch.linear_key_head_dim,
+            (length,),
+            packed=self.config.layout == "thd",
+        )
         if self.kernel.shows_compile_progress:
             first = self._first_call_watching_compiles(shape)
         else:
@@ -384,8 +436,12 @@ class Trainer:
         from gdnctl.runtime.kernels import compile_quietly, expected_kernels, fwd_bwd_seconds, watch_compiles
 
         report = self._log if self.rank == 0 else None
-        with compile_quietly([shape], report, header=f"gdnctl trainer {self.config.name} rank {self.rank}",
-                             prewarm="gdnctl prewarm PRESET") as say:
+        with compile_quietly(
+            [shape],
+            report,
+            header=f"gdnctl trainer {self.config.name} rank {self.rank}",
+            prewarm="gdnctl prewarm PRESET",
+        ) as say:
             with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say):
                 return fwd_bwd_seconds(self.kernel, shape)
 
@@ -404,20 +460,36 @@ class Trainer:
         # A packed micro-batch of a shape the warm-up did not cover can make TileLang compile mid-run: a line on
         # rank 0, the compiler's own records in the kernel cache's log.
         # Held-out loss (eval:): the same batches at every evaluation, so two evaluations differ by the weights.
-        self.held_out = None if config.eval is None else DataPipeline.from_engine_config(config, read_documents(
-            config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path))
+        self.held_out = (
+            None
+            if config.eval is None
+            else DataPipeline.from_engine_config(
+                config,
+                read_documents(
+                    config.eval.data_path, vocab_size=config.model.vocab_size, tokenizer_path=train.tokenizer_path
+                ),
+            )
+        )
         if config.speed.cuda_graphs:
             # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions.
             packed = config.layout == "thd"
             micro = 1 if packed else train.micro_batch_size
             self.graphs = MoeRouterGraphs(
-                model=self.model, optimizer=self.optimizer, transformer_config=self.transformer,
-                row_length=pipeline.max_positions if packed else train.seq_length, micro_batch_size=micro,
-                global_batch_size=pipeline.num_microbatches * micro * config.parallel.dp, dp=config.parallel.dp,
-                warmup_steps=config.speed.cuda_graph_warmup_steps, log=self._log)
+                model=self.model,
+                optimizer=self.optimizer,
+                transformer_config=self.transformer,
+                row_length=pipeline.max_positions if packed else train.seq_length,
+                micro_batch_size=micro,
+                global_batch_size=pipeline.num_microbatches * micro * config.parallel.dp,
+                dp=config.parallel.dp,
+                warmup_steps=config.speed.cuda_graph_warmup_steps,
+                log=self._log,
+            )
         self.startup.mark("data")
-        with compiles_logged("training", self._log if self.rank == 0 else None), \
-                collector_between_steps(self.config.speed.manual_gc_interval) as self.collector:
+        with (
+            compiles_logged("training", self._log if self.rank == 0 else None),
+            collector_between_steps(self.config.speed.manual_gc_interval) as self.collector,
+        ):
             self._train_steps(pipeline, stream, forward_backward, save_dir)
 
     def _train_steps(self, pipeline, stream, forward_backward, save_dir: Path | None) -> None:
@@ -438,9 +510,14 @@ class Trainer:
             self.lr = lr_of(train, self.iteration)
             set_lr(self.optimizer, self.lr)
             losses = forward_backward(
-                forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
-                num_microbatches=len(batches), seq_length=batches[0].row_length,
-                micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1, forward_only=False)
+                forward_step_func=_forward_step,
+                data_iterator=iter(batches),
+                model=[self.model],
+                num_microbatches=len(batches),
+                seq_length=batches[0].row_length,
+                micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1,
+                forward_only=False,
+            )
             micro_losses, loss_sum = self._reduced_loss(losses)
             # Checked before the step: a non-finite loss is never applied, whatever its gradients look like.
             loss_finite = bool(torch.isfinite(loss_sum).all())
@@ -463,11 +540,14 @@ class Trainer:
                 self.startup.mark("step 1")
                 self._log(self.startup.report(self.run_dir, write=self.rank == 0))
             self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
-            if self.held_out is not None and (self.iteration % self.config.eval.interval == 0
-                                              or self.iteration == train.train_iters):
+            if self.held_out is not None and (
+                self.iteration % self.config.eval.interval == 0 or self.iteration == train.train_iters
+            ):
                 self._evaluate(forward_backward)
-            if save_dir and (self.iteration == train.train_iters
-                             or (train.save_interval and self.iteration % train.save_interval == 0)):
+            if save_dir and (
+                self.iteration == train.train_iters
+                or (train.save_interval and self.iteration % train.save_interval == 0)
+            ):
                 self.save(save_dir)
                 self.collector.collect()
             self.collector.after_step(self.iteration)
@@ -483,17 +563,30 @@ class Trainer:
             batches = [next(stream) for _ in range(self.held_out.num_microbatches)]
             with torch.no_grad():
                 losses = forward_backward(
-                    forward_step_func=_forward_step, data_iterator=iter(batches), model=[self.model],
-                    num_microbatches=len(batches), seq_length=batches[0].row_length,
+                    forward_step_func=_forward_step,
+                    data_iterator=iter(batches),
+                    model=[self.model],
+                    num_microbatches=len(batches),
+                    seq_length=batches[0].row_length,
                     micro_batch_size=self.config.train.micro_batch_size if self.config.layout == "bshd" else 1,
-                    forward_only=True)
+                    forward_only=True,
+                )
             total += self._reduced_loss(losses)[1]
         self.model.train()
         loss = float(total[0] / total[1].clamp(min=1))
-        self._log(f"eval at step {self.iteration}: held-out loss {loss:.4f} over {int(total[1])} tokens "
-                  f"({time.perf_counter() - started:.1f} s)")
-        self.metrics.log(self.iteration, {"iteration": self.iteration, "eval_loss": loss, "eval_tokens": int(total[1]),
-                                          "eval_seconds": time.perf_counter() - started})
+        self._log(
+            f"eval at step {self.iteration}: held-out loss {loss:.4f} over {int(total[1])} tokens "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
+        self.metrics.log(
+            self.iteration,
+            {
+                "iteration": self.iteration,
+                "eval_loss": loss,
+                "eval_tokens": int(total[1]),
+                "eval_seconds": time.perf_counter() - started,
+            },
+        )
 
     def _reduced_loss(self, losses) -> tuple[list[torch.Tensor], torch.Tensor]:
         """This rank's [sum, count] per micro-batch (last pipeline stage; empty elsewhere), and the step's [sum,
@@ -505,16 +598,20 @@ class Trainer:
         dist.all_reduce(loss_sum, group=self.ps.get_pipeline_model_parallel_group())
         return micro, loss_sum
 
-    def _check_finite(self, loss_finite: bool, updated: bool, micro_losses: list[torch.Tensor],
-                      batches: list[MicroBatch]) -> None:
+    def _check_finite(
+        self, loss_finite: bool, updated: bool, micro_losses: list[torch.Tensor], batches: list[MicroBatch]
+    ) -> None:
         """Stop (or, within train.skip_nonfinite_steps, log and go on) after a step that was not finite. The branch
         is the same on every rank: the loss is reduced over all of them and Megatron's gradient check too."""
         grad_finite = updated or not loss_finite  # a finite loss whose step was refused had non-finite gradients
         if loss_finite and grad_finite:
             return
         # The micro-batches whose own loss was not finite, where the loss names them; else the whole step's.
-        suspects = [batch for batch, loss in zip(batches, micro_losses, strict=False)
-                    if not bool(torch.isfinite(loss).all())] if not loss_finite else []
+        suspects = (
+            [batch for batch, loss in zip(batches, micro_losses, strict=False) if not bool(torch.isfinite(loss).all())]
+            if not loss_finite
+            else []
+        )
         mine = [index for batch in (suspects or batches) for index in batch.documents]
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
@@ -525,34 +622,61 @@ class Trainer:
                 grad = getattr(param, "main_grad", None)
                 if grad is not None and not bool(torch.isfinite(grad).all()):
                     bad.append(name.removeprefix("module."))
-        verdict = StepVerdict(step=self.iteration, applied=updated, loss_finite=loss_finite, grad_finite=grad_finite,
-                              inputs=describe_documents([i for part in gathered for i in part],
-                                                        self.config.train.data_path),
-                              bad_parameters=bad, parameter_count=count)
+        verdict = StepVerdict(
+            step=self.iteration,
+            applied=updated,
+            loss_finite=loss_finite,
+            grad_finite=grad_finite,
+            inputs=describe_documents([i for part in gathered for i in part], self.config.train.data_path),
+            bad_parameters=bad,
+            parameter_count=count,
+        )
         line = self.nonfinite.after_step(verdict)
         if line is not None:
             self._log(line)
 
-    def _stats(self, loss_sum: torch.Tensor, batches: list[MicroBatch], grad_norm, seconds: float, skipped: bool,
-               resident_gib: float) -> StepStats:
-        counts = torch.tensor([sum(b.num_real_tokens for b in batches), sum(self._sequences(b) for b in batches),
-                               sum(b.batch.input_ids.numel() for b in batches)],
-                              device=loss_sum.device, dtype=torch.float64)
+    def _stats(
+        self,
+        loss_sum: torch.Tensor,
+        batches: list[MicroBatch],
+        grad_norm,
+        seconds: float,
+        skipped: bool,
+        resident_gib: float,
+    ) -> StepStats:
+        counts = torch.tensor(
+            [
+                sum(b.num_real_tokens for b in batches),
+                sum(self._sequences(b) for b in batches),
+                sum(b.batch.input_ids.numel() for b in batches),
+            ],
+            device=loss_sum.device,
+            dtype=torch.float64,
+        )
         dist.all_reduce(counts, group=self.ps.get_data_parallel_group())
         tokens, sequences, slots = int(counts[0]), int(counts[1]), int(counts[2])
         mean_length = tokens / max(sequences, 1)
         model_flops = flops.train_flops_per_token(self.config.model, mean_length) * tokens
         tflops_per_gpu = model_flops / seconds / dist.get_world_size() / 1e12
         return StepStats(
-            iteration=self.iteration, loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
+            iteration=self.iteration,
+            loss=float(loss_sum[0] / loss_sum[1].clamp(min=1)),
             # None: the optimizer refused the step (non-finite gradients) or it was never asked (non-finite loss).
-            grad_norm=float("nan") if grad_norm is None else float(grad_norm), tokens=tokens, sequences=sequences,
+            grad_norm=float("nan") if grad_norm is None else float(grad_norm),
+            tokens=tokens,
+            sequences=sequences,
             seconds=seconds,
-            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30, resident_memory_gib=resident_gib,
+            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
+            resident_memory_gib=resident_gib,
             tokens_per_second=tokens / seconds,
-            tflops_per_gpu=tflops_per_gpu, mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
-            lr=self.lr, gdn_backend=self.config.kernels.gdn_backend, skipped=skipped,
-            padding_share=1.0 - tokens / max(slots, 1), peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30)
+            tflops_per_gpu=tflops_per_gpu,
+            mfu=mfu(tflops_per_gpu, self.config.metrics.peak_bf16_tflops),
+            lr=self.lr,
+            gdn_backend=self.config.kernels.gdn_backend,
+            skipped=skipped,
+            padding_share=1.0 - tokens / max(slots, 1),
+            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+        )
 
     @staticmethod
     def _sequences(batch: MicroBatch) -> int:
@@ -564,8 +688,10 @@ class Trainer:
         # the pace of the last few steps: step 1 (compiles, warm-ups) would make every early ETA far too long
         self.recent_step_seconds = (self.recent_step_seconds + [stats.seconds])[-10:]
         pace = statistics.median(self.recent_step_seconds[1:] or self.recent_step_seconds)
-        print(stats.line(self.config.train.train_iters, eta_text(stats.iteration, self.config.train.train_iters,
-                                                                  pace)), flush=True)
+        print(
+            stats.line(self.config.train.train_iters, eta_text(stats.iteration, self.config.train.train_iters, pace)),
+            flush=True,
+        )
         self.metrics.log(stats.iteration, asdict(stats))
 
     def save(self, save_dir: Path) -> None:
@@ -578,7 +704,8 @@ class Trainer:
         else:
             written = self._save_lora(directory)
             state[lora_checkpoint.STATE_KEY] = lora_checkpoint.state_record(
-                self.config.train.lora, str(self.config.model.path), self.base_fingerprints)
+                self.config.train.lora, str(self.config.model.path), self.base_fingerprints
+            )
         checkpoint.save_training_state(directory, self.optimizer, state, written)
         dist.barrier()
         if self.rank == 0:
@@ -593,8 +720,11 @@ class Trainer:
         lora = self.config.train.lora
         written = lora_checkpoint.write_shard(self.model, directory, self.rank)
         # Collective: every rank takes part in the gathers; rank 0 keeps the tensors (megabytes).
-        exported = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in
-                    self.builder.export_adapters(self.model) if self.rank == 0]
+        exported = [
+            (name, tensor.detach().to("cpu", copy=True))
+            for name, tensor in self.builder.export_adapters(self.model)
+            if self.rank == 0
+        ]
         if self.rank == 0:
             adapters = lora_checkpoint.adapters_from_hf(exported, self.source.stored_name)
             written.update(lora_checkpoint.write_peft(directory, adapters, lora, str(self.config.model.path)))

@@ -30,9 +30,11 @@ def bridge_supports_model(run):
     needed = stack.BRIDGE_QWEN35_TEXT if run.model.text_only else stack.BRIDGE_QWEN35_VL
     if versions.below(bridge, needed):
         kind = "text-only" if run.model.text_only else "vision-language"
-        yield Issue("runtime.megatron_bridge", f"megatron-bridge {bridge} has no bridge for the {kind} "
-                                               f"{run.model.architecture} (needs >= {needed}).",
-                    f"Upgrade megatron-bridge to >= {needed}.")
+        yield Issue(
+            "runtime.megatron_bridge",
+            f"megatron-bridge {bridge} has no bridge for the {kind} {run.model.architecture} (needs >= {needed}).",
+            f"Upgrade megatron-bridge to >= {needed}.",
+        )
 
 
 @rule("BRG004", Severity.ERROR, "MTP with sequence or context parallel on an old megatron-bridge")
@@ -52,13 +54,19 @@ def bridge_mtp_parallel(run):
         return
     bridge = _bridge_version(run)
     if run.sequence_parallel.value and versions.below(bridge, stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX):
-        yield Issue("train.mtp", f"MTP with sequence parallel hits the shadow-embedding bug of megatron-bridge "
-                                 f"{bridge} (fixed in {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}).",
-                    f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}, or set train.mtp: false.")
+        yield Issue(
+            "train.mtp",
+            f"MTP with sequence parallel hits the shadow-embedding bug of megatron-bridge "
+            f"{bridge} (fixed in {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}).",
+            f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_SEQUENCE_PARALLEL_FIX}, or set train.mtp: false.",
+        )
     if run.preset.parallel.cp > 1 and versions.below(bridge, stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX):
-        yield Issue("train.mtp", f"MTP with context parallel has wrong shapes on megatron-bridge {bridge} "
-                                 f"(fixed in {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}).",
-                    f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}, or set train.mtp: false.")
+        yield Issue(
+            "train.mtp",
+            f"MTP with context parallel has wrong shapes on megatron-bridge {bridge} "
+            f"(fixed in {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}).",
+            f"Upgrade megatron-bridge to >= {stack.BRIDGE_MTP_CONTEXT_PARALLEL_FIX}, or set train.mtp: false.",
+        )
 
 
 @rule("BRG005", Severity.ERROR, "Virtual pipeline with tied embeddings under megatron-bridge")
@@ -75,10 +83,13 @@ def vpp_tied_embeddings(run):
     Fix: remove parallel.vpp (use plain pp), or pick an untied model size.
     """
     p = run.preset.parallel
-    if (run.is_training and p.vpp is not None and run.model.tie_word_embeddings
-           ):
-        yield Issue("parallel.vpp", f"{run.model.label} ties its embeddings, which megatron-bridge cannot "
-                                    "broadcast across virtual pipeline stages.", "Remove parallel.vpp.")
+    if run.is_training and p.vpp is not None and run.model.tie_word_embeddings:
+        yield Issue(
+            "parallel.vpp",
+            f"{run.model.label} ties its embeddings, which megatron-bridge cannot "
+            "broadcast across virtual pipeline stages.",
+            "Remove parallel.vpp.",
+        )
 
 
 @rule("BRG006", Severity.WARNING, "megatron-bridge and megatron-core releases do not match")
@@ -102,6 +113,8 @@ def bridge_core_pairing(run):
         return
     expected = stack.BRIDGE_CORE_PAIRING.get(versions.minor(bridge))
     if expected is not None and versions.minor(mcore) != expected:
-        yield Issue("runtime.megatron_core", f"megatron-bridge {bridge} is built for megatron-core {expected}.x, "
-                                             f"but the runtime has {mcore}.",
-                    f"Use megatron-core {expected}.x with megatron-bridge {versions.minor(bridge)}.x.")
+        yield Issue(
+            "runtime.megatron_core",
+            f"megatron-bridge {bridge} is built for megatron-core {expected}.x, but the runtime has {mcore}.",
+            f"Use megatron-core {expected}.x with megatron-bridge {versions.minor(bridge)}.x.",
+        )

@@ -29,9 +29,12 @@ def skip_op_names(run):
                 continue
             close = difflib.get_close_matches(name, sorted(comm_ops.ALL_OPS), n=1, cutoff=0.6)
             what = "a query function, never checked" if name in comm_ops.QUERY_FUNCTIONS else "not a wrapped op"
-            yield Issue(f"comm.{field}[{index}]", f"'{name}' is {what}.",
-                        (f"Did you mean '{close[0]}'? " if close else "") +
-                        "Valid names: torch.distributed collectives and ProcessGroup methods (gdnctl rules COM001).")
+            yield Issue(
+                f"comm.{field}[{index}]",
+                f"'{name}' is {what}.",
+                (f"Did you mean '{close[0]}'? " if close else "")
+                + "Valid names: torch.distributed collectives and ProcessGroup methods (gdnctl rules COM001).",
+            )
 
 
 # The docs list the valid names from the one table that defines them.
@@ -59,13 +62,22 @@ def threshold_fits_gpu(run):
     if not comm.memory_guard or run.gpu.sm is None:
         return
     if comm.free_gb_threshold >= capacity:
-        yield Issue("comm.free_gb_threshold", f"threshold {comm.free_gb_threshold} GiB is not below the "
-                                              f"{capacity} GiB of a {run.gpu.description}: every check would empty "
-                                              "the cache.", "Use a few GiB, e.g. 3.")
+        yield Issue(
+            "comm.free_gb_threshold",
+            f"threshold {comm.free_gb_threshold} GiB is not below the "
+            f"{capacity} GiB of a {run.gpu.description}: every check would empty "
+            "the cache.",
+            "Use a few GiB, e.g. 3.",
+        )
     elif comm.free_gb_threshold > capacity / 4:
-        yield Issue("comm.free_gb_threshold", f"threshold {comm.free_gb_threshold} GiB is over a quarter of the "
-                                              f"{capacity} GiB GPU: the guard will often synchronize and empty "
-                                              "the cache.", "Use a few GiB, e.g. 3.", Severity.WARNING)
+        yield Issue(
+            "comm.free_gb_threshold",
+            f"threshold {comm.free_gb_threshold} GiB is over a quarter of the "
+            f"{capacity} GiB GPU: the guard will often synchronize and empty "
+            "the cache.",
+            "Use a few GiB, e.g. 3.",
+            Severity.WARNING,
+        )
 
 
 @rule("COM003", Severity.WARNING, "Skip-set edit that changes nothing")
@@ -87,5 +99,8 @@ def skip_set_edits(run):
             yield Issue(f"comm.add_skip_ops[{index}]", f"'{name}' is already in the skip set.", "Remove the entry.")
     for index, name in enumerate(comm.remove_skip_ops):
         if name in comm_ops.ALL_OPS and name not in base:
-            yield Issue(f"comm.remove_skip_ops[{index}]", f"'{name}' is not in the skip set, so it is checked "
-                                                          "already.", "Remove the entry.")
+            yield Issue(
+                f"comm.remove_skip_ops[{index}]",
+                f"'{name}' is not in the skip set, so it is checked already.",
+                "Remove the entry.",
+            )

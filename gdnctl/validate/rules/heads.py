@@ -26,8 +26,11 @@ def tp_divides_attention_heads(run):
     heads = run.model.num_attention_heads
     tp = run.preset.parallel.tp
     if heads % tp:
-        yield Issue("parallel.tp", f"tp={tp} does not divide the {heads} attention heads of {run.model.label}.",
-                    f"Use tp in {{{_divisors(heads)}}}.")
+        yield Issue(
+            "parallel.tp",
+            f"tp={tp} does not divide the {heads} attention heads of {run.model.label}.",
+            f"Use tp in {{{_divisors(heads)}}}.",
+        )
 
 
 @rule("HEAD002", Severity.ERROR, "TP divides the KV heads, or is a multiple of them where the stack takes it")
@@ -76,27 +79,39 @@ def tp_divides_kv_heads(run):
         return
     model = run.model.label
     if tp % kv:
-        yield Issue("parallel.tp", f"tp={tp} is neither a divisor nor a multiple of the {kv} KV heads of {model}: "
-                                   "Megatron-Core refuses it (the query groups must be a multiple or a divisor "
-                                   "of the TP size).",
-                    f"Use tp in {{{_divisors(kv)}}} or a multiple of {kv} that divides the attention heads.")
+        yield Issue(
+            "parallel.tp",
+            f"tp={tp} is neither a divisor nor a multiple of the {kv} KV heads of {model}: "
+            "Megatron-Core refuses it (the query groups must be a multiple or a divisor "
+            "of the TP size).",
+            f"Use tp in {{{_divisors(kv)}}} or a multiple of {kv} that divides the attention heads.",
+        )
         return
     mcore = run.stack.get("megatron_core")
     if versions.below(mcore, stack.MCORE_KV_HEAD_REPLICATION):
-        yield Issue("parallel.tp", f"tp={tp} is above the {kv} KV heads of {model}, and megatron-core {mcore} "
-                                   "refuses that (it takes only a TP that divides the query groups; "
-                                   f"{stack.MCORE_KV_HEAD_REPLICATION} replicates KV heads over TP).",
-                    f"Use tp in {{{_divisors(kv)}}}, or megatron-core >= {stack.MCORE_KV_HEAD_REPLICATION} "
-                    "(runtime.megatron_core).")
+        yield Issue(
+            "parallel.tp",
+            f"tp={tp} is above the {kv} KV heads of {model}, and megatron-core {mcore} "
+            "refuses that (it takes only a TP that divides the query groups; "
+            f"{stack.MCORE_KV_HEAD_REPLICATION} replicates KV heads over TP).",
+            f"Use tp in {{{_divisors(kv)}}}, or megatron-core >= {stack.MCORE_KV_HEAD_REPLICATION} "
+            "(runtime.megatron_core).",
+        )
         return
     bridge = run.stack.get("megatron_bridge")
-    if (run.model_builder.value == "megatron-bridge" and run.model.is_qwen35
-            and versions.below(bridge, stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS)):
-        yield Issue("parallel.tp", f"tp={tp} is above the {kv} KV heads of {model}, and megatron-bridge {bridge}'s "
-                                   "Qwen3.5 provider refuses that (\"TP size should be less than or equal to "
-                                   "num_query_groups\"; Megatron-Core itself takes it).",
-                    f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= "
-                    f"{stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS} (runtime.megatron_bridge).")
+    if (
+        run.model_builder.value == "megatron-bridge"
+        and run.model.is_qwen35
+        and versions.below(bridge, stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS)
+    ):
+        yield Issue(
+            "parallel.tp",
+            f"tp={tp} is above the {kv} KV heads of {model}, and megatron-bridge {bridge}'s "
+            'Qwen3.5 provider refuses that ("TP size should be less than or equal to '
+            'num_query_groups"; Megatron-Core itself takes it).',
+            f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= "
+            f"{stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS} (runtime.megatron_bridge).",
+        )
 
 
 @rule("HEAD003", Severity.ERROR, "TP x CP divides the GDN key heads")
@@ -115,9 +130,11 @@ def tp_cp_divide_gdn_key_heads(run):
     p = run.preset.parallel
     heads = run.model.linear_num_key_heads
     if heads % (p.tp * p.cp):
-        yield Issue("parallel.cp" if p.cp > 1 else "parallel.tp",
-                    f"tp x cp = {p.tp} x {p.cp} does not divide the {heads} GDN key heads of {run.model.label}.",
-                    f"Choose tp and cp whose product divides {heads}.")
+        yield Issue(
+            "parallel.cp" if p.cp > 1 else "parallel.tp",
+            f"tp x cp = {p.tp} x {p.cp} does not divide the {heads} GDN key heads of {run.model.label}.",
+            f"Choose tp and cp whose product divides {heads}.",
+        )
 
 
 @rule("HEAD004", Severity.ERROR, "TP x CP divides the GDN value heads")
@@ -135,9 +152,11 @@ def tp_cp_divide_gdn_value_heads(run):
     p = run.preset.parallel
     heads = run.model.linear_num_value_heads
     if heads % (p.tp * p.cp):
-        yield Issue("parallel.cp" if p.cp > 1 else "parallel.tp",
-                    f"tp x cp = {p.tp} x {p.cp} does not divide the {heads} GDN value heads of {run.model.label}.",
-                    f"Choose tp and cp whose product divides {heads}.")
+        yield Issue(
+            "parallel.cp" if p.cp > 1 else "parallel.tp",
+            f"tp x cp = {p.tp} x {p.cp} does not divide the {heads} GDN value heads of {run.model.label}.",
+            f"Choose tp and cp whose product divides {heads}.",
+        )
 
 
 @rule("HEAD005", Severity.ERROR, "GDN value heads are a multiple of key heads")
@@ -154,6 +173,9 @@ def value_heads_multiple_of_key_heads(run):
     """
     m = run.model
     if m.linear_num_value_heads % m.linear_num_key_heads:
-        yield Issue("model", f"{m.label} has {m.linear_num_value_heads} GDN value heads, not a multiple of its "
-                             f"{m.linear_num_key_heads} key heads.",
-                    "Check the checkpoint's config.json (linear_num_value_heads, linear_num_key_heads).")
+        yield Issue(
+            "model",
+            f"{m.label} has {m.linear_num_value_heads} GDN value heads, not a multiple of its "
+            f"{m.linear_num_key_heads} key heads.",
+            "Check the checkpoint's config.json (linear_num_value_heads, linear_num_key_heads).",
+        )

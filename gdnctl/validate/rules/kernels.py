@@ -30,9 +30,11 @@ def flashqla_gpu(run):
     Fix: set kernels.gdn_backend: fla, or run on a Hopper/Blackwell GPU.
     """
     if _flashqla(run) and not FLASHQLA.has_kernels_for(run.gpu.sm):
-        yield Issue("kernels.gdn_backend", f"FlashQLA has no kernels for {run.gpu.description} "
-                                           f"({run.gpu.sm_label}); it supports {_SUPPORTED}.",
-                    "Set kernels.gdn_backend: fla, or use a Hopper or Blackwell GPU.")
+        yield Issue(
+            "kernels.gdn_backend",
+            f"FlashQLA has no kernels for {run.gpu.description} ({run.gpu.sm_label}); it supports {_SUPPORTED}.",
+            "Set kernels.gdn_backend: fla, or use a Hopper or Blackwell GPU.",
+        )
 
 
 @rule("KRN002", Severity.ERROR, "FlashQLA training on a GPU its release has no backward for")
@@ -54,12 +56,19 @@ def flashqla_forward_only(run):
     Fix: set runtime.flash_qla to 0.1.3 or later and install it, or set kernels.gdn_backend: fla.
     """
     version = run.stack.get(FLASHQLA.runtime_field)
-    if (_flashqla(run) and run.is_training and run.gpu.sm in FLASHQLA.forward_only_gpus
-            and versions.below(version, stack.FLASHQLA_SM120_BACKWARD)):
-        yield Issue("runtime.flash_qla", f"flash-qla {version} has only a forward kernel on {run.gpu.sm_label} "
-                                         f"({run.gpu.description}), so it cannot train.",
-                    f"Install flash-qla >= {stack.FLASHQLA_SM120_BACKWARD} and set runtime.flash_qla to it, or "
-                    "set kernels.gdn_backend: fla.")
+    if (
+        _flashqla(run)
+        and run.is_training
+        and run.gpu.sm in FLASHQLA.forward_only_gpus
+        and versions.below(version, stack.FLASHQLA_SM120_BACKWARD)
+    ):
+        yield Issue(
+            "runtime.flash_qla",
+            f"flash-qla {version} has only a forward kernel on {run.gpu.sm_label} "
+            f"({run.gpu.description}), so it cannot train.",
+            f"Install flash-qla >= {stack.FLASHQLA_SM120_BACKWARD} and set runtime.flash_qla to it, or "
+            "set kernels.gdn_backend: fla.",
+        )
 
 
 @rule("KRN003", Severity.ERROR, "FlashQLA needs GDN head dims of 128")
@@ -77,9 +86,12 @@ def flashqla_head_dim(run):
     m = run.model
     dims = {m.linear_key_head_dim, m.linear_value_head_dim}
     if _flashqla(run) and dims != {stack.FLASHQLA_HEAD_DIM}:
-        yield Issue("kernels.gdn_backend", f"{m.label} has GDN head dims K={m.linear_key_head_dim}, "
-                                           f"V={m.linear_value_head_dim}; FlashQLA needs 128 for both.",
-                    "Set kernels.gdn_backend: fla.")
+        yield Issue(
+            "kernels.gdn_backend",
+            f"{m.label} has GDN head dims K={m.linear_key_head_dim}, "
+            f"V={m.linear_value_head_dim}; FlashQLA needs 128 for both.",
+            "Set kernels.gdn_backend: fla.",
+        )
 
 
 @rule("KRN004", Severity.WARNING, "flash-qla <= 0.1.2 for training")
@@ -96,9 +108,11 @@ def flashqla_training_version(run):
     """
     version = run.stack.get(FLASHQLA.runtime_field)
     if _flashqla(run) and run.is_training and versions.below(version, stack.FLASHQLA_TRAINING_MIN):
-        yield Issue("runtime.flash_qla", f"flash-qla {version} has a dg precision bug in training "
-                                         "(QwenLM/FlashQLA PR #28).",
-                    f"Install flash-qla >= {stack.FLASHQLA_TRAINING_MIN}.")
+        yield Issue(
+            "runtime.flash_qla",
+            f"flash-qla {version} has a dg precision bug in training (QwenLM/FlashQLA PR #28).",
+            f"Install flash-qla >= {stack.FLASHQLA_TRAINING_MIN}.",
+        )
 
 
 @rule("KRN005", Severity.ERROR, "FlashQLA chosen but not installed")
@@ -114,9 +128,11 @@ def flashqla_installed(run):
     Fix: install flash-qla (and set runtime.flash_qla to its version), or use fla.
     """
     if _flashqla(run) and run.stack.get(FLASHQLA.runtime_field) is None:
-        yield Issue("runtime.flash_qla", "kernels.gdn_backend is flashqla but runtime.flash_qla says it is not "
-                                         "installed.",
-                    f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' and set runtime.flash_qla, or use fla.")
+        yield Issue(
+            "runtime.flash_qla",
+            "kernels.gdn_backend is flashqla but runtime.flash_qla says it is not installed.",
+            f"pip install 'flash-qla>={stack.FLASHQLA_TRAINING_MIN}' and set runtime.flash_qla, or use fla.",
+        )
 
 
 @rule("KRN006", Severity.INFO, "FLA would silently dispatch to FlashQLA")
@@ -134,13 +150,20 @@ def fla_pins_own_kernels(run):
 
     Fix: nothing to do; choose kernels.gdn_backend: flashqla if you want FlashQLA.
     """
-    if (_fla(run) and run.stack.get(FLASHQLA.runtime_field) is not None
-            and FLASHQLA.has_kernels_for(run.gpu.sm) and run.is_training):
+    if (
+        _fla(run)
+        and run.stack.get(FLASHQLA.runtime_field) is not None
+        and FLASHQLA.has_kernels_for(run.gpu.sm)
+        and run.is_training
+    ):
         # run.stack holds the preset's runtime: pins (and their defaults), not what this machine has installed.
-        yield Issue("kernels.gdn_backend", f"the preset's runtime pins flash-qla {run.stack['flash_qla']} "
-                                           "(runtime.flash_qla), and where it is installed FLA would dispatch to it "
-                                           "silently; the runtime sets FLA_FLASH_QLA=0 to keep FLA's own kernels.",
-                    "Nothing to do; set kernels.gdn_backend: flashqla to use FlashQLA.")
+        yield Issue(
+            "kernels.gdn_backend",
+            f"the preset's runtime pins flash-qla {run.stack['flash_qla']} "
+            "(runtime.flash_qla), and where it is installed FLA would dispatch to it "
+            "silently; the runtime sets FLA_FLASH_QLA=0 to keep FLA's own kernels.",
+            "Nothing to do; set kernels.gdn_backend: flashqla to use FlashQLA.",
+        )
 
 
 @rule("KRN007", Severity.ERROR, "FLA's GDN backward on Hopper with Triton 3.4-3.7.0")
@@ -169,28 +192,44 @@ def fla_hopper_triton_backward(run):
     or set kernels.gdn_backend: flashqla.
     """
     triton, fla = run.stack.get("triton"), run.stack.get(FLA.runtime_field)
-    if (not _fla(run) or not run.is_training or not run.gpu.is_hopper
-            or triton is None or fla is None):
+    if not _fla(run) or not run.is_training or not run.gpu.is_hopper or triton is None or fla is None:
         return
     first_bad, fixed = stack.FLA_HOPPER_BAD_TRITON
     if not (versions.at_least(triton, first_bad) and versions.below(triton, fixed)):
         return
-    broken = (f"Triton {triton} miscompiles FLA's gated GDN backward kernel (chunk_bwd_dqkwg) on "
-              f"{run.gpu.sm_label} (fla #640)")
-    fix = (f"Use Triton >= {fixed} and set runtime.triton, install tilelang with FLA >= {stack.FLA_HOPPER_GUARD}, "
-           "or set kernels.gdn_backend: flashqla.")
+    broken = (
+        f"Triton {triton} miscompiles FLA's gated GDN backward kernel (chunk_bwd_dqkwg) on "
+        f"{run.gpu.sm_label} (fla #640)"
+    )
+    fix = (
+        f"Use Triton >= {fixed} and set runtime.triton, install tilelang with FLA >= {stack.FLA_HOPPER_GUARD}, "
+        "or set kernels.gdn_backend: flashqla."
+    )
     if versions.below(fla, stack.FLA_HOPPER_TILE_128):
-        yield Issue("runtime.triton", f"{broken}: FLA {fla} computes wrong db and dg gradients without an error.",
-                    fix)
+        yield Issue("runtime.triton", f"{broken}: FLA {fla} computes wrong db and dg gradients without an error.", fix)
     elif versions.below(fla, stack.FLA_HOPPER_GUARD):
-        yield Issue("runtime.triton", f"{broken}; FLA {fla} has no guard against it, and only its Hopper tile "
-                                      "size is said to avoid the broken path.", fix, Severity.WARNING)
+        yield Issue(
+            "runtime.triton",
+            f"{broken}; FLA {fla} has no guard against it, and only its Hopper tile "
+            "size is said to avoid the broken path.",
+            fix,
+            Severity.WARNING,
+        )
     elif run.stack.get(FLASHQLA.runtime_field) is not None:
-        yield Issue("runtime.triton", f"{broken}; FLA {fla} hands that kernel to its TileLang backend, which "
-                                      "needs tilelang (flash-qla brings it) and a usable nvcc.", fix, Severity.INFO)
+        yield Issue(
+            "runtime.triton",
+            f"{broken}; FLA {fla} hands that kernel to its TileLang backend, which "
+            "needs tilelang (flash-qla brings it) and a usable nvcc.",
+            fix,
+            Severity.INFO,
+        )
     else:
-        yield Issue("runtime.triton", f"{broken}; FLA {fla} raises RuntimeError at the first backward unless "
-                                      "tilelang is installed.", fix, Severity.WARNING)
+        yield Issue(
+            "runtime.triton",
+            f"{broken}; FLA {fla} raises RuntimeError at the first backward unless tilelang is installed.",
+            fix,
+            Severity.WARNING,
+        )
 
 
 @rule("KRN008", Severity.ERROR, "FLA's GDN backward on Blackwell before FLA 0.5.2")
@@ -214,12 +253,13 @@ def fla_blackwell_backward(run):
     Fix: install FLA >= 0.5.2 (fla-core) and set runtime.fla, or set kernels.gdn_backend: flashqla.
     """
     fla = run.stack.get(FLA.runtime_field)
-    if (_fla(run) and run.is_training and run.gpu.is_blackwell
-            and versions.below(fla, stack.FLA_BLACKWELL_BACKWARD_FIX)):
-        yield Issue("runtime.fla", f"FLA {fla}'s GDN backward gives NaN gradients or hangs on Blackwell "
-                                   f"({run.gpu.sm_label}; fla #913, #999).",
-                    f"Install FLA >= {stack.FLA_BLACKWELL_BACKWARD_FIX} and set runtime.fla, or set "
-                    "kernels.gdn_backend: flashqla.")
+    if _fla(run) and run.is_training and run.gpu.is_blackwell and versions.below(fla, stack.FLA_BLACKWELL_BACKWARD_FIX):
+        yield Issue(
+            "runtime.fla",
+            f"FLA {fla}'s GDN backward gives NaN gradients or hangs on Blackwell ({run.gpu.sm_label}; fla #913, #999).",
+            f"Install FLA >= {stack.FLA_BLACKWELL_BACKWARD_FIX} and set runtime.fla, or set "
+            "kernels.gdn_backend: flashqla.",
+        )
 
 
 @rule("KRN009", Severity.ERROR, "flash-qla release has no kernels for this GPU")
@@ -241,6 +281,9 @@ def flashqla_release_gpu(run):
     version = run.stack.get(FLASHQLA.runtime_field)
     since = stack.FLASHQLA_FORWARD_SINCE.get(run.gpu.sm)
     if _flashqla(run) and since is not None and versions.below(version, since):
-        yield Issue("runtime.flash_qla", f"flash-qla {version} has no kernels for {run.gpu.sm_label} "
-                                         f"({run.gpu.description}); they arrived in {since}.",
-                    f"Install flash-qla >= {since} and set runtime.flash_qla, or set kernels.gdn_backend: fla.")
+        yield Issue(
+            "runtime.flash_qla",
+            f"flash-qla {version} has no kernels for {run.gpu.sm_label} "
+            f"({run.gpu.description}); they arrived in {since}.",
+            f"Install flash-qla >= {since} and set runtime.flash_qla, or set kernels.gdn_backend: fla.",
+        )

@@ -26,9 +26,11 @@ def local_single_node(run):
     """
     p = run.preset
     if p.launch.executor == "local" and p.cluster.nodes > 1:
-        yield Issue("launch.executor", f"the local executor runs on this host only, but the cluster has "
-                                       f"{p.cluster.nodes} nodes.",
-                    "Launch with --slurm (or set launch.executor: slurm), or set cluster.nodes: 1.")
+        yield Issue(
+            "launch.executor",
+            f"the local executor runs on this host only, but the cluster has {p.cluster.nodes} nodes.",
+            "Launch with --slurm (or set launch.executor: slurm), or set cluster.nodes: 1.",
+        )
 
 
 # What each name makes bash, the dynamic loader or Python do. The scripts export launch.env before running
@@ -94,13 +96,16 @@ def obeyed_env_names(run):
     launch = run.preset.launch
     named = [(f"launch.env.{name}", name) for name in launch.env]
     named += [(f"launch.pass_env[{index}]", name) for index, name in enumerate(launch.pass_env)]
-    named += [(option.path, name) for option in extra_options(launch.slurm.extra_sbatch)
-              for name, _ in exported(option)]
+    named += [
+        (option.path, name) for option in extra_options(launch.slurm.extra_sbatch) for name, _ in exported(option)
+    ]
     for path, name in named:
         if name in OBEYED_NAMES:
-            yield Issue(path, f"{name} is not an environment setting but an instruction: "
-                              f"{OBEYED_NAMES[name]}.",
-                        f"Remove {name} from the preset, or set it in your own environment outside gdnctl.")
+            yield Issue(
+                path,
+                f"{name} is not an environment setting but an instruction: {OBEYED_NAMES[name]}.",
+                f"Remove {name} from the preset, or set it in your own environment outside gdnctl.",
+            )
 
 
 @rule("LCH003", Severity.WARNING, "launch.env replaces PATH, LD_LIBRARY_PATH or PYTHONPATH")
@@ -121,10 +126,11 @@ def search_path_override(run):
     """
     for value in _env_values(run.preset.launch):
         if value.name in SEARCH_PATHS:
-            yield Issue(value.path, f"{value.setter} replaces {value.name}, {SEARCH_PATHS[value.name]}, on every "
-                                    "node.",
-                        "Set launch.python to the environment's interpreter, or set it in your own environment "
-                        "outside gdnctl.")
+            yield Issue(
+                value.path,
+                f"{value.setter} replaces {value.name}, {SEARCH_PATHS[value.name]}, on every node.",
+                "Set launch.python to the environment's interpreter, or set it in your own environment outside gdnctl.",
+            )
 
 
 class _EnvValue(typing.NamedTuple):
@@ -136,11 +142,16 @@ class _EnvValue(typing.NamedTuple):
 
 def _env_values(launch) -> list[_EnvValue]:
     """Every variable the preset writes a value for: launch.env and --export NAME=value lines."""
-    named = [_EnvValue(f"launch.env.{name}", name, "launch.env", "engine.yaml, launch scripts and manifest.json")
-             for name in launch.env]
-    return named + [_EnvValue(option.path, name, "this --export line", "launch_slurm.sbatch")
-                    for option in extra_options(launch.slurm.extra_sbatch)
-                    for name, value in exported(option) if value is not None]
+    named = [
+        _EnvValue(f"launch.env.{name}", name, "launch.env", "engine.yaml, launch scripts and manifest.json")
+        for name in launch.env
+    ]
+    return named + [
+        _EnvValue(option.path, name, "this --export line", "launch_slurm.sbatch")
+        for option in extra_options(launch.slurm.extra_sbatch)
+        for name, value in exported(option)
+        if value is not None
+    ]
 
 
 # sbatch options the script sets from a preset field, or whose value the script relies on: an extra #SBATCH line
@@ -162,8 +173,11 @@ GDNCTL_SETS = {
     "output": (None, "the job's log, logs/%x-%j.out in the run dir, which `gdnctl launch --wait` follows"),
     "error": (None, "where the job's errors go: the same log, logs/%x-%j.out in the run dir"),
     "open-mode": (None, "appending to the log, so a requeued job's log goes on where it stopped"),
-    "chdir": (None, "the directory the job runs in: the run dir it was submitted from, which its log, engine.yaml "
-                    "and smoke run are found in"),
+    "chdir": (
+        None,
+        "the directory the job runs in: the run dir it was submitted from, which its log, engine.yaml "
+        "and smoke run are found in",
+    ),
     "requeue": ("launch.slurm.requeue", "requeueing on preemption"),
     "no-requeue": ("launch.slurm.requeue", "requeueing on preemption"),
     "signal": ("launch.slurm.requeue", "the preemption warning (B:USR1@90) the script's requeue trap waits for"),
@@ -201,31 +215,47 @@ def extra_sbatch_options(run):
     """
     for option in extra_options(run.preset.launch.slurm.extra_sbatch):
         if len(option.options) > 1:
-            yield Issue(option.path, f"--{option.written} abbreviates several sbatch options "
-                                     f"({', '.join('--' + name for name in option.options)}), and sbatch refuses "
-                                     "an ambiguous one.", "Write the option's full name.")
+            yield Issue(
+                option.path,
+                f"--{option.written} abbreviates several sbatch options "
+                f"({', '.join('--' + name for name in option.options)}), and sbatch refuses "
+                "an ambiguous one.",
+                "Write the option's full name.",
+            )
             continue
         for name in option.options:
             if name in GDNCTL_SETS:
                 field, what = GDNCTL_SETS[name]
                 if field is None:
-                    yield Issue(option.path, f"{option.spelled} would override what gdnctl's script sets itself: "
-                                             f"{what}.", "Remove the line.")
+                    yield Issue(
+                        option.path,
+                        f"{option.spelled} would override what gdnctl's script sets itself: {what}.",
+                        "Remove the line.",
+                    )
                 else:
-                    yield Issue(option.path, f"{option.spelled} would override {what}, which gdnctl's script "
-                                             f"sets from {field}.", f"Set {field} instead and remove the line.")
+                    yield Issue(
+                        option.path,
+                        f"{option.spelled} would override {what}, which gdnctl's script sets from {field}.",
+                        f"Set {field} instead and remove the line.",
+                    )
                 break
             if name in ENVIRONMENT_SOURCES:
-                yield Issue(option.path, f"{option.spelled} sets the job's environment from "
-                                         f"{ENVIRONMENT_SOURCES[name]}, whose names no rule can check.",
-                            "Put the variables in launch.env, or name them in launch.pass_env to pass them from "
-                            "the submitting shell.")
+                yield Issue(
+                    option.path,
+                    f"{option.spelled} sets the job's environment from "
+                    f"{ENVIRONMENT_SOURCES[name]}, whose names no rule can check.",
+                    "Put the variables in launch.env, or name them in launch.pass_env to pass them from "
+                    "the submitting shell.",
+                )
                 break
         else:
             if option.options and option.value is None and _takes_value(option.options[0]):
-                yield Issue(option.path, f"{option.spelled} takes a value, and written without `=` it takes the "
-                                         "next #SBATCH line as that value.",
-                            f"Write --{option.options[0]}=VALUE on one line.")
+                yield Issue(
+                    option.path,
+                    f"{option.spelled} takes a value, and written without `=` it takes the "
+                    "next #SBATCH line as that value.",
+                    f"Write --{option.options[0]}=VALUE on one line.",
+                )
 
 
 def _takes_value(name: str) -> bool:
@@ -235,8 +265,19 @@ def _takes_value(name: str) -> bool:
 # What a part of a variable's name (split at `_`, `-`, `.` and lower-to-upper case changes) says about its value:
 # a secret when the part ends with one of these (PGPASSWORD, HFTOKEN), or is KEY or AUTH itself (not MONKEY or
 # AUTHOR).
-CREDENTIAL_ENDINGS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASSPHRASE",
-                      "CREDENTIAL", "CREDENTIALS", "APIKEY")
+CREDENTIAL_ENDINGS = (
+    "TOKEN",
+    "TOKENS",
+    "SECRET",
+    "SECRETS",
+    "PASSWORD",
+    "PASSWORDS",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "APIKEY",
+)
 CREDENTIAL_PARTS = frozenset({"KEY", "KEYS", "AUTH"})
 
 
@@ -266,10 +307,13 @@ def credential_values(run):
     """
     for value in _env_values(run.preset.launch):
         if looks_like_credential(value.name):
-            yield Issue(value.path, f"{value.name} looks like a credential, and its value would be written in plain "
-                                    f"text into the run dir's {value.written_to}.",
-                        f"Remove it from the preset, set {value.name} in the shell you launch from, and add it to "
-                        "launch.pass_env.")
+            yield Issue(
+                value.path,
+                f"{value.name} looks like a credential, and its value would be written in plain "
+                f"text into the run dir's {value.written_to}.",
+                f"Remove it from the preset, set {value.name} in the shell you launch from, and add it to "
+                "launch.pass_env.",
+            )
 
 
 @rule("LCH006", Severity.WARNING, "An interpreter another user could replace")
@@ -295,9 +339,12 @@ def interpreter_replaceable(run):
     for field, command in preset_interpreters(run.preset):
         problem = replaceable_by_others(command)
         if problem is not None:
-            yield Issue(field, f"{field} {command} could be replaced by another user: {problem}.",
-                        f"Install the environment in a directory only you (or root) can write, such as "
-                        f"~/.cache/gdnctl/, and point {field} at its interpreter.")
+            yield Issue(
+                field,
+                f"{field} {command} could be replaced by another user: {problem}.",
+                f"Install the environment in a directory only you (or root) can write, such as "
+                f"~/.cache/gdnctl/, and point {field} at its interpreter.",
+            )
 
 
 @rule("LCH007", Severity.WARNING, "A local file the local executor needs is not on this machine")
@@ -326,9 +373,12 @@ def local_paths_exist(run):
         paths.append(("eval.data_path", preset.eval.data_path))
     for field, value in paths:
         if value and not os.path.exists(value):
-            yield Issue(field, f"{field} {value} does not exist on this machine, where the local executor runs the "
-                               "job.", f"Point {field} at an existing path here, or launch on the cluster that "
-                                       "has it (gdnctl launch --slurm).")
+            yield Issue(
+                field,
+                f"{field} {value} does not exist on this machine, where the local executor runs the job.",
+                f"Point {field} at an existing path here, or launch on the cluster that "
+                "has it (gdnctl launch --slurm).",
+            )
 
 
 @rule("LCH008", Severity.INFO, "model.path is read on the cluster; the checks used the catalog's architecture")
@@ -351,8 +401,11 @@ def model_path_on_cluster(run):
     """
     if run.model_path_on_cluster:
         preset = run.preset
-        yield Issue("model.path", f"model.path {preset.model.path} is not on this machine: it will be read on the "
-                                  f"cluster, and the catalog's architecture of {run.model.id} (model.id) was used "
-                                  "for the checks.",
-                    f"Nothing to do for a checkpoint of {run.model.id}'s architecture; for one with its own "
-                    "config.json, run gdnctl validate on the cluster, where that file is read.")
+        yield Issue(
+            "model.path",
+            f"model.path {preset.model.path} is not on this machine: it will be read on the "
+            f"cluster, and the catalog's architecture of {run.model.id} (model.id) was used "
+            "for the checks.",
+            f"Nothing to do for a checkpoint of {run.model.id}'s architecture; for one with its own "
+            "config.json, run gdnctl validate on the cluster, where that file is read.",
+        )

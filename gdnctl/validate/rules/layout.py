@@ -24,9 +24,11 @@ def mcore_has_gdn(run):
     """
     mcore = _mcore(run)
     if run.is_training and versions.below(mcore, stack.MCORE_GDN):
-        yield Issue("runtime.megatron_core", f"megatron-core {mcore} has no GatedDeltaNet "
-                                             f"(added in {stack.MCORE_GDN}).",
-                    "Use megatron-core >= 0.16; 0.19.2 is the pinned stack.")
+        yield Issue(
+            "runtime.megatron_core",
+            f"megatron-core {mcore} has no GatedDeltaNet (added in {stack.MCORE_GDN}).",
+            "Use megatron-core >= 0.16; 0.19.2 is the pinned stack.",
+        )
 
 
 @rule("LAY002", Severity.ERROR, "Packed (THD) sequences need Megatron-Core >= 0.18")
@@ -44,9 +46,12 @@ def thd_needs_018(run):
     """
     mcore = _mcore(run)
     if run.is_training and run.layout.value == "thd" and versions.below(mcore, stack.MCORE_GDN_PACKED_AND_CP):
-        yield Issue("train.layout", f"layout thd needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP}, but the "
-                                    f"runtime is {mcore}, whose GDN rejects packed sequences.",
-                    "Set train.layout: auto (bshd on this version), or upgrade megatron-core.")
+        yield Issue(
+            "train.layout",
+            f"layout thd needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP}, but the "
+            f"runtime is {mcore}, whose GDN rejects packed sequences.",
+            "Set train.layout: auto (bshd on this version), or upgrade megatron-core.",
+        )
 
 
 @rule("LAY003", Severity.ERROR, "GDN context parallel needs Megatron-Core >= 0.18")
@@ -64,9 +69,11 @@ def cp_needs_018(run):
     mcore = _mcore(run)
     cp = run.preset.parallel.cp
     if run.is_training and cp > 1 and versions.below(mcore, stack.MCORE_GDN_PACKED_AND_CP):
-        yield Issue("parallel.cp", f"cp={cp} needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP} for GDN; "
-                                   f"the runtime is {mcore}.",
-                    "Set parallel.cp: 1, or upgrade megatron-core to >= 0.18.")
+        yield Issue(
+            "parallel.cp",
+            f"cp={cp} needs megatron-core >= {stack.MCORE_GDN_PACKED_AND_CP} for GDN; the runtime is {mcore}.",
+            "Set parallel.cp: 1, or upgrade megatron-core to >= 0.18.",
+        )
 
 
 @rule("LAY004", Severity.ERROR, "Padded (BSHD) layout cannot use context parallel")
@@ -84,8 +91,11 @@ def bshd_no_cp(run):
     """
     cp = run.preset.parallel.cp
     if run.is_training and run.layout.value == "bshd" and cp > 1:
-        yield Issue("train.layout", f"layout bshd ({run.layout.reason}) cannot be combined with cp={cp}.",
-                    "Use train.layout: thd (megatron-core >= 0.18), or parallel.cp: 1.")
+        yield Issue(
+            "train.layout",
+            f"layout bshd ({run.layout.reason}) cannot be combined with cp={cp}.",
+            "Use train.layout: thd (megatron-core >= 0.18), or parallel.cp: 1.",
+        )
 
 
 @rule("LAY005", Severity.WARNING, "Padded (BSHD) layout with micro batch > 1")
@@ -110,10 +120,13 @@ def bshd_micro_batch(run):
     # never read padding into a real token's state.
     cpu_rl = run.preset.job == "rl" and run.gpu.sm is None
     if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl:
-        yield Issue("train.micro_batch_size", f"micro_batch_size {mbs} with the padded (bshd) layout pads each "
-                                              "micro-batch to its longest row, and the grad norm then drifts with "
-                                              "how rows share a micro-batch.",
-                    "Set train.micro_batch_size: 1.")
+        yield Issue(
+            "train.micro_batch_size",
+            f"micro_batch_size {mbs} with the padded (bshd) layout pads each "
+            "micro-batch to its longest row, and the grad norm then drifts with "
+            "how rows share a micro-batch.",
+            "Set train.micro_batch_size: 1.",
+        )
 
 
 @rule("LAY006", Severity.INFO, "Context parallel without the fused GDN all-to-all")
@@ -131,11 +144,17 @@ def cp_without_fused_a2a(run):
     """
     mcore = _mcore(run)
     cp = run.preset.parallel.cp
-    if (run.is_training and cp > 1 and versions.at_least(mcore, stack.MCORE_GDN_PACKED_AND_CP)
-            and versions.below(mcore, stack.MCORE_GDN_FUSED_CP_A2A)):
-        yield Issue("runtime.megatron_core", f"megatron-core {mcore} runs one GDN all-to-all per sequence and "
-                                             "section under context parallel.",
-                    "Upgrade to megatron-core >= 0.19 for the fused all-to-all (7-10% faster iterations).")
+    if (
+        run.is_training
+        and cp > 1
+        and versions.at_least(mcore, stack.MCORE_GDN_PACKED_AND_CP)
+        and versions.below(mcore, stack.MCORE_GDN_FUSED_CP_A2A)
+    ):
+        yield Issue(
+            "runtime.megatron_core",
+            f"megatron-core {mcore} runs one GDN all-to-all per sequence and section under context parallel.",
+            "Upgrade to megatron-core >= 0.19 for the fused all-to-all (7-10% faster iterations).",
+        )
 
 
 @rule("LAY007", Severity.ERROR, "Packed (THD) layout packs a micro-batch into one row")
@@ -152,8 +171,11 @@ def thd_micro_batch(run):
     """
     mbs = run.preset.train.micro_batch_size
     if run.is_training and run.layout.value == "thd" and mbs > 1:
-        yield Issue("train.micro_batch_size", f"the packed (thd) layout needs micro_batch_size 1, not {mbs}.",
-                    "Set train.micro_batch_size: 1 and put the tokens per micro-batch in train.seq_length.")
+        yield Issue(
+            "train.micro_batch_size",
+            f"the packed (thd) layout needs micro_batch_size 1, not {mbs}.",
+            "Set train.micro_batch_size: 1 and put the tokens per micro-batch in train.seq_length.",
+        )
 
 
 @rule("LAY009", Severity.ERROR, "Sequence length splits into 2 x cp chunks")
@@ -172,8 +194,11 @@ def seq_length_cp(run):
     cp = run.preset.parallel.cp
     seq = run.preset.train.seq_length
     if run.is_training and cp > 1 and seq % (2 * cp):
-        yield Issue("train.seq_length", f"seq_length {seq} is not a multiple of 2 x cp = {2 * cp}.",
-                    f"Use a multiple of {2 * cp}, e.g. {(seq // (2 * cp) + 1) * 2 * cp}.")
+        yield Issue(
+            "train.seq_length",
+            f"seq_length {seq} is not a multiple of 2 x cp = {2 * cp}.",
+            f"Use a multiple of {2 * cp}, e.g. {(seq // (2 * cp) + 1) * 2 * cp}.",
+        )
 
 
 @rule("LAY010", Severity.WARNING, "Transformer Engine's packed attention at head_dim 256 on Hopper")
@@ -201,22 +226,32 @@ def te_packed_attention_head_dim(run):
     make Transformer Engine load cuDNN >= 9.19 and say so in runtime.cudnn, then check it with
     `python benchmarks/attention_check.py`.
     """
-    if not (run.is_training and run.gpu.is_hopper and run.layout.value == "thd"
-            and run.model_builder.value == "megatron-bridge" and run.attention.value == "te"
-            and run.model.head_dim > 128):
+    if not (
+        run.is_training
+        and run.gpu.is_hopper
+        and run.layout.value == "thd"
+        and run.model_builder.value == "megatron-bridge"
+        and run.attention.value == "te"
+        and run.model.head_dim > 128
+    ):
         return
     cudnn = run.stack.get("cudnn")
     if cudnn is not None and not versions.below(cudnn, stack.CUDNN_HOPPER_THD_MIN):
         return
     known = f"cuDNN {cudnn}" if cudnn else "an unstated cuDNN (runtime.cudnn is unset)"
-    why = ("parallel.cp > 1 needs Transformer Engine's attention" if run.preset.parallel.cp > 1
-           else "kernels.attention is te")
-    yield Issue("kernels.attention" if run.preset.parallel.cp == 1 else "parallel.cp",
-                f"{why}, and its packed-row backward at head_dim {run.model.head_dim} on Hopper computed wrong "
-                f"gradients (NaN in training) with cuDNN 9.14; this run names {known}.",
-                "Use parallel.cp: 1 with kernels.attention: auto, or train.layout: bshd; for context parallel make "
-                "TE load cuDNN >= 9.19, set runtime.cudnn to it and check with benchmarks/attention_check.py.",
-                severity=Severity.ERROR if cudnn else None)
+    why = (
+        "parallel.cp > 1 needs Transformer Engine's attention"
+        if run.preset.parallel.cp > 1
+        else "kernels.attention is te"
+    )
+    yield Issue(
+        "kernels.attention" if run.preset.parallel.cp == 1 else "parallel.cp",
+        f"{why}, and its packed-row backward at head_dim {run.model.head_dim} on Hopper computed wrong "
+        f"gradients (NaN in training) with cuDNN 9.14; this run names {known}.",
+        "Use parallel.cp: 1 with kernels.attention: auto, or train.layout: bshd; for context parallel make "
+        "TE load cuDNN >= 9.19, set runtime.cudnn to it and check with benchmarks/attention_check.py.",
+        severity=Severity.ERROR if cudnn else None,
+    )
 
 
 @rule("LAY011", Severity.ERROR, "Filled packing needs packed (THD) rows")
@@ -233,9 +268,12 @@ def fill_needs_thd(run):
     Fix: set train.packing: auto (whole with BSHD) or train.layout: thd.
     """
     if run.is_training and run.packing.value == "fill" and run.layout.value != "thd":
-        yield Issue("train.packing", "packing fill cuts documents into packed rows, but the layout is "
-                                     f"{run.layout.value} (padded rows, one sequence each).",
-                    "Set train.packing: auto (whole) or train.layout: thd.")
+        yield Issue(
+            "train.packing",
+            "packing fill cuts documents into packed rows, but the layout is "
+            f"{run.layout.value} (padded rows, one sequence each).",
+            "Set train.packing: auto (whole) or train.layout: thd.",
+        )
 
 
 @rule("LAY012", Severity.WARNING, "Filled packing cuts sft examples")
@@ -254,6 +292,8 @@ def fill_cuts_sft(run):
     Fix: set train.packing: auto (whole for sft), or keep fill only for raw text trained like pretraining.
     """
     if run.is_training and run.preset.job == "sft" and run.preset.train.packing == "fill":
-        yield Issue("train.packing", "packing fill cuts sft examples at row ends, so a piece can train a response "
-                                     "without its prompt.",
-                    "Set train.packing: auto (whole), unless the data is raw text trained like pretraining.")
+        yield Issue(
+            "train.packing",
+            "packing fill cuts sft examples at row ends, so a piece can train a response without its prompt.",
+            "Set train.packing: auto (whole), unless the data is raw text trained like pretraining.",
+        )

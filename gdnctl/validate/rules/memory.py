@@ -33,10 +33,14 @@ def trainer_fits(run):
         return
     estimate = memory.estimate_training(run)
     biggest = max(estimate.rows, key=lambda row: row.gib)
-    summary = (f"estimated {estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB on a "
-               f"{run.gpu.description} ({estimate.usage:.0%}; largest: {biggest.name} {biggest.gib:.1f} GiB)")
-    fix = ("Raise ep/pp/cp, set train.recompute: full or train.optimizer_cpu_offload: true, or lower "
-           "train.seq_length (gdnctl explain shows the table).")
+    summary = (
+        f"estimated {estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB on a "
+        f"{run.gpu.description} ({estimate.usage:.0%}; largest: {biggest.name} {biggest.gib:.1f} GiB)"
+    )
+    fix = (
+        "Raise ep/pp/cp, set train.recompute: full or train.optimizer_cpu_offload: true, or lower "
+        "train.seq_length (gdnctl explain shows the table)."
+    )
     yield from _fit("parallel", "the trainer", estimate, summary, fix)
 
 
@@ -64,21 +68,32 @@ def rollout_weights_fit(run):
     if rollout.kv_cache_gib is not None:
         share = memory.rollout_share(run)
         if share.gib > run.gpu.memory_gib:
-            yield Issue("rollout.kv_cache_gib",
-                        f"vLLM cannot allocate its KV cache: {share.note} = {share.gib:.1f} GiB per rollout GPU "
-                        f"(tp={rollout.tp}) vs {run.gpu.memory_gib:g} GiB on a {run.gpu.description}.",
-                        "Lower rollout.kv_cache_gib or raise rollout.tp.")
+            yield Issue(
+                "rollout.kv_cache_gib",
+                f"vLLM cannot allocate its KV cache: {share.note} = {share.gib:.1f} GiB per rollout GPU "
+                f"(tp={rollout.tp}) vs {run.gpu.memory_gib:g} GiB on a {run.gpu.description}.",
+                "Lower rollout.kv_cache_gib or raise rollout.tp.",
+            )
         return
     weights = memory.rollout_weights_gib(run)
     budget = rollout.gpu_memory_utilization * run.gpu.memory_gib
-    text = (f"{weights:.1f} GiB of weights per rollout GPU (tp={rollout.tp}) vs {budget:.1f} GiB "
-            f"(gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB)")
+    text = (
+        f"{weights:.1f} GiB of weights per rollout GPU (tp={rollout.tp}) vs {budget:.1f} GiB "
+        f"(gpu_memory_utilization {rollout.gpu_memory_utilization} x {run.gpu.memory_gib:g} GiB)"
+    )
     if weights > budget:
-        yield Issue("rollout.gpu_memory_utilization", f"vLLM cannot load the model: {text}.",
-                    "Raise rollout.tp or rollout.gpu_memory_utilization.")
+        yield Issue(
+            "rollout.gpu_memory_utilization",
+            f"vLLM cannot load the model: {text}.",
+            "Raise rollout.tp or rollout.gpu_memory_utilization.",
+        )
     elif weights > 0.8 * budget:
-        yield Issue("rollout.gpu_memory_utilization", f"little room is left for vLLM's KV cache: {text}.",
-                    "Raise rollout.tp or rollout.gpu_memory_utilization.", Severity.WARNING)
+        yield Issue(
+            "rollout.gpu_memory_utilization",
+            f"little room is left for vLLM's KV cache: {text}.",
+            "Raise rollout.tp or rollout.gpu_memory_utilization.",
+            Severity.WARNING,
+        )
 
 
 @rule("MEM003", Severity.ERROR, "Colocated rollout does not fit beside the trainer's model")
@@ -106,21 +121,29 @@ def colocated_rollout_fits(run):
     estimate = memory.estimate_rollout_phase(run)
     if estimate is None:
         return
-    summary = (f"while vLLM generates, the trainer's resident state and vLLM's share come to "
-               f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})")
+    summary = (
+        f"while vLLM generates, the trainer's resident state and vLLM's share come to "
+        f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})"
+    )
     fixed_kv_cache = run.preset.rollout.kv_cache_gib is not None
     share = "kv_cache_gib" if fixed_kv_cache else "gpu_memory_utilization"
-    fix = (f"Lower rollout.{share}, or shard the trainer further (ep/tp/pp, "
-           "train.optimizer_cpu_offload: true); gdnctl explain shows both phases.")
+    fix = (
+        f"Lower rollout.{share}, or shard the trainer further (ep/tp/pp, "
+        "train.optimizer_cpu_offload: true); gdnctl explain shows both phases."
+    )
     yield from _fit(f"rollout.{share}", "the colocated rollout", estimate, summary, fix)
     if fixed_kv_cache:
         # With a fixed KV cache vLLM holds less than gpu_memory_utilization, but still wants that much free to start.
         startup = memory.estimate_rollout_phase(run, memory.rollout_startup_free(run))
-        summary = (f"vLLM wants gpu_memory_utilization of the GPU free when it starts beside the trainer's "
-                   f"resident state: {startup.total_gib:.1f} GiB per GPU vs {startup.capacity_gib:g} GiB "
-                   f"({startup.usage:.0%})")
-        fix = ("Lower rollout.gpu_memory_utilization: with rollout.kv_cache_gib set it only sets what vLLM wants "
-               "free at start-up.")
+        summary = (
+            f"vLLM wants gpu_memory_utilization of the GPU free when it starts beside the trainer's "
+            f"resident state: {startup.total_gib:.1f} GiB per GPU vs {startup.capacity_gib:g} GiB "
+            f"({startup.usage:.0%})"
+        )
+        fix = (
+            "Lower rollout.gpu_memory_utilization: with rollout.kv_cache_gib set it only sets what vLLM wants "
+            "free at start-up."
+        )
         yield from _fit("rollout.gpu_memory_utilization", "the colocated rollout's start", startup, summary, fix)
 
 

@@ -21,12 +21,18 @@ def world_size_divisible(run):
     p = run.preset.parallel
     world = run.world_size.value
     if world < 1:
-        yield Issue("rollout.num_gpus", f"the rollout takes all {run.total_gpus} GPUs and leaves the trainer none.",
-                    "Lower rollout.num_gpus or set rollout.colocate: true.")
+        yield Issue(
+            "rollout.num_gpus",
+            f"the rollout takes all {run.total_gpus} GPUs and leaves the trainer none.",
+            "Lower rollout.num_gpus or set rollout.colocate: true.",
+        )
     elif run.dp is None:
-        yield Issue("parallel", f"the trainer's world size {world} ({run.world_size.reason}) is not divisible by "
-                                f"tp x pp x cp = {p.tp} x {p.pp} x {p.cp} = {run.model_parallel_size}.",
-                    f"Pick tp, pp, cp whose product divides {world}.")
+        yield Issue(
+            "parallel",
+            f"the trainer's world size {world} ({run.world_size.reason}) is not divisible by "
+            f"tp x pp x cp = {p.tp} x {p.pp} x {p.cp} = {run.model_parallel_size}.",
+            f"Pick tp, pp, cp whose product divides {world}.",
+        )
 
 
 @rule("PAR002", Severity.ERROR, "Expert parallel size divides the expert count")
@@ -44,8 +50,11 @@ def ep_divides_experts(run):
     experts = run.model.num_experts
     ep = run.preset.parallel.ep
     if experts and experts % ep:
-        yield Issue("parallel.ep", f"ep={ep} does not divide the {experts} experts of {run.model.label}.",
-                    f"Use an ep that divides {experts} (e.g. 8).")
+        yield Issue(
+            "parallel.ep",
+            f"ep={ep} does not divide the {experts} experts of {run.model.label}.",
+            f"Use an ep that divides {experts} (e.g. 8).",
+        )
 
 
 @rule("PAR003", Severity.ERROR, "Expert parallel group fits the world")
@@ -64,9 +73,11 @@ def ep_fits_world(run):
     group = p.etp * p.ep * p.pp
     world = run.world_size.value
     if world >= 1 and world % group:
-        yield Issue("parallel.ep", f"etp x ep x pp = {p.etp} x {p.ep} x {p.pp} = {group} does not divide the "
-                                   f"trainer's world size {world}.",
-                    f"Choose ep and etp so that etp x ep x pp divides {world}.")
+        yield Issue(
+            "parallel.ep",
+            f"etp x ep x pp = {p.etp} x {p.ep} x {p.pp} = {group} does not divide the trainer's world size {world}.",
+            f"Choose ep and etp so that etp x ep x pp divides {world}.",
+        )
 
 
 @rule("PAR004", Severity.ERROR, "Expert parallelism on a dense model")
@@ -84,8 +95,11 @@ def ep_on_dense(run):
     p = run.preset.parallel
     if not run.model.is_moe and (p.ep > 1 or p.etp > 1):
         field = "parallel.ep" if p.ep > 1 else "parallel.etp"
-        yield Issue(field, f"{run.model.label} is a dense model, but ep={p.ep} and etp={p.etp}.",
-                    "Set parallel.ep: 1 and parallel.etp: 1.")
+        yield Issue(
+            field,
+            f"{run.model.label} is a dense model, but ep={p.ep} and etp={p.etp}.",
+            "Set parallel.ep: 1 and parallel.etp: 1.",
+        )
 
 
 @rule("PAR005", Severity.ERROR, "MoE with tensor parallelism needs sequence parallel")
@@ -102,9 +116,11 @@ def moe_tp_needs_sp(run):
     Fix: set parallel.sequence_parallel: true (or leave it unset: it defaults to on when tp > 1).
     """
     if run.model.is_moe and run.preset.parallel.tp > 1 and not run.sequence_parallel.value:
-        yield Issue("parallel.sequence_parallel", f"{run.model.label} is MoE with tp={run.preset.parallel.tp}, "
-                                                  "which needs sequence parallel, but it is off.",
-                    "Set parallel.sequence_parallel: true.")
+        yield Issue(
+            "parallel.sequence_parallel",
+            f"{run.model.label} is MoE with tp={run.preset.parallel.tp}, which needs sequence parallel, but it is off.",
+            "Set parallel.sequence_parallel: true.",
+        )
 
 
 @rule("PAR006", Severity.ERROR, "Virtual pipeline needs pipeline parallelism")
@@ -144,9 +160,11 @@ def layers_divisible(run):
     chunks = p.pp * (p.vpp or 1)
     if layers % chunks:
         what = f"pp x vpp = {p.pp} x {p.vpp}" if p.vpp else f"pp={p.pp}"
-        yield Issue("parallel.vpp" if p.vpp else "parallel.pp",
-                    f"{run.model.label} has {layers} layers, which {what} does not divide evenly.",
-                    f"Choose pp{' and vpp' if p.vpp else ''} so that {layers} splits evenly.")
+        yield Issue(
+            "parallel.vpp" if p.vpp else "parallel.pp",
+            f"{run.model.label} has {layers} layers, which {what} does not divide evenly.",
+            f"Choose pp{' and vpp' if p.vpp else ''} so that {layers} splits evenly.",
+        )
 
 
 @rule("PAR008", Severity.ERROR, "Global batch divisible by micro batch x dp")
@@ -166,10 +184,12 @@ def global_batch_divisible(run):
         return
     unit = t.micro_batch_size * run.dp
     if t.global_batch_size % unit:
-        yield Issue("train.global_batch_size",
-                    f"global_batch_size {t.global_batch_size} is not a multiple of micro_batch_size x dp = "
-                    f"{t.micro_batch_size} x {run.dp} = {unit}.",
-                    f"Use a multiple of {unit}, e.g. {max(unit, t.global_batch_size // unit * unit)}.")
+        yield Issue(
+            "train.global_batch_size",
+            f"global_batch_size {t.global_batch_size} is not a multiple of micro_batch_size x dp = "
+            f"{t.micro_batch_size} x {run.dp} = {unit}.",
+            f"Use a multiple of {unit}, e.g. {max(unit, t.global_batch_size // unit * unit)}.",
+        )
 
 
 @rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
@@ -187,8 +207,11 @@ def cpu_only_selftest(run):
     Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
     """
     if run.gpu.sm is None and run.preset.job not in ("selftest", "rl"):
-        yield Issue("cluster.gpu", f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
-                    "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.")
+        yield Issue(
+            "cluster.gpu",
+            f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
+            "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.",
+        )
 
 
 @rule("PAR011", Severity.ERROR, "Sequence parallel needs tensor parallelism")
@@ -212,7 +235,10 @@ def sp_needs_tp(run):
     """
     p = run.preset.parallel
     if run.is_training and run.gpu.sm is not None and run.sequence_parallel.value and p.tp == 1:
-        yield Issue("parallel.sequence_parallel", "sequence_parallel: true with tp=1 stops the trainer at model "
-                                                  "build: Megatron-Core refuses sequence parallelism without "
-                                                  "tensor parallelism.",
-                    "Remove parallel.sequence_parallel, or raise parallel.tp.")
+        yield Issue(
+            "parallel.sequence_parallel",
+            "sequence_parallel: true with tp=1 stops the trainer at model "
+            "build: Megatron-Core refuses sequence parallelism without "
+            "tensor parallelism.",
+            "Remove parallel.sequence_parallel, or raise parallel.tp.",
+        )

@@ -23,8 +23,11 @@ def rl_needs_rollout(run):
     Fix: add `rollout: {engine: vllm, tp: ..., gdn_prefill_backend: triton}`.
     """
     if run.preset.job == "rl" and run.preset.rollout is None:
-        yield Issue("rollout", "job rl needs a rollout: section.",
-                    "Add rollout: {engine: vllm, tp: 1, gdn_prefill_backend: triton}.")
+        yield Issue(
+            "rollout",
+            "job rl needs a rollout: section.",
+            "Add rollout: {engine: vllm, tp: 1, gdn_prefill_backend: triton}.",
+        )
 
 
 @rule("RLT002", Severity.WARNING, "rollout section on a job that does not roll out")
@@ -39,8 +42,11 @@ def rollout_ignored(run):
     Fix: remove the rollout section, or set job: rl.
     """
     if run.preset.job != "rl" and run.preset.rollout is not None:
-        yield Issue("rollout", f"job {run.preset.job} does not roll out, so rollout: is ignored.",
-                    "Remove the rollout: section, or set job: rl.")
+        yield Issue(
+            "rollout",
+            f"job {run.preset.job} does not roll out, so rollout: is ignored.",
+            "Remove the rollout: section, or set job: rl.",
+        )
 
 
 @rule("RLT003", Severity.ERROR, "gdn_prefill_backend not available in this vLLM")
@@ -64,15 +70,19 @@ def prefill_backend_supported(run):
     if vllm is None:
         return
     if versions.below(vllm, stack.VLLM_GDN_PREFILL_FLAG):
-        yield Issue("rollout.gdn_prefill_backend", f"vLLM {vllm} has no --gdn-prefill-backend flag "
-                                                   f"(added in {stack.VLLM_GDN_PREFILL_FLAG}).",
-                    "Set rollout.gdn_prefill_backend: null, or upgrade vLLM.")
+        yield Issue(
+            "rollout.gdn_prefill_backend",
+            f"vLLM {vllm} has no --gdn-prefill-backend flag (added in {stack.VLLM_GDN_PREFILL_FLAG}).",
+            "Set rollout.gdn_prefill_backend: null, or upgrade vLLM.",
+        )
         return
     offered = stack.vllm_gdn_prefill_backends(vllm)
     if rollout.gdn_prefill_backend not in offered:
-        yield Issue("rollout.gdn_prefill_backend", f"vLLM {vllm} offers --gdn-prefill-backend "
-                                                   f"{{{', '.join(offered)}}}, not '{rollout.gdn_prefill_backend}'.",
-                    "Use triton (available since 0.18), or null for vLLM's default.")
+        yield Issue(
+            "rollout.gdn_prefill_backend",
+            f"vLLM {vllm} offers --gdn-prefill-backend {{{', '.join(offered)}}}, not '{rollout.gdn_prefill_backend}'.",
+            "Use triton (available since 0.18), or null for vLLM's default.",
+        )
 
 
 @rule("RLT004", Severity.WARNING, "FlashInfer GDN prefill on Hopper can hang")
@@ -104,17 +114,24 @@ def prefill_hang_sm90(run):
     vllm = run.stack.get("vllm")
     if backend in stack.VLLM_SM90_HANGING_PREFILL and versions.at_least(vllm, stack.VLLM_GDN_PREFILL_FLAG):
         if versions.below(vllm, stack.VLLM_FLASHINFER_CUTEDSL_SM90):
-            yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer's SM90 "
-                                                       f"kernel on {run.gpu.sm_label}, which hangs in reports "
-                                                       f"against vLLM {vllm}'s FlashInfer (flashinfer #2623, #3329, "
-                                                       "#3986; vllm #38916, #41865).",
-                        "Set rollout.gdn_prefill_backend: triton.")
+            yield Issue(
+                "rollout.gdn_prefill_backend",
+                f"GDN prefill backend {backend} uses FlashInfer's SM90 "
+                f"kernel on {run.gpu.sm_label}, which hangs in reports "
+                f"against vLLM {vllm}'s FlashInfer (flashinfer #2623, #3329, "
+                "#3986; vllm #38916, #41865).",
+                "Set rollout.gdn_prefill_backend: triton.",
+            )
         else:
-            yield Issue("rollout.gdn_prefill_backend", f"GDN prefill backend {backend} uses FlashInfer on "
-                                                       f"{run.gpu.sm_label}; vLLM {vllm} ships the rewritten SM90 "
-                                                       "kernel (flashinfer PR #3477), but hang reports against the "
-                                                       "old one (flashinfer #3986) were never shown fixed.",
-                        "Set rollout.gdn_prefill_backend: triton to be safe.", Severity.INFO)
+            yield Issue(
+                "rollout.gdn_prefill_backend",
+                f"GDN prefill backend {backend} uses FlashInfer on "
+                f"{run.gpu.sm_label}; vLLM {vllm} ships the rewritten SM90 "
+                "kernel (flashinfer PR #3477), but hang reports against the "
+                "old one (flashinfer #3986) were never shown fixed.",
+                "Set rollout.gdn_prefill_backend: triton to be safe.",
+                Severity.INFO,
+            )
 
 
 @rule("RLT015", Severity.WARNING, "Qwen3.5 through vLLM's vision-language class, before the vLLM gdnctl ran it on")
@@ -138,11 +155,14 @@ def vision_language_rollout(run):
     rollout = _rollout(run)
     vllm = run.stack.get("vllm")
     if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED):
-        yield Issue("runtime.vllm", f"vLLM {vllm} would serve Qwen3.5 through its vision-language class, which "
-                                    "gdnctl has run only from vLLM "
-                                    f"{stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} on.",
-                    f"Use vLLM >= {stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} in the rollout's environment and set "
-                    "runtime.vllm to its version.")
+        yield Issue(
+            "runtime.vllm",
+            f"vLLM {vllm} would serve Qwen3.5 through its vision-language class, which "
+            "gdnctl has run only from vLLM "
+            f"{stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} on.",
+            f"Use vLLM >= {stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} in the rollout's environment and set "
+            "runtime.vllm to its version.",
+        )
 
 
 @rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")
@@ -160,12 +180,18 @@ def rollout_tp_heads(run):
     if rollout is None:
         return
     m = run.model
-    counts = {"attention heads": m.num_attention_heads, "GDN key heads": m.linear_num_key_heads,
-              "GDN value heads": m.linear_num_value_heads}
+    counts = {
+        "attention heads": m.num_attention_heads,
+        "GDN key heads": m.linear_num_key_heads,
+        "GDN value heads": m.linear_num_value_heads,
+    }
     bad = [f"{n} {name}" for name, n in counts.items() if n % rollout.tp]
     if bad:
-        yield Issue("rollout.tp", f"rollout tp={rollout.tp} does not divide the {', '.join(bad)} of {m.label}.",
-                    "Use a rollout.tp that divides every head count (1, 2, 4 or 8 for Qwen3.5).")
+        yield Issue(
+            "rollout.tp",
+            f"rollout tp={rollout.tp} does not divide the {', '.join(bad)} of {m.label}.",
+            "Use a rollout.tp that divides every head count (1, 2, 4 or 8 for Qwen3.5).",
+        )
 
 
 @rule("RLT007", Severity.ERROR, "Trainer and rollout GPUs fit the cluster")
@@ -189,19 +215,27 @@ def rollout_gpus_fit(run):
         return
     per_node = run.preset.cluster.gpus_per_node
     if per_node % rollout.tp:
-        yield Issue("rollout.tp", f"a rollout engine of tp={rollout.tp} GPUs does not fit the nodes' {per_node} "
-                                  "GPUs a whole number of times; gdnctl runs each engine within one node.",
-                    f"Use a rollout.tp that divides cluster.gpus_per_node ({per_node}).")
+        yield Issue(
+            "rollout.tp",
+            f"a rollout engine of tp={rollout.tp} GPUs does not fit the nodes' {per_node} "
+            "GPUs a whole number of times; gdnctl runs each engine within one node.",
+            f"Use a rollout.tp that divides cluster.gpus_per_node ({per_node}).",
+        )
     gpus = run.rollout_gpus.value
     if gpus % rollout.tp:
-        yield Issue("rollout.num_gpus", f"{gpus} rollout GPUs is not a whole number of tp={rollout.tp} engines.",
-                    f"Use a multiple of {rollout.tp} rollout GPUs.")
+        yield Issue(
+            "rollout.num_gpus",
+            f"{gpus} rollout GPUs is not a whole number of tp={rollout.tp} engines.",
+            f"Use a multiple of {rollout.tp} rollout GPUs.",
+        )
     if gpus > run.total_gpus or (not rollout.colocate and gpus >= run.total_gpus):
         mode = "colocated" if rollout.colocate else "separate"
         beside = "" if rollout.colocate else " with a trainer beside it"
-        yield Issue("rollout.num_gpus", f"a {mode} rollout of {gpus} GPUs does not fit the cluster's "
-                                        f"{run.total_gpus} GPUs{beside}.",
-                    "Lower rollout.num_gpus, or add nodes.")
+        yield Issue(
+            "rollout.num_gpus",
+            f"a {mode} rollout of {gpus} GPUs does not fit the cluster's {run.total_gpus} GPUs{beside}.",
+            "Lower rollout.num_gpus, or add nodes.",
+        )
 
 
 @rule("RLT008", Severity.ERROR, "Trainer and rollout cannot share one Python environment")
@@ -229,9 +263,12 @@ def separate_environments(run):
         return
     conflicts = stack.pin_conflicts(trainer, server)
     if conflicts:
-        yield Issue("rollout.python", "the trainer and vLLM need different packages: " + "; ".join(conflicts) + ".",
-                    "Install vLLM in its own environment and set rollout.python to its interpreter "
-                    "(or rollout.container_image).")
+        yield Issue(
+            "rollout.python",
+            "the trainer and vLLM need different packages: " + "; ".join(conflicts) + ".",
+            "Install vLLM in its own environment and set rollout.python to its interpreter "
+            "(or rollout.container_image).",
+        )
 
 
 @rule("RLT009", Severity.ERROR, "A separate rollout on several nodes takes whole nodes")
@@ -255,9 +292,11 @@ def separate_rollout_whole_nodes(run):
         return
     gpus, per_node = run.rollout_gpus.value, p.cluster.gpus_per_node
     if gpus % per_node:
-        yield Issue("rollout.num_gpus", f"a separate rollout of {gpus} GPUs is not a whole number of "
-                                        f"{per_node}-GPU nodes.",
-                    f"Use a multiple of {per_node} for rollout.num_gpus, or set rollout.colocate: true.")
+        yield Issue(
+            "rollout.num_gpus",
+            f"a separate rollout of {gpus} GPUs is not a whole number of {per_node}-GPU nodes.",
+            f"Use a multiple of {per_node} for rollout.num_gpus, or set rollout.colocate: true.",
+        )
 
 
 @rule("RLT010", Severity.ERROR, "The rl batch is whole prompt groups")
@@ -278,9 +317,11 @@ def batch_of_groups(run):
         return
     batch, n = run.preset.train.global_batch_size, rollout.n_samples_per_prompt
     if batch % n:
-        yield Issue("train.global_batch_size", f"global_batch_size {batch} is not a whole number of groups of "
-                                               f"n_samples_per_prompt {n}.",
-                    f"Use a multiple of {n}, e.g. {max(n, batch - batch % n)}.")
+        yield Issue(
+            "train.global_batch_size",
+            f"global_batch_size {batch} is not a whole number of groups of n_samples_per_prompt {n}.",
+            f"Use a multiple of {n}, e.g. {max(n, batch - batch % n)}.",
+        )
 
 
 @rule("RLT011", Severity.ERROR, "rl needs a prompt dataset and a tokenizer")
@@ -301,12 +342,18 @@ def prompts_and_tokenizer(run):
         return
     p = run.preset
     if p.train.data_path is None:
-        yield Issue("train.data_path", "an rl job needs a prompt dataset.",
-                    'Set train.data_path to a local jsonl with one {"prompt": ..., "answer": ...} a line.')
+        yield Issue(
+            "train.data_path",
+            "an rl job needs a prompt dataset.",
+            'Set train.data_path to a local jsonl with one {"prompt": ..., "answer": ...} a line.',
+        )
     if p.model.tokenizer is None and p.model.path is None:
-        yield Issue("model.tokenizer", "an rl job needs a tokenizer to encode prompts and decode responses.",
-                    "Set model.tokenizer to a local directory with tokenizer.json (or model.path to a checkpoint "
-                    "that has one).")
+        yield Issue(
+            "model.tokenizer",
+            "an rl job needs a tokenizer to encode prompts and decode responses.",
+            "Set model.tokenizer to a local directory with tokenizer.json (or model.path to a checkpoint "
+            "that has one).",
+        )
 
 
 @rule("RLT012", Severity.ERROR, "Responses fit the rollout's context")
@@ -328,9 +375,12 @@ def response_fits_context(run):
         return
     context = rollout.max_model_len or run.preset.train.seq_length
     if rollout.max_response_tokens >= context:
-        yield Issue("rollout.max_response_tokens", f"max_response_tokens {rollout.max_response_tokens} leaves no "
-                                                   f"room for the prompt in a {context}-token context.",
-                    "Lower rollout.max_response_tokens, or raise rollout.max_model_len.")
+        yield Issue(
+            "rollout.max_response_tokens",
+            f"max_response_tokens {rollout.max_response_tokens} leaves no "
+            f"room for the prompt in a {context}-token context.",
+            "Lower rollout.max_response_tokens, or raise rollout.max_model_len.",
+        )
 
 
 @rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
@@ -362,18 +412,31 @@ def rl_rollout_layout_untested(run):
         return
     p = run.preset
     engines = run.rollout_engines.value
-    untried = [text for untested, text in (
-        (engines > 2, f"{engines} rollout engines"),
-        (engines > 1 and rollout.tp > 1, f"{engines} engines of rollout.tp {rollout.tp}"),
-        (engines == 1 and rollout.tp > 1 and not rollout.colocate,
-         f"one engine of rollout.tp {rollout.tp} on GPUs of its own (the broadcast to each worker)"),
-        (rollout.colocate and p.cluster.nodes > 1, "colocated engines on several nodes"),
-        (not rollout.colocate and p.launch.executor == "slurm",
-         "a rollout step on other nodes (the weight broadcast across the network)")) if untested]
+    untried = [
+        text
+        for untested, text in (
+            (engines > 2, f"{engines} rollout engines"),
+            (engines > 1 and rollout.tp > 1, f"{engines} engines of rollout.tp {rollout.tp}"),
+            (
+                engines == 1 and rollout.tp > 1 and not rollout.colocate,
+                f"one engine of rollout.tp {rollout.tp} on GPUs of its own (the broadcast to each worker)",
+            ),
+            (rollout.colocate and p.cluster.nodes > 1, "colocated engines on several nodes"),
+            (
+                not rollout.colocate and p.launch.executor == "slurm",
+                "a rollout step on other nodes (the weight broadcast across the network)",
+            ),
+        )
+        if untested
+    ]
     if untried:
-        yield Issue("rollout", "gdnctl's GPU tests have run rl on one node with up to two rollout engines of "
-                               "rollout.tp 1 or one colocated engine of rollout.tp 2, not with "
-                               f"{' or '.join(untried)}.", "Try the preset at small scale first.")
+        yield Issue(
+            "rollout",
+            "gdnctl's GPU tests have run rl on one node with up to two rollout engines of "
+            "rollout.tp 1 or one colocated engine of rollout.tp 2, not with "
+            f"{' or '.join(untried)}.",
+            "Try the preset at small scale first.",
+        )
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")
@@ -402,8 +465,11 @@ def in_memory_weight_sync(run):
         return
     transport = run.rollout_weight_transport
     if transport.value != rollout.weight_sync:
-        yield Issue("rollout.weight_sync", f"the {rollout.weight_sync} weight sync cannot run here: "
-                    f"{transport.reason}.", "Set rollout.weight_sync: auto (or disk).")
+        yield Issue(
+            "rollout.weight_sync",
+            f"the {rollout.weight_sync} weight sync cannot run here: {transport.reason}.",
+            "Set rollout.weight_sync: auto (or disk).",
+        )
 
 
 @rule("RLT016", Severity.ERROR, "The rl batch splits into the PPO mini-batches")
@@ -425,10 +491,13 @@ def mini_batches_split(run):
     batch, minis = run.preset.train.global_batch_size, run.preset.grpo.mini_batches
     unit = minis * run.dp
     if batch % unit:
-        yield Issue("grpo.mini_batches", f"global_batch_size {batch} does not split into {minis} mini-batches of an "
-                                         f"equal share for each of {run.dp} data-parallel ranks.",
-                    f"Make train.global_batch_size a multiple of {unit} (grpo.mini_batches x dp), e.g. "
-                    f"{max(unit, batch - batch % unit)}, or change grpo.mini_batches.")
+        yield Issue(
+            "grpo.mini_batches",
+            f"global_batch_size {batch} does not split into {minis} mini-batches of an "
+            f"equal share for each of {run.dp} data-parallel ranks.",
+            f"Make train.global_batch_size a multiple of {unit} (grpo.mini_batches x dp), e.g. "
+            f"{max(unit, batch - batch % unit)}, or change grpo.mini_batches.",
+        )
 
 
 @rule("RLT017", Severity.ERROR, "Held-out responses fit the rollout's context")
@@ -450,6 +519,9 @@ def eval_response_fits_context(run):
         return
     context = rollout.max_model_len or run.preset.train.seq_length
     if spec.max_response_tokens >= context:
-        yield Issue("eval.max_response_tokens", f"max_response_tokens {spec.max_response_tokens} leaves no room for "
-                                                f"a held-out prompt in a {context}-token context.",
-                    "Lower eval.max_response_tokens, or raise rollout.max_model_len.")
+        yield Issue(
+            "eval.max_response_tokens",
+            f"max_response_tokens {spec.max_response_tokens} leaves no room for "
+            f"a held-out prompt in a {context}-token context.",
+            "Lower eval.max_response_tokens, or raise rollout.max_model_len.",
+        )

@@ -22,9 +22,12 @@ def released_model_without_weights(run):
     """
     p = run.preset
     if run.is_training and p.model.path is None and run.model.released:
-        yield Issue("model.path", f"{run.model.label} has released weights but model.path is unset, so the "
-                                  "trainer starts from random weights.",
-                    "Set model.path to the downloaded checkpoint directory, or ignore this for a benchmark.")
+        yield Issue(
+            "model.path",
+            f"{run.model.label} has released weights but model.path is unset, so the "
+            "trainer starts from random weights.",
+            "Set model.path to the downloaded checkpoint directory, or ignore this for a benchmark.",
+        )
 
 
 @rule("TRN002", Severity.ERROR, "The TE-free builder has no context parallel and no FP8")
@@ -49,13 +52,19 @@ def te_free_trainer(run):
         return
     fix = "Name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or "
     if p.parallel.cp > 1:
-        yield Issue("parallel.cp", f"cp={p.parallel.cp} needs Transformer Engine's context-parallel attention, and "
-                                   "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
-                    fix + "set parallel.cp: 1.")
+        yield Issue(
+            "parallel.cp",
+            f"cp={p.parallel.cp} needs Transformer Engine's context-parallel attention, and "
+            "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+            fix + "set parallel.cp: 1.",
+        )
     if p.train.precision != "bf16":
-        yield Issue("train.precision", f"precision {p.train.precision} needs Transformer Engine, and "
-                                       "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
-                    fix + "set train.precision: bf16.")
+        yield Issue(
+            "train.precision",
+            f"precision {p.train.precision} needs Transformer Engine, and "
+            "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+            fix + "set train.precision: bf16.",
+        )
 
 
 @rule("TRN008", Severity.ERROR, "The rl policy does not shard sequences over context-parallel ranks")
@@ -77,10 +86,13 @@ def context_parallel_not_sharded(run):
     """
     p = run.preset
     if p.job == "rl" and run.gpu.sm is not None and p.parallel.cp > 1:
-        yield Issue("parallel.cp", f"cp={p.parallel.cp}: gdnctl's rl policy does not give each context-parallel "
-                                   "rank its own chunks of the sequences, so every rank would train on the whole "
-                                   "sequence.",
-                    "Set parallel.cp: 1 for rl; fit long rollouts with TP, recompute or optimizer offload instead.")
+        yield Issue(
+            "parallel.cp",
+            f"cp={p.parallel.cp}: gdnctl's rl policy does not give each context-parallel "
+            "rank its own chunks of the sequences, so every rank would train on the whole "
+            "sequence.",
+            "Set parallel.cp: 1 for rl; fit long rollouts with TP, recompute or optimizer offload instead.",
+        )
 
 
 @rule("TRN009", Severity.ERROR, "FP8 training needs an SM89+ GPU")
@@ -99,9 +111,11 @@ def fp8_needs_sm89(run):
     """
     p = run.preset
     if run.is_training and p.train.precision == "fp8" and run.gpu.sm is not None and run.gpu.sm < (8, 9):
-        yield Issue("train.precision", f"FP8 needs FP8 tensor cores (SM89 or newer); {run.gpu.name} is "
-                                       f"{run.gpu.sm_label}.",
-                    "Set train.precision: bf16, or run on an H100, H200 or B200.")
+        yield Issue(
+            "train.precision",
+            f"FP8 needs FP8 tensor cores (SM89 or newer); {run.gpu.name} is {run.gpu.sm_label}.",
+            "Set train.precision: bf16, or run on an H100, H200 or B200.",
+        )
 
 
 def _transformers_model_type(model) -> str:
@@ -139,9 +153,12 @@ def trainer_transformers_model_type(run):
     model_type = _transformers_model_type(run.model)
     since = stack.TRANSFORMERS_MODEL_TYPE_SINCE[model_type]
     if versions.below(found, since):
-        yield Issue("runtime.transformers", f"transformers {found} has no {model_type} classes (added in {since}), "
-                                            "and the rl policy on device cpu is transformers' model.",
-                    f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.")
+        yield Issue(
+            "runtime.transformers",
+            f"transformers {found} has no {model_type} classes (added in {since}), "
+            "and the rl policy on device cpu is transformers' model.",
+            f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.",
+        )
 
 
 def _builds_megatron_model(run) -> bool:
@@ -169,9 +186,12 @@ def moe_top1_router(run):
     """
     m = run.model
     if _builds_megatron_model(run) and m.is_moe and m.num_experts_per_tok == 1:
-        yield Issue("model", f"{m.label} routes each token to 1 expert, and Megatron-Core refuses top-1 routing "
-                             "with the softmax-then-top-k router gdnctl's trainer builds.",
-                    "Use a checkpoint with num_experts_per_tok >= 2 (config.json).")
+        yield Issue(
+            "model",
+            f"{m.label} routes each token to 1 expert, and Megatron-Core refuses top-1 routing "
+            "with the softmax-then-top-k router gdnctl's trainer builds.",
+            "Use a checkpoint with num_experts_per_tok >= 2 (config.json).",
+        )
 
 
 @rule("TRN006", Severity.ERROR, "The shared expert's size is positive")
@@ -195,9 +215,12 @@ def shared_expert_size(run):
     m = run.model
     size = m.shared_expert_ffn_hidden_size
     if _builds_megatron_model(run) and m.is_moe and size is not None and size <= 0:
-        yield Issue("model", f"{m.label} has shared_expert_intermediate_size {size}, which Megatron-Core refuses "
-                             "(it must be positive, or left out for no shared expert).",
-                    "Remove shared_expert_intermediate_size from config.json, or set the shared expert's size.")
+        yield Issue(
+            "model",
+            f"{m.label} has shared_expert_intermediate_size {size}, which Megatron-Core refuses "
+            "(it must be positive, or left out for no shared expert).",
+            "Remove shared_expert_intermediate_size from config.json, or set the shared expert's size.",
+        )
 
 
 @rule("TRN004", Severity.ERROR, "gdnctl's trainer does not train the MTP layer (train.mtp)")
@@ -220,9 +243,12 @@ def mtp_not_trained(run):
     decoding still works (its drafts may be accepted less often as training moves the model away from it).
     """
     if run.is_training and run.preset.train.mtp:
-        yield Issue("train.mtp", "train.mtp is true, but gdnctl's trainer does not train the MTP layer: its saves "
-                                 "carry the source checkpoint's MTP weights over unchanged.",
-                    "Set train.mtp: false; the saved checkpoints keep the source's MTP layer as it is.")
+        yield Issue(
+            "train.mtp",
+            "train.mtp is true, but gdnctl's trainer does not train the MTP layer: its saves "
+            "carry the source checkpoint's MTP weights over unchanged.",
+            "Set train.mtp: false; the saved checkpoints keep the source's MTP layer as it is.",
+        )
 
 
 @rule("TRN007", Severity.ERROR, "gdnctl's trainer does not build virtual pipeline stages (parallel.vpp)")
@@ -242,9 +268,12 @@ def vpp_not_built(run):
     Fix: remove parallel.vpp (pp alone is built), until gdnctl builds virtual pipeline stages.
     """
     if run.is_training and run.preset.parallel.vpp is not None:
-        yield Issue("parallel.vpp", f"vpp={run.preset.parallel.vpp} would be ignored: gdnctl's trainer builds one "
-                                    "model chunk per pipeline rank, with no virtual stages.",
-                    "Remove parallel.vpp; parallel.pp alone is built.")
+        yield Issue(
+            "parallel.vpp",
+            f"vpp={run.preset.parallel.vpp} would be ignored: gdnctl's trainer builds one "
+            "model chunk per pipeline rank, with no virtual stages.",
+            "Remove parallel.vpp; parallel.pp alone is built.",
+        )
 
 
 @rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
@@ -266,10 +295,13 @@ def lora_not_trained(run):
     Fix: run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter rl on CPU.
     """
     if run.preset.job == "rl" and run.preset.train.lora is not None and run.gpu.sm is None:
-        yield Issue("train.lora", "gdnctl's CPU rl policy (transformers in plain torch) adds no LoRA adapters, so it "
-                                  "would update every parameter while the memory estimate counts the adapters alone.",
-                    "Run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for "
-                    "full-parameter rl on CPU.")
+        yield Issue(
+            "train.lora",
+            "gdnctl's CPU rl policy (transformers in plain torch) adds no LoRA adapters, so it "
+            "would update every parameter while the memory estimate counts the adapters alone.",
+            "Run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for "
+            "full-parameter rl on CPU.",
+        )
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
@@ -290,10 +322,11 @@ def fp8_padded_row_length(run):
     """
     p = run.preset
     if run.is_training and p.train.precision == "fp8" and run.layout.value == "bshd" and p.train.seq_length % 16:
-        yield Issue("train.seq_length", f"FP8 GEMMs need a multiple of 16 tokens per padded row, and seq_length is "
-                                        f"{p.train.seq_length}.",
-                    f"Set train.seq_length to {p.train.seq_length + 16 - p.train.seq_length % 16}, or use "
-                    "train.layout: thd.")
+        yield Issue(
+            "train.seq_length",
+            f"FP8 GEMMs need a multiple of 16 tokens per padded row, and seq_length is {p.train.seq_length}.",
+            f"Set train.seq_length to {p.train.seq_length + 16 - p.train.seq_length % 16}, or use train.layout: thd.",
+        )
 
 
 @rule("TRN013", Severity.ERROR, "The lr decays to a minimum above its peak")
@@ -312,9 +345,11 @@ def min_lr_above_lr(run):
     t = run.preset.train
     decay = run.lr_schedule["decay"].value
     if run.is_training and t.min_lr is not None and t.min_lr > t.lr and decay != "constant":
-        yield Issue("train.min_lr", f"min_lr {t.min_lr:g} is above lr {t.lr:g}, so the {decay} decay would raise "
-                                    "the lr after the warmup.",
-                    "Set train.min_lr at or below train.lr, or leave it unset (lr / 10).")
+        yield Issue(
+            "train.min_lr",
+            f"min_lr {t.min_lr:g} is above lr {t.lr:g}, so the {decay} decay would raise the lr after the warmup.",
+            "Set train.min_lr at or below train.lr, or leave it unset (lr / 10).",
+        )
 
 
 @rule("TRN014", Severity.WARNING, "The lr warmup lasts the whole run")
@@ -332,9 +367,12 @@ def warmup_outlasts_run(run):
     """
     t = run.preset.train
     if run.is_training and t.lr_warmup_steps is not None and t.lr_warmup_steps >= t.train_iters:
-        yield Issue("train.lr_warmup_steps", f"lr_warmup_steps {t.lr_warmup_steps} is not below train_iters "
-                                             f"{t.train_iters}, so the lr never reaches {t.lr:g}.",
-                    "Lower train.lr_warmup_steps below train.train_iters, or leave it unset (a tenth of the run).")
+        yield Issue(
+            "train.lr_warmup_steps",
+            f"lr_warmup_steps {t.lr_warmup_steps} is not below train_iters "
+            f"{t.train_iters}, so the lr never reaches {t.lr:g}.",
+            "Lower train.lr_warmup_steps below train.train_iters, or leave it unset (a tenth of the run).",
+        )
 
 
 @rule("TRN015", Severity.WARNING, "An eval section the job does not run")
@@ -351,8 +389,11 @@ def eval_not_run(run):
     Fix: remove the eval section, or run an sft, pretrain or rl job.
     """
     if run.preset.eval is not None and not run.is_training:
-        yield Issue("eval", f"a {run.preset.job} job runs no evaluation, so the eval section is ignored.",
-                    "Remove the eval section, or run an sft, pretrain or rl job.")
+        yield Issue(
+            "eval",
+            f"a {run.preset.job} job runs no evaluation, so the eval section is ignored.",
+            "Remove the eval section, or run an sft, pretrain or rl job.",
+        )
 
 
 @rule("TRN016", Severity.ERROR, "LoRA needs the Transformer Engine builder")
@@ -373,12 +414,19 @@ def lora_te_free(run):
     Fix: name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge builder), or
     remove train.lora.
     """
-    if run.is_training and run.gpu.sm is not None and run.preset.train.lora is not None \
-            and run.model_builder.value == "te-free":
-        yield Issue("train.lora", "LoRA adapters are megatron-bridge's, which need Transformer Engine, and "
-                                  "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
-                    "Name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge "
-                    "builder), or remove train.lora.")
+    if (
+        run.is_training
+        and run.gpu.sm is not None
+        and run.preset.train.lora is not None
+        and run.model_builder.value == "te-free"
+    ):
+        yield Issue(
+            "train.lora",
+            "LoRA adapters are megatron-bridge's, which need Transformer Engine, and "
+            "runtime.transformer_engine: none selects gdnctl's TE-free builder.",
+            "Name the trainer's Transformer Engine in runtime.transformer_engine (the megatron-bridge "
+            "builder), or remove train.lora.",
+        )
 
 
 _MISSING_TARGET = {
@@ -410,11 +458,12 @@ def lora_target_absent(run):
         return
     for index, name in enumerate(spec.targets):
         if not lora.has_target(run.model, name):
-            yield Issue(f"train.lora.targets[{index}]",
-                        f"{run.model.label} has no {name} linears to adapt: "
-                        f"{_MISSING_TARGET[lora.TARGETS[name].needs]}.",
-                        f"Remove {name} from train.lora.targets, or leave targets unset for this model's default "
-                        f"({', '.join(lora.default_targets(run.model))}).")
+            yield Issue(
+                f"train.lora.targets[{index}]",
+                f"{run.model.label} has no {name} linears to adapt: {_MISSING_TARGET[lora.TARGETS[name].needs]}.",
+                f"Remove {name} from train.lora.targets, or leave targets unset for this model's default "
+                f"({', '.join(lora.default_targets(run.model))}).",
+            )
 
 
 @rule("TRN018", Severity.ERROR, "LoRA on the routed experts needs megatron-bridge >= 0.5.0")
@@ -440,11 +489,13 @@ def lora_per_expert_adapters(run):
         return
     bridge = run.stack.get("megatron_bridge")
     if "experts" in run.lora_targets.value and versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
-        yield Issue("train.lora.targets" if spec.targets is not None else "train.lora",
-                    f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
-                    f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
-                    f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer, or remove experts from "
-                    "train.lora.targets.")
+        yield Issue(
+            "train.lora.targets" if spec.targets is not None else "train.lora",
+            f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
+            f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
+            f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer, or remove experts from "
+            "train.lora.targets.",
+        )
 
 
 @rule("TRN019", Severity.WARNING, "peft cannot load a Qwen3-Next shared expert's LoRA adapter")
@@ -468,13 +519,14 @@ def lora_qwen3_next_shared_expert(run):
     merged export.
     """
     spec = run.preset.train.lora
-    if run.is_training and spec is not None and run.model.is_qwen3_next \
-            and "shared_expert" in run.lora_targets.value:
-        yield Issue("train.lora.targets" if spec.targets is not None else "train.lora",
-                    "peft cannot load a Qwen3-Next adapter on the shared expert: it reads the shared expert's "
-                    "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
-                    "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
-                    "load the merged export.")
+    if run.is_training and spec is not None and run.model.is_qwen3_next and "shared_expert" in run.lora_targets.value:
+        yield Issue(
+            "train.lora.targets" if spec.targets is not None else "train.lora",
+            "peft cannot load a Qwen3-Next adapter on the shared expert: it reads the shared expert's "
+            "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
+            "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
+            "load the merged export.",
+        )
 
 
 @rule("TRN020", Severity.ERROR, "megatron-bridge does not support LoRA on Qwen3-Next")
@@ -495,10 +547,13 @@ def lora_qwen3_next(run):
     Fix: remove train.lora (full-parameter training of Qwen3-Next), or train LoRA on a Qwen3.5 model.
     """
     if run.is_training and run.preset.train.lora is not None and run.model.is_qwen3_next:
-        yield Issue("train.lora", f"megatron-bridge does not support LoRA on {run.model.label}: its Qwen3-Next PEFT "
-                                  "recipe raises NotImplementedError (\"PEFT is not currently supported for "
-                                  "Qwen3-Next models\").",
-                    "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.")
+        yield Issue(
+            "train.lora",
+            f"megatron-bridge does not support LoRA on {run.model.label}: its Qwen3-Next PEFT "
+            'recipe raises NotImplementedError ("PEFT is not currently supported for '
+            'Qwen3-Next models").',
+            "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.",
+        )
 
 
 @rule("TRN022", Severity.ERROR, "LoRA needs a base checkpoint (model.path)")
@@ -520,9 +575,12 @@ def lora_needs_base(run):
     Fix: set model.path to the base checkpoint's directory, or remove train.lora.
     """
     if run.is_training and run.preset.train.lora is not None and run.preset.model.path is None:
-        yield Issue("model.path", "train.lora trains adapters on a frozen base, and model.path is unset, so the base "
-                                  "would be random weights that a resume cannot load again.",
-                    "Set model.path to the base checkpoint's directory, or remove train.lora.")
+        yield Issue(
+            "model.path",
+            "train.lora trains adapters on a frozen base, and model.path is unset, so the base "
+            "would be random weights that a resume cannot load again.",
+            "Set model.path to the base checkpoint's directory, or remove train.lora.",
+        )
 
 
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
@@ -546,5 +604,8 @@ def cuda_graphs_cannot_capture(run):
     """
     blocker = run.cuda_graphs_blocker
     if run.is_training and run.gpu.sm is not None and run.preset.speed.cuda_graphs == "on" and blocker is not None:
-        yield Issue("speed.cuda_graphs", f"speed.cuda_graphs is on, but the graphs cannot be captured here: {blocker}.",
-                    "Set speed.cuda_graphs: auto (on wherever it can be captured) or off.")
+        yield Issue(
+            "speed.cuda_graphs",
+            f"speed.cuda_graphs is on, but the graphs cannot be captured here: {blocker}.",
+            "Set speed.cuda_graphs: auto (on wherever it can be captured) or off.",
+        )

@@ -13,8 +13,13 @@ from gdnctl.runtime.checks import verdicts
 from gdnctl.runtime.checks.verdicts import MEMORY_MARGIN, Checklist, ExplainedMemory
 from gdnctl.schema import SmokeCheck, SmokeMeasured, SmokeReport
 
-NOTHING_MEASURED = SmokeMeasured(step_seconds=None, peak_memory_gib=None, memory_source=None,
-                                 estimate_peak_memory_gib=None, estimate_allocated_gib=None)
+NOTHING_MEASURED = SmokeMeasured(
+    step_seconds=None,
+    peak_memory_gib=None,
+    memory_source=None,
+    estimate_peak_memory_gib=None,
+    estimate_allocated_gib=None,
+)
 
 
 def test_cuda_allocations_are_compared_with_explains_total_less_its_overhead_row():
@@ -22,9 +27,11 @@ def test_cuda_allocations_are_compared_with_explains_total_less_its_overhead_row
     for the CUDA context, NCCL buffers and allocator slack, which CUDA's allocation counter does not see."""
     estimate = ExplainedMemory(total_gib=3.21, overhead_gib=3.0)
     check = verdicts.peak_memory(0.30, "CUDA max allocated, most loaded rank", estimate)
-    assert check.line() == ("smoke: peak memory ok (0.30 GiB (CUDA max allocated, most loaded rank) vs explain's "
-                            "0.21 GiB for the same (+43%; its 3.21 GiB per GPU less 3 GiB for the CUDA context, NCCL "
-                            "buffers and allocator slack), within the margin (10% and 0.5 GiB))")
+    assert check.line() == (
+        "smoke: peak memory ok (0.30 GiB (CUDA max allocated, most loaded rank) vs explain's "
+        "0.21 GiB for the same (+43%; its 3.21 GiB per GPU less 3 GiB for the CUDA context, NCCL "
+        "buffers and allocator slack), within the margin (10% and 0.5 GiB))"
+    )
 
 
 def test_a_peak_past_both_margins_is_a_warning_not_a_failure():
@@ -38,8 +45,9 @@ def test_a_peak_past_both_margins_is_a_warning_not_a_failure():
 
 def test_without_an_estimate_memory_is_a_measurement_only():
     check = verdicts.peak_memory(0.57, "peak RSS of the process", None)
-    assert check.line() == ("smoke: peak memory 0.57 GiB (peak RSS of the process; explain makes no memory estimate "
-                            "for this job)")
+    assert check.line() == (
+        "smoke: peak memory 0.57 GiB (peak RSS of the process; explain makes no memory estimate for this job)"
+    )
     assert not verdicts.over_estimate(1e9, None)
 
 
@@ -68,9 +76,11 @@ def test_a_round_trip_with_differences_fails_and_names_the_first_ones():
 
 def test_weight_sync_reports_the_worst_sync():
     check = verdicts.weight_sync([(43, 43, 0.0017), (40, 43, 0.0021), (43, 43, 0.0012)], 0.1)
-    assert check.detail == ("3 syncs checked: 40 of 43 parameters match (the other 3 are not visible whole in the "
-                            "rollout, e.g. packed by vLLM's kernels or tensor-parallel shards; the probe covers them), "
-                            "probe gap 0.0021 <= 0.1 nats/token")
+    assert check.detail == (
+        "3 syncs checked: 40 of 43 parameters match (the other 3 are not visible whole in the "
+        "rollout, e.g. packed by vLLM's kernels or tensor-parallel shards; the probe covers them), "
+        "probe gap 0.0021 <= 0.1 nats/token"
+    )
     whole = verdicts.weight_sync([(43, 43, 0.0017)], 0.1)
     assert whole.detail == "1 sync checked: 43 of 43 parameters match, probe gap 0.0017 <= 0.1 nats/token"
 
@@ -110,6 +120,8 @@ def test_a_report_cannot_call_a_failure_green():
 
 def test_the_verdicts_and_the_smoke_config_import_no_torch():
     """The rollout server derives the smoke config in vLLM's environment, and the verdicts are pure functions."""
-    code = ("import sys, gdnctl.runtime.checks.verdicts, gdnctl.runtime.smoke.config\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, gdnctl.runtime.checks.verdicts, gdnctl.runtime.smoke.config\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0

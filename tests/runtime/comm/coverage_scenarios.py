@@ -30,18 +30,27 @@ BUCKETS = 2  # gradient buckets in one coalesced reduce-scatter, as a bucket gro
 
 def _bound(modules: dict[str, object]) -> dict[str, object]:
     """Every MEGATRON_BINDINGS name the imported modules have, as "module.name" -> the object it holds."""
-    return {f"{module_name}.{name}": getattr(module, name)
-            for module_name, module in modules.items() for name in MEGATRON_BINDINGS[module_name]
-            if hasattr(module, name)}
+    return {
+        f"{module_name}.{name}": getattr(module, name)
+        for module_name, module in modules.items()
+        for name in MEGATRON_BINDINGS[module_name]
+        if hasattr(module, name)
+    }
 
 
-def _describe(bound: dict[str, object], torch_namespace: dict[str, object],
-              guard_namespace: dict[str, object]) -> dict[str, str]:
-    """"torch <name>" or "guard <name>": which torch.distributed function, or the guard's wrapper of which, each
+def _describe(
+    bound: dict[str, object], torch_namespace: dict[str, object], guard_namespace: dict[str, object]
+) -> dict[str, str]:
+    """ "torch <name>" or "guard <name>": which torch.distributed function, or the guard's wrapper of which, each
     bound name holds (the namespaces are `vars(torch.distributed)` without and with the guard installed)."""
     names = {id(value): f"torch {name}" for name, value in torch_namespace.items() if callable(value)}
-    names.update({id(value): f"guard {name}" for name, value in guard_namespace.items()
-                  if callable(value) and value is not torch_namespace.get(name)})
+    names.update(
+        {
+            id(value): f"guard {name}"
+            for name, value in guard_namespace.items()
+            if callable(value) and value is not torch_namespace.get(name)
+        }
+    )
     return {key: names.get(id(value), repr(value)) for key, value in bound.items()}
 
 
@@ -60,21 +69,27 @@ def _megatron_calls(group: dist.ProcessGroup) -> dict:
     shards = [torch.zeros(shard) for _ in range(BUCKETS)]
     with buffer._coalescing_manager(group, async_ops=True) as manager:
         for bucket in range(BUCKETS):
-            buffer.dist_reduce_scatter_func(shards[bucket], grads[bucket], op=dist.ReduceOp.SUM, group=group,
-                                            async_op=True)
+            buffer.dist_reduce_scatter_func(
+                shards[bucket], grads[bucket], op=dist.ReduceOp.SUM, group=group, async_op=True
+            )
         # Inside the manager a reduce-scatter is only queued; torch issues the coalesced call at the exit.
         queued = all(not shard_.any() for shard_ in shards)
     manager.wait()
-    expected_shards = [sum(contribution(other, bucket) for other in range(size))[rank * shard:(rank + 1) * shard]
-                       for bucket in range(BUCKETS)]
+    expected_shards = [
+        sum(contribution(other, bucket) for other in range(size))[rank * shard : (rank + 1) * shard]
+        for bucket in range(BUCKETS)
+    ]
     # start_param_sync: the parameter all-gather, synchronous, in its own coalescing manager.
     params = [torch.zeros(shard * size) for _ in range(BUCKETS)]
     with buffer._coalescing_manager(group, async_ops=False):
         for bucket in range(BUCKETS):
-            buffer.dist_all_gather_func(params[bucket], torch.full((shard,), float(rank + bucket)), group=group,
-                                        async_op=False)
-    expected_params = [torch.tensor([float(other + bucket) for other in range(size) for _ in range(shard)])
-                       for bucket in range(BUCKETS)]
+            buffer.dist_all_gather_func(
+                params[bucket], torch.full((shard,), float(rank + bucket)), group=group, async_op=False
+            )
+    expected_params = [
+        torch.tensor([float(other + bucket) for other in range(size) for _ in range(shard)])
+        for bucket in range(BUCKETS)
+    ]
     # Sequence parallel: Megatron's own functions, which allocate their output on torch.cuda.current_device(),
     # here the host.
     torch.cuda.current_device = lambda: torch.device("cpu")
@@ -84,8 +99,9 @@ def _megatron_calls(group: dist.ProcessGroup) -> dict:
         "queued_inside_coalescing_manager": queued,
         "reduce_scatter_correct": all(map(torch.equal, shards, expected_shards)),
         "all_gather_correct": all(map(torch.equal, params, expected_params)),
-        "mappings_correct": (torch.equal(scattered.flatten(), expected_shards[0])
-                             and torch.equal(gathered.flatten(), expected_params[0])),
+        "mappings_correct": (
+            torch.equal(scattered.flatten(), expected_shards[0]) and torch.equal(gathered.flatten(), expected_params[0])
+        ),
     }
 
 
@@ -94,22 +110,24 @@ def _object_calls(group: dist.ProcessGroup) -> dict:
     gathered = [None] * group.size() if rank == 0 else None
     dist.gather_object({"rank": rank}, gathered, dst=0, group=group)
     scattered = [None]
-    dist.scatter_object_list(scattered, [{"to": peer} for peer in range(group.size())] if rank == 0 else None,
-                             src=0, group=group)
+    dist.scatter_object_list(
+        scattered, [{"to": peer} for peer in range(group.size())] if rank == 0 else None, src=0, group=group
+    )
     sent = [{"from": 0}, "two objects"]
     received = [None, None]
     if rank == 0:
         dist.send_object_list(sent, dst=1, group=group)
     elif rank == 1:
         dist.recv_object_list(received, src=0, group=group)
-    return {"gather_object": gathered == [{"rank": peer} for peer in range(group.size())] if rank == 0 else None,
-            "scatter_object_list": scattered == [{"to": rank}],
-            "send_recv_object_list": received == sent if rank == 1 else None}
+    return {
+        "gather_object": gathered == [{"rank": peer} for peer in range(group.size())] if rank == 0 else None,
+        "scatter_object_list": scattered == [{"to": rank}],
+        "send_recv_object_list": received == sent if rank == 1 else None,
+    }
 
 
 def _installed(out_dir: Path, phase: str) -> None:
-    comm_guard.install(CommGuardPolicy(3.0, frozenset(), profile=True, profile_dir=out_dir / phase),
-                       HostMemoryProbe())
+    comm_guard.install(CommGuardPolicy(3.0, frozenset(), profile=True, profile_dir=out_dir / phase), HostMemoryProbe())
 
 
 def _objects_phase(out_dir: Path) -> dict:
@@ -133,11 +151,13 @@ def _megatron_phase(out_dir: Path, phase: str) -> dict:
     finally:
         comm_guard.uninstall()
     after = _bound(modules)
-    return {**result,
-            "before_install": _describe(before, torch_namespace, guard_namespace),
-            "while_installed": _describe(installed, torch_namespace, guard_namespace),
-            # Not only the same function: the very object each name held before install.
-            "restored_exactly": {key: after[key] is value for key, value in before.items()}}
+    return {
+        **result,
+        "before_install": _describe(before, torch_namespace, guard_namespace),
+        "while_installed": _describe(installed, torch_namespace, guard_namespace),
+        # Not only the same function: the very object each name held before install.
+        "restored_exactly": {key: after[key] is value for key, value in before.items()},
+    }
 
 
 def _imported() -> dict[str, object]:

@@ -97,17 +97,28 @@ def test_profile_counts_calls_checks_and_memory_per_rank(gloo_run):
     out_dir, results = gloo_run
     for rank in range(WORLD_SIZE):
         document = json.loads((out_dir / "comm_profile" / f"comm_profile_rank{rank}.json").read_text())
-        assert (document["format"], document["rank"], document["world_size"]) == ("gdnctl-comm-profile", rank,
-                                                                                  WORLD_SIZE)
+        assert (document["format"], document["rank"], document["world_size"]) == (
+            "gdnctl-comm-profile",
+            rank,
+            WORLD_SIZE,
+        )
         assert (document["probe"], document["skip_ops"]) == ("host", ["all_gather_into_tensor"])
         ops = document["ops"]
         assert set(ops) == {"all_reduce", "all_gather_into_tensor", "allreduce", "barrier"}
         counts = {op: (stats["calls"], stats["checks"], stats["clears"]) for op, stats in ops.items()}
-        assert counts == {"all_reduce": (4, 4, 0), "all_gather_into_tensor": (3, 0, 0), "allreduce": (2, 2, 0),
-                          "barrier": (1, 1, 0)}
+        assert counts == {
+            "all_reduce": (4, 4, 0),
+            "all_gather_into_tensor": (3, 0, 0),
+            "allreduce": (2, 2, 0),
+            "barrier": (1, 1, 0),
+        }
         # all_reduce ran on two groups (three calls on one, one on another); the methods on their own group.
         assert {op: stats["groups"] for op, stats in ops.items()} == {
-            "all_reduce": 2, "all_gather_into_tensor": 1, "allreduce": 1, "barrier": 1}
+            "all_reduce": 2,
+            "all_gather_into_tensor": 1,
+            "allreduce": 1,
+            "barrier": 1,
+        }
         memory_keys = {"driver_drop_bytes", "allocated_delta_bytes", "reserved_delta_bytes"}
         for op, stats in ops.items():
             assert set(stats["first_use_max"]) == memory_keys

@@ -47,11 +47,14 @@ def test_every_binding_of_the_table_is_rebound_while_installed_and_restored_afte
             assert all(value.startswith("guard ") for value in held["while_installed"].values()), held
             assert all(held["restored_exactly"].values()), held
         param_and_grad_buffer = "megatron.core.distributed.param_and_grad_buffer"
-        assert {name: result[PHASES[0]]["while_installed"][f"{param_and_grad_buffer}.{name}"]
-                for name in MEGATRON_BINDINGS[param_and_grad_buffer]} == {
+        assert {
+            name: result[PHASES[0]]["while_installed"][f"{param_and_grad_buffer}.{name}"]
+            for name in MEGATRON_BINDINGS[param_and_grad_buffer]
+        } == {
             "_coalescing_manager": "guard _coalescing_manager",
             "dist_all_gather_func": "guard all_gather_into_tensor",
-            "dist_reduce_scatter_func": "guard reduce_scatter_tensor"}
+            "dist_reduce_scatter_func": "guard reduce_scatter_tensor",
+        }
 
 
 @NEEDS_MEGATRON
@@ -59,8 +62,12 @@ def test_megatrons_collectives_give_the_unguarded_result_and_still_coalesce(cove
     _, results = coverage_run
     for result in results:
         for phase in PHASES:
-            assert result[phase]["calls"] == {"queued_inside_coalescing_manager": True, "reduce_scatter_correct": True,
-                                              "all_gather_correct": True, "mappings_correct": True}, phase
+            assert result[phase]["calls"] == {
+                "queued_inside_coalescing_manager": True,
+                "reduce_scatter_correct": True,
+                "all_gather_correct": True,
+                "mappings_correct": True,
+            }, phase
 
 
 @NEEDS_MEGATRON
@@ -73,7 +80,9 @@ def test_the_profile_counts_megatrons_reduce_scatter_and_all_gather_once_per_cal
             # coalesced collective torch issues at the manager's exit runs on the real group, so it is not a
             # second count.
             assert {op: ops[op] for op in ("reduce_scatter_tensor", "all_gather_into_tensor")} == {
-                "reduce_scatter_tensor": (3, 3), "all_gather_into_tensor": (3, 3)}, phase
+                "reduce_scatter_tensor": (3, 3),
+                "all_gather_into_tensor": (3, 3),
+            }, phase
             assert not any(op.endswith("_coalesced") for op in ops), ops
 
 
@@ -81,19 +90,25 @@ def test_the_object_collectives_are_counted(coverage_run):
     out_dir, results = coverage_run
     for rank, result in enumerate(results):
         assert result["objects"] == {
-            "gather_object": True if rank == 0 else None, "scatter_object_list": True,
-            "send_recv_object_list": True if rank == 1 else None}
+            "gather_object": True if rank == 0 else None,
+            "scatter_object_list": True,
+            "send_recv_object_list": True if rank == 1 else None,
+        }
         # One count a call: the collectives torch makes inside them (gather, broadcast, scatter, send, recv) are
         # torch's own, not the package attributes the guard replaced.
         point_to_point = "send_object_list" if rank == 0 else "recv_object_list"
         assert _profile(out_dir, "objects", rank) == {
-            "gather_object": (1, 1), "scatter_object_list": (1, 1), point_to_point: (1, 1)}
+            "gather_object": (1, 1),
+            "scatter_object_list": (1, 1),
+            point_to_point: (1, 1),
+        }
 
 
 def test_the_table_is_applied_by_identity_and_uninstall_reaches_modules_imported_while_installed(monkeypatch):
     """The rebinding on stand-in modules, in this process (no collective is made): a module imported before
     install, one imported while installed, one never imported, a name a module lacks, and a name Megatron
     reassigned to its own function (as param_and_grad_buffer.py does with reduce_scatter_with_fp32_accumulation)."""
+
     def megatrons_own(*args, **kwargs):
         return None
 
@@ -101,17 +116,22 @@ def test_the_table_is_applied_by_identity_and_uninstall_reaches_modules_imported
     early.reduce_scatter, early.own = dist.reduce_scatter_tensor, megatrons_own
     late = types.ModuleType("late")
     monkeypatch.setitem(sys.modules, "early", early)
-    monkeypatch.setattr(comm_guard, "MEGATRON_BINDINGS", {"early": ("reduce_scatter", "own", "absent"),
-                                                          "late": ("all_gather",), "never_imported": ("name",)})
+    monkeypatch.setattr(
+        comm_guard,
+        "MEGATRON_BINDINGS",
+        {"early": ("reduce_scatter", "own", "absent"), "late": ("all_gather",), "never_imported": ("name",)},
+    )
     torch_reduce_scatter, torch_all_gather = dist.reduce_scatter_tensor, dist.all_gather_into_tensor
     comm_guard.install(CommGuardPolicy(3.0, frozenset(), profile=False), HostMemoryProbe())
     try:
         exec("from torch.distributed import all_gather_into_tensor as all_gather", late.__dict__)
         monkeypatch.setitem(sys.modules, "late", late)
         # dist.<name> is the guard's wrapper here.
-        installed = {"early.reduce_scatter": early.reduce_scatter is dist.reduce_scatter_tensor,
-                     "early.own": early.own is megatrons_own,
-                     "late.all_gather": late.all_gather is dist.all_gather_into_tensor}
+        installed = {
+            "early.reduce_scatter": early.reduce_scatter is dist.reduce_scatter_tensor,
+            "early.own": early.own is megatrons_own,
+            "late.all_gather": late.all_gather is dist.all_gather_into_tensor,
+        }
     finally:
         comm_guard.uninstall()
     assert installed == {"early.reduce_scatter": True, "early.own": True, "late.all_gather": True}

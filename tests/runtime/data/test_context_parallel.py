@@ -51,8 +51,17 @@ def test_lengths_that_do_not_split_into_two_cp_chunks_are_refused():
 
 def _pipeline(cp: int, layout: str = "thd", multiple: int | None = None) -> DataPipeline:
     documents = data.synthetic_documents(24, vocab_size=VOCAB_SIZE, min_length=2, max_length=40, seed=3)
-    return DataPipeline(documents, layout=layout, seq_length=64, micro_batch_size=1, global_batch_size=4, dp=2,
-                        seed=5, pad_sequences_to_multiple_of=2 * cp if multiple is None else multiple, cp=cp)
+    return DataPipeline(
+        documents,
+        layout=layout,
+        seq_length=64,
+        micro_batch_size=1,
+        global_batch_size=4,
+        dp=2,
+        seed=5,
+        pad_sequences_to_multiple_of=2 * cp if multiple is None else multiple,
+        cp=cp,
+    )
 
 
 def test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata():

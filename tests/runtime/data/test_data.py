@@ -53,37 +53,55 @@ def _ids(tokenizer_dir: Path, text: str) -> list[int]:
 
 # Reading files
 
+
 def test_every_record_form_becomes_a_document(tmp_path, tokenizer_dir):
-    path = _write_jsonl(tmp_path / "train.jsonl", [
-        {"input_ids": [5, 6, 7]},
-        {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},
-        {"text": "the cat sat"},
-        {"prompt": "what is two plus two", "response": "four"},
-    ])
+    path = _write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"input_ids": [5, 6, 7]},
+            {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},
+            {"text": "the cat sat"},
+            {"prompt": "what is two plus two", "response": "four"},
+        ],
+    )
     (tmp_path / "train.jsonl").write_text(path.read_text() + "\n")  # a trailing blank line holds no record
     documents = data.read_documents(path, vocab_size=VOCAB_SIZE, tokenizer_path=tokenizer_dir)
     eos = data.load_tokenizer(tokenizer_dir).eos_id
     prompt, response = _ids(tokenizer_dir, "what is two plus two"), _ids(tokenizer_dir, "four")
     assert [document.token_ids.tolist() for document in documents] == [
-        [5, 6, 7], [5, 6, 7, 8], [*_ids(tokenizer_dir, "the cat sat"), eos], [*prompt, *response, eos]]
+        [5, 6, 7],
+        [5, 6, 7, 8],
+        [*_ids(tokenizer_dir, "the cat sat"), eos],
+        [*prompt, *response, eos],
+    ]
     assert [document.trained.tolist() for document in documents] == [
-        [True] * 3, [False, False, True, True], [True] * 4, [False] * len(prompt) + [True] * (len(response) + 1)]
+        [True] * 3,
+        [False, False, True, True],
+        [True] * 4,
+        [False] * len(prompt) + [True] * (len(response) + 1),
+    ]
     assert documents[0].token_ids.dtype == torch.int32
 
 
 def test_parquet_reads_like_jsonl(tmp_path, tokenizer_dir):
-    records = [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 1]}, {"text": "a dog ran"},
-               {"prompt": "the answer is", "response": "four"}]
+    records = [
+        {"input_ids": [1, 2, 3], "loss_mask": [1, 0, 1]},
+        {"text": "a dog ran"},
+        {"prompt": "the answer is", "response": "four"},
+    ]
     ids, text = pyarrow.list_(pyarrow.int64()), pyarrow.string()
-    schema = pyarrow.schema([("input_ids", ids), ("loss_mask", ids), ("text", text), ("prompt", text),
-                             ("response", text)])
+    schema = pyarrow.schema(
+        [("input_ids", ids), ("loss_mask", ids), ("text", text), ("prompt", text), ("response", text)]
+    )
     table = pyarrow.Table.from_pylist(records, schema=schema)  # a row's missing fields are nulls: read as absent
     pyarrow.parquet.write_table(table, tmp_path / "train.parquet")
     from_parquet = data.read_documents(tmp_path / "train.parquet", vocab_size=VOCAB_SIZE, tokenizer_path=tokenizer_dir)
-    from_jsonl = data.read_documents(_write_jsonl(tmp_path / "train.jsonl", records), vocab_size=VOCAB_SIZE,
-                                     tokenizer_path=tokenizer_dir)
-    assert [(doc.token_ids.tolist(), doc.trained.tolist()) for doc in from_parquet] == \
-        [(doc.token_ids.tolist(), doc.trained.tolist()) for doc in from_jsonl]
+    from_jsonl = data.read_documents(
+        _write_jsonl(tmp_path / "train.jsonl", records), vocab_size=VOCAB_SIZE, tokenizer_path=tokenizer_dir
+    )
+    assert [(doc.token_ids.tolist(), doc.trained.tolist()) for doc in from_parquet] == [
+        (doc.token_ids.tolist(), doc.trained.tolist()) for doc in from_jsonl
+    ]
     bad = pyarrow.Table.from_pylist([{"input_ids": [1, 2]}, {"input_ids": [1, VOCAB_SIZE]}])
     pyarrow.parquet.write_table(bad, tmp_path / "bad.parquet")
     with pytest.raises(DataError, match=f"{tmp_path / 'bad.parquet'} row 2 has token id {VOCAB_SIZE}"):
@@ -177,19 +195,21 @@ def test_synthetic_documents_are_seeded_and_in_range():
 
 # The micro-batch stream
 
+
 def _expected_sequence(document: Document, max_positions: int) -> tuple:
     """What a document must train on, computed here with plain lists: (inputs, labels, loss mask)."""
     tokens, trained = document.token_ids.tolist(), document.trained.tolist()
     positions = min(len(tokens) - 1, max_positions)
     labels = [tokens[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(positions)]
-    return tuple(tokens[:positions]), tuple(labels), tuple(float(t) for t in trained[1:positions + 1])
+    return tuple(tokens[:positions]), tuple(labels), tuple(float(t) for t in trained[1 : positions + 1])
 
 
 def _sample_sequences(micro_batch: data.MicroBatch) -> list[list[tuple]]:
     """The samples of a micro-batch (THD: the one row; BSHD: each row), each as its sequences."""
     thd = micro_batch.batch if micro_batch.is_packed else layout.to_thd(micro_batch.batch)
-    sequences = [(tuple(s.input_ids.tolist()), tuple(s.labels.tolist()), tuple(s.loss_mask.tolist()))
-                 for s in layout.unpack(thd)]
+    sequences = [
+        (tuple(s.input_ids.tolist()), tuple(s.labels.tolist()), tuple(s.loss_mask.tolist())) for s in layout.unpack(thd)
+    ]
     return [sequences] if micro_batch.is_packed else [[sequence] for sequence in sequences]
 
 
@@ -206,17 +226,26 @@ def _global_samples(pipeline: DataPipeline, count: int, consumed_samples: int = 
 @st.composite
 def pipelines(draw, layout_name=None) -> DataPipeline:
     lengths = draw(st.lists(st.integers(2, 30), min_size=1, max_size=14))
-    documents = [Document(torch.tensor(draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=n, max_size=n)),
-                                       dtype=torch.int32),
-                          torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))))
-                 for n in lengths]
+    documents = [
+        Document(
+            torch.tensor(draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=n, max_size=n)), dtype=torch.int32),
+            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
+        )
+        for n in lengths
+    ]
     layout_name = layout_name or draw(st.sampled_from(["thd", "bshd"]))
     micro_batch_size = 1 if layout_name == "thd" else draw(st.integers(1, 3))
     dp = draw(st.integers(1, 3))
-    return DataPipeline(documents, layout=layout_name, seq_length=draw(st.integers(8, 40)),
-                        micro_batch_size=micro_batch_size,
-                        global_batch_size=micro_batch_size * dp * draw(st.integers(1, 3)), dp=dp,
-                        seed=draw(st.integers(0, 2**32)), pad_sequences_to_multiple_of=draw(st.sampled_from([1, 2, 4])))
+    return DataPipeline(
+        documents,
+        layout=layout_name,
+        seq_length=draw(st.integers(8, 40)),
+        micro_batch_size=micro_batch_size,
+        global_batch_size=micro_batch_size * dp * draw(st.integers(1, 3)),
+        dp=dp,
+        seed=draw(st.integers(0, 2**32)),
+        pad_sequences_to_multiple_of=draw(st.sampled_from([1, 2, 4])),
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -225,12 +254,18 @@ def test_every_document_is_trained_exactly_once_per_epoch_across_ranks(pipeline)
     expected = Counter(_expected_sequence(document, pipeline.max_positions) for document in pipeline.documents)
     epochs = [pipeline.epoch_samples(epoch) for epoch in range(2)]
     for samples in epochs:
-        trained = [_expected_sequence(pipeline.documents[index], pipeline.max_positions)
-                   for sample in samples for index, _, _ in sample]
+        trained = [
+            _expected_sequence(pipeline.documents[index], pipeline.max_positions)
+            for sample in samples
+            for index, _, _ in sample
+        ]
         assert Counter(trained) == expected
     # and the ranks' micro-batches, put back in order, are exactly those epochs one after the other
-    planned = [[_expected_sequence(pipeline.documents[index], pipeline.max_positions) for index, _, _ in sample]
-               for samples in epochs for sample in samples]
+    planned = [
+        [_expected_sequence(pipeline.documents[index], pipeline.max_positions) for index, _, _ in sample]
+        for samples in epochs
+        for sample in samples
+    ]
     assert _global_samples(pipeline, len(planned)) == planned
 
 
@@ -256,8 +291,10 @@ def test_micro_batches_fit_the_row_and_line_labels_up_with_tokens(pipeline):
         for inputs, sequence_labels, _ in sequences:
             assert len(inputs) <= pipeline.max_positions
             # a trained label is the next input token of the same sequence
-            assert all(label in (IGNORE_INDEX, following)
-                       for label, following in zip(sequence_labels, inputs[1:], strict=False))
+            assert all(
+                label in (IGNORE_INDEX, following)
+                for label, following in zip(sequence_labels, inputs[1:], strict=False)
+            )
 
 
 @settings(max_examples=30, deadline=None)
@@ -266,20 +303,34 @@ def test_resuming_from_consumed_samples_continues_the_same_stream(pipeline, chun
     chunk = pipeline.micro_batch_size * pipeline.dp
     uninterrupted = _global_samples(pipeline, (chunks + 3) * chunk)
     resumed = _global_samples(pipeline, 3 * chunk, consumed_samples=chunks * chunk)
-    assert resumed == uninterrupted[chunks * chunk:]
-    fresh = DataPipeline(pipeline.documents, layout=pipeline.layout, seq_length=pipeline.seq_length,
-                         micro_batch_size=pipeline.micro_batch_size, global_batch_size=pipeline.global_batch_size,
-                         dp=pipeline.dp, seed=pipeline.seed,
-                         pad_sequences_to_multiple_of=pipeline.pad_sequences_to_multiple_of)
+    assert resumed == uninterrupted[chunks * chunk :]
+    fresh = DataPipeline(
+        pipeline.documents,
+        layout=pipeline.layout,
+        seq_length=pipeline.seq_length,
+        micro_batch_size=pipeline.micro_batch_size,
+        global_batch_size=pipeline.global_batch_size,
+        dp=pipeline.dp,
+        seed=pipeline.seed,
+        pad_sequences_to_multiple_of=pipeline.pad_sequences_to_multiple_of,
+    )
     assert _global_samples(fresh, 3 * chunk, consumed_samples=chunks * chunk) == resumed  # a requeued process
 
 
 @settings(max_examples=40, deadline=None)
 @given(pipelines(layout_name="thd"), st.integers(1, 3))
 def test_thd_and_bshd_train_the_same_tokens(thd, micro_batch_size):
-    bshd = DataPipeline(thd.documents, layout="bshd", seq_length=thd.seq_length, micro_batch_size=micro_batch_size,
-                        global_batch_size=micro_batch_size * thd.dp, dp=thd.dp, seed=thd.seed,
-                        pad_sequences_to_multiple_of=thd.pad_sequences_to_multiple_of)
+    bshd = DataPipeline(
+        thd.documents,
+        layout="bshd",
+        seq_length=thd.seq_length,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=micro_batch_size * thd.dp,
+        dp=thd.dp,
+        seed=thd.seed,
+        pad_sequences_to_multiple_of=thd.pad_sequences_to_multiple_of,
+    )
+
     def trained_in_two_epochs(pipeline):
         count = pipeline.samples_in_epoch(0) + pipeline.samples_in_epoch(1)
         return Counter(sequence for sample in _global_samples(pipeline, count) for sequence in sample)
@@ -291,8 +342,9 @@ def test_order_depends_on_the_seed_and_changes_each_epoch():
     documents = data.synthetic_documents(40, vocab_size=VOCAB_SIZE, min_length=2, max_length=6, seed=0)
 
     def pipeline(seed):
-        return DataPipeline(documents, layout="bshd", seq_length=8, micro_batch_size=1, global_batch_size=1,
-                            dp=1, seed=seed)
+        return DataPipeline(
+            documents, layout="bshd", seq_length=8, micro_batch_size=1, global_batch_size=1, dp=1, seed=seed
+        )
 
     assert pipeline(1).epoch_samples(0) == pipeline(1).epoch_samples(0)
     assert pipeline(1).epoch_samples(0) != pipeline(2).epoch_samples(0)
@@ -300,10 +352,20 @@ def test_order_depends_on_the_seed_and_changes_each_epoch():
 
 
 def test_long_documents_are_truncated_to_the_padded_row():
-    documents = [Document(torch.arange(30, dtype=torch.int32), torch.ones(30, dtype=torch.bool)),
-                 Document(torch.arange(5, dtype=torch.int32), torch.ones(5, dtype=torch.bool))]
-    pipeline = DataPipeline(documents, layout="thd", seq_length=18, micro_batch_size=1, global_batch_size=1, dp=1,
-                            seed=0, pad_sequences_to_multiple_of=4)
+    documents = [
+        Document(torch.arange(30, dtype=torch.int32), torch.ones(30, dtype=torch.bool)),
+        Document(torch.arange(5, dtype=torch.int32), torch.ones(5, dtype=torch.bool)),
+    ]
+    pipeline = DataPipeline(
+        documents,
+        layout="thd",
+        seq_length=18,
+        micro_batch_size=1,
+        global_batch_size=1,
+        dp=1,
+        seed=0,
+        pad_sequences_to_multiple_of=4,
+    )
     assert pipeline.max_positions == 16 and pipeline.truncated_documents == 1
     lengths = sorted(int(next(pipeline.micro_batches(0, consumed)).batch.seq_lens.sum()) for consumed in (0, 1))
     assert lengths == [4, 16]  # the long one keeps its first 16 positions; 16 + 4 would not fit in 18
@@ -312,12 +374,25 @@ def test_long_documents_are_truncated_to_the_padded_row():
 @st.composite
 def filled_pipelines(draw) -> DataPipeline:
     lengths = draw(st.lists(st.integers(2, 60), min_size=1, max_size=12))
-    documents = [Document(torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
-                          torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)))) for n in lengths]
+    documents = [
+        Document(
+            torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
+            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
+        )
+        for n in lengths
+    ]
     dp = draw(st.integers(1, 3))
-    return DataPipeline(documents, layout="thd", packing="fill", seq_length=draw(st.integers(8, 40)),
-                        micro_batch_size=1, global_batch_size=dp * draw(st.integers(1, 3)), dp=dp,
-                        seed=draw(st.integers(0, 2**32)), pad_sequences_to_multiple_of=draw(st.sampled_from([1, 2, 4])))
+    return DataPipeline(
+        documents,
+        layout="thd",
+        packing="fill",
+        seq_length=draw(st.integers(8, 40)),
+        micro_batch_size=1,
+        global_batch_size=dp * draw(st.integers(1, 3)),
+        dp=dp,
+        seed=draw(st.integers(0, 2**32)),
+        pad_sequences_to_multiple_of=draw(st.sampled_from([1, 2, 4])),
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -329,8 +404,9 @@ def test_filled_rows_are_one_length_and_cut_the_epochs_documents_in_order(pipeli
     multiple = pipeline.pad_sequences_to_multiple_of
     assert pipeline.truncated_documents == 0
     rows = list(itertools.islice(pipeline.filled_samples(), 3 * len(pipeline.documents) + 3))
-    assert all(sum(-(-(end - start) // multiple) * multiple for _, start, end in row) == pipeline.max_positions
-               for row in rows)
+    assert all(
+        sum(-(-(end - start) // multiple) * multiple for _, start, end in row) == pipeline.max_positions for row in rows
+    )
     pieces = [piece for row in rows for piece in row]
     expected = (index for epoch in itertools.count() for index in pipeline.epoch_order(epoch))
     position = 0
@@ -357,18 +433,20 @@ def test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped(pipe
     each document's stretch), and a job resumed after `chunks` chunks of samples goes on with the same rows."""
     chunk = pipeline.micro_batch_size * pipeline.dp
     count = (chunks + 3) * chunk
-    planned = [[_expected_piece(pipeline.documents[index], start, end) for index, start, end in row]
-               for row in itertools.islice(pipeline.filled_samples(), count)]
+    planned = [
+        [_expected_piece(pipeline.documents[index], start, end) for index, start, end in row]
+        for row in itertools.islice(pipeline.filled_samples(), count)
+    ]
     uninterrupted = _global_samples(pipeline, count)
     assert uninterrupted == planned
-    assert _global_samples(pipeline, 3 * chunk, consumed_samples=chunks * chunk) == uninterrupted[chunks * chunk:]
+    assert _global_samples(pipeline, 3 * chunk, consumed_samples=chunks * chunk) == uninterrupted[chunks * chunk :]
 
 
 def _expected_piece(document: Document, start: int, end: int) -> tuple:
     """The stretch [start, end) of a document's positions, computed with plain lists: (inputs, labels, mask)."""
     tokens, trained = document.token_ids.tolist(), document.trained.tolist()
     labels = [tokens[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(start, end)]
-    return tuple(tokens[start:end]), tuple(labels), tuple(float(t) for t in trained[start + 1:end + 1])
+    return tuple(tokens[start:end]), tuple(labels), tuple(float(t) for t in trained[start + 1 : end + 1])
 
 
 def test_filled_rows_cut_on_the_padding_multiple():
@@ -378,8 +456,9 @@ def test_filled_rows_cut_on_the_padding_multiple():
     with pytest.raises(ValueError, match="multiple of 4"):
         list(data.filled_rows([(0, 3)], capacity=6, multiple=4))
     documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=9, seed=0)
-    filled = DataPipeline(documents, layout="thd", packing="fill", seq_length=8, micro_batch_size=1,
-                          global_batch_size=1, dp=1, seed=0)
+    filled = DataPipeline(
+        documents, layout="thd", packing="fill", seq_length=8, micro_batch_size=1, global_batch_size=1, dp=1, seed=0
+    )
     with pytest.raises(ValueError, match="filled_samples"):
         filled.epoch_samples(0)
 
@@ -387,14 +466,23 @@ def test_filled_rows_cut_on_the_padding_multiple():
 def test_fill_needs_packed_rows():
     documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=9, seed=0)
     with pytest.raises(ValueError, match="needs layout thd"):
-        DataPipeline(documents, layout="bshd", packing="fill", seq_length=8, micro_batch_size=1, global_batch_size=1,
-                     dp=1, seed=0)
+        DataPipeline(
+            documents,
+            layout="bshd",
+            packing="fill",
+            seq_length=8,
+            micro_batch_size=1,
+            global_batch_size=1,
+            dp=1,
+            seed=0,
+        )
 
 
 def test_the_engine_config_sets_layout_batches_and_cp_padding():
     config = tiny_engine_config()  # THD, cp 2, dp 1, global batch 2 of micro-batch 1
-    documents = data.synthetic_documents(10, vocab_size=config.model.vocab_size, min_length=2, max_length=20,
-                                         seed=config.train.seed)
+    documents = data.synthetic_documents(
+        10, vocab_size=config.model.vocab_size, min_length=2, max_length=20, seed=config.train.seed
+    )
     pipeline = DataPipeline.from_engine_config(config, documents)
     assert (pipeline.layout, pipeline.num_microbatches, pipeline.pad_sequences_to_multiple_of) == ("thd", 2, 4)
     micro_batch = next(pipeline.micro_batches(0))
@@ -405,8 +493,7 @@ def test_the_engine_config_sets_layout_batches_and_cp_padding():
 
 def test_inconsistent_settings_are_refused():
     documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=6, seed=0)
-    settings_ = {"layout": "bshd", "seq_length": 8, "micro_batch_size": 2, "global_batch_size": 4, "dp": 2,
-                 "seed": 0}
+    settings_ = {"layout": "bshd", "seq_length": 8, "micro_batch_size": 2, "global_batch_size": 4, "dp": 2, "seed": 0}
     with pytest.raises(ValueError, match="micro_batch_size 1"):
         DataPipeline(documents, **{**settings_, "layout": "thd"})
     with pytest.raises(ValueError, match="not a positive multiple of micro_batch_size x dp = 4"):

@@ -28,12 +28,15 @@ def tokenizer_file(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("line", "said"), [
-    ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
-    ('{"input_ids": [' + "9" * 5000 + "]}", "is not usable JSON"),
-    ('{"input_ids": [1, ' + str(2**70) + "]}", r"has a token id beyond 64-bit integers \(from input_ids\)"),
-    ('{"input_ids": [1, ' + str(-(2**70)) + "]}", "has a token id beyond 64-bit integers"),
-])
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
+        ('{"input_ids": [' + "9" * 5000 + "]}", "is not usable JSON"),
+        ('{"input_ids": [1, ' + str(2**70) + "]}", r"has a token id beyond 64-bit integers \(from input_ids\)"),
+        ('{"input_ids": [1, ' + str(-(2**70)) + "]}", "has a token id beyond 64-bit integers"),
+    ],
+)
 def test_a_record_no_reader_can_take_is_named_by_its_line(tmp_path, line, said):
     path = tmp_path / "train.jsonl"
     path.write_text('{"input_ids": [1, 2]}\n' + line + "\n")
@@ -55,8 +58,7 @@ def test_a_data_path_that_is_no_regular_file_is_refused(tmp_path):
 
 def _parquet(path: Path, row_groups: int) -> Path:
     table = pyarrow.table({"input_ids": [[1, 2, 3, 4, 5, 6, 7, 8]] * 64})
-    pyarrow.parquet.write_table(table, path, row_group_size=64 // row_groups, compression="NONE",
-                                use_dictionary=False)
+    pyarrow.parquet.write_table(table, path, row_group_size=64 // row_groups, compression="NONE", use_dictionary=False)
     return path
 
 
@@ -66,18 +68,21 @@ def test_a_parquet_file_damaged_past_its_footer_is_named(tmp_path):
     second = metadata.row_group(1).column(0)
     raw = bytearray(path.read_bytes())
     start = second.data_page_offset
-    raw[start:start + 24] = b"\xff" * 24  # the second row group's page header: read only after the first's rows
+    raw[start : start + 24] = b"\xff" * 24  # the second row group's page header: read only after the first's rows
     path.write_bytes(bytes(raw))
     with pytest.raises(DataError, match=f"{path} cannot be read as parquet"):
         data.read_documents(path, vocab_size=VOCAB_SIZE)
 
 
-@pytest.mark.parametrize(("config", "said"), [
-    ({"eos_token": 5}, "names eos_token 5, which is not a token's text"),
-    ({"eos_token": {"content": ["</s>"]}}, r"names eos_token \['</s>'\]"),
-    ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
-    (b'{"eos_token": "\xff"}', "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"eos_token": 5}, "names eos_token 5, which is not a token's text"),
+        ({"eos_token": {"content": ["</s>"]}}, r"names eos_token \['</s>'\]"),
+        ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
+        (b'{"eos_token": "\xff"}', "is not UTF-8 text"),
+    ],
+)
 def test_a_tokenizer_config_no_reader_can_take_is_named(tmp_path, tokenizer_file, config, said):
     directory = tmp_path / "tok"
     directory.mkdir()

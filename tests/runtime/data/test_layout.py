@@ -26,8 +26,10 @@ multiples = st.sampled_from([1, 2, 3, 4, 8])
 
 
 def _same(left, right) -> bool:
-    return all(torch.equal(value, getattr(right, key)) if isinstance(value, torch.Tensor)
-               else value == getattr(right, key) for key, value in vars(left).items())
+    return all(
+        torch.equal(value, getattr(right, key)) if isinstance(value, torch.Tensor) else value == getattr(right, key)
+        for key, value in vars(left).items()
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -49,9 +51,10 @@ def test_padding_follows_the_documented_values(samples, cp, pad_to):
     assert not bool((thd.padded_seq_lens % cp).any()) and bool((thd.padded_seq_lens - thd.seq_lens < cp).all())
     assert thd.cu_seqlens.dtype == thd.cu_seqlens_padded.dtype == torch.int32
     assert thd.max_seqlen == int(thd.padded_seq_lens.max())
-    for start, length, padded in zip(thd.cu_seqlens_padded[:-1].tolist(), thd.seq_lens.tolist(),
-                                     thd.padded_seq_lens.tolist(), strict=True):
-        assert thd.position_ids[start:start + padded].tolist() == list(range(padded))  # restart at 0
+    for start, length, padded in zip(
+        thd.cu_seqlens_padded[:-1].tolist(), thd.seq_lens.tolist(), thd.padded_seq_lens.tolist(), strict=True
+    ):
+        assert thd.position_ids[start : start + padded].tolist() == list(range(padded))  # restart at 0
         padding = slice(start + length, start + padded)
         assert (thd.labels[padding] == IGNORE_INDEX).all() and (thd.loss_mask[padding] == 0).all()
 
@@ -82,7 +85,14 @@ def test_bad_input_is_refused_with_a_sentence():
         TokenSequence(torch.ones(2), torch.ones(3), torch.ones(2))
     thd = layout.pack([TokenSequence(torch.ones(4), torch.ones(4), torch.ones(4))])
     bshd = layout.to_bshd(thd)
-    narrow = layout.BshdBatch(bshd.input_ids[:, :2], bshd.labels[:, :2], bshd.loss_mask[:, :2],
-                              bshd.position_ids[:, :2], bshd.seq_lens, bshd.padded_seq_lens, 0)
+    narrow = layout.BshdBatch(
+        bshd.input_ids[:, :2],
+        bshd.labels[:, :2],
+        bshd.loss_mask[:, :2],
+        bshd.position_ids[:, :2],
+        bshd.seq_lens,
+        bshd.padded_seq_lens,
+        0,
+    )
     with pytest.raises(ValueError, match="row width"):
         layout.to_thd(narrow)

@@ -33,8 +33,15 @@ from gdnctl.runtime.kernels.compile_progress import (
     watch_compiles,
 )
 
-COMPILER_LINES = ("fd1 compiler line", "fd2 compiler warning", "libc printf line", "child stdout line",
-                  "child stderr line", "python print line", "python warning line")
+COMPILER_LINES = (
+    "fd1 compiler line",
+    "fd2 compiler warning",
+    "libc printf line",
+    "child stdout line",
+    "child stderr line",
+    "python print line",
+    "python warning line",
+)
 
 CAPTURE_SCRIPT = """
 import ctypes, os, subprocess, sys, warnings
@@ -70,8 +77,13 @@ with compile_quietly(["a", "b"], print, header="test", prewarm="gdnctl prewarm m
 
 
 def run_script(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_c_level_and_python_output_lands_in_the_log_and_progress_on_the_console(tmp_path):
@@ -143,19 +155,22 @@ def test_kernel_cache_dir_follows_tilelang_cache_dir(monkeypatch, tmp_path):
 def test_estimate_for_a_cold_cache():
     assert compile_estimate(3, Path("/shared/tl"), 0, "gdnctl prewarm my.yaml") == (
         "FlashQLA kernels for 3 kernel shapes to compile into the empty kernel cache /shared/tl: about 2.5-6 min "
-        "per shape on an H100, 7.5-18 min in all; `gdnctl prewarm my.yaml` does this once, ahead of the job.")
+        "per shape on an H100, 7.5-18 min in all; `gdnctl prewarm my.yaml` does this once, ahead of the job."
+    )
 
 
 def test_estimate_for_one_shape_needs_no_total():
     assert compile_estimate(1, Path("/c"), 0, None) == (
         "FlashQLA kernels for 1 kernel shape to compile into the empty kernel cache /c: about 2.5-6 min per shape "
-        "on an H100.")
+        "on an H100."
+    )
 
 
 def test_estimate_for_a_warm_cache():
     assert compile_estimate(1, Path("/shared/tl"), 42, None) == (
         "FlashQLA kernels for 1 kernel shape: the kernel cache /shared/tl holds 42 files, so a shape compiled into "
-        "it before loads in seconds; one it lacks compiles in about 2.5-6 min on an H100.")
+        "it before loads in seconds; one it lacks compiles in about 2.5-6 min on an H100."
+    )
 
 
 # --- the progress lines -----------------------------------------------------------------------------------------
@@ -164,7 +179,8 @@ def test_estimate_for_a_warm_cache():
 def test_progress_line_names_the_shape_the_kernel_and_the_time():
     assert kernel_label("tilelang_fused_chunk_gdr_bwd_kernel") == "fused_chunk_gdr_bwd"
     assert kernel_progress_line("tp1-1x1024", 3, 7, "fused_chunk_gdr_bwd", 41.4) == (
-        "compiling FlashQLA kernels for tp1-1x1024: 3/7 fused_chunk_gdr_bwd, 41 s")
+        "compiling FlashQLA kernels for tp1-1x1024: 3/7 fused_chunk_gdr_bwd, 41 s"
+    )
 
 
 def test_more_kernels_than_expected_raise_the_count_shown():
@@ -188,7 +204,8 @@ def test_shape_compile_reports_each_kernel_as_it_begins():
         progress.kernel_begins(symbol)
     assert [line.rsplit(",", 1)[0] for line in lines] == [
         "compiling FlashQLA kernels for tp1-1x1024: 1/6 chunk_local_cumsum",
-        "compiling FlashQLA kernels for tp1-1x1024: 2/6 kkt_solve"]
+        "compiling FlashQLA kernels for tp1-1x1024: 2/6 kkt_solve",
+    ]
     assert progress.ready_line().endswith("(2 compiled)")
 
 
@@ -225,11 +242,14 @@ def test_a_mid_run_compile_gets_a_line_and_tilelangs_records_go_to_the_cache_log
     try:
         with compiles_logged("training", said.append):
             logging.getLogger("tilelang.jit.kernel").info(
-                "TileLang begins to compile kernel `tilelang_fused_chunk_gdr_fwd_kernel` with `out_idx=None`")
+                "TileLang begins to compile kernel `tilelang_fused_chunk_gdr_fwd_kernel` with `out_idx=None`"
+            )
             assert tilelang_logger.handlers != [console]
         assert tilelang_logger.handlers == [console]  # restored
     finally:
         tilelang_logger.removeHandler(console)
-    assert said == [f"compiling FlashQLA kernel fused_chunk_gdr_fwd during training (compiler output: "
-                    f"{tmp_path / COMPILE_LOG_NAME})"]
+    assert said == [
+        f"compiling FlashQLA kernel fused_chunk_gdr_fwd during training (compiler output: "
+        f"{tmp_path / COMPILE_LOG_NAME})"
+    ]
     assert "TileLang begins to compile kernel" in (tmp_path / COMPILE_LOG_NAME).read_text()

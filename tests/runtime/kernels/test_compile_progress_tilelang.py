@@ -54,8 +54,13 @@ with compile_quietly(["cpu-shape"], print, header="tilelang cpu test") as say:
 def compile_kernels(cache_dir) -> subprocess.CompletedProcess:
     script = cache_dir.parent / "compile_two_kernels.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TILELANG_CACHE_DIR": str(cache_dir)})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TILELANG_CACHE_DIR": str(cache_dir)},
+    )
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -64,8 +69,10 @@ def test_a_cold_cache_gives_a_line_per_kernel_and_keeps_tilelang_in_the_log(tmp_
     lines = compile_kernels(tmp_path / "cache").stdout.splitlines()
     assert "to compile into the empty kernel cache" in lines[0]
     assert lines[1] == f"compiler output goes to {tmp_path / 'cache' / COMPILE_LOG_NAME}"
-    assert [line.rsplit(",", 1)[0] for line in lines[2:4]] == ["compiling FlashQLA kernels for cpu-shape: 1/2 add_one",
-                                                              "compiling FlashQLA kernels for cpu-shape: 2/2 add_two"]
+    assert [line.rsplit(",", 1)[0] for line in lines[2:4]] == [
+        "compiling FlashQLA kernels for cpu-shape: 1/2 add_one",
+        "compiling FlashQLA kernels for cpu-shape: 2/2 add_two",
+    ]
     assert lines[4].startswith("FlashQLA kernels for cpu-shape ready in") and lines[4].endswith("(2 compiled)")
     assert len(lines) == 5
     log = (tmp_path / "cache" / COMPILE_LOG_NAME).read_text()

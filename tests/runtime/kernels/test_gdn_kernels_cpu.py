@@ -37,13 +37,19 @@ H100 = RuntimeFacts(
     cuda_available=True,
     capability=(9, 0),
     device_name="NVIDIA H100 80GB HBM3",
-    package_versions={"flash-qla": "0.1.3", "tilelang": "0.1.15", "fla-core": "0.6.0",
-                      "flash-linear-attention": None, "triton": "3.6.0"},
+    package_versions={
+        "flash-qla": "0.1.3",
+        "tilelang": "0.1.15",
+        "fla-core": "0.6.0",
+        "flash-linear-attention": None,
+        "triton": "3.6.0",
+    },
 )
 A100 = dataclasses.replace(H100, capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
 RTX_PRO_6000 = dataclasses.replace(H100, capability=(12, 0), device_name="NVIDIA RTX PRO 6000 Blackwell")
-CPU_ONLY = RuntimeFacts("2.13.0+cpu", None, False, None, None,
-                        {"flash-qla": None, "tilelang": None, "fla-core": None, "triton": None})
+CPU_ONLY = RuntimeFacts(
+    "2.13.0+cpu", None, False, None, None, {"flash-qla": None, "tilelang": None, "fla-core": None, "triton": None}
+)
 
 
 def _with_packages(facts: RuntimeFacts, **changes: str | None) -> RuntimeFacts:
@@ -176,14 +182,34 @@ class _RecordingKernel:
 def _flash_qla_stand_in(recorder):
     """A plain function with flash_qla.chunk_gated_delta_rule's exact 0.1.3 signature (no **kwargs)."""
 
-    def chunk_gated_delta_rule(q, k, v, g, beta, scale: float = None, initial_state=None,
-                               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
-                               cu_seqlens=None, head_first: bool = False, state_v_first: bool = False,
-                               auto_cp: bool = True, enable_fwd_cp_cache: bool = True, cp_context=None,
-                               force_intra_cp: bool = False):
-        return recorder.record((q, k, v, g, beta), dict(
-            scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens))
+    def chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale: float = None,
+        initial_state=None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens=None,
+        head_first: bool = False,
+        state_v_first: bool = False,
+        auto_cp: bool = True,
+        enable_fwd_cp_cache: bool = True,
+        cp_context=None,
+        force_intra_cp: bool = False,
+    ):
+        return recorder.record(
+            (q, k, v, g, beta),
+            dict(
+                scale=scale,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                cu_seqlens=cu_seqlens,
+            ),
+        )
 
     return chunk_gated_delta_rule
 
@@ -207,21 +233,33 @@ def test_adapter_passes_flash_qla_every_option_by_keyword_and_copies_only_stride
     cu_seqlens = torch.tensor([0, 5, 12], dtype=torch.int32)
     state = torch.zeros(2, 4, 8, 8)
 
-    kernel(q, k, strided_v, g=g, beta=beta, scale=0.5, initial_state=state, output_final_state=True,
-           use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+    kernel(
+        q,
+        k,
+        strided_v,
+        g=g,
+        beta=beta,
+        scale=0.5,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens,
+    )
 
-    (args, kwargs), = recorder.calls
+    ((args, kwargs),) = recorder.calls
     assert args[0] is q and args[1] is k and args[3] is g and args[4] is beta
     assert args[2].is_contiguous() and torch.equal(args[2], v)
-    assert kwargs == dict(scale=0.5, initial_state=state, output_final_state=True,
-                          use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+    assert kwargs == dict(
+        scale=0.5, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens
+    )
 
 
 def test_adapter_drops_an_option_the_kernel_lacks_only_while_it_is_at_its_default():
     calls = []
 
-    def kernel_without_l2norm_option(q, k, v, g, beta, scale=None, initial_state=None,
-                                     output_final_state=False, cu_seqlens=None):
+    def kernel_without_l2norm_option(
+        q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+    ):
         calls.append(scale)
         return v, None
 
@@ -294,8 +332,9 @@ def test_reference_matches_the_recurrence_with_gva_initial_state_and_gradients(c
     scale = 0.3
     ref_inputs, rec_inputs = _leaves(q, k, v, g, beta, initial_state), _leaves(q, k, v, g, beta, initial_state)
 
-    o, final_state = gated_delta_rule_reference(*ref_inputs[:5], scale=scale, initial_state=ref_inputs[5],
-                                                output_final_state=True, chunk_size=chunk_size)
+    o, final_state = gated_delta_rule_reference(
+        *ref_inputs[:5], scale=scale, initial_state=ref_inputs[5], output_final_state=True, chunk_size=chunk_size
+    )
     o_rec, final_rec = _recurrence(*rec_inputs[:5], scale, rec_inputs[5])
     torch.testing.assert_close(o.double(), o_rec, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(final_state.double(), final_rec, rtol=1e-5, atol=1e-5)
@@ -311,12 +350,13 @@ def test_reference_with_cu_seqlens_equals_each_sequence_run_alone():
     q, k, v, g, beta = _inputs(batch=1, length=20, heads=1, value_heads=2, dim=4)
     cu_seqlens = torch.tensor([0, 3, 11, 20], dtype=torch.int32)
     initial_states = torch.randn(3, 2, 4, 4)
-    o, final_states = gated_delta_rule_reference(q, k, v, g, beta, initial_state=initial_states,
-                                                 output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=4)
+    o, final_states = gated_delta_rule_reference(
+        q, k, v, g, beta, initial_state=initial_states, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=4
+    )
     bounds = cu_seqlens.tolist()
     for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         piece = [x[:, start:end] for x in (q, k, v, g, beta)]
-        o_rec, final_rec = _recurrence(*piece, 4 ** -0.5, initial_states[index : index + 1])
+        o_rec, final_rec = _recurrence(*piece, 4**-0.5, initial_states[index : index + 1])
         torch.testing.assert_close(o[:, start:end].double(), o_rec, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(final_states[index : index + 1].double(), final_rec, rtol=1e-5, atol=1e-5)
 
@@ -324,8 +364,7 @@ def test_reference_with_cu_seqlens_equals_each_sequence_run_alone():
 def test_reference_gva_equals_megatrons_repeat_interleaved_heads():
     q, k, v, g, beta = _inputs(batch=1, length=9, heads=2, value_heads=4, dim=4)
     native, _ = gated_delta_rule_reference(q, k, v, g, beta)
-    expanded, _ = gated_delta_rule_reference(q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2),
-                                             v, g, beta)
+    expanded, _ = gated_delta_rule_reference(q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta)
     torch.testing.assert_close(native, expanded)
 
 
@@ -338,14 +377,29 @@ def test_reference_stays_finite_under_strong_decay():
 # --- Megatron-Core injection -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version, modules", [
-    ("0.16.0", ("megatron.core.ssm.gated_delta_net",)),
-    ("0.18.0", ("megatron.core.ssm.gated_delta_net",)),
-    ("0.19.2", ("megatron.core.ssm.gated_delta_net.gdn", "megatron.core.ssm.gated_delta_net.common",
-                "megatron.core.ssm.gated_delta_net")),
-    ("0.19.0rc1", ("megatron.core.ssm.gated_delta_net.gdn", "megatron.core.ssm.gated_delta_net.common",
-                   "megatron.core.ssm.gated_delta_net")),
-])
+@pytest.mark.parametrize(
+    "version, modules",
+    [
+        ("0.16.0", ("megatron.core.ssm.gated_delta_net",)),
+        ("0.18.0", ("megatron.core.ssm.gated_delta_net",)),
+        (
+            "0.19.2",
+            (
+                "megatron.core.ssm.gated_delta_net.gdn",
+                "megatron.core.ssm.gated_delta_net.common",
+                "megatron.core.ssm.gated_delta_net",
+            ),
+        ),
+        (
+            "0.19.0rc1",
+            (
+                "megatron.core.ssm.gated_delta_net.gdn",
+                "megatron.core.ssm.gated_delta_net.common",
+                "megatron.core.ssm.gated_delta_net",
+            ),
+        ),
+    ],
+)
 def test_kernel_modules_by_megatron_version(version, modules):
     assert megatron_kernel_modules(version) == modules
 
@@ -386,8 +440,7 @@ def _layer_as_megatron_builds_it(megatron_gdn, deterministic: bool):
         layer.num_v_heads_local_tp = 2
         layer._setup_variant_attrs()
     elif megatron_gdn.version.startswith("0.18"):  # 0.18 binds the same way inside __init__
-        layer.gated_delta_rule = (module.torch_chunk_gated_delta_rule if deterministic
-                                  else module.chunk_gated_delta_rule)
+        layer.gated_delta_rule = module.torch_chunk_gated_delta_rule if deterministic else module.chunk_gated_delta_rule
     return layer
 
 
@@ -396,15 +449,22 @@ def test_patched_global_is_what_a_layer_built_afterwards_calls(megatron_gdn):
     kernel = GdnKernel("flashqla", _flash_qla_stand_in(_RecordingKernel()))
     patched = gdn_kernels.patch_megatron_gdn_kernel(kernel)
     assert patched == [f"{name}.chunk_gated_delta_rule" for name in megatron_kernel_modules(megatron_gdn.version)]
-    model = torch.nn.ModuleDict({"decoder": torch.nn.ModuleList([
-        _layer_as_megatron_builds_it(megatron_gdn, deterministic=False), torch.nn.Linear(2, 2)])})
+    model = torch.nn.ModuleDict(
+        {
+            "decoder": torch.nn.ModuleList(
+                [_layer_as_megatron_builds_it(megatron_gdn, deterministic=False), torch.nn.Linear(2, 2)]
+            )
+        }
+    )
     assert gdn_kernels.report_layer_kernels(model) == [("decoder.0", "flashqla")]
 
 
 @pytest.mark.gpu
 def test_layers_get_the_kernel_after_build_except_deterministic_ones(megatron_gdn):
-    model = torch.nn.Sequential(_layer_as_megatron_builds_it(megatron_gdn, deterministic=False),
-                                _layer_as_megatron_builds_it(megatron_gdn, deterministic=True))
+    model = torch.nn.Sequential(
+        _layer_as_megatron_builds_it(megatron_gdn, deterministic=False),
+        _layer_as_megatron_builds_it(megatron_gdn, deterministic=True),
+    )
     before = dict(gdn_kernels.report_layer_kernels(model))
     assert before["1"].endswith("torch_chunk_gated_delta_rule")
 

@@ -43,9 +43,11 @@ def test_lengths_not_divisible_by_cp_are_refused_with_megatrons_message():
         check_offsets(torch.tensor([0, 3, 8]), 8, "cu_seqlens_q", 2)
 
 
-@pytest.mark.skipif(not _has_module("megatron.core") or _has_module("megatron.core.ssm.gated_delta_net.common"),
-                    reason="needs a megatron-core without the 0.19 GDN package (the test extra's 0.16); 0.19's "
-                           "method is replaced in the GPU test")
+@pytest.mark.skipif(
+    not _has_module("megatron.core") or _has_module("megatron.core.ssm.gated_delta_net.common"),
+    reason="needs a megatron-core without the 0.19 GDN package (the test extra's 0.16); 0.19's "
+    "method is replaced in the GPU test",
+)
 def test_a_megatron_core_without_the_gdn_package_is_left_as_it_is():
     assert "left as it is" in install_host_side_checks()
 
@@ -53,8 +55,20 @@ def test_a_megatron_core_without_the_gdn_package_is_left_as_it_is():
 def test_the_kernel_adapter_hands_fla_the_host_copy():
     seen = {}
 
-    def kernel(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-               use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None):
+    def kernel(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        cu_seqlens_cpu=None,
+    ):
         seen["cu_seqlens_cpu"] = cu_seqlens_cpu
         return v, None
 
@@ -67,8 +81,19 @@ def test_the_kernel_adapter_hands_fla_the_host_copy():
 
 
 def test_a_kernel_without_the_option_is_not_handed_it():
-    def kernel(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-               use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    def kernel(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+    ):
         return v, None
 
     host = torch.tensor([0, 4], dtype=torch.int32)

@@ -58,15 +58,22 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
 
 
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    return {"weights": {name: tensor.clone() for name, tensor in model.state_dict().items()},
-            "optimizer": {index: {key: value.clone() for key, value in state.items()}
-                          for index, state in optimizer.state_dict()["state"].items()}}
+    return {
+        "weights": {name: tensor.clone() for name, tensor in model.state_dict().items()},
+        "optimizer": {
+            index: {key: value.clone() for key, value in state.items()}
+            for index, state in optimizer.state_dict()["state"].items()
+        },
+    }
 
 
 def save(save_dir: Path, iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     directory = save_dir / checkpoint.checkpoint_name(iteration)
-    written = checkpoint.save_tensors(model.state_dict().items(), directory, HFSource({"model_type": "tiny"})) \
-        if dist.get_rank() == 0 else {}
+    written = (
+        checkpoint.save_tensors(model.state_dict().items(), directory, HFSource({"model_type": "tiny"}))
+        if dist.get_rank() == 0
+        else {}
+    )
     checkpoint.save_training_state(directory, optimizer, {"iteration": iteration}, written)
     dist.barrier()
     if dist.get_rank() == 0:
@@ -74,8 +81,9 @@ def save(save_dir: Path, iteration: int, model: torch.nn.Module, optimizer: torc
     dist.barrier()  # as TorchPolicy.save: `latest` moves before any rank goes on
 
 
-def save_run(rank: int, world_size: int, save_dir: Path, store: Path, log: Path, kill: dict[int, Kill],
-             record: Path | None) -> None:
+def save_run(
+    rank: int, world_size: int, save_dir: Path, store: Path, log: Path, kill: dict[int, Kill], record: Path | None
+) -> None:
     """Checkpoints 1 and 2, one AdamW step apart; checkpoint 2 with rank r's `kill[r]` armed. Rank 0 writes what
     each checkpoint holds to save_dir/../expected.pt first, and `record`.RANK gets this rank's durability calls."""
     _start(rank, world_size, store, log)
@@ -94,8 +102,9 @@ def save_run(rank: int, world_size: int, save_dir: Path, store: Path, log: Path,
     dist.destroy_process_group()
 
 
-def resume_run(rank: int, world_size: int, save_dir: Path, store: Path, log: Path, report: Path,
-               then_save: bool) -> None:
+def resume_run(
+    rank: int, world_size: int, save_dir: Path, store: Path, log: Path, report: Path, then_save: bool
+) -> None:
     """Resume as the rl policy does and write what was loaded to `report` (with the rank appended); a
     GdnctlError ends the process the way the runtime's entry point does: its sentence on stderr, its exit code.
     `then_save`: take one more step and save it, so the test can see the next save clean up after a crash."""
@@ -112,8 +121,10 @@ def resume_run(rank: int, world_size: int, save_dir: Path, store: Path, log: Pat
     except GdnctlError as error:
         print(f"gdnctl runtime: {error}", file=sys.stderr, flush=True)
         sys.exit(error.exit_code)
-    torch.save({"checkpoint": directory.name, "iteration": iteration, **snapshot(model, optimizer)},
-               report.with_name(f"{report.name}.{rank}"))
+    torch.save(
+        {"checkpoint": directory.name, "iteration": iteration, **snapshot(model, optimizer)},
+        report.with_name(f"{report.name}.{rank}"),
+    )
     if then_save:
         train_step(model, optimizer)
         save(save_dir, iteration + 1, model, optimizer)
@@ -126,8 +137,9 @@ def _start(rank: int, world_size: int, store: Path, log: Path) -> None:
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 2)
     os.close(descriptor)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
 
 
 def _arm(save_dir: Path, kill: Kill | None, events: list[Event]) -> None:

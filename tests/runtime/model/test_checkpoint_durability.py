@@ -56,9 +56,10 @@ class Job:
     def _run(self, target, *args) -> list[int]:
         self.runs += 1
         store, logs = self.root / f"store-{self.runs}", self.log_paths()
-        processes = [self.context.Process(target=target, args=(rank, self.world_size, self.save_dir, store,
-                                                               logs[rank], *args))
-                     for rank in range(self.world_size)]
+        processes = [
+            self.context.Process(target=target, args=(rank, self.world_size, self.save_dir, store, logs[rank], *args))
+            for rank in range(self.world_size)
+        ]
         for process in processes:
             process.start()
         running = list(processes)
@@ -138,12 +139,15 @@ def assert_resumed(job: Job, iteration: int) -> None:
 
 # --- a save killed at every stage -------------------------------------------------------------------------
 
+
 def test_every_file_is_written_fsynced_renamed_and_its_directory_fsynced_and_latest_moves_last(saved):
     events = json.loads((saved.root / "events.json.0").read_text())
     calls = [(call, path) for call, path, _ in events]
     files = [path for call, path in calls if call == "replace"]
-    assert set(files) == {f"{SECOND}/{name}" for name in ("model.safetensors", "config.json", "trainer_state.json",
-                                                          "optimizer/rank-00000.pt")} | {"latest"}
+    assert set(files) == {
+        f"{SECOND}/{name}"
+        for name in ("model.safetensors", "config.json", "trainer_state.json", "optimizer/rank-00000.pt")
+    } | {"latest"}
     for file in files:
         directory, name = file.rpartition("/")[0] or ".", file.rpartition("/")[2]
         at = calls.index(("replace", file))
@@ -186,12 +190,16 @@ def test_a_save_killed_at_any_stage_resumes_from_the_last_complete_checkpoint(fo
         assert latest_verifies(job.save_dir) == (THIRD if complete else SECOND), case
 
 
-def test_a_rank_killed_while_writing_its_optimizer_state_leaves_latest_on_the_previous_checkpoint(forkserver,
-                                                                                                tmp_path):
+def test_a_rank_killed_while_writing_its_optimizer_state_leaves_latest_on_the_previous_checkpoint(forkserver, tmp_path):
     mine = f"{SECOND}/optimizer/rank-00001.pt"
     fsync_temporary = ("fsync", f"{SECOND}/optimizer/.rank-00001.pt.tmp", 1)
-    kills = [Kill(fsync_temporary, cut=True), Kill(fsync_temporary), Kill(("replace", mine, 1)),
-             Kill(("fsync", f"{SECOND}/optimizer", 1)), Kill(("fsync", f"{SECOND}/optimizer", 1), after=True)]
+    kills = [
+        Kill(fsync_temporary, cut=True),
+        Kill(fsync_temporary),
+        Kill(("replace", mine, 1)),
+        Kill(("fsync", f"{SECOND}/optimizer", 1)),
+        Kill(("fsync", f"{SECOND}/optimizer", 1), after=True),
+    ]
     for number, kill in enumerate(kills):
         job = Job(forkserver, tmp_path / f"kill-{number}", world_size=2)
         assert job.save({1: kill})[1] == KILLED, f"{kill}\n{job.logs()}"
@@ -203,9 +211,11 @@ def test_a_rank_killed_while_writing_its_optimizer_state_leaves_latest_on_the_pr
 
 # --- files damaged after the save -------------------------------------------------------------------------
 
+
 def checkpoint_files(job: Job) -> list[str]:
-    return sorted(str(path.relative_to(job.save_dir / SECOND)) for path in (job.save_dir / SECOND).rglob("*")
-                  if path.is_file())
+    return sorted(
+        str(path.relative_to(job.save_dir / SECOND)) for path in (job.save_dir / SECOND).rglob("*") if path.is_file()
+    )
 
 
 def truncate(path: Path) -> None:
@@ -219,11 +229,15 @@ def flip_a_byte(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [truncate, flip_a_byte])
-def test_a_damaged_file_of_the_latest_checkpoint_falls_back_to_the_previous_one_on_every_rank(saved, tmp_path,
-                                                                                             damage):
+def test_a_damaged_file_of_the_latest_checkpoint_falls_back_to_the_previous_one_on_every_rank(saved, tmp_path, damage):
     files = checkpoint_files(saved)
-    assert files == ["config.json", "model.safetensors", "optimizer/rank-00000.pt", "optimizer/rank-00001.pt",
-                     "trainer_state.json"]
+    assert files == [
+        "config.json",
+        "model.safetensors",
+        "optimizer/rank-00000.pt",
+        "optimizer/rank-00001.pt",
+        "trainer_state.json",
+    ]
     for file in files:
         job = saved.copy(tmp_path / file.replace("/", "-"))
         path = job.save_dir / SECOND / file
@@ -232,8 +246,11 @@ def test_a_damaged_file_of_the_latest_checkpoint_falls_back_to_the_previous_one_
         codes, stderr = job.resume()
         assert codes == [0, 0], job.logs()
         assert "Traceback" not in job.logs()
-        line = re.escape(f"gdnctl: checkpoint {SECOND} is ") + r"(incomplete|corrupt) \((.+)\)" + \
-            re.escape(f"; resuming from {FIRST}\n")
+        line = (
+            re.escape(f"gdnctl: checkpoint {SECOND} is ")
+            + r"(incomplete|corrupt) \((.+)\)"
+            + re.escape(f"; resuming from {FIRST}\n")
+        )
         match = re.fullmatch(line, stderr)
         assert match, stderr
         if file == "trainer_state.json":
@@ -250,8 +267,9 @@ def test_latest_naming_a_deleted_checkpoint_falls_back(saved, tmp_path):
     shutil.rmtree(job.save_dir / SECOND)
     codes, stderr = job.resume()
     assert codes == [0, 0]
-    assert stderr == (f"gdnctl: checkpoint {SECOND} is missing ({job.save_dir / SECOND} does not exist); "
-                      f"resuming from {FIRST}\n")
+    assert stderr == (
+        f"gdnctl: checkpoint {SECOND} is missing ({job.save_dir / SECOND} does not exist); resuming from {FIRST}\n"
+    )
     assert_resumed(job, 1)
 
 
@@ -262,13 +280,18 @@ def test_no_checkpoint_that_verifies_is_one_sentence_naming_the_save_dir_and_the
     codes, stderr = job.resume()
     assert codes == [2, 2], job.logs()
     assert "Traceback" not in job.logs()
-    assert stderr.startswith(f"gdnctl runtime: no checkpoint in {job.save_dir} can be resumed (checkpoint {SECOND} "
-                             "is incomplete (optimizer/rank-00001.pt: ")
-    assert stderr.endswith(f"); restore an intact checkpoint directory there and write its name into "
-                           f"{job.save_dir / 'latest'}, or delete that file to start the run over.\n")
+    assert stderr.startswith(
+        f"gdnctl runtime: no checkpoint in {job.save_dir} can be resumed (checkpoint {SECOND} "
+        "is incomplete (optimizer/rank-00001.pt: "
+    )
+    assert stderr.endswith(
+        f"); restore an intact checkpoint directory there and write its name into "
+        f"{job.save_dir / 'latest'}, or delete that file to start the run over.\n"
+    )
 
 
 # --- a trainer_state.json without checksums --------------------------------------------------------------------
+
 
 def test_a_checkpoint_without_recorded_checksums_is_refused_not_half_checked(saved, tmp_path):
     """Every checkpoint gdnctl writes records its files' sizes and checksums; one that records none (hand-made, or
@@ -280,25 +303,34 @@ def test_a_checkpoint_without_recorded_checksums_is_refused_not_half_checked(sav
         path.write_text(json.dumps({"iteration": iteration, "world_size": state["world_size"]}, indent=2) + "\n")
     codes, stderr = job.resume()
     assert codes == [2, 2], job.logs()
-    assert stderr.startswith(f"gdnctl runtime: no checkpoint in {job.save_dir} can be resumed (checkpoint {SECOND} "
-                             "is corrupt (trainer_state.json records no checksum of its own); checkpoint "
-                             f"{FIRST} is corrupt (trainer_state.json records no checksum of its own))"), stderr
+    assert stderr.startswith(
+        f"gdnctl runtime: no checkpoint in {job.save_dir} can be resumed (checkpoint {SECOND} "
+        "is corrupt (trainer_state.json records no checksum of its own); checkpoint "
+        f"{FIRST} is corrupt (trainer_state.json records no checksum of its own))"
+    ), stderr
 
 
 # --- the rl job's CPU policy ----------------------------------------------------------------------------------
+
 
 def test_the_cpu_rl_policy_resumes_from_the_previous_checkpoint_when_the_latest_is_truncated(tmp_path, capfd):
     """TorchPolicy's own save and resume (the worker above follows the same calls on a smaller model)."""
     from gdnctl.runtime.rl.torch_policy import TorchPolicy
 
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o",
-                               str(tmp_path / "run")], text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o", str(tmp_path / "run")],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
     engine = EngineConfig.from_file(tmp_path / "run" / "engine.yaml")
     save_dir = tmp_path / "ckpt"
     config = engine.model_copy(update={"train": engine.train.model_copy(update={"save_dir": str(save_dir)})})
-    rows = [Sample(0, (81, 58, 32), (49, 50, 256), (-5.5,) * 3, "stop", 0.0, 1.0),
-            Sample(0, (70, 71), (48, 49), (-5.5,) * 2, "stop", 0.0, -1.0)]
+    rows = [
+        Sample(0, (81, 58, 32), (49, 50, 256), (-5.5,) * 3, "stop", 0.0, 1.0),
+        Sample(0, (70, 71), (48, 49), (-5.5,) * 2, "stop", 0.0, -1.0),
+    ]
     batch = [rl_batch.build_batch(rows, pad_id=256)]
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -314,8 +346,10 @@ def test_the_cpu_rl_policy_resumes_from_the_previous_checkpoint_when_the_latest_
         truncate(weights)
         capfd.readouterr()
         resumed = TorchPolicy(config)
-        assert capfd.readouterr().err == (f"gdnctl: checkpoint {SECOND} is incomplete (model.safetensors: "
-                                          f"{size // 2:,} of {size:,} bytes); resuming from {FIRST}\n")
+        assert capfd.readouterr().err == (
+            f"gdnctl: checkpoint {SECOND} is incomplete (model.safetensors: "
+            f"{size // 2:,} of {size:,} bytes); resuming from {FIRST}\n"
+        )
         assert resumed.step == 1
         for name, tensor in resumed.module.state_dict().items():
             assert torch.equal(tensor, first[name]), name

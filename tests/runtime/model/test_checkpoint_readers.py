@@ -26,14 +26,17 @@ def _single_file_checkpoint(directory: Path, tensors: dict[str, torch.Tensor]) -
     return directory
 
 
-@pytest.mark.parametrize(("index", "said"), [
-    ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
-    ("{", "is not valid JSON"),
-    (json.dumps([1]), "has no weight_map"),
-    (json.dumps({"weight_map": ["model.safetensors"]}), "has no weight_map"),
-    (json.dumps({"weight_map": {"model.norm.weight": 3}}), "has no weight_map"),
-    (json.dumps({"weight_map": {"model.norm.weight": "../../etc/passwd"}}), "has no weight_map"),
-])
+@pytest.mark.parametrize(
+    ("index", "said"),
+    [
+        ("[" * 100_000, "nests its JSON deeper than a reader can follow"),
+        ("{", "is not valid JSON"),
+        (json.dumps([1]), "has no weight_map"),
+        (json.dumps({"weight_map": ["model.safetensors"]}), "has no weight_map"),
+        (json.dumps({"weight_map": {"model.norm.weight": 3}}), "has no weight_map"),
+        (json.dumps({"weight_map": {"model.norm.weight": "../../etc/passwd"}}), "has no weight_map"),
+    ],
+)
 def test_an_index_no_reader_can_take_is_named(tmp_path, index, said):
     (tmp_path / checkpoint.INDEX_FILE).write_text(index)
     with pytest.raises(CheckpointError, match=said) as raised:
@@ -52,8 +55,9 @@ def test_a_safetensors_file_that_does_not_read_is_named(tmp_path, damage):
 
 
 def test_a_shard_file_missing_or_damaged_behind_the_index_is_named(tmp_path):
-    (tmp_path / checkpoint.INDEX_FILE).write_text(json.dumps({"weight_map": {"model.norm.weight": "gone.safetensors",
-                                                                          "lm_head.weight": "bad.safetensors"}}))
+    (tmp_path / checkpoint.INDEX_FILE).write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "gone.safetensors", "lm_head.weight": "bad.safetensors"}})
+    )
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
     reader = checkpoint.HFReader(tmp_path)
     with pytest.raises(CheckpointError, match=f"{tmp_path / 'gone.safetensors'} cannot give tensor model.norm.weight"):
@@ -92,13 +96,21 @@ def test_a_tensor_the_conversion_cannot_cut_is_named_with_its_shape(tmp_path):
     hf = random_hf(NEXT)
     names = megatron_names(NEXT)
     rules = rules_for(NEXT, names, ShardPlace())
-    model = _module({name: tuple(rules[name].to_local(hf, 0, 1).shape) for name in names
-                     if not (NEXT.tie_word_embeddings and name == "output_layer.weight")})
+    model = _module(
+        {
+            name: tuple(rules[name].to_local(hf, 0, 1).shape)
+            for name in names
+            if not (NEXT.tie_word_embeddings and name == "output_layer.weight")
+        }
+    )
     qkvz = "model.layers.0.linear_attn.in_proj_qkvz.weight"
     hf[qkvz] = hf[qkvz][:-3]  # three rows short: Qwen3-Next's per-key-head regrouping cannot view it
     directory = _single_file_checkpoint(tmp_path / "ckpt", hf)
-    with pytest.raises(CheckpointError, match=rf"{directory}: .*{qkvz} \(\d+, \d+\).* cannot make "
-                                              r"decoder\.layers\.0\.self_attention\.in_proj\.weight"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{directory}: .*{qkvz} \(\d+, \d+\).* cannot make "
+        r"decoder\.layers\.0\.self_attention\.in_proj\.weight",
+    ):
         checkpoint.load_hf(model, NEXT, ShardPlace(), directory)
 
 
@@ -109,14 +121,17 @@ def one_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("state", "said"), [
-    ("[1]", "is not a JSON object"),
-    ("{", "is not valid JSON"),
-    (json.dumps({"world_size": 1}), "has iteration None, not a count"),
-    (json.dumps({"iteration": "3", "world_size": 1}), "has iteration '3', not a count"),
-    (json.dumps({"iteration": True, "world_size": 1}), "has iteration True, not a count"),
-    (json.dumps({"iteration": 3, "consumed_samples": -1, "world_size": 1}), "has consumed_samples -1"),
-])
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ("[1]", "is not a JSON object"),
+        ("{", "is not valid JSON"),
+        (json.dumps({"world_size": 1}), "has iteration None, not a count"),
+        (json.dumps({"iteration": "3", "world_size": 1}), "has iteration '3', not a count"),
+        (json.dumps({"iteration": True, "world_size": 1}), "has iteration True, not a count"),
+        (json.dumps({"iteration": 3, "consumed_samples": -1, "world_size": 1}), "has consumed_samples -1"),
+    ],
+)
 def test_a_trainer_state_that_does_not_read_is_named(tmp_path, state, said):
     (tmp_path / checkpoint.STATE_FILE).write_text(state)
     with pytest.raises(CheckpointError, match=said) as raised:
@@ -124,12 +139,15 @@ def test_a_trainer_state_that_does_not_read_is_named(tmp_path, state, said):
     assert str(tmp_path / checkpoint.STATE_FILE) in str(raised.value)
 
 
-@pytest.mark.parametrize(("content", "said"), [
-    (b"", "cannot be loaded"),
-    (b"not a torch archive", "cannot be loaded"),
-    ("list of numbers", "holds no optimizer states of gdnctl's"),
-    ("wrong layout", "does not fit this run's optimizer"),
-])
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"", "cannot be loaded"),
+        (b"not a torch archive", "cannot be loaded"),
+        ("list of numbers", "holds no optimizer states of gdnctl's"),
+        ("wrong layout", "does not fit this run's optimizer"),
+    ],
+)
 def test_an_optimizer_state_that_does_not_load_is_named(tmp_path, one_rank_group, content, said):
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.AdamW(model.parameters())

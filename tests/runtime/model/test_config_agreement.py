@@ -40,7 +40,8 @@ with warnings.catch_warnings():
     transformer_config_module = pytest.importorskip(
         "megatron.core.transformer.transformer_config",
         reason="megatron-core is not installed (pip install --no-deps megatron-core==0.16.1; it needs only torch, "
-               "numpy and packaging)")
+        "numpy and packaging)",
+    )
 
 from gdnctl.knowledge import GPUS, catalog  # noqa: E402
 from gdnctl.plan import compile_engine_config  # noqa: E402
@@ -56,18 +57,24 @@ KNOWN_FIELDS = frozenset(f.name for f in dataclasses.fields(TransformerConfig) i
 
 # Presets per run; derandomize: the same presets on every run, so CI is reproducible. About 40 s on 2 cores.
 EXAMPLES = 4000
-AGREEMENT = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=list(HealthCheck))
+AGREEMENT = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 
 BUILT = "accepted: TransformerConfig built"
 TE_INSTALLED = importlib.util.find_spec("transformer_engine") is not None
 NO_MEGATRON = "accepted: the job builds no Megatron model (selftest, or rl on device cpu)"
-NEEDS_TE = ("accepted: FP8 with experts, whose TransformerConfig checks Transformer Engine's version (checked on "
-            "the GPU machine, where TE is installed)")
-CP_PREDATES = ("accepted: GDN context parallel, which the installed megatron-core predates (built with cp 1 for "
-               "the other fields)")
-STRICTER = ("refused by HEAD002 alone: Megatron-Core builds it (TP a multiple of the KV heads, refused for a "
-            "megatron-bridge 0.4 provider or megatron-core < 0.16 the preset names)")
+NEEDS_TE = (
+    "accepted: FP8 with experts, whose TransformerConfig checks Transformer Engine's version (checked on "
+    "the GPU machine, where TE is installed)"
+)
+CP_PREDATES = (
+    "accepted: GDN context parallel, which the installed megatron-core predates (built with cp 1 for the other fields)"
+)
+STRICTER = (
+    "refused by HEAD002 alone: Megatron-Core builds it (TP a multiple of the KV heads, refused for a "
+    "megatron-bridge 0.4 provider or megatron-core < 0.16 the preset names)"
+)
 REJECTED = "rejected"
 
 
@@ -93,17 +100,29 @@ CHECKPOINTS = {
     "tiny-moe-top1": {"num_experts_per_tok": 1},
     "tiny-moe-no-shared": {"shared_expert_intermediate_size": 0},
     "tiny-moe-shared-unset": {"shared_expert_intermediate_size": None},
-    "tiny-moe-kv4": {"num_attention_heads": 8, "num_key_value_heads": 4, "linear_num_key_heads": 8,
-                     "linear_num_value_heads": 16},
-    "tiny-dense": {"model_type": "qwen3_5_text", "num_experts": None, "num_experts_per_tok": None,
-                   "moe_intermediate_size": None, "shared_expert_intermediate_size": None,
-                   "intermediate_size": 512},
+    "tiny-moe-kv4": {
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "linear_num_key_heads": 8,
+        "linear_num_value_heads": 16,
+    },
+    "tiny-dense": {
+        "model_type": "qwen3_5_text",
+        "num_experts": None,
+        "num_experts_per_tok": None,
+        "moe_intermediate_size": None,
+        "shared_expert_intermediate_size": None,
+        "intermediate_size": 512,
+    },
 }
 MODELS = [("id", model_id) for model_id in catalog.catalog_ids()] + [("path", name) for name in CHECKPOINTS]
 # Stacks that pass the bridge/core pairing (BRG006): the pinned one, and bridge 0.4/0.5/0.6 on core 0.17/0.18/0.19.
-STACKS = [{}, {"megatron_core": "0.17.0", "megatron_bridge": "0.4.0"},
-          {"megatron_core": "0.18.1", "megatron_bridge": "0.5.0"},
-          {"megatron_core": "0.19.2", "megatron_bridge": "0.6.2"}]
+STACKS = [
+    {},
+    {"megatron_core": "0.17.0", "megatron_bridge": "0.4.0"},
+    {"megatron_core": "0.18.1", "megatron_bridge": "0.5.0"},
+    {"megatron_core": "0.19.2", "megatron_bridge": "0.6.2"},
+]
 
 
 @lru_cache(maxsize=None)
@@ -112,8 +131,9 @@ def checkpoint_dir(root: Path, name: str) -> str:
     architecture = "Qwen3_5MoeForCausalLM" if "num_experts" in text else "Qwen3_5ForCausalLM"
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({"architectures": [architecture], **text,
-                                                       "tie_word_embeddings": False}))
+    (directory / "config.json").write_text(
+        json.dumps({"architectures": [architecture], **text, "tie_word_embeddings": False})
+    )
     return str(directory)
 
 
@@ -173,7 +193,8 @@ def preset_dicts(draw, root: Path) -> dict:
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
         "precision": draw(st.sampled_from(["bf16"] * 7 + ["fp8"])),
         "layout": layout,
-        "micro_batch_size": micro, "global_batch_size": global_batch,
+        "micro_batch_size": micro,
+        "global_batch_size": global_batch,
         "seq_length": draw(st.sampled_from([1024, 4096, 8192, 32768] + ([] if steered_cp else [4100]))),
         "mtp": draw(st.sampled_from([False] * 7 + [True])),
         "distributed_optimizer": draw(st.booleans()),
@@ -184,11 +205,19 @@ def preset_dicts(draw, root: Path) -> dict:
     if draw(st.integers(0, 11)) == 0:
         train["lora"] = {"rank": 8, "alpha": 16}
     preset = {
-        "name": "agreement", "job": job,
+        "name": "agreement",
+        "job": job,
         "model": {"id": model} if kind == "id" else {"path": checkpoint_dir(root, model)},
         "cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": draw(st.sampled_from(sorted(GPUS)))},
-        "parallel": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
-                     "sequence_parallel": draw(st.sampled_from([None, None, True, False]))},
+        "parallel": {
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "ep": ep,
+            "etp": etp,
+            "vpp": vpp,
+            "sequence_parallel": draw(st.sampled_from([None, None, True, False])),
+        },
         "train": train,
         "kernels": {"gdn_backend": draw(st.sampled_from(["fla"] * 7 + ["flashqla"]))},
         "runtime": draw(st.sampled_from(STACKS)),
@@ -198,13 +227,17 @@ def preset_dicts(draw, root: Path) -> dict:
         preset["model"]["tokenizer"] = "/models/tokenizer"
         train["data_path"] = "/data/prompts.jsonl"
         rollout_heads = math.gcd(*heads) if not free else arch.num_attention_heads
-        preset["rollout"] = {"tp": draw(st.sampled_from(_dividing(rollout_heads, (1, 2, 4, 8)))),
-                             "colocate": draw(st.sampled_from([True] * 7 + [False])),
-                             "gdn_prefill_backend": "triton", "python": "/opt/vllm/bin/python"}
+        preset["rollout"] = {
+            "tp": draw(st.sampled_from(_dividing(rollout_heads, (1, 2, 4, 8)))),
+            "colocate": draw(st.sampled_from([True] * 7 + [False])),
+            "gdn_prefill_backend": "triton",
+            "python": "/opt/vllm/bin/python",
+        }
     return preset
 
 
 # --- the check ------------------------------------------------------------------------------------------------
+
 
 def runtime_kwargs(engine) -> dict:
     """What the runtime's model builder hands Megatron-Core's TransformerConfig. The megatron-bridge provider is
@@ -214,15 +247,22 @@ def runtime_kwargs(engine) -> dict:
         return transformer_config_kwargs(engine)
     # The TE-free kwargs stand in for the architecture the bridge reads; FP8 and CP, which only the TE-free builder
     # refuses, come from provider_overrides.
-    architecture = engine.model_copy(update={"train": engine.train.model_copy(update={"precision": "bf16"}),
-                                             "parallel": engine.parallel.model_copy(update={"cp": 1})})
+    architecture = engine.model_copy(
+        update={
+            "train": engine.train.model_copy(update={"precision": "bf16"}),
+            "parallel": engine.parallel.model_copy(update={"cp": 1}),
+        }
+    )
     if importlib.util.find_spec("transformer_engine") is None:
         # The speed options run Transformer Engine's kernels (fused RoPE, router, cross entropy), which
         # TransformerConfig refuses where TE is missing; the GPU runs build the model with them. Here, without TE,
         # the agreement checked is the parallel arithmetic and the architecture.
         engine = engine.model_copy(update={"speed": EngineSpeed()})
-    return {**transformer_config_kwargs(architecture), **provider_overrides(engine),
-            "transformer_impl": "transformer_engine"}
+    return {
+        **transformer_config_kwargs(architecture),
+        **provider_overrides(engine),
+        "transformer_impl": "transformer_engine",
+    }
 
 
 def _errors(result) -> set[str]:
@@ -256,9 +296,11 @@ def check(preset: dict, path: Path) -> str:
         build(kwargs)
     except (ModelBuildError, ValueError, AssertionError, TypeError) as err:
         findings = sorted({f.code for f in result.findings})
-        raise AssertionError(f"validate found only {findings} but the runtime's TransformerConfig "
-                             f"(megatron-core {MCORE_VERSION}) refused: {type(err).__name__}: {err}\n"
-                             f"{json.dumps(preset, indent=1)}") from err
+        raise AssertionError(
+            f"validate found only {findings} but the runtime's TransformerConfig "
+            f"(megatron-core {MCORE_VERSION}) refused: {type(err).__name__}: {err}\n"
+            f"{json.dumps(preset, indent=1)}"
+        ) from err
     if predates_cp:
         return CP_PREDATES
     return STRICTER if errors else BUILT
@@ -290,8 +332,10 @@ def test_validate_accepts_only_what_megatron_core_builds(workdir):
     agree()
     generated = sum(outcomes.values())
     accepted = outcomes[BUILT] + outcomes[NO_MEGATRON] + outcomes[NEEDS_TE] + outcomes[CP_PREDATES]
-    print(f"\nmegatron-core {MCORE_VERSION}: {generated} presets, {accepted} accepted by validate: "
-          f"{dict(outcomes)}; TransformerConfig built for {sorted(built_models)}")
+    print(
+        f"\nmegatron-core {MCORE_VERSION}: {generated} presets, {accepted} accepted by validate: "
+        f"{dict(outcomes)}; TransformerConfig built for {sorted(built_models)}"
+    )
     # The generator must keep reaching the construction, for every model it can build, or the property says little.
     assert outcomes[BUILT] + outcomes[CP_PREDATES] >= generated // 8, outcomes
     buildable = {m for kind, m in MODELS} - {"tiny-moe-top1", "tiny-moe-no-shared"}  # TRN005, TRN006 refuse them
@@ -307,23 +351,34 @@ def test_installed_megatron_core_knows_every_runtime_argument(workdir):
     """Every argument the runtime passes is a field of the installed TransformerConfig, or recorded as unchecked."""
     kwargs = {}
     for model, recompute in (("Qwen/Qwen3.5-35B-A3B", "full"), ("Qwen/Qwen3.5-9B", "selective")):
-        preset = {"name": "fields", "job": "sft", "model": {"id": model}, "parallel": {"tp": 2, "ep": 2},
-                  "train": {"recompute": recompute}}
+        preset = {
+            "name": "fields",
+            "job": "sft",
+            "model": {"id": model},
+            "parallel": {"tp": 2, "ep": 2},
+            "train": {"recompute": recompute},
+        }
         if model.endswith("9B"):
             preset["parallel"]["ep"] = 1
         path = workdir / "fields.yaml"
         path.write_text(json.dumps(preset))
         kwargs.update(transformer_config_kwargs(compile_engine_config(validate(path).run)))
     lacking = unknown_kwargs(kwargs)
-    assert lacking <= UNCHECKED.get(MCORE_VERSION, frozenset()), \
+    assert lacking <= UNCHECKED.get(MCORE_VERSION, frozenset()), (
         f"megatron-core {MCORE_VERSION} lacks {sorted(lacking)}: record them in UNCHECKED"
+    )
 
 
 # --- regressions: what the property found, and the rule that now catches it --------------------------------------
 
-BASE = {"name": "regression", "job": "sft", "model": {"id": "Qwen/Qwen3.5-9B"},
-        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"}, "parallel": {"tp": 2},
-        "train": {"global_batch_size": 64, "recompute": "full", "optimizer_cpu_offload": True}}
+BASE = {
+    "name": "regression",
+    "job": "sft",
+    "model": {"id": "Qwen/Qwen3.5-9B"},
+    "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"},
+    "parallel": {"tp": 2},
+    "train": {"global_batch_size": 64, "recompute": "full", "optimizer_cpu_offload": True},
+}
 
 
 def _preset(model: dict | None = None, parallel: dict | None = None) -> dict:
@@ -338,12 +393,27 @@ def _validated(preset: dict, root: Path):
 
 # (case, model, parallel, the rule that catches it, what megatron-core 0.16.1's TransformerConfig raises)
 REGRESSIONS = [
-    ("sequence parallel with tp 1", None, {"tp": 1, "sequence_parallel": True}, "PAR011",
-     "Cannot use sequence parallelism without tensor parallelism"),
-    ("MoE routing to one expert", "tiny-moe-top1", {"tp": 2, "ep": 8}, "TRN005",
-     "Please use --moe-router-pre-softmax when topk is 1"),
-    ("shared expert of size 0", "tiny-moe-no-shared", {"tp": 2, "ep": 8}, "TRN006",
-     "moe_shared_expert_intermediate_size must be"),
+    (
+        "sequence parallel with tp 1",
+        None,
+        {"tp": 1, "sequence_parallel": True},
+        "PAR011",
+        "Cannot use sequence parallelism without tensor parallelism",
+    ),
+    (
+        "MoE routing to one expert",
+        "tiny-moe-top1",
+        {"tp": 2, "ep": 8},
+        "TRN005",
+        "Please use --moe-router-pre-softmax when topk is 1",
+    ),
+    (
+        "shared expert of size 0",
+        "tiny-moe-no-shared",
+        {"tp": 2, "ep": 8},
+        "TRN006",
+        "moe_shared_expert_intermediate_size must be",
+    ),
 ]
 
 
@@ -364,8 +434,10 @@ def test_regression_is_refused_by_validate_and_by_megatron_core(workdir, case, m
 
 # --- HEAD002: what Megatron-Core itself accepts ------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, tp", [("Qwen/Qwen3.5-35B-A3B", 4), ("Qwen/Qwen3.5-35B-A3B", 8),
-                                       ("Qwen/Qwen3.5-9B", 8)])
+
+@pytest.mark.parametrize(
+    "model, tp", [("Qwen/Qwen3.5-35B-A3B", 4), ("Qwen/Qwen3.5-35B-A3B", 8), ("Qwen/Qwen3.5-9B", 8)]
+)
 def test_tp_a_multiple_of_the_kv_heads_is_accepted_and_megatron_core_builds_it(workdir, model, tp):
     """HEAD002 takes a TP above the KV heads on the pinned stack; Megatron-Core's TransformerConfig builds it."""
     ep = 8 if "A3B" in model else 1
@@ -377,9 +449,11 @@ def test_tp_a_multiple_of_the_kv_heads_is_accepted_and_megatron_core_builds_it(w
 
 def test_megatron_core_refuses_tp_neither_multiple_nor_divisor_of_the_kv_heads(workdir):
     """Qwen3.5-27B: 4 KV heads, TP 6 (which divides its 24 attention heads) is neither."""
-    preset = {**_preset({"id": "Qwen/Qwen3.5-27B"}, {"tp": 6}),
-              "cluster": {"nodes": 1, "gpus_per_node": 6, "gpu": "h100"},
-              "train": {**BASE["train"], "global_batch_size": 60}}
+    preset = {
+        **_preset({"id": "Qwen/Qwen3.5-27B"}, {"tp": 6}),
+        "cluster": {"nodes": 1, "gpus_per_node": 6, "gpu": "h100"},
+        "train": {**BASE["train"], "global_batch_size": 60},
+    }
     result = _validated(preset, workdir)
     assert "HEAD002" in _errors(result)
     assert "Megatron-Core refuses it" in next(f.message for f in result.findings if f.code == "HEAD002")

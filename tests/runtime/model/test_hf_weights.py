@@ -23,12 +23,23 @@ from gdnctl.runtime.model.hf_weights import (
 TINY = from_catalog("gdnctl/tiny-qwen3.5")
 # The MoE proxy, shrunk further so random HF tensors stay small on the CPU.
 PROXY = from_catalog("gdnctl/qwen3.5-35b-a3b-proxy").model_copy(
-    update={"num_experts": 4, "num_layers": 4, "vocab_size": 1024, "hidden_size": 128})
+    update={"num_experts": 4, "num_layers": 4, "vocab_size": 1024, "hidden_size": 128}
+)
 # Qwen3-Next-80B-A3B's head layout (16 key / 32 value GDN heads, so two value heads per key head), shrunk.
 NEXT = from_catalog("Qwen/Qwen3-Next-80B-A3B").model_copy(
-    update={"num_experts": 4, "num_experts_per_tok": 2, "num_layers": 4, "vocab_size": 512, "hidden_size": 64,
-            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "head_dim": 32, "moe_ffn_hidden_size": 32,
-            "shared_expert_ffn_hidden_size": 32})
+    update={
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_layers": 4,
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "head_dim": 32,
+        "moe_ffn_hidden_size": 32,
+        "shared_expert_ffn_hidden_size": 32,
+    }
+)
 
 
 def megatron_names(arch) -> list[str]:
@@ -40,17 +51,25 @@ def megatron_names(arch) -> list[str]:
         names += [f"{layer}.input_layernorm.weight", f"{layer}.pre_mlp_layernorm.weight"]
         attn = f"{layer}.self_attention"
         if arch.layer_is_gdn(i):
-            names += [f"{attn}.{n}" for n in ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log",
-                                              "out_norm.weight", "out_proj.weight")]
+            names += [
+                f"{attn}.{n}"
+                for n in ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "out_norm.weight", "out_proj.weight")
+            ]
         else:
-            names += [f"{attn}.{n}" for n in ("linear_qkv.weight", "q_layernorm.weight", "k_layernorm.weight",
-                                              "linear_proj.weight")]
+            names += [
+                f"{attn}.{n}"
+                for n in ("linear_qkv.weight", "q_layernorm.weight", "k_layernorm.weight", "linear_proj.weight")
+            ]
         if arch.is_moe:
             names.append(f"{layer}.mlp.router.weight")
-            names += [f"{layer}.mlp.experts.local_experts.{e}.linear_fc{k}.weight"
-                      for e in range(arch.num_experts) for k in (1, 2)]
-            names += [f"{layer}.mlp.shared_experts.{n}" for n in ("linear_fc1.weight", "linear_fc2.weight",
-                                                                  "gate_weight")]
+            names += [
+                f"{layer}.mlp.experts.local_experts.{e}.linear_fc{k}.weight"
+                for e in range(arch.num_experts)
+                for k in (1, 2)
+            ]
+            names += [
+                f"{layer}.mlp.shared_experts.{n}" for n in ("linear_fc1.weight", "linear_fc2.weight", "gate_weight")
+            ]
         else:
             names += [f"{layer}.mlp.linear_fc1.weight", f"{layer}.mlp.linear_fc2.weight"]
     return names
@@ -60,8 +79,11 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
     h = arch.hidden_size
     key_dim = arch.linear_num_key_heads * arch.linear_key_head_dim
     value_dim = arch.linear_num_value_heads * arch.linear_value_head_dim
-    shapes = {"model.embed_tokens.weight": (arch.vocab_size, h), "model.norm.weight": (h,),
-              "lm_head.weight": (arch.vocab_size, h)}
+    shapes = {
+        "model.embed_tokens.weight": (arch.vocab_size, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (arch.vocab_size, h),
+    }
     for i in range(arch.num_layers):
         p = f"model.layers.{i}"
         shapes[f"{p}.input_layernorm.weight"] = (h,)
@@ -69,24 +91,42 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         if arch.layer_is_gdn(i):
             a = f"{p}.linear_attn"
             if arch.is_qwen3_next:
-                shapes.update({f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
-                               f"{a}.in_proj_ba.weight": (2 * arch.linear_num_value_heads, h)})
+                shapes.update(
+                    {
+                        f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
+                        f"{a}.in_proj_ba.weight": (2 * arch.linear_num_value_heads, h),
+                    }
+                )
             else:
-                shapes.update({f"{a}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
-                               f"{a}.in_proj_z.weight": (value_dim, h),
-                               f"{a}.in_proj_b.weight": (arch.linear_num_value_heads, h),
-                               f"{a}.in_proj_a.weight": (arch.linear_num_value_heads, h)})
-            shapes.update({f"{a}.conv1d.weight": (2 * key_dim + value_dim, 1, arch.linear_conv_kernel_dim),
-                           f"{a}.dt_bias": (arch.linear_num_value_heads,), f"{a}.A_log": (arch.linear_num_value_heads,),
-                           f"{a}.norm.weight": (arch.linear_value_head_dim,),
-                           f"{a}.out_proj.weight": (h, value_dim)})
+                shapes.update(
+                    {
+                        f"{a}.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
+                        f"{a}.in_proj_z.weight": (value_dim, h),
+                        f"{a}.in_proj_b.weight": (arch.linear_num_value_heads, h),
+                        f"{a}.in_proj_a.weight": (arch.linear_num_value_heads, h),
+                    }
+                )
+            shapes.update(
+                {
+                    f"{a}.conv1d.weight": (2 * key_dim + value_dim, 1, arch.linear_conv_kernel_dim),
+                    f"{a}.dt_bias": (arch.linear_num_value_heads,),
+                    f"{a}.A_log": (arch.linear_num_value_heads,),
+                    f"{a}.norm.weight": (arch.linear_value_head_dim,),
+                    f"{a}.out_proj.weight": (h, value_dim),
+                }
+            )
         else:
             a, d = f"{p}.self_attn", arch.head_dim
-            shapes.update({f"{a}.q_proj.weight": (2 * arch.num_attention_heads * d, h),
-                           f"{a}.k_proj.weight": (arch.num_key_value_heads * d, h),
-                           f"{a}.v_proj.weight": (arch.num_key_value_heads * d, h),
-                           f"{a}.q_norm.weight": (d,), f"{a}.k_norm.weight": (d,),
-                           f"{a}.o_proj.weight": (h, arch.num_attention_heads * d)})
+            shapes.update(
+                {
+                    f"{a}.q_proj.weight": (2 * arch.num_attention_heads * d, h),
+                    f"{a}.k_proj.weight": (arch.num_key_value_heads * d, h),
+                    f"{a}.v_proj.weight": (arch.num_key_value_heads * d, h),
+                    f"{a}.q_norm.weight": (d,),
+                    f"{a}.k_norm.weight": (d,),
+                    f"{a}.o_proj.weight": (h, arch.num_attention_heads * d),
+                }
+            )
         mlps = []
         if arch.is_moe:
             shapes[f"{p}.mlp.gate.weight"] = (arch.num_experts, h)
@@ -96,8 +136,13 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         else:
             mlps.append((f"{p}.mlp", arch.ffn_hidden_size))
         for prefix, width in mlps:
-            shapes.update({f"{prefix}.gate_proj.weight": (width, h), f"{prefix}.up_proj.weight": (width, h),
-                           f"{prefix}.down_proj.weight": (h, width)})
+            shapes.update(
+                {
+                    f"{prefix}.gate_proj.weight": (width, h),
+                    f"{prefix}.up_proj.weight": (width, h),
+                    f"{prefix}.down_proj.weight": (h, width),
+                }
+            )
     return shapes
 
 
@@ -116,8 +161,7 @@ def test_every_tensor_survives_sharding_and_gathering(arch, tp):
     hf = random_hf(arch)
     rebuilt: dict[str, torch.Tensor] = {}
     ep = 2 if arch.is_moe else 1
-    names = megatron_names(arch.model_copy(update={"num_experts": arch.num_experts // ep}) if arch.is_moe
-                           else arch)
+    names = megatron_names(arch.model_copy(update={"num_experts": arch.num_experts // ep}) if arch.is_moe else arch)
     for e in range(ep):
         rules = rules_for(arch, names, ShardPlace(tp_size=tp, ep_rank=e, ep_size=ep))
         for name, rule in rules.items():
@@ -138,7 +182,8 @@ def test_every_tensor_survives_sharding_and_gathering(arch, tp):
 def test_gdn_in_proj_shard_splits_the_way_megatron_reads_it(tp):
     arch, hf = TINY, random_hf(TINY)
     rule = rules_for(arch, ["decoder.layers.0.self_attention.in_proj.weight"], ShardPlace())[
-        "decoder.layers.0.self_attention.in_proj.weight"]
+        "decoder.layers.0.self_attention.in_proj.weight"
+    ]
     key_dim = arch.linear_num_key_heads * arch.linear_key_head_dim
     value_dim = arch.linear_num_value_heads * arch.linear_value_head_dim
     heads = arch.linear_num_value_heads
@@ -146,11 +191,12 @@ def test_gdn_in_proj_shard_splits_the_way_megatron_reads_it(tp):
     for rank in range(tp):
         local = rule.to_local(hf, rank, tp)
         # GatedDeltaNet._setup_variant_attrs: in_proj_split_sections, local to the TP rank
-        q, k, v, z, b, a = local.split([key_dim // tp, key_dim // tp, value_dim // tp, value_dim // tp,
-                                        heads // tp, heads // tp])
+        q, k, v, z, b, a = local.split(
+            [key_dim // tp, key_dim // tp, value_dim // tp, value_dim // tp, heads // tp, heads // tp]
+        )
         assert torch.equal(q, qkv[:key_dim].chunk(tp)[rank])
-        assert torch.equal(k, qkv[key_dim:2 * key_dim].chunk(tp)[rank])
-        assert torch.equal(v, qkv[2 * key_dim:].chunk(tp)[rank])
+        assert torch.equal(k, qkv[key_dim : 2 * key_dim].chunk(tp)[rank])
+        assert torch.equal(v, qkv[2 * key_dim :].chunk(tp)[rank])
         assert torch.equal(z, hf["model.layers.0.linear_attn.in_proj_z.weight"].chunk(tp)[rank])
         assert torch.equal(b, hf["model.layers.0.linear_attn.in_proj_b.weight"].chunk(tp)[rank])
         assert torch.equal(a, hf["model.layers.0.linear_attn.in_proj_a.weight"].chunk(tp)[rank])
@@ -176,8 +222,8 @@ def test_gated_qkv_shard_splits_the_way_megatron_reads_it(tp):
             for j in range(per_group):
                 head = group * per_group + j
                 # HF: q_proj(x).view(..., heads, 2 * d) then chunk(2) -> query first, gate second
-                assert torch.equal(query[g, j * d:(j + 1) * d], q_proj[head, :d])
-                assert torch.equal(gate[g, j * d:(j + 1) * d], q_proj[head, d:])
+                assert torch.equal(query[g, j * d : (j + 1) * d], q_proj[head, :d])
+                assert torch.equal(gate[g, j * d : (j + 1) * d], q_proj[head, d:])
             assert torch.equal(key[g], k_proj[group])
             assert torch.equal(value[g], v_proj[group])
 
@@ -272,8 +318,9 @@ def test_qwen3_next_is_qwen35_moe_up_to_the_gdn_projection_layout():
             state.update(zip((f"{prefix}in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")), parts, strict=True))
         else:
             state[name] = tensor
-    next_model.load_state_dict({**next_model.state_dict(),
-                                **{n: t for n, t in state.items() if n in next_model.state_dict()}})
+    next_model.load_state_dict(
+        {**next_model.state_dict(), **{n: t for n, t in state.items() if n in next_model.state_dict()}}
+    )
     qwen35_model.load_state_dict(state, strict=True)
     tokens = torch.randint(0, NEXT.vocab_size, (2, 12))
     with torch.no_grad():

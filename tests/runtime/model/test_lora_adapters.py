@@ -44,12 +44,14 @@ def _hf_state(arch) -> dict[str, torch.Tensor]:
 
 
 # (Megatron linear, column-parallel): one GDN layer (0) and one gated-attention layer (3) of the tiny models.
-LINEARS = [("decoder.layers.0.self_attention.in_proj.weight", True),
-           ("decoder.layers.0.self_attention.out_proj.weight", False),
-           ("decoder.layers.3.self_attention.linear_qkv.weight", True),
-           ("decoder.layers.3.self_attention.linear_proj.weight", False),
-           ("decoder.layers.0.mlp.linear_fc1.weight", True),
-           ("decoder.layers.0.mlp.linear_fc2.weight", False)]
+LINEARS = [
+    ("decoder.layers.0.self_attention.in_proj.weight", True),
+    ("decoder.layers.0.self_attention.out_proj.weight", False),
+    ("decoder.layers.3.self_attention.linear_qkv.weight", True),
+    ("decoder.layers.3.self_attention.linear_proj.weight", False),
+    ("decoder.layers.0.mlp.linear_fc1.weight", True),
+    ("decoder.layers.0.mlp.linear_fc2.weight", False),
+]
 
 
 @pytest.mark.parametrize("arch", [TINY, TINY_NEXT], ids=["qwen3.5", "qwen3-next"])
@@ -62,8 +64,11 @@ def test_hf_adapters_merge_into_what_the_megatron_adapter_merges_into(arch, line
     assert arch.layer_is_gdn(0) and not arch.layer_is_gdn(3)
     rule = rules_for(arch, [linear], ShardPlace(tp_size=TP))[linear]
     torch.manual_seed(1)
-    hf = {name: torch.randn(*tensor.shape, dtype=torch.float64) for name, tensor in _hf_state(arch).items()
-          if name in rule.hf_names}
+    hf = {
+        name: torch.randn(*tensor.shape, dtype=torch.float64)
+        for name, tensor in _hf_state(arch).items()
+        if name in rule.hf_names
+    }
     shards = [rule.to_local(hf, rank, TP) for rank in range(TP)]
     scale = ALPHA / RANK
     if column:
@@ -100,8 +105,9 @@ def test_mismatched_shapes_are_refused_with_both_shapes():
     with pytest.raises(ValueError, match=r"\(6, 5\).*\(4, 5\)"):
         merge(torch.zeros(4, 5), Adapter(torch.zeros(2, 5), torch.zeros(6, 2)), alpha=1.0)
     with pytest.raises(KeyError, match="model.layers.9.self_attn.q_proj.weight"):
-        merged_state({}, {"model.layers.9.self_attn.q_proj.weight": Adapter(torch.zeros(1, 2), torch.zeros(2, 1))},
-                     alpha=1.0)
+        merged_state(
+            {}, {"model.layers.9.self_attn.q_proj.weight": Adapter(torch.zeros(1, 2), torch.zeros(2, 1))}, alpha=1.0
+        )
 
 
 def _random_adapters(arch, state: dict[str, torch.Tensor], targets) -> dict[str, Adapter]:
@@ -120,8 +126,7 @@ def _random_adapters(arch, state: dict[str, torch.Tensor], targets) -> dict[str,
                 out[name] = Adapter(0.1 * torch.randn(RANK, tensor.shape[1]), 0.1 * torch.randn(tensor.shape[0], RANK))
             elif any(name.endswith(f".{parameter}") for parameter in spec.hf_parameters):
                 experts, fan_out, fan_in = tensor.shape
-                out[name] = Adapter(0.1 * torch.randn(experts, RANK, fan_in),
-                                    0.1 * torch.randn(experts, fan_out, RANK))
+                out[name] = Adapter(0.1 * torch.randn(experts, RANK, fan_in), 0.1 * torch.randn(experts, fan_out, RANK))
     return out
 
 
@@ -133,14 +138,20 @@ def test_peft_loads_the_written_adapter_and_gives_the_merged_models_logits(arch,
     base = _hf_model(arch)
     state = base.state_dict()
     # peft cannot load a Qwen3-Next shared expert's adapter (TRN019): the other targets are checked there.
-    targets = [name for name in lora.TARGETS if lora.has_target(arch, name)
-               and not (arch.is_qwen3_next and name == "shared_expert")]
+    targets = [
+        name
+        for name in lora.TARGETS
+        if lora.has_target(arch, name) and not (arch.is_qwen3_next and name == "shared_expert")
+    ]
     adapters = _random_adapters(arch, state, targets)
     # Every target names weights the transformers class has, in every layer of its kind.
     for target in targets:
         modules, parameters = lora.hf_modules(arch, target), lora.TARGETS[target].hf_parameters
-        layers = {name.split(".")[2] for name in adapters
-                  if name.rsplit(".", 2)[-2] in modules or any(name.endswith(p) for p in parameters)}
+        layers = {
+            name.split(".")[2]
+            for name in adapters
+            if name.rsplit(".", 2)[-2] in modules or any(name.endswith(p) for p in parameters)
+        }
         assert len(layers) == lora.layers_of(arch, lora.TARGETS[target].layers), target
     write_adapter(tmp_path, adapters, alpha=ALPHA, dropout=0.05, durable=False)
 
@@ -167,8 +178,10 @@ def test_peft_loads_the_written_adapter_and_gives_the_merged_models_logits(arch,
 
 
 def test_one_checkpoint_holds_one_rank(tmp_path):
-    adapters = {"m.a.weight": Adapter(torch.zeros(2, 3), torch.zeros(3, 2)),
-                "m.b.weight": Adapter(torch.zeros(4, 3), torch.zeros(3, 4))}
+    adapters = {
+        "m.a.weight": Adapter(torch.zeros(2, 3), torch.zeros(3, 2)),
+        "m.b.weight": Adapter(torch.zeros(4, 3), torch.zeros(3, 4)),
+    }
     with pytest.raises(ValueError, match=r"share one rank; got ranks \[2, 4\]"):
         write_adapter(tmp_path, adapters, alpha=1.0, durable=False)
 

@@ -23,8 +23,13 @@ from gdnctl.runtime.model.passthrough import HFSource
 from gdnctl.schema import EngineLora
 from tests.runtime.model.test_lora_adapters import ALPHA, TINY, TINY_MOE, _hf_model, _random_adapters
 
-SPEC = EngineLora(rank=4, alpha=ALPHA, dropout=0.0, targets=["attention_qkv", "mlp"],
-                  target_modules=lora.megatron_target_modules(("attention_qkv", "mlp")))
+SPEC = EngineLora(
+    rank=4,
+    alpha=ALPHA,
+    dropout=0.0,
+    targets=["attention_qkv", "mlp"],
+    target_modules=lora.megatron_target_modules(("attention_qkv", "mlp")),
+)
 
 
 def _as_bridge_exports(adapters: dict[str, Adapter]) -> list[tuple[str, torch.Tensor]]:
@@ -80,14 +85,20 @@ def _per_expert_bridge_exports(arch, state: dict[str, torch.Tensor]) -> list[tup
         for expert in range(experts):
             a, b = 0.1 * torch.randn(rank, hidden), 0.1 * torch.randn(fused, rank)
             one = f"{prefix}.{expert}"
-            pairs += [(f"{one}.gate_proj{LORA_A}", a), (f"{one}.gate_proj{LORA_B}", b[:fused // 2]),
-                      (f"{one}.up_proj{LORA_A}", a.clone()), (f"{one}.up_proj{LORA_B}", b[fused // 2:]),
-                      (f"{one}.down_proj{LORA_A}", 0.1 * torch.randn(rank, inner)),
-                      (f"{one}.down_proj{LORA_B}", 0.1 * torch.randn(hidden, rank))]
+            pairs += [
+                (f"{one}.gate_proj{LORA_A}", a),
+                (f"{one}.gate_proj{LORA_B}", b[: fused // 2]),
+                (f"{one}.up_proj{LORA_A}", a.clone()),
+                (f"{one}.up_proj{LORA_B}", b[fused // 2 :]),
+                (f"{one}.down_proj{LORA_A}", 0.1 * torch.randn(rank, inner)),
+                (f"{one}.down_proj{LORA_B}", 0.1 * torch.randn(hidden, rank)),
+            ]
     q_proj = "model.layers.3.self_attn.q_proj"
     fan_out, fan_in = state[f"{q_proj}.weight"].shape
-    return pairs + [(f"{q_proj}{LORA_A}", 0.1 * torch.randn(rank, fan_in)),
-                    (f"{q_proj}{LORA_B}", 0.1 * torch.randn(fan_out, rank))]
+    return pairs + [
+        (f"{q_proj}{LORA_A}", 0.1 * torch.randn(rank, fan_in)),
+        (f"{q_proj}{LORA_B}", 0.1 * torch.randn(fan_out, rank)),
+    ]
 
 
 def test_per_expert_exports_become_the_fused_experts_adapters_that_peft_loads(tmp_path):
@@ -104,13 +115,25 @@ def test_per_expert_exports_become_the_fused_experts_adapters_that_peft_loads(tm
     base = _hf_model(TINY_MOE)
     base.save_pretrained(tmp_path / "base")
     pairs = _per_expert_bridge_exports(TINY_MOE, base.state_dict())
-    stored = {name: tensor for file in sorted((tmp_path / "base").glob("*.safetensors"))
-              for name, tensor in load_file(str(file)).items()}
+    stored = {
+        name: tensor
+        for file in sorted((tmp_path / "base").glob("*.safetensors"))
+        for name, tensor in load_file(str(file)).items()
+    }
     assert "model.layers.0.mlp.experts.1.gate_proj.weight" in stored  # save_pretrained writes experts per expert
     exported = dict(pairs)
-    merged = {name: merge(tensor, Adapter(exported[f"{name.removesuffix('.weight')}{LORA_A}"],
-                                          exported[f"{name.removesuffix('.weight')}{LORA_B}"]), ALPHA)
-              if f"{name.removesuffix('.weight')}{LORA_A}" in exported else tensor for name, tensor in stored.items()}
+    merged = {
+        name: merge(
+            tensor,
+            Adapter(
+                exported[f"{name.removesuffix('.weight')}{LORA_A}"], exported[f"{name.removesuffix('.weight')}{LORA_B}"]
+            ),
+            ALPHA,
+        )
+        if f"{name.removesuffix('.weight')}{LORA_A}" in exported
+        else tensor
+        for name, tensor in stored.items()
+    }
     (tmp_path / "merged").mkdir()
     (tmp_path / "merged" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
     save_file(merged, str(tmp_path / "merged" / "model.safetensors"), metadata={"format": "pt"})
@@ -142,15 +165,18 @@ def _hf_model_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
 
 def test_per_expert_adapters_that_do_not_fuse_are_refused():
     a = torch.zeros(2, 8)
-    gate_only = {f"model.layers.0.mlp.experts.{expert}.gate_proj.weight": Adapter(a, torch.zeros(4, 2))
-                 for expert in range(2)}
+    gate_only = {
+        f"model.layers.0.mlp.experts.{expert}.gate_proj.weight": Adapter(a, torch.zeros(4, 2)) for expert in range(2)
+    }
     with pytest.raises(ValueError, match="without both gate_proj and up_proj"):
         lora_checkpoint.fused_routed_experts(gate_only)
     gaps = {"model.layers.0.mlp.experts.1.down_proj.weight": Adapter(torch.zeros(2, 4), torch.zeros(8, 2))}
     with pytest.raises(ValueError, match=r"for experts \[1\]"):
         lora_checkpoint.fused_routed_experts(gaps)
-    other_a = {f"model.layers.0.mlp.experts.0.{p}.weight": Adapter(torch.randn(2, 8), torch.zeros(4, 2))
-               for p in ("gate_proj", "up_proj")}
+    other_a = {
+        f"model.layers.0.mlp.experts.0.{p}.weight": Adapter(torch.randn(2, 8), torch.zeros(4, 2))
+        for p in ("gate_proj", "up_proj")
+    }
     with pytest.raises(ValueError, match="different lora_A"):
         lora_checkpoint.fused_routed_experts(other_a)
 
@@ -159,10 +185,13 @@ def test_the_adapters_take_the_base_checkpoints_names():
     """A vision-language base keeps its language model under model.language_model.: the adapters name its
     modules as it stores them, so `peft` finds them on that class."""
     source = HFSource({}, language_model_prefix="model.language_model.")
-    pairs = [("model.layers.3.self_attn.q_proj.lora_A.weight", torch.zeros(2, 8)),
-             ("model.layers.3.self_attn.q_proj.lora_B.weight", torch.zeros(6, 2))]
+    pairs = [
+        ("model.layers.3.self_attn.q_proj.lora_A.weight", torch.zeros(2, 8)),
+        ("model.layers.3.self_attn.q_proj.lora_B.weight", torch.zeros(6, 2)),
+    ]
     assert list(lora_checkpoint.adapters_from_hf(pairs, source.stored_name)) == [
-        "model.language_model.layers.3.self_attn.q_proj.weight"]
+        "model.language_model.layers.3.self_attn.q_proj.weight"
+    ]
 
 
 def test_an_export_that_is_not_a_pair_of_lora_matrices_is_refused():
@@ -210,8 +239,11 @@ def test_a_resume_restores_each_ranks_adapters_exactly(tmp_path):
 
 def test_adapters_of_another_rank_are_refused_by_name(tmp_path):
     lora_checkpoint.write_shard(_model(rank=2), tmp_path, rank=0, durable=False)
-    with pytest.raises(CheckpointError, match=r"qkv.adapter.linear_in.weight is \(2, 8\) in the checkpoint and "
-                                              r"\(4, 8\) here.*train.lora and parallel settings"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"qkv.adapter.linear_in.weight is \(2, 8\) in the checkpoint and "
+        r"\(4, 8\) here.*train.lora and parallel settings",
+    ):
         lora_checkpoint.load_shard(_model(rank=4), tmp_path, rank=0)
     with pytest.raises(CheckpointError, match="rank-00001.safetensors cannot be read"):
         lora_checkpoint.load_shard(_model(), tmp_path, rank=1)
@@ -219,15 +251,22 @@ def test_adapters_of_another_rank_are_refused_by_name(tmp_path):
 
 def test_shard_problems_name_what_is_missing_extra_and_reshaped():
     problems = lora_checkpoint.shard_problems({"a": (2, 3), "b": (4,)}, {"a": (3, 2), "c": (1,)})
-    assert problems == ["b is not in the checkpoint", "the checkpoint has c, which this model lacks",
-                        "a is (3, 2) in the checkpoint and (2, 3) here"]
+    assert problems == [
+        "b is not in the checkpoint",
+        "the checkpoint has c, which this model lacks",
+        "a is (3, 2) in the checkpoint and (2, 3) here",
+    ]
 
 
 def test_only_adapters_train():
     model = _model()
     found = trainable((name, p.requires_grad, p.numel()) for name, p in model.named_parameters())
-    assert found.adapter_names == ("qkv.adapter.linear_in.weight", "qkv.adapter.linear_out.weight",
-                                   "fc1.adapter.linear_in.weight", "fc1.adapter.linear_out.weight")
+    assert found.adapter_names == (
+        "qkv.adapter.linear_in.weight",
+        "qkv.adapter.linear_out.weight",
+        "fc1.adapter.linear_in.weight",
+        "fc1.adapter.linear_out.weight",
+    )
     assert found.adapter_params == 2 * (8 + 12) + 2 * (8 + 16)
     assert found.frozen_params == 8 * 12 + 8 * 16 + 2 * 8
 
@@ -309,8 +348,15 @@ def test_the_engine_config_names_megatron_bridges_target_modules(tmp_path):
     from tests.validate.helpers import run_of, write_checkpoint
 
     base = write_checkpoint(tmp_path / "c")
-    run = run_of({"job": "sft", "rollout": None, "model": {"id": None, "path": str(base)}, "parallel": {"ep": 8},
-                  "train": {"lora": {"rank": 8, "alpha": 16, "dropout": 0.1}}})
+    run = run_of(
+        {
+            "job": "sft",
+            "rollout": None,
+            "model": {"id": None, "path": str(base)},
+            "parallel": {"ep": 8},
+            "train": {"lora": {"rank": 8, "alpha": 16, "dropout": 0.1}},
+        }
+    )
     engine = compile_engine_config(run)
     assert engine.train.lora is not None
     assert engine.train.lora.targets == list(lora.default_targets(run.model))
@@ -323,6 +369,9 @@ def test_an_adapters_only_checkpoint_named_as_model_path_says_where_the_model_is
 
     adapters = {"model.layers.3.self_attn.q_proj.weight": Adapter(torch.zeros(2, 8), torch.zeros(6, 2))}
     lora_checkpoint.write_peft(tmp_path, adapters, SPEC, base="/models/base", durable=False)
-    with pytest.raises(CheckpointError, match="holds LoRA adapters without the model .* at the base the adapters "
-                                              "were trained on, or at the LoRA run's last checkpoint"):
+    with pytest.raises(
+        CheckpointError,
+        match="holds LoRA adapters without the model .* at the base the adapters "
+        "were trained on, or at the LoRA run's last checkpoint",
+    ):
         checkpoint.HFReader(tmp_path)

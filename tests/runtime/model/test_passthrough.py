@@ -31,17 +31,24 @@ from tests.runtime.rl.tiny_model import DENSE, random_mtp_checkpoint, random_vis
 def _header(path: Path) -> tuple[int, dict]:
     raw = path.read_bytes()
     length = int.from_bytes(raw[:8], "little")
-    return length, json.loads(raw[8:8 + length])
+    return length, json.loads(raw[8 : 8 + length])
 
 
 def test_the_copy_keeps_every_chosen_tensor_byte_for_byte_from_several_files(tmp_path):
-    first = {"b": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "skip": torch.ones(4),
-             "a": torch.tensor([1.5, -2.0], dtype=torch.float16)}
+    first = {
+        "b": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "skip": torch.ones(4),
+        "a": torch.tensor([1.5, -2.0], dtype=torch.float16),
+    }
     second = {"c": torch.arange(5, dtype=torch.int64), "d": torch.randn(3, 1, 2)}
     save_file(first, str(tmp_path / "one.safetensors"))
     save_file(second, str(tmp_path / "two.safetensors"))
-    chosen = {"b": tmp_path / "one.safetensors", "a": tmp_path / "one.safetensors",
-              "d": tmp_path / "two.safetensors", "c": tmp_path / "two.safetensors"}
+    chosen = {
+        "b": tmp_path / "one.safetensors",
+        "a": tmp_path / "one.safetensors",
+        "d": tmp_path / "two.safetensors",
+        "c": tmp_path / "two.safetensors",
+    }
 
     write_passthrough(chosen, tmp_path / "out.safetensors")
 
@@ -66,10 +73,14 @@ def test_a_source_changed_since_the_run_read_it_is_refused_with_a_sentence(tmp_p
 
 
 def test_what_passes_through_and_under_which_names():
-    weight_map = {"model.language_model.layers.0.mlp.up_proj.weight": "a.safetensors",
-                  "model.language_model.embed_tokens.weight": "a.safetensors",
-                  "lm_head.weight": "a.safetensors", "model.visual.blocks.0.attn.qkv.weight": "b.safetensors",
-                  "mtp.fc.weight": "b.safetensors", "extra.unmapped.weight": "b.safetensors"}
+    weight_map = {
+        "model.language_model.layers.0.mlp.up_proj.weight": "a.safetensors",
+        "model.language_model.embed_tokens.weight": "a.safetensors",
+        "lm_head.weight": "a.safetensors",
+        "model.visual.blocks.0.attn.qkv.weight": "b.safetensors",
+        "mtp.fc.weight": "b.safetensors",
+        "extra.unmapped.weight": "b.safetensors",
+    }
     source = source_checkpoint(Path("/src"), {"model_type": "qwen3_5"}, weight_map)
     # Trained tensors keep the source's (vision-language) names; names the source lacks are left as they are.
     assert source.stored_name("model.layers.0.mlp.up_proj.weight") == "model.language_model.layers.0.mlp.up_proj.weight"
@@ -77,13 +88,16 @@ def test_what_passes_through_and_under_which_names():
     assert source.stored_name("model.layers.9.mlp.up_proj.weight") == "model.layers.9.mlp.up_proj.weight"
     written = ["model.language_model.layers.0.mlp.up_proj.weight", "model.language_model.embed_tokens.weight"]
     # Everything the save does not write passes through, except a tied model's stale LM head.
-    assert source.passthrough(written) == {"extra.unmapped.weight": Path("/src/b.safetensors"),
-                                           "model.visual.blocks.0.attn.qkv.weight": Path("/src/b.safetensors"),
-                                           "mtp.fc.weight": Path("/src/b.safetensors")}
+    assert source.passthrough(written) == {
+        "extra.unmapped.weight": Path("/src/b.safetensors"),
+        "model.visual.blocks.0.attn.qkv.weight": Path("/src/b.safetensors"),
+        "mtp.fc.weight": Path("/src/b.safetensors"),
+    }
     assert HFSource({"model_type": "qwen3_5_text"}).passthrough(written) == {}
 
 
 # --- save_hf: the Megatron trainer's writer ------------------------------------------------------------------
+
 
 def _megatron_names(arch) -> list[str]:
     """The parameters of the TE-free Megatron model of a dense Qwen3.5 (hf_weights' rules name them)."""
@@ -92,12 +106,18 @@ def _megatron_names(arch) -> list[str]:
         names.append("output_layer.weight")
     for index in range(arch.num_layers):
         layer = f"decoder.layers.{index}"
-        mixer = (("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "out_norm.weight", "out_proj.weight")
-                 if arch.layer_is_gdn(index) else
-                 ("linear_qkv.weight", "q_layernorm.weight", "k_layernorm.weight", "linear_proj.weight"))
-        names += [f"{layer}.input_layernorm.weight", f"{layer}.pre_mlp_layernorm.weight",
-                  *(f"{layer}.self_attention.{part}" for part in mixer),
-                  f"{layer}.mlp.linear_fc1.weight", f"{layer}.mlp.linear_fc2.weight"]
+        mixer = (
+            ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "out_norm.weight", "out_proj.weight")
+            if arch.layer_is_gdn(index)
+            else ("linear_qkv.weight", "q_layernorm.weight", "k_layernorm.weight", "linear_proj.weight")
+        )
+        names += [
+            f"{layer}.input_layernorm.weight",
+            f"{layer}.pre_mlp_layernorm.weight",
+            *(f"{layer}.self_attention.{part}" for part in mixer),
+            f"{layer}.mlp.linear_fc1.weight",
+            f"{layer}.mlp.linear_fc2.weight",
+        ]
     return names
 
 
@@ -113,8 +133,9 @@ def _megatron_module(arch, directory: Path) -> torch.nn.Module:
             if not hasattr(module, part):
                 module.add_module(part, torch.nn.Module())
             module = getattr(module, part)
-        module.register_parameter(leaf, torch.nn.Parameter(rule.to_local(
-            {hf_name: reader.get(hf_name) for hf_name in rule.hf_names}, 0, 1)))
+        module.register_parameter(
+            leaf, torch.nn.Parameter(rule.to_local({hf_name: reader.get(hf_name) for hf_name in rule.hf_names}, 0, 1))
+        )
     return root
 
 
@@ -137,8 +158,9 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def _save(arch, source_dir: Path, target: Path) -> checkpoint.Files:
     groups = checkpoint.Groups(tp=None, etp=None, writes_dense=True, writes_experts=True)
-    return checkpoint.save_hf(_megatron_module(arch, source_dir), arch, ShardPlace(), groups, target,
-                              checkpoint.run_source(arch, source_dir))
+    return checkpoint.save_hf(
+        _megatron_module(arch, source_dir), arch, ShardPlace(), groups, target, checkpoint.run_source(arch, source_dir)
+    )
 
 
 @pytest.mark.parametrize("make_source", [random_mtp_checkpoint, random_vision_language_checkpoint])
@@ -156,12 +178,15 @@ def test_save_hf_gives_back_the_source_checkpoint_and_a_resume_carries_it_on(glo
         assert saved[name].dtype == tensor.dtype and torch.equal(saved[name], tensor), name
     carried = load_file(str(tmp_path / "iter_1" / PASSTHROUGH_FILE))
     assert set(carried) == {name for name in source if name.startswith(("mtp.", "model.visual."))}
-    assert json.loads((tmp_path / "iter_1" / "config.json").read_text()) == \
-        json.loads((tmp_path / "source" / "config.json").read_text())
+    assert json.loads((tmp_path / "iter_1" / "config.json").read_text()) == json.loads(
+        (tmp_path / "source" / "config.json").read_text()
+    )
     # trainer_state.json records the carried-over file's size and checksum like every other file.
     carried_bytes = (tmp_path / "iter_1" / PASSTHROUGH_FILE).read_bytes()
-    assert written[PASSTHROUGH_FILE] == {"size": len(carried_bytes),
-                                         "sha256": hashlib.sha256(carried_bytes).hexdigest()}
+    assert written[PASSTHROUGH_FILE] == {
+        "size": len(carried_bytes),
+        "sha256": hashlib.sha256(carried_bytes).hexdigest(),
+    }
 
     # A resume loads from the saved checkpoint, which is then the source of the next save.
     _save(arch, tmp_path / "iter_1", tmp_path / "iter_2")
@@ -175,8 +200,14 @@ def test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else
     arch = from_checkpoint(str(tmp_path / "weights"), DENSE)
     groups = checkpoint.Groups(tp=None, etp=None, writes_dense=True, writes_experts=True)
 
-    checkpoint.save_hf(_megatron_module(arch, tmp_path / "weights"), arch, ShardPlace(), groups, tmp_path / "out",
-                       checkpoint.run_source(arch, None))
+    checkpoint.save_hf(
+        _megatron_module(arch, tmp_path / "weights"),
+        arch,
+        ShardPlace(),
+        groups,
+        tmp_path / "out",
+        checkpoint.run_source(arch, None),
+    )
 
     assert not (tmp_path / "out" / PASSTHROUGH_FILE).exists()
     assert set(_tensors(tmp_path / "out")) == {name for name in source if not name.startswith("mtp.")}

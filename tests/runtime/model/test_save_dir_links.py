@@ -28,7 +28,8 @@ def test_a_link_as_the_lock_file_is_refused(tmp_path, victim):
     assert str(refused.value) == (
         f"the save dir's lock file {save_dir / LOCK_FILE} is a symbolic link, which gdnctl does not write through "
         f"(it would truncate what the link points to); remove the link (rm {save_dir / LOCK_FILE}) and start the "
-        "job again.")
+        "job again."
+    )
     assert victim.read_text() == "precious\n"
 
 
@@ -45,8 +46,10 @@ def test_a_link_as_a_temporary_file_is_refused(tmp_path, victim, name):
     save_dir = tmp_path / "checkpoints"
     (save_dir / "iter_0000001").mkdir(parents=True)
     (save_dir / name).symlink_to(victim)
-    with pytest.raises(CheckpointError, match=f"{save_dir / name} is a symbolic link or not a regular file, which "
-                                              "gdnctl does not write through"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"{save_dir / name} is a symbolic link or not a regular file, which gdnctl does not write through",
+    ):
         if name == ".latest.tmp":
             checkpoint.mark_latest(save_dir, "iter_0000001")
         else:

@@ -7,13 +7,16 @@ import sys
 
 from gdnctl.runtime.model.save_lock import hold_save_dir
 
-HOLD = ("import sys; from pathlib import Path; from gdnctl.runtime.model.save_lock import hold_save_dir; "
-        "hold_save_dir(Path(sys.argv[1]), Path('/runs/second')); print('held')")
+HOLD = (
+    "import sys; from pathlib import Path; from gdnctl.runtime.model.save_lock import hold_save_dir; "
+    "hold_save_dir(Path(sys.argv[1]), Path('/runs/second')); print('held')"
+)
 
 
 def _second_job(save_dir) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", HOLD, str(save_dir)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-c", HOLD, str(save_dir)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_a_second_job_is_refused_while_the_first_holds_the_save_dir_and_admitted_after(tmp_path):

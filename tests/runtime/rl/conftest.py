@@ -18,14 +18,24 @@ from gdnctl.schema.engine import EngineConfig
 # (2026-11-25: an AMD EPYC ran steps 1-4 of a 4-step run within 1 s, so the requeue after step 3 found the job done
 # and it resumed at step 4).
 SLURM_STEPS = 12
-SLURM_SETTINGS = (f"train.train_iters={SLURM_STEPS}", "train.save_interval=2", "train.global_batch_size=16",
-                  "train.micro_batch_size=16", "rollout.n_samples_per_prompt=4", "launch.slurm.exclusive=false")
+SLURM_SETTINGS = (
+    f"train.train_iters={SLURM_STEPS}",
+    "train.save_interval=2",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=16",
+    "rollout.n_samples_per_prompt=4",
+    "launch.slurm.exclusive=false",
+)
 
 
 @pytest.fixture
 def engine(tmp_path) -> EngineConfig:
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o",
-                               str(tmp_path / "run")], text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o", str(tmp_path / "run")],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
     return EngineConfig.from_file(tmp_path / "run" / "engine.yaml")
 
@@ -46,10 +56,23 @@ def slurm_rl_run(tmp_path_factory, local_slurm) -> tuple[Path, subprocess.Comple
     from tests.slurm_cluster import slurm_env
 
     run_dir = tmp_path_factory.mktemp("slurm-rl") / "run"
-    sets = (f"rollout.python={VLLM_PYTHON}", f"train.save_dir={run_dir / 'checkpoints'}",
-            "launch.slurm.time=00:15:00", *SLURM_SETTINGS)
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--wait", "-o", str(run_dir),
-               *(arg for value in sets for arg in ("--set", value))]
-    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm),
-                          check=False)
+    sets = (
+        f"rollout.python={VLLM_PYTHON}",
+        f"train.save_dir={run_dir / 'checkpoints'}",
+        "launch.slurm.time=00:15:00",
+        *SLURM_SETTINGS,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "--slurm",
+        "--wait",
+        "-o",
+        str(run_dir),
+        *(arg for value in sets for arg in ("--set", value)),
+    ]
+    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm), check=False)
     return run_dir, done

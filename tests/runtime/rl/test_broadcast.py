@@ -16,10 +16,17 @@ from gdnctl.runtime.rl import broadcast
 from gdnctl.runtime.rl import buckets as packing
 from gdnctl.runtime.rl.rollout_protocol import RolloutError
 
-BACKENDS = [pytest.param("cpu", id="gloo"),
-            pytest.param("cuda", id="nccl", marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one per side)")])]
+BACKENDS = [
+    pytest.param("cpu", id="gloo"),
+    pytest.param(
+        "cuda",
+        id="nccl",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one per side)"),
+        ],
+    ),
+]
 
 
 def _tensors(device: str) -> list[tuple[str, torch.Tensor]]:
@@ -62,8 +69,10 @@ def test_every_bucket_reaches_every_engines_worker_byte_for_byte(device):
     assert len(packed) > 1
     results = context.Queue()
     plan = [(b.buffer.numel(), b.wire_entries()) for b in packed]
-    children = [context.Process(target=_worker, args=(end.join_fields(), 1 + engine, plan, device, results))
-                for engine in range(engines)]
+    children = [
+        context.Process(target=_worker, args=(end.join_fields(), 1 + engine, plan, device, results))
+        for engine in range(engines)
+    ]
     for child in children:
         child.start()
     try:

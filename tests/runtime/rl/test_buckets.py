@@ -12,10 +12,12 @@ from gdnctl.runtime.rl import buckets as packing
 
 def _tensors():
     generator = torch.Generator().manual_seed(0)
-    return [("model.embed_tokens.weight", torch.randn(300, 64, generator=generator)),
-            ("model.layers.0.linear_attn.A_log", torch.randn(5, generator=generator)),
-            ("model.layers.0.mlp.experts.0.up_proj.weight", torch.randn(96, 64, generator=generator)),
-            ("model.norm.weight", torch.randn(64, generator=generator, dtype=torch.float64))]
+    return [
+        ("model.embed_tokens.weight", torch.randn(300, 64, generator=generator)),
+        ("model.layers.0.linear_attn.A_log", torch.randn(5, generator=generator)),
+        ("model.layers.0.mlp.experts.0.up_proj.weight", torch.randn(96, 64, generator=generator)),
+        ("model.norm.weight", torch.randn(64, generator=generator, dtype=torch.float64)),
+    ]
 
 
 def test_buckets_carry_every_tensor_exactly_in_bf16():
@@ -33,7 +35,8 @@ def test_buckets_respect_their_size_except_for_a_larger_tensor():
     packed = list(packing.buckets(sent, bucket_bytes=bucket_bytes))
     assert [[entry.name for entry in bucket.entries] for bucket in packed] == [
         ["model.embed_tokens.weight"],
-        ["model.layers.0.linear_attn.A_log", "model.layers.0.mlp.experts.0.up_proj.weight", "model.norm.weight"]]
+        ["model.layers.0.linear_attn.A_log", "model.layers.0.mlp.experts.0.up_proj.weight", "model.norm.weight"],
+    ]
     assert packed[1].buffer.numel() <= bucket_bytes
     for bucket in packed:
         assert all(entry.offset % 256 == 0 for entry in bucket.entries)  # every view aligned

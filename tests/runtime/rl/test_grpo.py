@@ -16,23 +16,28 @@ LOG = math.log
 
 # --- advantages -------------------------------------------------------------------------------------------------
 
+
 def test_group_advantages_known_values():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     unbiased_std = math.sqrt(1 / 3)  # of [1, 0, 0, 1]
     expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / (unbiased_std + 1e-6)
     torch.testing.assert_close(grpo.group_advantages(rewards, 4), expected)
-    torch.testing.assert_close(grpo.group_advantages(rewards, 4, normalize_std=False),
-                               torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    torch.testing.assert_close(
+        grpo.group_advantages(rewards, 4, normalize_std=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    )
 
 
-@pytest.mark.parametrize("rewards, group_size", [
-    # In fp32, mean([0.3] * 6) != 0.3 and the std is rounding noise of the same size: without the explicit
-    # zeroing these groups would get advantages of about 0.03 and -0.007.
-    ([0.3] * 6 + [0.7] * 6, 6),
-    ([0.1] * 8, 8),
-    ([3.0, -1.0, 2.0], 1),
-    ([1, 1, 0, 0], 2),  # integer rewards
-])
+@pytest.mark.parametrize(
+    "rewards, group_size",
+    [
+        # In fp32, mean([0.3] * 6) != 0.3 and the std is rounding noise of the same size: without the explicit
+        # zeroing these groups would get advantages of about 0.03 and -0.007.
+        ([0.3] * 6 + [0.7] * 6, 6),
+        ([0.1] * 8, 8),
+        ([3.0, -1.0, 2.0], 1),
+        ([1, 1, 0, 0], 2),  # integer rewards
+    ],
+)
 def test_uniform_groups_get_exact_zeros(rewards, group_size):
     advantages = grpo.group_advantages(torch.tensor(rewards), group_size)
     assert advantages.dtype == torch.float32
@@ -48,8 +53,13 @@ def test_group_advantages_rejects_ungroupable_rewards(rewards, group_size):
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 6), st.integers(2, 8), st.data())
 def test_group_advantages_are_centered_and_scaled_per_group(num_prompts, group_size, data):
-    values = data.draw(st.lists(st.sampled_from([0.0, 0.25, 1.0, -2.0]), min_size=num_prompts * group_size,
-                                max_size=num_prompts * group_size))
+    values = data.draw(
+        st.lists(
+            st.sampled_from([0.0, 0.25, 1.0, -2.0]),
+            min_size=num_prompts * group_size,
+            max_size=num_prompts * group_size,
+        )
+    )
     rewards = torch.tensor(values, dtype=torch.float64)
     groups = grpo.group_advantages(rewards, group_size).reshape(num_prompts, group_size)
     torch.testing.assert_close(groups.mean(dim=1), torch.zeros(num_prompts, dtype=torch.float64))
@@ -61,12 +71,14 @@ def test_group_advantages_are_centered_and_scaled_per_group(num_prompts, group_s
 def test_token_advantages_padded_and_packed_agree():
     advantages = torch.tensor([2.0, -1.0])
     padded_mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]])
-    torch.testing.assert_close(grpo.token_advantages(advantages, padded_mask),
-                               torch.tensor([[0.0, 2, 2, 0], [0, 0, -1, -1]]))
+    torch.testing.assert_close(
+        grpo.token_advantages(advantages, padded_mask), torch.tensor([[0.0, 2, 2, 0], [0, 0, -1, -1]])
+    )
     packed_mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1]])  # lengths 3 and 4, packed
     cu_seqlens = torch.tensor([0, 3, 7], dtype=torch.int32)
-    torch.testing.assert_close(grpo.token_advantages(advantages, packed_mask, cu_seqlens),
-                               torch.tensor([[0.0, 2, 2, 0, 0, -1, -1]]))
+    torch.testing.assert_close(
+        grpo.token_advantages(advantages, packed_mask, cu_seqlens), torch.tensor([[0.0, 2, 2, 0, 0, -1, -1]])
+    )
     with pytest.raises(ValueError, match="one per sequence"):
         grpo.token_advantages(torch.tensor([1.0]), padded_mask)
     with pytest.raises(ValueError, match="cu_seqlens"):
@@ -74,6 +86,7 @@ def test_token_advantages_padded_and_packed_agree():
 
 
 # --- policy loss ------------------------------------------------------------------------------------------------
+
 
 def test_unit_ratio_gives_minus_mean_advantage_and_no_clipping():
     logprobs = torch.log(torch.tensor([[0.3, 0.5, 0.9], [0.2, 0.6, 0.1]]))
@@ -86,18 +99,24 @@ def test_unit_ratio_gives_minus_mean_advantage_and_no_clipping():
     assert stats["ratio_mean"].item() == stats["ratio_max"].item() == 1.0
 
 
-@pytest.mark.parametrize("advantage, ratio, clipped", [
-    (1.0, 1.28 - 1e-3, False), (1.0, 1.28 + 1e-3, True),    # A > 0 clips only above 1 + clip_high
-    (1.0, 1.21, False),                                      # past a symmetric 0.2, inside clip-higher's 0.28
-    (1.0, 0.5, False),                                       # A > 0 moving down: pessimistic, never clipped
-    (-1.0, 0.8 + 1e-3, False), (-1.0, 0.8 - 1e-3, True),    # A < 0 clips only below 1 - clip_low
-    (-1.0, 1.5, False),                                      # A < 0 moving up: never clipped
-])
+@pytest.mark.parametrize(
+    "advantage, ratio, clipped",
+    [
+        (1.0, 1.28 - 1e-3, False),
+        (1.0, 1.28 + 1e-3, True),  # A > 0 clips only above 1 + clip_high
+        (1.0, 1.21, False),  # past a symmetric 0.2, inside clip-higher's 0.28
+        (1.0, 0.5, False),  # A > 0 moving down: pessimistic, never clipped
+        (-1.0, 0.8 + 1e-3, False),
+        (-1.0, 0.8 - 1e-3, True),  # A < 0 clips only below 1 - clip_low
+        (-1.0, 1.5, False),  # A < 0 moving up: never clipped
+    ],
+)
 def test_clipping_starts_exactly_past_the_asymmetric_bounds(advantage, ratio, clipped):
     old = torch.tensor([[LOG(0.4)]])
     logprobs = (old + LOG(ratio)).requires_grad_()
-    loss, stats = grpo.policy_loss(logprobs, old, torch.tensor([[advantage]]), torch.ones(1, 1),
-                                   clip_low=0.2, clip_high=0.28)
+    loss, stats = grpo.policy_loss(
+        logprobs, old, torch.tensor([[advantage]]), torch.ones(1, 1), clip_low=0.2, clip_high=0.28
+    )
     loss.backward()
     bound = (1.28 if advantage > 0 else 0.8) if clipped else ratio
     assert loss.item() == pytest.approx(-advantage * bound, rel=1e-5)
@@ -119,8 +138,9 @@ def test_gradients_flow_only_through_masked_tokens():
     ref = torch.where(mask, logprobs.detach() - 0.1, -torch.inf)
     for aggregation in grpo.AGGREGATIONS:
         logprobs.grad = None
-        loss, stats = grpo.grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, kl_coef=0.1,
-                                     aggregation=aggregation)
+        loss, stats = grpo.grpo_loss(
+            logprobs, old, advantages, mask, ref_logprobs=ref, kl_coef=0.1, aggregation=aggregation
+        )
         loss.backward()
         assert torch.isfinite(loss) and all(torch.isfinite(value) for value in stats.values())
         assert torch.equal(logprobs.grad[~mask], torch.zeros(int((~mask).sum())))
@@ -134,16 +154,17 @@ def test_token_mean_and_seq_mean_on_a_hand_computed_example():
     logprobs = torch.full((2, 3), LOG(0.5))
     token_mean, _ = grpo.policy_loss(logprobs, logprobs, advantages, mask, aggregation="token-mean")
     seq_mean, _ = grpo.policy_loss(logprobs, logprobs, advantages, mask, aggregation="seq-mean-token-mean")
-    assert token_mean.item() == pytest.approx((1 - 3) / 4)   # every token counts once
-    assert seq_mean.item() == pytest.approx((1 + -1) / 2)    # every response counts once
+    assert token_mean.item() == pytest.approx((1 - 3) / 4)  # every token counts once
+    assert seq_mean.item() == pytest.approx((1 + -1) / 2)  # every response counts once
     # The same batch packed into one THD row (segments 0:3 and 3:6) gives the same numbers.
     packed_mask = mask.reshape(1, 6)
     cu_seqlens = torch.tensor([0, 3, 6])
     packed_adv = grpo.token_advantages(torch.tensor([-1.0, 1.0]), packed_mask, cu_seqlens)
     packed_lp = logprobs.reshape(1, 6)
     for aggregation, expected in (("token-mean", token_mean), ("seq-mean-token-mean", seq_mean)):
-        packed, _ = grpo.policy_loss(packed_lp, packed_lp, packed_adv, packed_mask, aggregation=aggregation,
-                                     cu_seqlens=cu_seqlens)
+        packed, _ = grpo.policy_loss(
+            packed_lp, packed_lp, packed_adv, packed_mask, aggregation=aggregation, cu_seqlens=cu_seqlens
+        )
         assert packed.item() == pytest.approx(expected.item())
 
 
@@ -164,6 +185,7 @@ def test_policy_loss_rejects_per_sequence_advantages_on_token_rows():
 
 # --- KL ---------------------------------------------------------------------------------------------------------
 
+
 def test_kl_estimators_known_values():
     logprobs, ref = torch.tensor([LOG(0.5)]), torch.tensor([LOG(0.25)])
     assert grpo.kl_penalty(logprobs, ref, "k1").item() == pytest.approx(LOG(2))
@@ -178,7 +200,7 @@ def test_kl_estimators_known_values():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(-30, 0), min_size=1, max_size=16), st.lists(st.floats(-30, 0), min_size=16, max_size=16))
 def test_k3_is_nonnegative(logprobs, ref):
-    values = grpo.kl_penalty(torch.tensor(logprobs), torch.tensor(ref[:len(logprobs)]), "k3")
+    values = grpo.kl_penalty(torch.tensor(logprobs), torch.tensor(ref[: len(logprobs)]), "k3")
     assert bool((values >= 0).all()) and bool(torch.isfinite(values).all())
 
 
@@ -211,6 +233,7 @@ def test_grpo_loss_adds_the_masked_kl_term():
 
 # --- log-probs --------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", [(3, 5, 11), (1, 17, 11)])  # padded [B, T, V] and packed THD [1, T, V]
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_categorical(shape, temperature):
@@ -235,6 +258,7 @@ def test_logprobs_are_stable_for_huge_logits_and_upcast_bf16():
 
 # --- end to end -------------------------------------------------------------------------------------------------
 
+
 def test_toy_policy_learns_the_rewarded_answer():
     """A 4-answer categorical policy, GRPO with two PPO epochs per rollout: the rewarded answer takes over."""
     generator = torch.Generator().manual_seed(0)
@@ -250,8 +274,9 @@ def test_toy_policy_learns_the_rewarded_answer():
     largest_ratio = 0.0
     for _ in range(50):
         with torch.no_grad():
-            answers = torch.multinomial(torch.softmax(logits, 0), num_prompts * group_size, replacement=True,
-                                        generator=generator)
+            answers = torch.multinomial(
+                torch.softmax(logits, 0), num_prompts * group_size, replacement=True, generator=generator
+            )
             tokens = torch.stack([answers, torch.full_like(answers, pad)], dim=1)
             old = grpo.logprobs_from_logits(logits.expand(*tokens.shape, 4), tokens)
             rewards = (answers == 2).float()

@@ -39,8 +39,12 @@ UNTRAINED = ("mtp.", "model.visual.")
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> EngineConfig:
     run_dir = tmp_path_factory.mktemp("run")
-    done = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--force"],
-                          text=True, capture_output=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--force"],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return EngineConfig.from_file(run_dir / "engine.yaml")
 
@@ -54,8 +58,12 @@ def gloo(tmp_path):
 
 def _from_source(engine: EngineConfig, source: Path, save_dir: Path) -> EngineConfig:
     """The rl engine config on model.path `source` (its config.json is the architecture, as validate reads it)."""
-    return engine.model_copy(update={"model": from_checkpoint(str(source), DENSE),
-                                     "train": engine.train.model_copy(update={"save_dir": str(save_dir)})})
+    return engine.model_copy(
+        update={
+            "model": from_checkpoint(str(source), DENSE),
+            "train": engine.train.model_copy(update={"save_dir": str(save_dir)}),
+        }
+    )
 
 
 def _train_and_save(config: EngineConfig, save_dir: Path, step: int):
@@ -128,12 +136,18 @@ def test_vllm_serves_the_saved_checkpoint_with_its_mtp_layer_drafting(rendered, 
     saved = tmp_path / "ckpt" / "iter_0000001"
     _serving_files(tmp_path / "source", saved, Path(config.train.tokenizer_path))
 
-    done = subprocess.run([VLLM_PYTHON, str(HERE / "vllm_generate_check.py"), str(saved)], text=True,
-                          capture_output=True, timeout=600, check=False)
+    done = subprocess.run(
+        [VLLM_PYTHON, str(HERE / "vllm_generate_check.py"), str(saved)],
+        text=True,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(next(line[len(RESULT_PREFIX):] for line in done.stdout.splitlines()
-                             if line.startswith(RESULT_PREFIX)))
+    result = json.loads(
+        next(line[len(RESULT_PREFIX) :] for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX))
+    )
     expected_class = "Qwen3_5ForConditionalGeneration" if kind == "vision-language" else "Qwen3_5ForCausalLM"
     assert result["architectures"] == [expected_class]
     assert len(result["tokens"]) == NEW_TOKENS

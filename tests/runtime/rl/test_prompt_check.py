@@ -26,8 +26,9 @@ def bytes_of(record: PromptRecord) -> list[int]:
 
 
 def test_overlong_prompts_are_left_out_and_the_rest_keep_their_tokens():
-    checked = check_prompts(records(3, 9, 4, 12), bytes_of, max_model_len=10, max_response_tokens=4, refuse=False,
-                            where="p.jsonl")
+    checked = check_prompts(
+        records(3, 9, 4, 12), bytes_of, max_model_len=10, max_response_tokens=4, refuse=False, where="p.jsonl"
+    )
     assert [r.line for r in checked.records] == [1, 3]
     assert checked.dropped == ((2, 9), (4, 12)) and checked.limit == 6
     assert checked.encoded == {1: [120] * 3, 3: [120] * 4}
@@ -35,8 +36,9 @@ def test_overlong_prompts_are_left_out_and_the_rest_keep_their_tokens():
 
 def test_refuse_stops_with_the_count_the_first_lines_and_the_fixes():
     with pytest.raises(PromptCheckError) as refused:
-        check_prompts(records(*([20] * 7), 1), bytes_of, max_model_len=10, max_response_tokens=4, refuse=True,
-                      where="p.jsonl")
+        check_prompts(
+            records(*([20] * 7), 1), bytes_of, max_model_len=10, max_response_tokens=4, refuse=True, where="p.jsonl"
+        )
     message = str(refused.value)
     assert message.startswith("7 of 8 prompts in p.jsonl are longer than the 6 tokens the rollout takes")
     assert "lines 1 (20 tokens), 2 (20 tokens), 3 (20 tokens), 4 (20 tokens), 5 (20 tokens) and 2 more" in message
@@ -82,8 +84,22 @@ def test_the_rl_job_drops_an_overlong_prompt_before_step_1_and_never_draws_it(tm
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(prompts) + "\n")
     run_dir = tmp_path / "run"
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o", str(run_dir),
-                               "--set", f"train.data_path={data}"], text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "render",
+            "tiny-qwen3.5-rl-cpu",
+            "-o",
+            str(run_dir),
+            "--set",
+            f"train.data_path={data}",
+        ],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
     job = RlJob(EngineConfig.from_file(run_dir / "engine.yaml"), run_dir / "engine.yaml", comm_policy=None)
     try:

@@ -22,15 +22,21 @@ def records(count: int) -> list[PromptRecord]:
 
 def test_load_prompts_reads_strings_chats_and_numeric_answers(tmp_path):
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
-    path = write_jsonl(tmp_path / "train.jsonl", [
-        json.dumps({"prompt": "What is 6*7?", "answer": "42", "source": "gsm8k"}),
-        "",
-        json.dumps({"prompt": chat, "answer": 4}),
-        json.dumps({"prompt": "Half of 1?", "answer": 0.5}),
-    ])
+    path = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            json.dumps({"prompt": "What is 6*7?", "answer": "42", "source": "gsm8k"}),
+            "",
+            json.dumps({"prompt": chat, "answer": 4}),
+            json.dumps({"prompt": "Half of 1?", "answer": 0.5}),
+        ],
+    )
     loaded = load_prompts(path)
-    assert loaded == [PromptRecord("What is 6*7?", "42", 1), PromptRecord(tuple(chat), "4", 3),
-                      PromptRecord("Half of 1?", "0.5", 4)]
+    assert loaded == [
+        PromptRecord("What is 6*7?", "42", 1),
+        PromptRecord(tuple(chat), "4", 3),
+        PromptRecord("Half of 1?", "0.5", 4),
+    ]
 
 
 def test_field_names_are_configurable(tmp_path):
@@ -38,16 +44,19 @@ def test_field_names_are_configurable(tmp_path):
     assert load_prompts(path, prompt_key="problem", answer_key="solution") == [PromptRecord("1+1?", "2", 1)]
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ('{"prompt": "x", "answer": ', r"bad\.jsonl:2: not valid JSON"),
-    ('["x", "1"]', r"bad\.jsonl:2: expected a JSON object, got list\."),
-    ('{"question": "x", "answer": "1"}', r"bad\.jsonl:2: no 'prompt' field \(it has 'question', 'answer'\)"),
-    ('{"prompt": "x"}', r"bad\.jsonl:2: no 'answer' field"),
-    ('{"prompt": "  ", "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be a non-empty string"),
-    ('{"prompt": [{"role": "user"}], "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be .* messages"),
-    ('{"prompt": "x", "answer": true}', r"bad\.jsonl:2: 'answer' must be a string or a number, not bool\."),
-    ('{"prompt": "x", "answer": null}', r"bad\.jsonl:2: 'answer' must be a string or a number, not NoneType\."),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"prompt": "x", "answer": ', r"bad\.jsonl:2: not valid JSON"),
+        ('["x", "1"]', r"bad\.jsonl:2: expected a JSON object, got list\."),
+        ('{"question": "x", "answer": "1"}', r"bad\.jsonl:2: no 'prompt' field \(it has 'question', 'answer'\)"),
+        ('{"prompt": "x"}', r"bad\.jsonl:2: no 'answer' field"),
+        ('{"prompt": "  ", "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be a non-empty string"),
+        ('{"prompt": [{"role": "user"}], "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be .* messages"),
+        ('{"prompt": "x", "answer": true}', r"bad\.jsonl:2: 'answer' must be a string or a number, not bool\."),
+        ('{"prompt": "x", "answer": null}', r"bad\.jsonl:2: 'answer' must be a string or a number, not NoneType\."),
+    ],
+)
 def test_bad_lines_are_reported_with_file_and_line(tmp_path, bad_line, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [json.dumps({"prompt": "ok", "answer": "1"}), bad_line])
     with pytest.raises(PromptDatasetError, match=message) as error:
@@ -73,8 +82,7 @@ def test_each_epoch_is_a_seeded_permutation_cut_into_batches():
         lines = [record.line for batch in batches for record in batch.records]
         assert len(lines) == len(set(lines)) == 9
         assert all(batch.epoch == epoch and len(batch.records) == 3 for batch in batches)
-    epoch_orders = {tuple(r.line for s in range(e * 3, e * 3 + 3) for r in schedule.batch(s).records)
-                    for e in range(4)}
+    epoch_orders = {tuple(r.line for s in range(e * 3, e * 3 + 3) for r in schedule.batch(s).records) for e in range(4)}
     assert len(epoch_orders) == 4
 
 

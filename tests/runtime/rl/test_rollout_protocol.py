@@ -77,8 +77,11 @@ def start(tmp_path: Path, behaviour: str, earlier_log: str = "", engine: int = 0
     log = tmp_path / f"rollout-{engine}.log"
     log.write_text(f"{earlier_log}{LISTENING_LINE}127.0.0.1:1\n")
     with log.open("a") as handle:
-        process = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS),
-                                    str(engine)], stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(tmp_path), behaviour, str(HANDSHAKE_SECONDS), str(engine)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     STARTED.append(process)
     return process, log
 
@@ -100,7 +103,8 @@ def test_an_error_answer_quotes_the_root_cause_the_servers_log_holds(tmp_path):
         client.request("start", timeout=10)
     assert str(failed.value) == (
         "the rollout server failed 'start': RuntimeError: Engine core initialization failed. See root cause above.; "
-        f"its log {log} says: AssertionError: Error in memory profiling.")
+        f"its log {log} says: AssertionError: Error in memory profiling."
+    )
     client.close()
 
 
@@ -118,8 +122,9 @@ def engines(tmp_path: Path, *behaviours: str) -> list[RolloutClient]:
     clients = []
     for engine, behaviour in enumerate(behaviours):
         process, log = start(tmp_path, behaviour, engine=engine)
-        clients.append(RolloutClient.connect(tmp_path, timeout=30, engine=engine, process=process, log_path=log,
-                                             named=True))
+        clients.append(
+            RolloutClient.connect(tmp_path, timeout=30, engine=engine, process=process, log_path=log, named=True)
+        )
     return clients
 
 
@@ -146,8 +151,10 @@ def test_engines_that_miss_the_deadline_are_all_stopped_and_named(tmp_path):
         client.send("echo", value=1)
     with pytest.raises(RolloutError) as failed:
         answer_all(clients, "echo", timeout=2)
-    assert str(failed.value).startswith("rollout engine 1's server, rollout engine 2's server did not answer 'echo' "
-                                        "within 2 s (rollout.timeout_s), so they were stopped as hung")
+    assert str(failed.value).startswith(
+        "rollout engine 1's server, rollout engine 2's server did not answer 'echo' "
+        "within 2 s (rollout.timeout_s), so they were stopped as hung"
+    )
     assert [process.poll() is not None for process in STARTED[1:]] == [True, True]
     assert STARTED[0].poll() is None  # the one that answered is left to its shutdown
 
@@ -196,6 +203,7 @@ def test_an_address_left_by_a_gone_server_is_waited_past_until_the_new_one_liste
 
 
 # --- peers that are not the trainer --------------------------------------------------------------------------
+
 
 def server_address(run_dir: Path) -> tuple[str, int]:
     """The address the server published, once it listens."""
@@ -251,12 +259,16 @@ def hang_up_mid_handshake(address: tuple[str, int]) -> None:
         recv_exactly(peer, size)  # the server's challenge, left unanswered
 
 
-@pytest.mark.parametrize(("fault", "logged"), [
-    (send_junk, "it sent bytes that are not the rollout protocol (a message header announcing"),
-    (send_a_wrong_authkey, "it answered the authkey challenge wrongly"),
-    (stall, f"it did not finish the handshake within {HANDSHAKE_SECONDS} s"),
-    (hang_up_mid_handshake, "it disconnected during the handshake"),
-], ids=["junk", "wrong-authkey", "stall", "hang-up"])
+@pytest.mark.parametrize(
+    ("fault", "logged"),
+    [
+        (send_junk, "it sent bytes that are not the rollout protocol (a message header announcing"),
+        (send_a_wrong_authkey, "it answered the authkey challenge wrongly"),
+        (stall, f"it did not finish the handshake within {HANDSHAKE_SECONDS} s"),
+        (hang_up_mid_handshake, "it disconnected during the handshake"),
+    ],
+    ids=["junk", "wrong-authkey", "stall", "hang-up"],
+)
 def test_a_peer_that_fails_the_handshake_is_logged_and_the_trainer_still_gets_through(tmp_path, fault, logged):
     process, log = start(tmp_path, "answer")
     peer = fault(server_address(tmp_path))
@@ -270,8 +282,9 @@ def test_a_peer_that_fails_the_handshake_is_logged_and_the_trainer_still_gets_th
     assert process.returncode == 0
     dropped = [line for line in log.read_text().splitlines() if "dropped" in line]
     assert len(dropped) == 1, log.read_text()
-    assert re.fullmatch(r"gdnctl rollout: dropped a connection from 127\.0\.0\.1:\d+: " + re.escape(logged) + ".*",
-                        dropped[0]), dropped[0]
+    assert re.fullmatch(
+        r"gdnctl rollout: dropped a connection from 127\.0\.0\.1:\d+: " + re.escape(logged) + ".*", dropped[0]
+    ), dropped[0]
 
 
 def test_a_server_beside_the_trainer_listens_on_loopback_only(tmp_path):
@@ -290,21 +303,44 @@ def test_a_server_on_another_node_listens_where_its_name_resolves():
         remote_bind_address("no-such-host.invalid")
 
 
-@pytest.mark.parametrize(("colocate", "marked", "beside"), [
-    (True, None, True), (False, LOCAL, True), (False, "external", False), (False, None, False),
-])
-def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(monkeypatch, colocate, marked,
-                                                                                  beside):
+@pytest.mark.parametrize(
+    ("colocate", "marked", "beside"),
+    [
+        (True, None, True),
+        (False, LOCAL, True),
+        (False, "external", False),
+        (False, None, False),
+    ],
+)
+def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(monkeypatch, colocate, marked, beside):
     from gdnctl.runtime.rl.rollout_server import trainer_shares_host
     from gdnctl.schema import EngineRollout
 
-    rollout = EngineRollout.model_validate({
-        "engine": "vllm", "tp": 1, "num_gpus": 1, "colocate": colocate, "gdn_prefill_backend": None,
-        "gpu_memory_utilization": 0.5, "kv_cache_gib": None, "max_model_len": 256, "n_samples_per_prompt": 2,
-        "prompts_per_step": 1, "max_response_tokens": 16, "temperature": 1.0, "timeout_s": 60.0, "probe_tolerance": 0.1,
-        "max_step0_logprob_gap": 0.05, "python": None,
-        "enforce_eager": False, "weight_transport": "disk", "weight_transport_reason": "CPU",
-        "sleep_between_phases": False, "vision_language_class": False})
+    rollout = EngineRollout.model_validate(
+        {
+            "engine": "vllm",
+            "tp": 1,
+            "num_gpus": 1,
+            "colocate": colocate,
+            "gdn_prefill_backend": None,
+            "gpu_memory_utilization": 0.5,
+            "kv_cache_gib": None,
+            "max_model_len": 256,
+            "n_samples_per_prompt": 2,
+            "prompts_per_step": 1,
+            "max_response_tokens": 16,
+            "temperature": 1.0,
+            "timeout_s": 60.0,
+            "probe_tolerance": 0.1,
+            "max_step0_logprob_gap": 0.05,
+            "python": None,
+            "enforce_eager": False,
+            "weight_transport": "disk",
+            "weight_transport_reason": "CPU",
+            "sleep_between_phases": False,
+            "vision_language_class": False,
+        }
+    )
     if marked is None:
         monkeypatch.delenv(ROLLOUT_ENV, raising=False)
     else:

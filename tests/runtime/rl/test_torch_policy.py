@@ -13,10 +13,16 @@ from gdnctl.schema.engine import EngineConfig
 
 
 def samples() -> list[Sample]:
-    rows = [((81, 58, 32), (49, 50, 256)), ((81, 58), (55, 56, 57, 58)), ((81, 58, 32, 51), (52,)),
-            ((70, 71), (48, 49))]
-    return [Sample(i // 2, prompt, response, tuple(-5.5 for _ in response), "stop", 0.0, [1.0, -1.0, 0.5, -0.5][i])
-            for i, (prompt, response) in enumerate(rows)]
+    rows = [
+        ((81, 58, 32), (49, 50, 256)),
+        ((81, 58), (55, 56, 57, 58)),
+        ((81, 58, 32, 51), (52,)),
+        ((70, 71), (48, 49)),
+    ]
+    return [
+        Sample(i // 2, prompt, response, tuple(-5.5 for _ in response), "stop", 0.0, [1.0, -1.0, 0.5, -0.5][i])
+        for i, (prompt, response) in enumerate(rows)
+    ]
 
 
 # float32's unit roundoff: one rounding moves a value by at most this share of it.
@@ -58,8 +64,13 @@ def test_one_step_is_the_same_in_one_or_several_micro_batches(engine, gloo, aggr
         stats = policy.train_step(parts, settings)
         # The gradients stay on the parameters after the step: what (after clipping) Adam was given.
         named = dict(policy.module.named_parameters())
-        results.append((stats, {name: p.detach().clone() for name, p in named.items()},
-                        {name: p.grad.detach().clone() for name, p in named.items() if p.grad is not None}))
+        results.append(
+            (
+                stats,
+                {name: p.detach().clone() for name, p in named.items()},
+                {name: p.grad.detach().clone() for name, p in named.items() if p.grad is not None},
+            )
+        )
     group = policy.optimizer.param_groups[0]
     lr, eps = group["lr"], group["eps"]
     (whole, weights, grads), *split = results
@@ -79,8 +90,12 @@ def test_one_step_is_the_same_in_one_or_several_micro_batches(engine, gloo, aggr
             # What the measured gradient difference makes of Adam's step (in float64, exact enough), plus each
             # run's own roundings: ADAM_ROUNDINGS on the way to the step (relative to lr), three on the weight
             # (decay, then w - step).
-            step_gap = lr * (_adam_first_step(after_grads[name].double(), eps)
-                             - _adam_first_step(grads[name].double(), eps)).abs()
+            step_gap = (
+                lr
+                * (
+                    _adam_first_step(after_grads[name].double(), eps) - _adam_first_step(grads[name].double(), eps)
+                ).abs()
+            )
             allowed = step_gap + 2 * UNIT_ROUNDOFF * (ADAM_ROUNDINGS * lr + 3 * weights[name].abs().double())
             excess = ((tensor.double() - weights[name].double()).abs() - allowed).max()
             assert excess <= 0, f"{name}: weights differ by {float(excess):.3g} more than the gradients explain"
@@ -100,8 +115,9 @@ def test_export_writes_what_the_rollout_reads_and_probe_scores_the_sequence(engi
 
 
 def _with_kl(engine: EngineConfig, **train) -> EngineConfig:
-    return engine.model_copy(update={"grpo": engine.grpo.model_copy(update={"kl_coef": 0.1}),
-                                     "train": engine.train.model_copy(update=train)})
+    return engine.model_copy(
+        update={"grpo": engine.grpo.model_copy(update={"kl_coef": 0.1}), "train": engine.train.model_copy(update=train)}
+    )
 
 
 def test_kl_is_zero_at_the_start_then_grows_and_is_aggregated_like_the_loss(engine, gloo):
@@ -153,11 +169,13 @@ def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path
     assert "model.layers.0.mlp.experts.3.gate_proj.weight" in written
     assert not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in written)
     fused = policy.module.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]
-    assert torch.equal(written["model.layers.0.mlp.experts.3.up_proj.weight"],
-                       fused[3, fused.shape[1] // 2:].bfloat16())
+    assert torch.equal(
+        written["model.layers.0.mlp.experts.3.up_proj.weight"], fused[3, fused.shape[1] // 2 :].bfloat16()
+    )
 
-    reloaded = TorchPolicy(moe.model_copy(update={"model": moe.model.model_copy(
-        update={"path": str(tmp_path / "weights")})}))
+    reloaded = TorchPolicy(
+        moe.model_copy(update={"model": moe.model.model_copy(update={"path": str(tmp_path / "weights")})})
+    )
     for name, tensor in policy.module.state_dict().items():
         torch.testing.assert_close(reloaded.module.state_dict()[name], tensor.bfloat16().float(), rtol=0, atol=0)
 

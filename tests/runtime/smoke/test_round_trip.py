@@ -110,8 +110,10 @@ def test_the_first_minute_line_comes_after_the_second_step(gloo, capsys):
     assert lines == [] and watch.peak_gib is None
     watch.after_step()
     assert watch.peak_gib > 0
-    assert lines == [f"first minute: peak memory after 2 optimizer steps {watch.peak_gib:.2f} GiB (peak RSS of the "
-                     "process, most loaded rank; explain makes no memory estimate for this job)"]
+    assert lines == [
+        f"first minute: peak memory after 2 optimizer steps {watch.peak_gib:.2f} GiB (peak RSS of the "
+        "process, most loaded rank; explain makes no memory estimate for this job)"
+    ]
     assert capsys.readouterr().err == ""
 
 
@@ -121,12 +123,16 @@ def test_a_peak_past_the_estimate_warns_with_the_fields_to_change(gloo, capsys):
     watch.after_step(step_peak_gib=0.25)
     watch.after_step(step_peak_gib=1.5)  # the second step's peak is the larger: the watch keeps the maximum
     assert watch.peak_gib == 1.5 and watch.verdict().status == "warn"
-    assert lines == ["first minute: peak memory after 2 optimizer steps 1.50 GiB (peak RSS of the process, most "
-                     "loaded rank) vs explain's 0.50 GiB for the same (+200%; its 3.50 GiB per GPU less 3 GiB for "
-                     "the CUDA context, NCCL buffers and allocator slack)"]
+    assert lines == [
+        "first minute: peak memory after 2 optimizer steps 1.50 GiB (peak RSS of the process, most "
+        "loaded rank) vs explain's 0.50 GiB for the same (+200%; its 3.50 GiB per GPU less 3 GiB for "
+        "the CUDA context, NCCL buffers and allocator slack)"
+    ]
     warning = capsys.readouterr().err
-    assert warning.startswith("gdnctl warning: after 2 optimizer steps the most loaded rank had 1.50 GiB allocated, "
-                              "1.00 GiB (200%) more than explain's estimate of 0.50 GiB")
+    assert warning.startswith(
+        "gdnctl warning: after 2 optimizer steps the most loaded rank had 1.50 GiB allocated, "
+        "1.00 GiB (200%) more than explain's estimate of 0.50 GiB"
+    )
     assert "train.micro_batch_size" in warning
     measured = watch.measured(step_seconds=0.5)
     assert (measured.estimate_peak_memory_gib, measured.estimate_allocated_gib) == (3.5, 0.5)

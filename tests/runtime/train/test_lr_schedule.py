@@ -43,8 +43,10 @@ def test_constant_stays_at_lr_after_the_warmup_and_no_warmup_starts_at_lr():
 def test_a_resumed_job_gets_the_lr_the_uninterrupted_one_would_have():
     whole = schedule("cosine")
     resumed_at = 7
-    assert [lr_at(step, lr=1.0, warmup_steps=4, decay="cosine", min_lr=0.1, total_steps=14)
-            for step in range(resumed_at, 14)] == whole[resumed_at:]
+    assert [
+        lr_at(step, lr=1.0, warmup_steps=4, decay="cosine", min_lr=0.1, total_steps=14)
+        for step in range(resumed_at, 14)
+    ] == whole[resumed_at:]
 
 
 def test_an_unknown_decay_is_refused_with_the_choices():

@@ -20,8 +20,16 @@ def _launch(run_dir: Path, *overrides: str, restart_count: int | None = None) ->
     """`gdnctl launch selftest-cpu` (a real torchrun job of 2 CPU ranks), or a rerun of its rendered script."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"}
     if restart_count is None:
-        command = [sys.executable, "-m", "gdnctl", "launch", "selftest-cpu", "--run-dir", str(run_dir),
-                   *[part for value in overrides for part in ("--set", value)]]
+        command = [
+            sys.executable,
+            "-m",
+            "gdnctl",
+            "launch",
+            "selftest-cpu",
+            "--run-dir",
+            str(run_dir),
+            *[part for value in overrides for part in ("--set", value)],
+        ]
     else:  # what a Slurm requeue does: the same run dir's script again, with the restart counted
         env["GDNCTL_RESTART_COUNT"] = str(restart_count)
         command = ["bash", str(run_dir / "launch_local.sh")]
@@ -43,7 +51,8 @@ def test_a_selftest_job_writes_tensorboard_events_that_tensorboard_reads(tmp_pat
     assert [event.value for event in events.Scalars("selftest/collectives")][0] > 0
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["round_seconds"] for line in lines] == pytest.approx(
-        [event.value for event in events.Scalars("selftest/round_seconds")], rel=1e-5)
+        [event.value for event in events.Scalars("selftest/round_seconds")], rel=1e-5
+    )
 
 
 def test_an_offline_wandb_run_keeps_its_id_across_a_requeue(tmp_path):
@@ -71,10 +80,15 @@ def test_mfu_is_against_the_dense_peak_and_absent_without_one():
     assert mfu(10.0, None) is None
 
 
-@pytest.mark.parametrize("done, total, pace, text", [
-    (10, 100, 2.0, "ETA 3m00s"), (1, 1001, 36.0, "ETA 10h00m"), (5, 5, 1.0, "ETA 0m00s"),
-    (1, 3, float("inf"), "ETA ?"),
-])
+@pytest.mark.parametrize(
+    "done, total, pace, text",
+    [
+        (10, 100, 2.0, "ETA 3m00s"),
+        (1, 1001, 36.0, "ETA 10h00m"),
+        (5, 5, 1.0, "ETA 0m00s"),
+        (1, 3, float("inf"), "ETA ?"),
+    ],
+)
 def test_eta_reads_as_hours_or_minutes(done, total, pace, text):
     assert eta_text(done, total, pace) == text
 

@@ -6,14 +6,23 @@ import pytest
 
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, NonFiniteStep, StepVerdict, describe_documents
 
-PARAMS = ["embedding.word_embeddings.weight", "decoder.layers.7.self_attention.linear_qkv.weight",
-          "decoder.layers.7.self_attention.k_layernorm.weight"]
+PARAMS = [
+    "embedding.word_embeddings.weight",
+    "decoder.layers.7.self_attention.linear_qkv.weight",
+    "decoder.layers.7.self_attention.k_layernorm.weight",
+]
 
 
 def verdict(step: int, *, loss: bool = True, grad: bool = True, applied: bool | None = None) -> StepVerdict:
-    return StepVerdict(step=step, applied=loss and grad if applied is None else applied, loss_finite=loss,
-                       grad_finite=grad, inputs="documents 3, 17 of the synthetic data",
-                       bad_parameters=[] if grad else PARAMS, parameter_count=600)
+    return StepVerdict(
+        step=step,
+        applied=loss and grad if applied is None else applied,
+        loss_finite=loss,
+        grad_finite=grad,
+        inputs="documents 3, 17 of the synthetic data",
+        bad_parameters=[] if grad else PARAMS,
+        parameter_count=600,
+    )
 
 
 def test_a_finite_step_passes_silently():
@@ -41,8 +50,11 @@ def test_the_allowance_skips_that_many_steps_then_stops():
     assert "update skipped (1 of 2 allowed" in guard.after_step(verdict(3, grad=False))
     assert guard.after_step(verdict(4)) is None
     assert "update skipped (2 of 2 allowed" in guard.after_step(verdict(5, loss=False))
-    with pytest.raises(NonFiniteStep, match=r"3 steps were not finite \(3, 5, 7\), more than "
-                                            r"train.skip_nonfinite_steps 2"):
+    with pytest.raises(
+        NonFiniteStep,
+        match=r"3 steps were not finite \(3, 5, 7\), more than "
+        r"train.skip_nonfinite_steps 2",
+    ):
         guard.after_step(verdict(7, grad=False))
 
 
