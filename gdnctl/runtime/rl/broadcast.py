@@ -170,7 +170,15 @@ class TrainerEnd:
         """Broadcast one bucket; returns once every worker has it."""
         work = self.group.broadcast([bucket.buffer], _options())
         self._wait(lambda: not work.is_completed(), check, "receive a bucket of weights")
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError as error:  # a worker gone mid-broadcast: gloo reports the closed connection here
+            check()  # the rollout server's own failure, where it has one, says more than the transport's
+            raise WeightGroupError(
+                f"the weight broadcast to the rollout's workers failed ({str(error).splitlines()[0]}); see the "
+                "rollout server's log, fix what it reports and start the job again (it resumes from the last "
+                "checkpoint)."
+            ) from None
         if bucket.buffer.is_cuda:
             torch.cuda.current_stream().synchronize()  # NCCL's wait only orders the stream
 

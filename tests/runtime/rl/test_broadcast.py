@@ -6,6 +6,7 @@ buckets, runs in tests/runtime/rl/test_rl_vllm.py (CPU) and tests/gpu/test_rl_vl
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from types import SimpleNamespace
 
@@ -117,3 +118,49 @@ def test_a_rollout_server_that_fails_meanwhile_is_reported_while_rank_0_waits():
     finally:
         end.close()
     assert time.monotonic() - began < 10
+
+
+def _worker_that_dies_mid_broadcast(fields: dict, joined) -> None:
+    """Join as the only worker, then never take the bucket: the test kills this process while rank 0 sends it."""
+    worker = SimpleNamespace(rank=0, device=torch.device("cpu"))
+    broadcast.join_group(worker, **fields, first_rank=1)
+    joined.set()
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("server_reports", [False, True], ids=["worker-only", "server-too"])
+def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(server_reports):
+    """Gloo on CPU: a bucket too large for the sockets' buffers is in flight when the worker dies. Rank 0 does
+    not hang on it or end in the transport's own error: it reports the rollout server's failure where the server
+    has one (RolloutClient.check in the job), else a sentence of its own."""
+    context = multiprocessing.get_context("spawn")
+    end = broadcast.TrainerEnd(True, workers=1, device=torch.device("cpu"), timeout_s=60)
+    joined = context.Event()
+    worker = context.Process(target=_worker_that_dies_mid_broadcast, args=(end.join_fields(), joined), daemon=True)
+    worker.start()
+
+    def check() -> None:
+        if server_reports:
+            worker.join(timeout=10)  # the job's check sees a dead server; here, the killed process once reaped
+        if server_reports and worker.exitcode is not None:
+            raise RolloutError(f"the rollout server exited with code {worker.exitcode} during 'broadcast_bucket'")
+
+    expected = (
+        (RolloutError, "exited with code -9")
+        if server_reports
+        else (broadcast.WeightGroupError, "the weight broadcast to the rollout's workers failed")
+    )
+    try:
+        end.join(check=lambda: None)
+        assert joined.wait(60)
+        bucket = packing.Bucket(torch.zeros(256 * 2**20, dtype=torch.uint8), [])
+        killer = threading.Timer(1.0, worker.kill)
+        killer.start()
+        began = time.monotonic()
+        with pytest.raises(expected[0], match=expected[1]):
+            end.send(bucket, check=check)
+        assert time.monotonic() - began < 30  # not the group's own timeout (rank 0's 60 s + 60 s)
+    finally:
+        end.close()
+        worker.kill()
+        worker.join()
