@@ -34,6 +34,16 @@ LR = 1e-2  # adapters on a random base move the loss only slowly at a fine-tunin
 SEQ_LENGTH = 256
 
 
+def every_target(model_id: str) -> list[str]:
+    """Every LoRA target the model has: megatron-bridge's default coverage plus the GDN layers' in and out
+    projections, so the GDN adapters are trained, exported, merged and loaded by peft too."""
+    from gdnctl.knowledge import lora
+    from gdnctl.knowledge.catalog import from_catalog
+
+    arch = from_catalog(model_id)
+    return [name for name in lora.TARGETS if lora.has_target(arch, name)]
+
+
 def _sets(model_id: str, source: Path | None, extra: list[str]) -> list[str]:
     base = [f"model.path={source}"] if source is not None else []
     return [
@@ -131,7 +141,7 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
             f"train.train_iters={steps}",
             f"train.save_dir={save_dir}",
             f"train.save_interval={save_interval}",
-            f"train.lora={{rank: {RANK}, alpha: {ALPHA}}}",
+            f"train.lora={{rank: {RANK}, alpha: {ALPHA}, targets: [{', '.join(every_target(model_id))}]}}",
         ],
     )
     config = _engine_config(run_dir, sets)

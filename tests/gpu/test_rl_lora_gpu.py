@@ -6,8 +6,9 @@ given whole weights with the adapters merged in, the KL reference the base with 
   export), each adapted weight is base + (alpha / rank)·B·A and every other the base's, the frozen base is
   untouched by the steps and the exports; the reference scores the probe as the starting policy did, also after a
   resume; the last checkpoint's merged model is what the rollout was sent.
-- With GPU vLLM, colocated (GDNCTL_TEST_VLLM_PYTHON as in test_rl_vllm_gpu.py): a few GRPO steps, every sync
-  checked by the job itself (per-parameter checksums, the probe), and with the disk transport the rollout's last
+- With GPU vLLM, colocated (GDNCTL_TEST_VLLM_PYTHON as in test_rl_vllm_gpu.py): 20 GRPO steps through CUDA IPC
+  with the reward rising, every sync checked by the job itself (per-parameter checksums, the probe), and with the
+  disk transport the rollout's last
   weights are the last checkpoint's merged model, which differs from the base where adapters sit.
 """
 
@@ -108,7 +109,7 @@ def _launch(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
     return done
 
 
-def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str) -> tuple[Path, Path, list[dict]]:
+def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str, lr: str = "1e-3") -> tuple[Path, Path, list[dict]]:
     from tests.gpu.test_rl_vllm_gpu import metrics
     from tests.runtime.rl.tiny_model import random_checkpoint
 
@@ -120,7 +121,7 @@ def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str) -> tuple[Path, 
         run_dir,
         f"model.path={base}",
         "train.lora={rank: 8, alpha: 16}",
-        "train.lr=1e-3",
+        f"train.lr={lr}",
         "grpo.kl_coef=0.05",
         f"train.train_iters={steps}",
         f"train.save_dir={save_dir}",
@@ -139,10 +140,15 @@ def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str) -> tuple[Path, 
 
 
 @NEEDS_VLLM
-def test_colocated_lora_rl_syncs_through_cuda_ipc(tmp_path):
-    _, save_dir, steps = _lora_run(tmp_path, "ipc", 4)
+def test_colocated_lora_rl_learns_over_20_steps_with_every_sync_through_cuda_ipc(tmp_path):
+    from tests.runtime.rl.test_rl_vllm import first_and_last_rewards
+
+    # Adapters on a random base move the policy only slowly at a fine-tuning lr (tests/gpu/lora_check.py).
+    _, save_dir, steps = _lora_run(tmp_path, "ipc", 20, lr="1e-2")
     assert {s["weight_transport"] for s in steps} == {"cuda_ipc"}
-    last = save_dir / "iter_0000004"
+    first, last_rewards = first_and_last_rewards(steps)
+    assert last_rewards > first + 0.02, [round(s["reward_mean"], 3) for s in steps]
+    last = save_dir / "iter_0000020"
     assert (last / "adapter" / "adapter_model.safetensors").is_file()
     assert (last / "model.safetensors.index.json").is_file()
 
