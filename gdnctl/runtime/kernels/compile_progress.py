@@ -74,6 +74,15 @@ def kernel_label(symbol: str) -> str:
     return symbol.removeprefix("tilelang_").removesuffix("_kernel")
 
 
+def mid_run_compile_line(symbol: str, during: str, log_path: str) -> str:
+    """FlashQLA's kernels are `tilelang_<name>_kernel`; FLA's TileLang backend (which FLA 0.6 picks for some of its
+    own kernels, e.g. `chunk_bwd_dqkwg`, where TileLang is installed) gave the label `kernel` on an H100 run."""
+    label = kernel_label(symbol)
+    named = symbol.startswith("tilelang_") and label != "kernel"
+    what = f"FlashQLA kernel {label}" if named else "a TileLang kernel"
+    return f"compiling {what} during {during} (compiler output: {log_path})"
+
+
 def kernel_progress_line(shape: str, index: int, expected: int, kernel: str, elapsed_s: float) -> str:
     total = str(expected) if index <= expected else f"{index}+"  # past the plain path: more may follow
     return f"compiling FlashQLA kernels for {shape}: {index}/{total} {kernel}, {elapsed_s:.0f} s"
@@ -179,12 +188,7 @@ def compiles_logged(during: str, report: Progress | None) -> Iterator[None]:
     sink.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     saved_handlers, saved_propagate = logger.handlers[:], logger.propagate
     logger.handlers, logger.propagate = [sink], False
-    begins = _CompileBeginsHandler(
-        lambda symbol: _say(
-            report,
-            f"compiling FlashQLA kernel {kernel_label(symbol)} during {during} (compiler output: {sink.baseFilename})",
-        )
-    )
+    begins = _CompileBeginsHandler(lambda symbol: _say(report, mid_run_compile_line(symbol, during, sink.baseFilename)))
     kernel_logger = logging.getLogger(TILELANG_KERNEL_LOGGER)
     kernel_logger.addHandler(begins)
     level = kernel_logger.level
