@@ -41,3 +41,18 @@ def test_forward_and_gradients_match_the_fp32_reference(kernel, shape):
     errors = parity_errors(kernel, make_gdn_inputs(shape, device="cuda"))
     print(f"{kernel.name} {shape.name}: " + " ".join(f"{name}={error:.2e}" for name, error in errors.items()))
     assert max(errors.values()) <= TOLERANCE, errors
+
+
+def test_flashqla_chunk_metadata_from_the_host_copy_is_what_it_reads_back_from_the_gpu():
+    """What the adapter attaches to packed offsets for FlashQLA (flash-qla 0.1.3's prepare_varlen_metadata, from
+    the host copy) is what its kernels otherwise compute on the GPU and read back (an empty document included)."""
+    index = pytest.importorskip("flash_qla.utils.index")
+    from flash_qla.ops.gated_delta_rule.chunk import CHUNK_SIZE
+
+    host = torch.tensor([0, 1, 65, 65, 300, 1000, 8192], dtype=torch.int32)
+    attached = index.prepare_varlen_metadata(host.cuda(), host)
+    offsets, count = index.prepare_chunk_offsets(attached, CHUNK_SIZE)
+    read_back, read_count = index._fallback_prepare_chunk_offsets(host.cuda(), CHUNK_SIZE)
+    assert torch.equal(offsets, read_back) and count == read_count
+    indices = index.prepare_chunk_indices(attached, CHUNK_SIZE)
+    assert torch.equal(indices, index._fallback_prepare_chunk_indices(host.cuda(), CHUNK_SIZE))

@@ -221,6 +221,12 @@ class GdnKernel:
         self._unsupported_options = frozenset(_OPTION_DEFAULTS) - accepted
         # FLA builds its chunk index from a host copy of packed offsets when given one (no device synchronisation).
         self._takes_host_offsets = "cu_seqlens_cpu" in inspect.signature(raw_kernel).parameters
+        # FlashQLA takes no host copy, but flash-qla 0.1.3 can attach the chunk offsets and indices it would
+        # otherwise read back from the GPU (flash_qla/utils/index.py: _fallback_prepare_chunk_offsets' .item() and
+        # _fallback_prepare_chunk_indices' .tolist(), a device synchronisation each per new offsets tensor) to the
+        # offsets tensor itself, computed from a host copy (prepare_varlen_metadata; prepare_chunk_offsets and
+        # prepare_chunk_indices use what is attached when its chunk size is theirs).
+        self._attach_varlen_metadata = _flashqla_varlen_metadata() if name == "flashqla" else None
 
     def __call__(
         self,
@@ -250,6 +256,12 @@ class GdnKernel:
             options = self._drop_unsupported(options)
         if self._takes_host_offsets and host_copy(cu_seqlens) is not None:
             options["cu_seqlens_cpu"] = host_copy(cu_seqlens)
+        if (
+            self._attach_varlen_metadata is not None
+            and host_copy(cu_seqlens) is not None
+            and not hasattr(cu_seqlens, _FLASHQLA_METADATA)
+        ):
+            self._attach_varlen_metadata(cu_seqlens, host_copy(cu_seqlens))
         # Tensor.contiguous() returns the tensor itself when it already is contiguous, so this copies only
         # what a kernel would otherwise read with the wrong strides.
         return self.raw_kernel(
@@ -268,6 +280,17 @@ class GdnKernel:
 
     def __repr__(self) -> str:
         return f"GdnKernel({self.name!r})"
+
+
+_FLASHQLA_METADATA = "_flash_qla_prepared_varlen"  # the attribute prepare_varlen_metadata sets (flash-qla 0.1.3)
+
+
+def _flashqla_varlen_metadata() -> Callable | None:
+    try:
+        from flash_qla.utils.index import prepare_varlen_metadata
+    except ImportError:  # an older flash-qla: it reads the offsets back itself
+        return None
+    return prepare_varlen_metadata
 
 
 def _accepted_keywords(function: Callable, wanted: Iterable[str]) -> frozenset[str]:

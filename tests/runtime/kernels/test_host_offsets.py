@@ -100,3 +100,45 @@ def test_a_kernel_without_the_option_is_not_handed_it():
     x = torch.zeros(1, 4, 1, 2)
     out, _ = GdnKernel("flashqla", kernel)(x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host))
     assert out.shape == x.shape
+
+
+def test_flashqla_gets_its_chunk_metadata_from_the_host_copy_once_per_offsets_tensor(monkeypatch):
+    """flash-qla 0.1.3's prepare_varlen_metadata(cu_seqlens, cu_seqlens_cpu) attaches what the kernels would
+    otherwise read back from the GPU; the adapter calls it once per offsets tensor, only where a host copy exists."""
+    from gdnctl.runtime.kernels import backends
+
+    calls = []
+
+    def prepare_varlen_metadata(cu_seqlens, cu_seqlens_cpu):
+        calls.append((cu_seqlens, cu_seqlens_cpu))
+        setattr(cu_seqlens, backends._FLASHQLA_METADATA, ("chunk size", "offsets", "count", "indices"))
+        return cu_seqlens
+
+    monkeypatch.setattr(backends, "_flashqla_varlen_metadata", lambda: prepare_varlen_metadata)
+
+    def kernel(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+    ):
+        return v, None
+
+    fused = GdnKernel("flashqla", kernel)
+    host = torch.tensor([0, 3, 4], dtype=torch.int32)
+    offsets = with_host_copy(host.clone(), host)
+    x = torch.zeros(1, 4, 1, 2)
+    for _ in range(3):  # the layers of one micro-batch share its offsets
+        fused(x, x, x, x[..., 0], x[..., 0], cu_seqlens=offsets)
+    assert len(calls) == 1 and calls[0][0] is offsets and calls[0][1] is host
+    fused(x, x, x, x[..., 0], x[..., 0], cu_seqlens=torch.tensor([0, 4], dtype=torch.int32))  # no host copy
+    assert len(calls) == 1
+    GdnKernel("fla", kernel)(x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host))
+    assert len(calls) == 1  # FLA takes the host copy itself
