@@ -41,6 +41,9 @@ pytestmark = [
 ]
 
 PROXY = "qwen3.5-35b-a3b-proxy-bench"
+# The proxy runs here check memory and loss, not speed: without torch.compile's cold compile of each new layout
+# (minutes a launch; three launches did not finish in 600 s beside other tests on four H100s).
+PROXY_SETS = ("kernels.gdn_backend=fla", "kernels.torch_compile=false", "cluster.gpus_per_node=4")
 # Two runs of one model in bf16 that differ only in how a sum is split over ranks (CP's chunked attention and
 # all-to-all, EP's token dispatch): the same bound as the kernels' and CP's curves. TP 4 splits every GEMM's
 # reduction four ways and all-gathers QKV, and its curve wanders further from TP 1's while tracking it: 0.039 at
@@ -121,7 +124,7 @@ def test_tp4_over_two_kv_heads_trains_the_tp1_loss_curve(tmp_path):
 
 
 def test_the_proxy_at_tp4_peaks_where_explain_estimates(tmp_path):
-    sets = ["kernels.gdn_backend=fla", "cluster.gpus_per_node=4", "parallel.tp=4", "train.train_iters=8"]
+    sets = [*PROXY_SETS, "parallel.tp=4", "train.train_iters=8"]
     memory = _explain_memory(*sets, preset=PROXY)
     steps = _finish(_start(tmp_path / "tp4", *sets, preset=PROXY, builder="megatron-bridge"))
     rows = {row["name"]: row for row in memory["rows"]}
@@ -178,8 +181,7 @@ def test_tp2_cp2_on_32k_packed_rows_trains_the_tp2_cp1_loss_curve(tmp_path):
 def test_the_proxy_at_ep4_trains_the_ep1_loss_curve(tmp_path):
     # Two rows a GPU over four GPUs: data parallel 4 in both runs, the experts replicated (EP 1) or split (EP 4).
     common = [
-        "kernels.gdn_backend=fla",
-        "cluster.gpus_per_node=4",
+        *PROXY_SETS,
         "train.global_batch_size=8",
         f"train.train_iters={STEPS}",
     ]
