@@ -120,23 +120,40 @@ def test_a_rollout_server_that_fails_meanwhile_is_reported_while_rank_0_waits():
     assert time.monotonic() - began < 10
 
 
-def _worker_that_dies_mid_broadcast(fields: dict, joined) -> None:
+def _worker_that_dies_mid_broadcast(fields: dict, device: str, joined) -> None:
     """Join as the only worker, then never take the bucket: the test kills this process while rank 0 sends it."""
-    worker = SimpleNamespace(rank=0, device=torch.device("cpu"))
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    worker = SimpleNamespace(rank=0, device=torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
     broadcast.join_group(worker, **fields, first_rank=1)
     joined.set()
     time.sleep(600)
 
 
+# What rank 0 says when the worker dies mid-bucket and the rollout server has not (yet) failed: gloo reports the
+# closed connection, which rank 0 turns into a sentence; NCCL never completes the broadcast, so rank 0's own
+# deadline (rollout.timeout_s, 5 s here) ends the wait.
+WORKER_ONLY = {
+    "cpu": (60, broadcast.WeightGroupError, "the weight broadcast to the rollout's workers failed"),
+    "cuda": (5, broadcast.WeightGroupError, "did not receive a bucket of weights within 5 s"),
+}
+
+
 @pytest.mark.parametrize("server_reports", [False, True], ids=["worker-only", "server-too"])
-def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(server_reports):
-    """Gloo on CPU: a bucket too large for the sockets' buffers is in flight when the worker dies. Rank 0 does
-    not hang on it or end in the transport's own error: it reports the rollout server's failure where the server
-    has one (RolloutClient.check in the job), else a sentence of its own."""
+@pytest.mark.parametrize("device", BACKENDS)
+def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(device, server_reports):
+    """A bucket too large for the transport's buffers is in flight when the worker dies. Rank 0 neither hangs on
+    it nor ends in the transport's own error: it reports the rollout server's failure where the server has one
+    (RolloutClient.check in the job), else a sentence of its own."""
+    timeout_s, error, message = WORKER_ONLY[device]
+    if server_reports:
+        error, message = RolloutError, "exited with code -9"
     context = multiprocessing.get_context("spawn")
-    end = broadcast.TrainerEnd(True, workers=1, device=torch.device("cpu"), timeout_s=60)
+    end = broadcast.TrainerEnd(True, workers=1, device=_trainer_device(device), timeout_s=timeout_s)
     joined = context.Event()
-    worker = context.Process(target=_worker_that_dies_mid_broadcast, args=(end.join_fields(), joined), daemon=True)
+    worker = context.Process(
+        target=_worker_that_dies_mid_broadcast, args=(end.join_fields(), device, joined), daemon=True
+    )
     worker.start()
 
     def check() -> None:
@@ -145,21 +162,16 @@ def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(server_
         if server_reports and worker.exitcode is not None:
             raise RolloutError(f"the rollout server exited with code {worker.exitcode} during 'broadcast_bucket'")
 
-    expected = (
-        (RolloutError, "exited with code -9")
-        if server_reports
-        else (broadcast.WeightGroupError, "the weight broadcast to the rollout's workers failed")
-    )
     try:
         end.join(check=lambda: None)
         assert joined.wait(60)
-        bucket = packing.Bucket(torch.zeros(256 * 2**20, dtype=torch.uint8), [])
+        bucket = packing.Bucket(torch.zeros(256 * 2**20, dtype=torch.uint8, device=end.device), [])
         killer = threading.Timer(1.0, worker.kill)
         killer.start()
         began = time.monotonic()
-        with pytest.raises(expected[0], match=expected[1]):
+        with pytest.raises(error, match=message):
             end.send(bucket, check=check)
-        assert time.monotonic() - began < 30  # not the group's own timeout (rank 0's 60 s + 60 s)
+        assert time.monotonic() - began < 30  # not the group's own timeout (rank 0's deadline + 60 s)
     finally:
         end.close()
         worker.kill()
