@@ -226,7 +226,7 @@ class GdnKernel:
         # _fallback_prepare_chunk_indices' .tolist(), a device synchronisation each per new offsets tensor) to the
         # offsets tensor itself, computed from a host copy (prepare_varlen_metadata; prepare_chunk_offsets and
         # prepare_chunk_indices use what is attached when its chunk size is theirs).
-        self._attach_varlen_metadata = _flashqla_varlen_metadata() if name == "flashqla" else None
+        self._attach_varlen_metadata = _flashqla_varlen_metadata() if name == FLASHQLA.name else None
 
     def __call__(
         self,
@@ -287,10 +287,10 @@ _FLASHQLA_METADATA = "_flash_qla_prepared_varlen"  # the attribute prepare_varle
 
 def _flashqla_varlen_metadata() -> Callable | None:
     try:
-        from flash_qla.utils.index import prepare_varlen_metadata
-    except ImportError:  # an older flash-qla: it reads the offsets back itself
+        index = importlib.import_module(f"{FLASHQLA.import_name}.utils.index")
+    except ImportError:  # not installed here
         return None
-    return prepare_varlen_metadata
+    return getattr(index, "prepare_varlen_metadata", None)  # None: an older flash-qla reads the offsets back itself
 
 
 def _accepted_keywords(function: Callable, wanted: Iterable[str]) -> frozenset[str]:
