@@ -87,6 +87,28 @@ def _keep_log(run_dir: Path, text: str) -> None:
             )
 
 
+def _kill_the_rollout_after_step_3(run_dir: Path, *sets: str) -> tuple[subprocess.Popen, str, str, float]:
+    """Launch the rl job, SIGKILL its rollout server once step 3's metrics are written, and wait for the job to
+    end; returns the job, its stdout and stderr (kept as the run's log) and the seconds from the kill to its end."""
+    job = subprocess.Popen(command(run_dir, *sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 1200
+        while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "the job did not reach step 3"
+            time.sleep(0.2)
+        server = json.loads((run_dir / "rollout" / "address.json").read_text())["pid"]
+        os.kill(server, signal.SIGKILL)
+        killed = time.monotonic()
+        stdout, stderr = job.communicate(timeout=600)
+        seconds_to_stop = time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _keep_log(run_dir, stdout + stderr)
+    return job, stdout, stderr, seconds_to_stop
+
+
 @FIRST_WORKER
 def test_colocated_rl_sleeps_between_phases_and_syncs_through_cuda_ipc(tmp_path):
     run_dir = tmp_path / "colocated"
@@ -255,34 +277,14 @@ def test_a_separate_rollout_killed_mid_run_fails_the_job_in_bounded_time(tmp_pat
     broadcast its workers will never receive), it notices the dead server and stops with a sentence instead of
     waiting on NCCL, and `latest` stays on a checkpoint."""
     run_dir, save_dir = tmp_path / "killed-separate", tmp_path / "checkpoints"
-    job = subprocess.Popen(
-        command(
-            run_dir,
-            "model.id=gdnctl/tiny-qwen3-next-bytes",
-            "rollout.colocate=false",
-            "cluster.gpus_per_node=2",
-            f"train.save_dir={save_dir}",
-            "train.save_interval=2",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    job, stdout, stderr, seconds_to_stop = _kill_the_rollout_after_step_3(
+        run_dir,
+        "model.id=gdnctl/tiny-qwen3-next-bytes",
+        "rollout.colocate=false",
+        "cluster.gpus_per_node=2",
+        f"train.save_dir={save_dir}",
+        "train.save_interval=2",
     )
-    try:
-        deadline = time.monotonic() + 1200
-        while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
-            assert job.poll() is None, job.communicate()
-            assert time.monotonic() < deadline, "the job did not reach step 3"
-            time.sleep(0.2)
-        server = json.loads((run_dir / "rollout" / "address.json").read_text())["pid"]
-        os.kill(server, signal.SIGKILL)
-        killed = time.monotonic()
-        stdout, stderr = job.communicate(timeout=600)
-        seconds_to_stop = time.monotonic() - killed
-    finally:
-        if job.poll() is None:
-            job.kill()
-    _keep_log(run_dir, stdout + stderr)
     assert job.returncode != 0
     sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
     assert "rollout" in sentence and "resumes from the last checkpoint" in sentence, sentence
@@ -320,27 +322,9 @@ def test_qwen35_syncs_through_cuda_ipc_into_the_vision_language_class(tmp_path):
 @FIRST_WORKER
 def test_a_rollout_killed_mid_run_fails_the_job_and_keeps_the_last_checkpoint(tmp_path):
     run_dir, save_dir = tmp_path / "killed", tmp_path / "checkpoints"
-    job = subprocess.Popen(
-        command(
-            run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}", "train.save_interval=2"
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    job, stdout, stderr, _ = _kill_the_rollout_after_step_3(
+        run_dir, "model.id=gdnctl/tiny-qwen3-next-bytes", f"train.save_dir={save_dir}", "train.save_interval=2"
     )
-    try:
-        deadline = time.monotonic() + 1200
-        while not (run_dir / "metrics.jsonl").is_file() or len(metrics(run_dir)) < 3:
-            assert job.poll() is None, job.communicate()
-            assert time.monotonic() < deadline, "the job did not reach step 3"
-            time.sleep(0.5)
-        server = json.loads((run_dir / "rollout" / "address.json").read_text())["pid"]
-        os.kill(server, signal.SIGKILL)
-        stdout, stderr = job.communicate(timeout=600)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    _keep_log(run_dir, stdout + stderr)
     assert job.returncode != 0
     sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
     assert "the rollout server exited with code -9" in sentence and "resumes from the last checkpoint" in sentence

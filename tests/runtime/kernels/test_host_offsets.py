@@ -80,25 +80,29 @@ def test_the_kernel_adapter_hands_fla_the_host_copy():
     assert seen["cu_seqlens_cpu"] is None
 
 
-def test_a_kernel_without_the_option_is_not_handed_it():
-    def kernel(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        scale=None,
-        initial_state=None,
-        output_final_state=False,
-        use_qk_l2norm_in_kernel=False,
-        cu_seqlens=None,
-    ):
-        return v, None
+def _kernel_without_host_offsets(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+):
+    """FlashQLA's signature: no cu_seqlens_cpu."""
+    return v, None
 
+
+def test_a_kernel_without_the_option_is_not_handed_it():
     host = torch.tensor([0, 4], dtype=torch.int32)
     x = torch.zeros(1, 4, 1, 2)
-    out, _ = GdnKernel("flashqla", kernel)(x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host))
+    out, _ = GdnKernel("flashqla", _kernel_without_host_offsets)(
+        x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host)
+    )
     assert out.shape == x.shape
 
 
@@ -116,22 +120,7 @@ def test_flashqla_gets_its_chunk_metadata_from_the_host_copy_once_per_offsets_te
 
     monkeypatch.setattr(backends, "_flashqla_varlen_metadata", lambda: prepare_varlen_metadata)
 
-    def kernel(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        scale=None,
-        initial_state=None,
-        output_final_state=False,
-        use_qk_l2norm_in_kernel=False,
-        cu_seqlens=None,
-    ):
-        return v, None
-
-    fused = GdnKernel("flashqla", kernel)
+    fused = GdnKernel("flashqla", _kernel_without_host_offsets)
     host = torch.tensor([0, 3, 4], dtype=torch.int32)
     offsets = with_host_copy(host.clone(), host)
     x = torch.zeros(1, 4, 1, 2)
@@ -140,5 +129,7 @@ def test_flashqla_gets_its_chunk_metadata_from_the_host_copy_once_per_offsets_te
     assert len(calls) == 1 and calls[0][0] is offsets and calls[0][1] is host
     fused(x, x, x, x[..., 0], x[..., 0], cu_seqlens=torch.tensor([0, 4], dtype=torch.int32))  # no host copy
     assert len(calls) == 1
-    GdnKernel("fla", kernel)(x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host))
+    GdnKernel("fla", _kernel_without_host_offsets)(
+        x, x, x, x[..., 0], x[..., 0], cu_seqlens=with_host_copy(host.clone(), host)
+    )
     assert len(calls) == 1  # FLA takes the host copy itself

@@ -35,13 +35,18 @@ def _tensors(device: str) -> list[tuple[str, torch.Tensor]]:
     return [(f"model.layers.{i}.weight", torch.randn(64, 48, generator=generator).to(device)) for i in range(5)]
 
 
-def _worker(fields: dict, first_rank: int, plan: list, device: str, results) -> None:
-    """A rollout engine's only worker: join as `first_rank`, receive each planned bucket, send back what
-    arrived."""
+def _joined_worker(fields: dict, first_rank: int, device: str) -> tuple[SimpleNamespace, int]:
+    """A rollout engine's only worker (GPU 0 on CUDA), joined to rank 0's group as `first_rank`."""
     if device == "cuda":
         torch.cuda.set_device(0)
     worker = SimpleNamespace(rank=0, device=torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
-    rank = broadcast.join_group(worker, **fields, first_rank=first_rank)
+    return worker, broadcast.join_group(worker, **fields, first_rank=first_rank)
+
+
+def _worker(fields: dict, first_rank: int, plan: list, device: str, results) -> None:
+    """A rollout engine's only worker: join as `first_rank`, receive each planned bucket, send back what
+    arrived."""
+    worker, rank = _joined_worker(fields, first_rank, device)
     group = getattr(worker, broadcast._WORKER_GROUP)
     received = []
     for nbytes, wire in plan:
@@ -122,10 +127,7 @@ def test_a_rollout_server_that_fails_meanwhile_is_reported_while_rank_0_waits():
 
 def _worker_that_dies_mid_broadcast(fields: dict, device: str, joined) -> None:
     """Join as the only worker, then never take the bucket: the test kills this process while rank 0 sends it."""
-    if device == "cuda":
-        torch.cuda.set_device(0)
-    worker = SimpleNamespace(rank=0, device=torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
-    broadcast.join_group(worker, **fields, first_rank=1)
+    _joined_worker(fields, 1, device)
     joined.set()
     time.sleep(600)
 
