@@ -107,6 +107,7 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
         "test_micro_batches_fit_the_row_and_line_labels_up_with_tokens",
         "test_filled_rows_are_one_length_and_cut_the_epochs_documents_in_order",
         "test_filled_rows_train_the_pieces_planned_and_resume_where_they_stopped",
+        "test_concatenated_rows_are_windows_of_one_token_stream_and_resume_where_they_stopped",
     },
     "tests/runtime/data/test_layout.py": {"test_padding_follows_the_documented_values", "test_round_trips_are_exact"},
     "tests/runtime/rl/test_broadcast.py": {

@@ -12,7 +12,7 @@ from gdnctl.plan.decisions import environment, kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
-from gdnctl.plan.speed import CUDA_GRAPH_WARMUP_STEPS, MANUAL_GC_INTERVAL
+from gdnctl.plan.speed import CUDA_GRAPH_WARMUP_STEPS, MANUAL_GC_INTERVAL, cuda_graph_modules
 from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
@@ -187,6 +187,7 @@ def _speed(run: Run) -> EngineSpeed:
         **values,
         manual_gc_interval=MANUAL_GC_INTERVAL if values["manual_gc"] else 0,
         cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP_STEPS if values["cuda_graphs"] else 0,
+        cuda_graph_modules=cuda_graph_modules(run.preset, run.stack) if values["cuda_graphs"] else (),
         reasons={name: decision.reason for name, decision in decided.items()},
     )
 

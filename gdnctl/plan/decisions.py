@@ -57,6 +57,18 @@ class Decision:
 
 def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
     requested = preset.train.layout
+    if requested == "auto" and preset.parallel.cp == 1 and packing(preset, software).value == "concat":
+        return Decision(
+            "bshd",
+            "packing concat: every row is seq_length tokens of one stream, so full rows need no padding and no "
+            "per-document offsets (and without offsets attention and the GDN layers can be CUDA graphed)",
+        )
+    return _layout_of_documents(preset, software)
+
+
+def _layout_of_documents(preset: Preset, software: dict[str, str | None]) -> Decision:
+    """The layout where rows keep documents apart: packed wherever megatron-core's GDN takes packed sequences."""
+    requested = preset.train.layout
     mcore = software.get("megatron_core")
     if requested != "auto":
         return Decision(requested, f"set in the preset (train.layout: {requested})")
@@ -74,30 +86,35 @@ def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
 
 
 def packing(preset: Preset, software: dict[str, str | None]) -> Decision:
-    """Whole documents per packed row, or rows filled by cutting documents at their ends (runtime/data/pipeline.py).
-    Megatron's GPT dataset cuts pretraining text the same way (megatron/core/datasets/gpt_dataset.py,
-    megatron-core 0.19.2, line 381: a sample starts and ends at a (document, offset) pair)."""
+    """How documents become rows (runtime/data/pipeline.py): whole documents per packed row, packed rows filled by
+    cutting documents at row ends, or one stream of concatenated documents cut into full rows.
+
+    concat is what Megatron's GPT pretraining does unless told otherwise: its `--reset-attention-mask` and
+    `--reset-position-ids` are off by default (Megatron-LM megatron/training/arguments.py, core 0.19.2, line 3154),
+    so a sample is seq_length + 1 consecutive tokens of the document stream (megatron/core/datasets/gpt_dataset.py
+    line 381) and attends across document ends; Megatron-Bridge's pretraining datasets set both False
+    (megatron-bridge 0.6.2 recipes/utils/dataset_utils.py line 355)."""
     requested = preset.train.packing
     if requested != "auto":
         return Decision(requested, f"set in the preset (train.packing: {requested})")
-    if layout(preset, software).value != "thd":
-        return Decision("whole", "padded (BSHD) rows hold one document each")
     if preset.job == "pretrain":
         return Decision(
-            "fill",
-            "pretrain: documents are cut at row ends, as Megatron's GPT dataset does, so every "
-            f"row is {preset.train.seq_length} real tokens: no padding is computed and every step "
-            "has one shape",
+            "concat",
+            "pretrain: documents joined end to end and cut into full rows of "
+            f"{preset.train.seq_length} tokens, as Megatron's GPT pretraining does by default (attention resets "
+            "at no document end): nothing is padding, and every step has one shape",
         )
+    if _layout_of_documents(preset, software).value != "thd":
+        return Decision("whole", "padded (BSHD) rows hold one document each")
     return Decision(
         "whole", f"{preset.job}: each document stays in one row (cut, a response would train without its prompt)"
     )
 
 
 def one_row_shape(preset: Preset, software: dict[str, str | None]) -> bool:
-    """Whether every training row has one shape: padded rows, or packed rows filled to their end (train.packing:
-    fill). Packed rows of whole documents change length every step."""
-    return layout(preset, software).value != "thd" or packing(preset, software).value == "fill"
+    """Whether every training row has one shape: padded or full rows, or packed rows filled to their end
+    (train.packing: fill or concat). Packed rows of whole documents change length every step."""
+    return layout(preset, software).value != "thd" or packing(preset, software).value in ("fill", "concat")
 
 
 def model_builder(software: dict[str, str | None]) -> Decision:

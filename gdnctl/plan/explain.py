@@ -36,7 +36,7 @@ def derived_values(run: Run) -> list[Derived]:
         Derived("layout", run.layout.value, run.layout.reason),
         *(
             [Derived("packing", run.packing.value, run.packing.reason)]
-            if run.layout.value == "thd" and preset.job in ("sft", "pretrain")
+            if (run.layout.value == "thd" or run.packing.value == "concat") and preset.job in ("sft", "pretrain")
             else []
         ),
         Derived("sequence_parallel", run.sequence_parallel.value, run.sequence_parallel.reason),

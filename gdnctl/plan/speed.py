@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gdnctl.knowledge import ModelArch
-from gdnctl.plan.decisions import Decision, model_builder, one_row_shape
+from gdnctl.plan.decisions import Decision, layout, model_builder, one_row_shape
 from gdnctl.schema import Preset
 
 # What a user reads beside each option in `explain` when it is on; the reasons for `off` are built per case.
@@ -34,11 +34,8 @@ _WHAT = {
     "(Megatron-Core DDP's own default)",
     "manual_gc": "Python's garbage collector runs between steps (every {interval} steps and after each save) "
     "instead of pausing a step at random",
-    "cuda_graphs": "each MoE layer's router and dispatch preprocessing replayed as a Transformer Engine CUDA graph "
-    "(megatron-core cuda_graph_modules moe_router, moe_preprocess): about forty small kernels per "
-    "layer and micro-batch launched at once, captured after step {warmup}; attention and the GDN "
-    "layers stay eager (megatron-core graphs attention only where it is given no packed-sequence "
-    "offsets)",
+    "cuda_graphs": "{what} replayed as Transformer Engine CUDA graphs (megatron-core cuda_graph_modules "
+    "{modules}), captured after step {warmup}: {why}",
 }
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
@@ -139,9 +136,34 @@ def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str,
     if not one_row_shape(preset, stack):
         return (
             "packed rows of whole documents vary in length, and a graph replays one shape (train.packing: fill "
-            "gives one)"
+            "or concat gives one)"
         )
     return None
+
+
+def cuda_graph_modules(preset: Preset, software: Mapping[str, str | None]) -> tuple[str, ...]:
+    """What the graphs cover (megatron-core CudaGraphModule names; moe_preprocess needs moe_router): each layer's
+    attention or GDN block too where rows carry no packed-sequence offsets, as Megatron-Bridge's H100 MoE recipes
+    graph it. A graphed attention takes none: megatron-core 0.19.2 transformer/transformer_layer.py
+    `_te_cuda_graph_replay` asserts packed_seq_params is None, so on packed rows the attention and GDN blocks stay
+    eager and only the router is graphed."""
+    router = ("moe_router", "moe_preprocess")
+    return ("attn", *router) if layout(preset, dict(software)).value == "bshd" else router
+
+
+def _graphs_line(modules: tuple[str, ...]) -> str:
+    if "attn" in modules:
+        what = (
+            "each layer's attention or GDN block with its norm, and each MoE layer's router and dispatch preprocessing,"
+        )
+        why = "each block's kernels launched as one per layer and micro-batch, as Megatron-Bridge's H100 MoE recipes do"
+    else:
+        what = "each MoE layer's router and dispatch preprocessing"
+        why = (
+            "about forty small kernels per layer and micro-batch launched at once; attention and the GDN layers stay "
+            "eager on packed rows (megatron-core graphs attention only where it is given no packed-sequence offsets)"
+        )
+    return _WHAT["cuda_graphs"].format(what=what, modules=", ".join(modules), warmup=CUDA_GRAPH_WARMUP_STEPS, why=why)
 
 
 def _auto_cuda_graphs(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> Decision:
@@ -149,4 +171,4 @@ def _auto_cuda_graphs(preset: Preset, model: ModelArch, software: Mapping[str, s
     blocker = cuda_graphs_blocker(preset, model, software)
     if blocker is not None:
         return Decision(False, blocker)
-    return Decision(True, _WHAT["cuda_graphs"].format(warmup=CUDA_GRAPH_WARMUP_STEPS))
+    return Decision(True, _graphs_line(cuda_graph_modules(preset, software)))

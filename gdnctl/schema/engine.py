@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 11  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 12  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
-# 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps)
+# 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
+# 12: packing concat, speed.cuda_graph_modules
 
 
 class _Frozen(BaseModel):
@@ -111,6 +112,8 @@ class EngineSpeed(_Frozen):
     manual_gc_interval: int = 0
     cuda_graphs: bool = False
     cuda_graph_warmup_steps: int = 0  # eager steps before the capture
+    # megatron-core CudaGraphModule names the graphs cover (runtime/model/bridge.py), with cuda_graphs
+    cuda_graph_modules: tuple[str, ...] = ()
     # option -> why it has its value (the trainer logs them at start-up)
     reasons: dict[str, str] = {}
 
@@ -207,8 +210,9 @@ class EngineConfig(_Frozen):
     model: ModelArch
     parallel: EngineParallel
     layout: Literal["thd", "bshd"]
-    # How documents become packed rows (runtime/data/pipeline.py): whole documents, or cut to fill every row.
-    packing: Literal["whole", "fill"] = "whole"
+    # How documents become rows (runtime/data/pipeline.py): whole documents, cut to fill packed rows, or one
+    # concatenated stream cut into full rows.
+    packing: Literal["whole", "fill", "concat"] = "whole"
     train: EngineTrain
     kernels: EngineKernels
     speed: EngineSpeed = EngineSpeed()

@@ -144,11 +144,13 @@ class TrainSpec(_Section):
     precision: Literal["bf16", "fp8"] = "bf16"
     lora: LoraSpec | None = None
     layout: Literal["auto", "thd", "bshd"] = "auto"
-    packing: Literal["auto", "whole", "fill"] = Field(
+    packing: Literal["auto", "whole", "fill", "concat"] = Field(
         "auto",
-        description="packed rows: whole (each document in one row, a longer one truncated) or fill (documents "
-        "cut at row ends, so every row is seq_length tokens and none is padding or dropped); "
-        "auto: fill for pretrain, whole otherwise",
+        description="how documents become rows: whole (each document in one packed row, a longer one truncated), "
+        "fill (documents cut at row ends into packed rows, each piece attending only to itself) or concat "
+        "(documents joined end to end and cut into full rows of seq_length tokens, attention and the GDN state "
+        "running across document ends: Megatron's pretraining default); auto: concat for pretrain, whole "
+        "otherwise",
     )
     micro_batch_size: int = Field(1, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
     global_batch_size: int = Field(128, ge=1, le=MAX_SEQUENCES, description=f"at most {MAX_SEQUENCES:,}")
@@ -235,8 +237,9 @@ class SpeedSpec(_Section):
     )
     cuda_graphs: _AUTO_ON_OFF = Field(
         "auto",
-        description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing "
-        "(needs one row shape every step: packed rows filled, or padded rows)",
+        description="Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing, and of "
+        "each layer's attention or GDN block on rows without packed-sequence offsets (needs one row shape every "
+        "step: concatenated or filled rows, or padded rows)",
     )
 
     @field_validator(

@@ -1,8 +1,11 @@
-"""The 35B-A3B proxy on the megatron-bridge builder with packed rows (THD), the shape that trained on NaN when
-Transformer Engine's cuDNN attention ran its backward at head_dim 256 (runtime/model/core_attention.py):
+"""The 35B-A3B proxy on the megatron-bridge builder: packed rows (THD), the shape that trained on NaN when
+Transformer Engine's cuDNN attention ran its backward at head_dim 256 (runtime/model/core_attention.py), and the
+defaults' concatenated full rows, whose attention and GDN blocks are CUDA graphed:
 
-- 20 steps with the defaults (attention: torch; filled rows, so the MoE router CUDA graphs are captured after step
-  1, and torch.compile on): every loss and gradient norm finite, no update skipped, the loss falls;
+- 20 steps of filled packed rows (attention: torch; the MoE router CUDA graphs captured after step 1, torch.compile
+  on): every loss and gradient norm finite, no update skipped, the loss falls;
+- 20 steps with the defaults (concatenated rows, attention, GDN and router graphs): the same, and the graphed steps
+  train the losses the eager ones do;
 - a non-finite step stops the Megatron trainer with the sentence, and `latest` stays on the last good checkpoint.
 
 Needs a CUDA GPU with ~60 GiB free, Transformer Engine, megatron-bridge and FLA.
@@ -17,6 +20,9 @@ from tests.gpu.test_trainer_gpu import NEEDS_BRIDGE_STACK, _console, _launch, _s
 
 PROXY = "qwen3.5-35b-a3b-proxy-bench"
 STEPS = 20
+EAGER_STEPS = 8
+# Graph replay runs the kernels eager steps run, in another order of launches only: bf16 sums may round differently.
+GRAPHED_LOSS_TOLERANCE = 0.005
 
 
 @NEEDS_BRIDGE_STACK
@@ -24,6 +30,7 @@ def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
     steps = _launch(
         tmp_path / "run",
         "kernels.gdn_backend=fla",
+        "train.packing=fill",
         f"train.train_iters={STEPS}",
         preset=PROXY,
         builder="megatron-bridge",
@@ -37,6 +44,35 @@ def test_the_proxy_trains_packed_rows_on_finite_falling_losses(tmp_path: Path):
     log = _console(tmp_path / "run", "stdout").read_text() + _console(tmp_path / "run", "stderr").read_text()
     assert "CUDA graphs: captured the MoE router and preprocessing of 8 layers" in log
     assert "torch.compile: on" in log
+
+
+@NEEDS_BRIDGE_STACK
+def test_the_proxy_trains_concatenated_rows_with_graphed_attention_as_it_does_eagerly(tmp_path: Path):
+    graphed = _launch(
+        tmp_path / "graphed",
+        "kernels.gdn_backend=fla",
+        f"train.train_iters={STEPS}",
+        preset=PROXY,
+        builder="megatron-bridge",
+    )
+    assert len(graphed) == STEPS
+    assert all(math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"]) for s in graphed), graphed
+    assert not any(s["skipped"] for s in graphed)
+    assert graphed[-1]["loss"] < graphed[0]["loss"] - 0.5, [round(s["loss"], 3) for s in graphed]
+    assert all(s["padding_share"] == 0.0 for s in graphed)
+    log = _console(tmp_path / "graphed", "stdout").read_text() + _console(tmp_path / "graphed", "stderr").read_text()
+    assert "layout bshd, packing concat" in log
+    assert "CUDA graphs: captured the attention or GDN block, MoE router and preprocessing of 8 layers" in log
+    eager = _launch(
+        tmp_path / "eager",
+        "kernels.gdn_backend=fla",
+        "speed.cuda_graphs=off",
+        f"train.train_iters={EAGER_STEPS}",
+        preset=PROXY,
+        builder="megatron-bridge",
+    )
+    pairs = [(g["loss"], e["loss"]) for g, e in zip(graphed, eager, strict=False)]
+    assert all(abs(g - e) <= GRAPHED_LOSS_TOLERANCE * e for g, e in pairs), pairs
 
 
 @NEEDS_BRIDGE_STACK

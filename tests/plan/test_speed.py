@@ -64,20 +64,35 @@ def test_rl_accumulates_gradients_in_fp32_and_keeps_its_own_loss_and_pythons_col
 
 
 def test_cuda_graphs_need_one_row_shape_and_the_layouts_they_have_run_in():
-    """Graphs replay a recorded shape: on for the pretrain proxy (packing fill), off where rows vary (whole
-    documents: sft's default) or where gdnctl has not run them (pipeline or context parallel), and the engine
-    config carries the warm-up steps before the capture only when they are on."""
+    """Graphs replay a recorded shape: on for the pretrain proxy (concatenated full rows, and filled packed rows),
+    off where rows vary (whole documents: sft's default) or where gdnctl has not run them (pipeline or context
+    parallel), and the engine config carries the warm-up steps before the capture only when they are on."""
     pretrain = _run("qwen3.5-35b-a3b-proxy-bench")
-    assert pretrain.packing.value == "fill" and pretrain.speed["cuda_graphs"].value is True
+    assert pretrain.packing.value == "concat" and pretrain.speed["cuda_graphs"].value is True
     assert compile_engine_config(pretrain).speed.cuda_graph_warmup_steps == 1
+    filled = _run("qwen3.5-35b-a3b-proxy-bench", "train.packing=fill")
+    assert filled.speed["cuda_graphs"].value is True
     whole = _run("qwen3.5-35b-a3b-proxy-bench", "train.packing=whole")
     assert whole.speed["cuda_graphs"].value is False and "vary in length" in whole.speed["cuda_graphs"].reason
     assert compile_engine_config(whole).speed.cuda_graph_warmup_steps == 0
     assert _run("qwen3.5-35b-a3b-proxy-bench", "job=sft").speed["cuda_graphs"].value is False
-    padded = _run("qwen3.5-35b-a3b-proxy-bench", "train.layout=bshd")
+    padded = _run("qwen3.5-35b-a3b-proxy-bench", "job=sft", "train.layout=bshd")
     assert padded.packing.value == "whole" and padded.speed["cuda_graphs"].value is True
     cp = _run("qwen3.5-35b-a3b-proxy-bench", "parallel.cp=2", "cluster.gpus_per_node=2")
     assert cp.speed["cuda_graphs"].value is False and "context parallel" in cp.speed["cuda_graphs"].reason
+
+
+def test_attention_is_graphed_only_where_rows_carry_no_packed_sequence_offsets():
+    """megatron-core replays a graphed attention without packed-sequence offsets, so attention (and with it the GDN
+    blocks) joins the router graphs on full or padded rows only; explain says which it is."""
+    full = _run("qwen3.5-35b-a3b-proxy-bench")
+    assert compile_engine_config(full).speed.cuda_graph_modules == ("attn", "moe_router", "moe_preprocess")
+    assert "attention or GDN block" in full.speed["cuda_graphs"].reason
+    packed = _run("qwen3.5-35b-a3b-proxy-bench", "train.packing=fill")
+    assert compile_engine_config(packed).speed.cuda_graph_modules == ("moe_router", "moe_preprocess")
+    assert "stay eager on packed rows" in packed.speed["cuda_graphs"].reason
+    off = _run("qwen3.5-35b-a3b-proxy-bench", "speed.cuda_graphs=off")
+    assert compile_engine_config(off).speed.cuda_graph_modules == ()
 
 
 def test_the_presets_own_value_wins_and_says_so():

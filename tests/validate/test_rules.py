@@ -338,6 +338,14 @@ def test_rule_stays_quiet(code, tmp_path):
     assert code not in found, found.get(code)
 
 
+def test_concatenated_rows_are_full_so_micro_batches_of_several_warn_of_no_padding_but_cut_sft_examples():
+    """LAY005 is about padded rows; concatenated rows have none. LAY012 names concat's cross-example attention."""
+    concat = {"job": "pretrain", "train": {"packing": "concat", "layout": "bshd", "micro_batch_size": 2}}
+    assert "LAY005" not in codes(concat)
+    sft = codes({"job": "sft", "train": {"packing": "concat"}})["LAY012"][0].message
+    assert "attends to the ones before it" in sft
+
+
 def test_tp_neither_divisor_nor_multiple_of_the_kv_heads_names_megatron_core():
     message = codes({"parallel": {"tp": 3}})["HEAD002"][0].message
     assert "neither a divisor nor a multiple of the 2 KV heads" in message and "Megatron-Core refuses it" in message

@@ -35,6 +35,14 @@ with pretraining text
 (megatron/core/datasets/gpt_dataset.py, megatron-core 0.19.2, line 381: each sample runs from a (document,
 offset) pair to the next, across consecutive documents).
 Each piece stays its own sequence in cu_seqlens, so no token attends across a document boundary.
+
+Packing `concat` (pretraining text, Megatron's default): the documents, epoch after epoch in each epoch's order, are
+one stream of tokens, and row r is its tokens r·S to r·S + S (S positions: inputs are the first S tokens, labels the
+last S), so each row's last label is the next row's first input, as in Megatron's GPT dataset
+(`add_extra_token_to_sequence`). Nothing marks where a document ends but its EOS token: attention and the GDN state
+run across it (Megatron's `--reset-attention-mask` off), a document's first token is predicted from the one before
+it (and trained where its `trained` flag is set: always for text records), and the rows are full, so they need no
+padding and no offsets (BSHD), or one sequence each where context parallelism packs them (THD).
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ if TYPE_CHECKING:
     from gdnctl.schema import EngineConfig, EngineParallel
 
 Layout = Literal["thd", "bshd"]
-Packing = Literal["whole", "fill"]
+Packing = Literal["whole", "fill", "concat"]
 # A stretch of one document a sample holds: (document index, first position, end position). Positions count
 # next-token predictions: a document of n tokens has n - 1.
 Piece = tuple[int, int, int]
@@ -87,7 +95,9 @@ class Document:
     """One training text as token ids, and per token whether the model is trained to predict it."""
 
     token_ids: torch.Tensor  # int32 [n], n >= 2; int32 halves the memory of a dataset every rank holds
-    trained: torch.Tensor  # bool [n]; trained[0] is unused, nothing predicts the first token
+    # bool [n]; trained[0] is unused (nothing predicts a document's first token) except with packing concat, where
+    # the previous document's last token does
+    trained: torch.Tensor
 
     def __post_init__(self) -> None:
         if self.token_ids.dim() != 1 or self.token_ids.shape != self.trained.shape or len(self) < 2:
@@ -506,6 +516,19 @@ def filled_rows(documents: Iterable[tuple[int, int]], capacity: int, multiple: i
         yield row
 
 
+def concatenated_rows(documents: Iterable[tuple[int, int]], positions: int) -> Iterator[list[Piece]]:
+    """Rows of `positions` next-token predictions from (index, tokens) documents joined end to end: each row is
+    positions + 1 consecutive tokens of the stream as (document, first token, end token) pieces, and the next row
+    starts at this row's last token (its last label, the next row's first input). Needs an endless input: the
+    stream's last row is only yielded once the row after it has started."""
+    rows = filled_rows(documents, positions)
+    current = next(rows, None)
+    for following in rows:
+        index, start, _ = following[0]
+        yield [*current, (index, start, start + 1)]
+        current = following
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     """A 63-bit seed per (seed, epoch): a hash, so neighbouring seeds and epochs give unrelated orders."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
@@ -525,7 +548,8 @@ class DataPipeline:
     it would train response tokens without their prompt. `truncated_documents` counts them, for the log. With
     packing `fill` (THD, pretraining text) nothing is truncated: rows are cut from the documents one after the
     other, epoch after epoch, each exactly `max_positions` long (`filled_rows`), so a row may hold the end of one
-    epoch and the start of the next; `consumed_samples` still counts rows."""
+    epoch and the start of the next; `consumed_samples` still counts rows. Packing `concat` cuts rows the same way
+    from the documents joined into one stream (`concatenated_rows`), each row one sequence."""
 
     def __init__(
         self,
@@ -553,9 +577,9 @@ class DataPipeline:
         self.pad_sequences_to_multiple_of = pad_sequences_to_multiple_of
         self.max_positions = seq_length - seq_length % pad_sequences_to_multiple_of
         self._check_settings()
-        # whole truncates a long document to the row; fill cuts it across rows and keeps every position
+        # whole truncates a long document to the row; fill and concat cut it across rows and keep every position
         self._positions = [
-            len(document) - 1 if packing == "fill" else min(len(document) - 1, self.max_positions)
+            len(document) - 1 if packing != "whole" else min(len(document) - 1, self.max_positions)
             for document in self.documents
         ]
         multiple = pad_sequences_to_multiple_of
@@ -584,8 +608,8 @@ class DataPipeline:
     def _check_settings(self) -> None:
         if self.layout not in ("thd", "bshd"):
             raise ValueError(f"layout is {self.layout!r}; pass 'thd' or 'bshd'.")
-        if self.packing not in ("whole", "fill"):
-            raise ValueError(f"packing is {self.packing!r}; pass 'whole' or 'fill'.")
+        if self.packing not in ("whole", "fill", "concat"):
+            raise ValueError(f"packing is {self.packing!r}; pass 'whole', 'fill' or 'concat'.")
         if self.packing == "fill" and self.layout != "thd":
             raise ValueError(
                 "packing 'fill' cuts documents into packed rows and needs layout thd; a padded (BSHD) "
@@ -633,9 +657,12 @@ class DataPipeline:
 
     def epoch_samples(self, epoch: int) -> list[tuple[Piece, ...]]:
         """The epoch's samples in order, each the pieces of documents it holds (one whole document for BSHD). With
-        packing fill rows run across epochs: `filled_samples` is their stream."""
-        if self.packing == "fill":
-            raise ValueError("filled rows run from one epoch into the next; read them with filled_samples().")
+        packing fill or concat rows run across epochs: `filled_samples` / `concatenated_samples` are their streams."""
+        if self.packing != "whole":
+            raise ValueError(
+                f"{self.packing} rows run from one epoch into the next; read them with filled_samples() or "
+                "concatenated_samples()."
+            )
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
             order = self.epoch_order(epoch)
             samples: list[tuple[Piece, ...]]
@@ -653,6 +680,14 @@ class DataPipeline:
             (index, self._positions[index]) for epoch in itertools.count() for index in self.epoch_order(epoch)
         )
         return (tuple(row) for row in filled_rows(documents, self.max_positions, self.pad_sequences_to_multiple_of))
+
+    def concatenated_samples(self) -> Iterator[tuple[Piece, ...]]:
+        """packing concat: every row of the job in order, without end, each `max_positions` positions: pieces in
+        tokens (document, first token, end token), max_positions + 1 tokens a row (concatenated_rows)."""
+        documents = (
+            (index, len(self.documents[index])) for epoch in itertools.count() for index in self.epoch_order(epoch)
+        )
+        return (tuple(row) for row in concatenated_rows(documents, self.max_positions))
 
     def _whole(self, index: int) -> Piece:
         return (index, 0, self._positions[index])
@@ -691,6 +726,9 @@ class DataPipeline:
             # A resume re-cuts the rows before it: a few pieces a row, a second or so per million rows.
             yield from itertools.islice(self.filled_samples(), consumed_samples, None)
             return
+        if self.packing == "concat":
+            yield from itertools.islice(self.concatenated_samples(), consumed_samples, None)
+            return
         first_epoch, offset = 0, consumed_samples
         while offset >= self.samples_in_epoch(first_epoch):
             offset -= self.samples_in_epoch(first_epoch)
@@ -702,15 +740,26 @@ class DataPipeline:
     def _micro_batch(self, samples: list[tuple[Piece, ...]]) -> MicroBatch:
         pieces = [piece for sample in samples for piece in sample]
         documents = tuple(dict.fromkeys(index for index, _, _ in pieces))
-        sequences = [self._token_sequence(piece) for piece in pieces]
+        if self.packing == "concat":
+            sequences = [self._stream_sequence(sample) for sample in samples]
+        else:
+            sequences = [self._token_sequence(piece) for piece in pieces]
         packed = pack(
             sequences, pad_sequences_to_multiple_of=self.pad_sequences_to_multiple_of, pad_token_id=PAD_TOKEN_ID
         )
         if self.layout == "thd":
             return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:
-        # the fixed shape Megatron's seq_length (and pipeline-parallel transfers) expect.
-        return MicroBatch(to_bshd(packed, pad_to_multiple_of=self.seq_length), documents=documents)
+        # the fixed shape Megatron's seq_length (and pipeline-parallel transfers) expect. Concatenated rows are
+        # all max_positions long, so they are exactly that wide.
+        width = self.max_positions if self.packing == "concat" else self.seq_length
+        return MicroBatch(to_bshd(packed, pad_to_multiple_of=width), documents=documents)
+
+    def _stream_sequence(self, pieces: tuple[Piece, ...]) -> TokenSequence:
+        """A concatenated row: its pieces' tokens joined, inputs all but the last token, labels all but the first."""
+        tokens = torch.cat([self.documents[index].token_ids[start:end] for index, start, end in pieces]).long()
+        trained = torch.cat([self.documents[index].trained[start:end] for index, start, end in pieces])[1:]
+        return TokenSequence(tokens[:-1], torch.where(trained, tokens[1:], IGNORE_INDEX), trained.float())
 
     def _token_sequence(self, piece: Piece) -> TokenSequence:
         index, start, end = piece

@@ -33,11 +33,6 @@ TEXT_PREFIX = "model."
 VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 # Export shards of at most this many bytes: rank 0 holds one shard in host memory at a time.
 SHARD_BYTES = 4 * 2**30
-# What speed.cuda_graphs captures: the MoE router and the dispatcher's preprocessing (megatron-core 0.19.2
-# transformer_config.py cuda_graph_modules; moe_preprocess needs moe_router). Not "attn": a graphed attention takes no
-# packed-sequence offsets (transformer_layer.py _te_cuda_graph_replay asserts packed_seq_params is None once the
-# eager attention has consumed them), so with packed rows attention and the GDN layers stay eager.
-CUDA_GRAPH_MODULES = ("moe_router", "moe_preprocess")
 # TE's FP8 recipe on Hopper. Delayed scaling is TE's longest-standing recipe and the one Megatron-Core's
 # Hopper recipes default to; tensorwise current scaling measured ~21% slower than bf16 on H100 in the
 # Megatron-Bridge Qwen3.5 campaign, and MXFP8 needs Blackwell.
@@ -110,7 +105,8 @@ def provider_overrides(config: EngineConfig) -> dict[str, Any]:
         # one a graph can replay.
         overrides.update(
             cuda_graph_impl="transformer_engine",
-            cuda_graph_modules=list(CUDA_GRAPH_MODULES),
+            # The plan's choice (plan/speed.py cuda_graph_modules): attention too where rows carry no offsets.
+            cuda_graph_modules=list(speed.cuda_graph_modules),
             cuda_graph_warmup_steps=speed.cuda_graph_warmup_steps,
             use_te_rng_tracker=True,
         )

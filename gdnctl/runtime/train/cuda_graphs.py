@@ -1,7 +1,8 @@
-"""speed.cuda_graphs: Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing.
+"""speed.cuda_graphs: Transformer Engine CUDA graphs of each MoE layer's router and dispatch preprocessing, and of
+each layer's attention or GDN block where rows carry no packed-sequence offsets.
 
-The model is built with megatron-core's `cuda_graph_impl="transformer_engine"` and the modules in
-runtime/model/bridge.py CUDA_GRAPH_MODULES; the trainer runs `speed.cuda_graph_warmup_steps` steps eagerly, then
+The model is built with megatron-core's `cuda_graph_impl="transformer_engine"` and the modules the plan chose
+(speed.cuda_graph_modules, plan/speed.py); the trainer runs `speed.cuda_graph_warmup_steps` steps eagerly, then
 megatron-core's TECudaGraphHelper records one graph per layer (megatron-core 0.19.2
 transformer/cuda_graphs.py: with one pipeline stage it captures one micro-batch, and every micro-batch replays it,
 module.py `_te_cuda_graph_replay`: `current_microbatch % len(self.cuda_graphs)`). This is what Megatron-Bridge's
@@ -9,8 +10,14 @@ own loop does (megatron-bridge 0.6.2 training/train.py: the helper is built befo
 `create_cudagraphs()` runs when the warm-up steps are done).
 
 A graph replays the shapes it recorded, so every micro-batch must have the recorded row length: the plan turns
-graphs on only with filled packed rows or padded rows (plan/speed.py), and `check_row` refuses anything else with a
-sentence rather than letting a replay read the wrong number of tokens.
+graphs on only with filled or concatenated rows or padded rows (plan/speed.py), and `check_row` refuses anything
+else with a sentence rather than letting a replay read the wrong number of tokens.
+
+A graphed attention block replays with the tensors it was captured with (megatron-core 0.19.2
+transformer/transformer_layer.py `get_layer_static_inputs`: the hidden states, an attention mask and the rotary
+table of positions 0..s-1). The trainer passes no mask: megatron-core hands the graph a zero mask in its place
+(`_get_te_cuda_graph_replay_args`), and Transformer Engine's causal attention does not read it. Positions 0..s-1
+are what a full row without offsets uses anyway (GPTModel computes RoPE from the row length, not the position ids).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ class CudaGraphError(GdnctlError):
     """A micro-batch of another shape than the graphs recorded (the runtime prints the sentence)."""
 
 
-class MoeRouterGraphs:
+class LayerGraphs:
     """Captures after the warm-up steps of this start; `before_step` is called before every step is timed."""
 
     def __init__(
@@ -39,6 +46,7 @@ class MoeRouterGraphs:
         global_batch_size: int,
         dp: int,
         warmup_steps: int,
+        modules: tuple[str, ...],
         log: Callable[[str], None],
     ) -> None:
         import torch.distributed as dist
@@ -53,6 +61,7 @@ class MoeRouterGraphs:
         self.warmup_steps = warmup_steps
         self.steps_seen = 0
         self.capture_seconds: float | None = None
+        self.modules = modules
         self._log = log
         self._helper = TECudaGraphHelper(
             model=[model],
@@ -75,9 +84,9 @@ class MoeRouterGraphs:
             started = time.perf_counter()
             self._helper.create_cudagraphs()
             self.capture_seconds = time.perf_counter() - started
+            covered = ("attention or GDN block, " if "attn" in self.modules else "") + "MoE router and preprocessing"
             self._log(
-                f"CUDA graphs: captured the MoE router and preprocessing of "
-                f"{len(self._helper.flattened_callables)} layers in {self.capture_seconds:.1f} s, after "
-                f"{self.warmup_steps} eager step(s)"
+                f"CUDA graphs: captured the {covered} of {len(self._helper.flattened_callables)} layers in "
+                f"{self.capture_seconds:.1f} s, after {self.warmup_steps} eager step(s)"
             )
         self.steps_seen += 1

@@ -34,7 +34,7 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint, lora_checkpoint
-from gdnctl.runtime.train.cuda_graphs import MoeRouterGraphs
+from gdnctl.runtime.train.cuda_graphs import LayerGraphs
 from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
@@ -183,7 +183,7 @@ class Trainer:
         self.lr = config.train.lr  # the step's lr, from the schedule, set before every step
         self.held_out = None  # eval:'s DataPipeline, built in train()
         self.startup = StartupClock()  # where the time to step 1 goes (logged after it)
-        self.graphs = None  # speed.cuda_graphs: the MoE router graphs, built in train()
+        self.graphs = None  # speed.cuda_graphs: the layers' graphs, built in train()
         self.base_fingerprints: list = []  # train.lora: each rank's fingerprint of its frozen base (lora_checkpoint)
 
     # --- set-up ------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class Trainer:
         self._log(
             f"model: {config.model.label}, {self._parameter_count() / 1e6:.1f}M parameters on this rank; "
             f"GDN kernel {self.kernel.name} on {len(self.gdn_layers)} layers; layout {config.layout}"
-            f"{', packing ' + config.packing if config.layout == 'thd' else ''}; "
+            f"{', packing ' + config.packing if config.layout == 'thd' or config.packing == 'concat' else ''}; "
             f"comm guard {'on' if config.comm.memory_guard else 'off'}"
         )
         self._log(torch_compile)
@@ -471,18 +471,21 @@ class Trainer:
             )
         )
         if config.speed.cuda_graphs:
-            # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions.
+            # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions,
+            # and so is a concatenated one.
             packed = config.layout == "thd"
             micro = 1 if packed else train.micro_batch_size
-            self.graphs = MoeRouterGraphs(
+            row_length = pipeline.max_positions if packed or config.packing == "concat" else train.seq_length
+            self.graphs = LayerGraphs(
                 model=self.model,
                 optimizer=self.optimizer,
                 transformer_config=self.transformer,
-                row_length=pipeline.max_positions if packed else train.seq_length,
+                row_length=row_length,
                 micro_batch_size=micro,
                 global_batch_size=pipeline.num_microbatches * micro * config.parallel.dp,
                 dp=config.parallel.dp,
                 warmup_steps=config.speed.cuda_graph_warmup_steps,
+                modules=config.speed.cuda_graph_modules,
                 log=self._log,
             )
         self.startup.mark("data")

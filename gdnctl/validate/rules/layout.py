@@ -101,7 +101,8 @@ def bshd_no_cp(run):
 @rule("LAY005", Severity.WARNING, "Padded (BSHD) layout with micro batch > 1")
 def bshd_micro_batch(run):
     """
-    What it checks: a bshd layout with train.micro_batch_size > 1.
+    What it checks: a bshd layout with train.micro_batch_size > 1, unless the rows are concatenated documents
+    (train.packing: concat: full rows, none padded).
 
     Why: AReaL PR #1384 reports that its padded path is not micro-batch invariant: the gradient norm drifts when a
     micro-batch holds more than one row, which it puts down to where each micro-batch's padding falls (every
@@ -119,7 +120,8 @@ def bshd_micro_batch(run):
     # The CPU rl policy (transformers' class) pads on the right, after every real token, so its causal layers
     # never read padding into a real token's state.
     cpu_rl = run.preset.job == "rl" and run.gpu.sm is None
-    if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl:
+    full_rows = run.packing.value == "concat"
+    if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl and not full_rows:
         yield Issue(
             "train.micro_batch_size",
             f"micro_batch_size {mbs} with the padded (bshd) layout pads each "
@@ -276,24 +278,28 @@ def fill_needs_thd(run):
         )
 
 
-@rule("LAY012", Severity.WARNING, "Filled packing cuts sft examples")
+@rule("LAY012", Severity.WARNING, "Filled or concatenated packing cuts sft examples")
 def fill_cuts_sft(run):
     """
-    What it checks: train.packing: fill in an sft job.
+    What it checks: train.packing: fill or concat in an sft job.
 
-    Why: fill starts a row in the middle of whatever document the previous row ended in, so the second piece of an
-    example trains its response tokens without the prompt before them; the first piece may hold only prompt.
-    Pretraining text loses nothing that matters (Megatron's GPT dataset cuts it the same way).
+    Why: both start a row in the middle of whatever document the previous row ended in, so the second piece of an
+    example trains its response tokens without the prompt before them; the first piece may hold only prompt. With
+    concat an example also attends to the examples before it in its row. Pretraining text loses nothing that
+    matters (Megatron's GPT dataset cuts it the same way, and attends across documents unless
+    `--reset-attention-mask` is set).
 
     Source: megatron/core/datasets/gpt_dataset.py (megatron-core 0.19.2): `_query_document_sample_shuffle_indices`
     (line 381) reads each sample as a (document, offset) start and end, built by
     helpers.build_sample_idx (line 583); gdnctl's runtime/data/pipeline.py filled_rows.
 
-    Fix: set train.packing: auto (whole for sft), or keep fill only for raw text trained like pretraining.
+    Fix: set train.packing: auto (whole for sft), or keep fill or concat only for raw text trained like pretraining.
     """
-    if run.is_training and run.preset.job == "sft" and run.preset.train.packing == "fill":
+    packing = run.preset.train.packing
+    if run.is_training and run.preset.job == "sft" and packing in ("fill", "concat"):
         yield Issue(
             "train.packing",
-            "packing fill cuts sft examples at row ends, so a piece can train a response without its prompt.",
+            f"packing {packing} cuts sft examples at row ends, so a piece can train a response without its prompt"
+            + (", and each example attends to the ones before it in its row." if packing == "concat" else "."),
             "Set train.packing: auto (whole), unless the data is raw text trained like pretraining.",
         )

@@ -505,3 +505,88 @@ def test_inconsistent_settings_are_refused():
         pipeline.micro_batches(0, consumed_samples=2)
     with pytest.raises(ValueError, match="dp_rank 2 is outside"):
         pipeline.micro_batches(2)
+
+
+@st.composite
+def concatenated_pipelines(draw) -> DataPipeline:
+    lengths = draw(st.lists(st.integers(2, 40), min_size=1, max_size=10))
+    documents = [
+        Document(
+            torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
+            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
+        )
+        for n in lengths
+    ]
+    layout_name = draw(st.sampled_from(["thd", "bshd"]))
+    micro_batch_size = 1 if layout_name == "thd" else draw(st.integers(1, 3))
+    dp = draw(st.integers(1, 3))
+    return DataPipeline(
+        documents,
+        layout=layout_name,
+        packing="concat",
+        seq_length=draw(st.integers(4, 30)),
+        micro_batch_size=micro_batch_size,
+        global_batch_size=micro_batch_size * dp * draw(st.integers(1, 3)),
+        dp=dp,
+        seed=draw(st.integers(0, 2**32)),
+    )
+
+
+def _concatenated_stream(pipeline: DataPipeline, tokens: int) -> tuple[list[int], list[bool]]:
+    """The first `tokens` tokens of the documents joined epoch after epoch, and their trained flags."""
+    ids: list[int] = []
+    trained: list[bool] = []
+    for index in (index for epoch in itertools.count() for index in pipeline.epoch_order(epoch)):
+        if len(ids) >= tokens:
+            return ids[:tokens], trained[:tokens]
+        ids += pipeline.documents[index].token_ids.tolist()
+        trained += pipeline.documents[index].trained.tolist()
+    raise AssertionError("unreachable: the epochs never end")
+
+
+@settings(max_examples=40, deadline=None)
+@given(concatenated_pipelines(), st.integers(0, 6))
+def test_concatenated_rows_are_windows_of_one_token_stream_and_resume_where_they_stopped(pipeline, chunks):
+    """concat: sample r is positions r*S .. r*S+S-1 of the documents joined epoch after epoch (inputs those tokens,
+    labels the next ones, masked where the label token is not trained), so each row's last label is the next row's
+    first input and a document's first token is predicted from the one before it. Every row is one full sequence
+    (no padding, positions 0..S-1), in either layout, and a job resumed after `chunks` chunks of samples goes on
+    with the same rows."""
+    width = pipeline.max_positions
+    chunk = pipeline.micro_batch_size * pipeline.dp
+    count = (chunks + 2) * chunk
+    ids, trained = _concatenated_stream(pipeline, count * width + 1)
+    expected = [
+        [
+            (
+                tuple(ids[r * width : (r + 1) * width]),
+                tuple(ids[i] if trained[i] else IGNORE_INDEX for i in range(r * width + 1, (r + 1) * width + 1)),
+                tuple(float(trained[i]) for i in range(r * width + 1, (r + 1) * width + 1)),
+            )
+        ]
+        for r in range(count)
+    ]
+    assert pipeline.truncated_documents == 0
+    assert _global_samples(pipeline, count) == expected
+    assert _global_samples(pipeline, 2 * chunk, consumed_samples=chunks * chunk) == expected[chunks * chunk :]
+    micro_batch = next(pipeline.micro_batches(0))
+    assert micro_batch.tokens.shape == (1 if micro_batch.is_packed else pipeline.micro_batch_size, width)
+    assert micro_batch.num_real_tokens == micro_batch.tokens.numel()
+    assert micro_batch.position_ids.tolist() == [list(range(width))] * micro_batch.tokens.shape[0]
+    if micro_batch.is_packed:
+        assert micro_batch.cu_seqlens.tolist() == [0, width]
+
+
+def test_concatenated_rows_overlap_by_the_token_that_is_one_rows_label_and_the_nexts_input():
+    rows = data.concatenated_rows(((index, length) for index, length in itertools.cycle(enumerate([5, 3]))), 4)
+    assert list(itertools.islice(rows, 3)) == [
+        [(0, 0, 4), (0, 4, 5)],
+        [(0, 4, 5), (1, 0, 3), (0, 0, 1)],
+        [(0, 0, 4), (0, 4, 5)],
+    ]
+    documents = data.synthetic_documents(4, vocab_size=VOCAB_SIZE, min_length=2, max_length=9, seed=0)
+    concatenated = DataPipeline(
+        documents, layout="bshd", packing="concat", seq_length=8, micro_batch_size=2, global_batch_size=2, dp=1, seed=0
+    )
+    with pytest.raises(ValueError, match="concatenated_samples"):
+        concatenated.epoch_samples(0)
