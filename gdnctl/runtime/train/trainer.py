@@ -38,7 +38,7 @@ from gdnctl.runtime.train.cuda_graphs import LayerGraphs
 from gdnctl.runtime.train.gc_policy import collector_between_steps
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
-from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents
+from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents, diverged_step
 from gdnctl.runtime.train.startup import StartupClock
 from gdnctl.schema import EngineConfig
 
@@ -512,15 +512,18 @@ class Trainer:
             # The schedule is a function of the step (runtime/train/lr_schedule.py), so a resume continues it.
             self.lr = lr_of(train, self.iteration)
             set_lr(self.optimizer, self.lr)
-            losses = forward_backward(
-                forward_step_func=_forward_step,
-                data_iterator=iter(batches),
-                model=[self.model],
-                num_microbatches=len(batches),
-                seq_length=batches[0].row_length,
-                micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1,
-                forward_only=False,
-            )
+            try:
+                losses = forward_backward(
+                    forward_step_func=_forward_step,
+                    data_iterator=iter(batches),
+                    model=[self.model],
+                    num_microbatches=len(batches),
+                    seq_length=batches[0].row_length,
+                    micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1,
+                    forward_only=False,
+                )
+            except RuntimeError as error:
+                raise self._diverged_or(error, batches) from error
             micro_losses, loss_sum = self._reduced_loss(losses)
             # Checked before the step: a non-finite loss is never applied, whatever its gradients look like.
             loss_finite = bool(torch.isfinite(loss_sum).all())
@@ -554,6 +557,23 @@ class Trainer:
                 self.save(save_dir)
                 self.collector.collect()
             self.collector.after_step(self.iteration)
+
+    def _diverged_or(self, error: RuntimeError, batches: list[MicroBatch]) -> BaseException:
+        """What a step that raised stops with: the diverged-weights sentence where this rank's weights have left a
+        trained model's range (nonfinite.diverged_step), else the error itself. Checked on this rank alone: the
+        others may not have raised, so no collective is safe here."""
+        if isinstance(error, torch.OutOfMemoryError):
+            return error
+        weights = [param.detach() for param in self.model.parameters()]
+        largest = float(torch.stack(torch._foreach_norm(weights, float("inf"))).max()) if weights else 0.0
+        sentence = diverged_step(
+            self.iteration + 1,
+            error,
+            largest,
+            describe_documents([index for batch in batches for index in batch.documents], self.config.train.data_path),
+            lr_of(self.config.train, self.iteration - 1) if self.iteration else None,
+        )
+        return sentence or error
 
     def _evaluate(self, forward_backward) -> None:
         """eval.batches global batches of held-out documents, forward only -> an `eval_loss` row (the token-mean

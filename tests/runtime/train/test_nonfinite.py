@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gdnctl.runtime.train import nonfinite
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, NonFiniteStep, StepVerdict, describe_documents
 
 PARAMS = [
@@ -66,3 +67,18 @@ def test_a_non_finite_step_that_was_applied_is_reported_as_a_bug():
 def test_documents_are_listed_once_in_order_and_cut_after_a_few():
     assert describe_documents([9, 3, 9], "data.jsonl") == "documents 3, 9 of train.data_path (0-based, in file order)"
     assert describe_documents(range(20), None, limit=3) == "documents 0, 1, 2 and 17 more of the synthetic data"
+
+
+def test_a_step_that_raises_on_diverged_weights_stops_with_a_sentence_and_other_errors_stay_as_they_are():
+    """What the trainer raises when a step's forward or backward fails: the diverged-weights sentence (step, weights,
+    lr, inputs, the error's first line, the fix) where the weights have left a trained model's range, else nothing
+    (the original error goes on)."""
+    error = RuntimeError("split_with_sizes expects split_sizes to sum exactly to 16384\nmore detail")
+    stopped = nonfinite.diverged_step(2, error, 3.2e29, "documents 4, 9 of the synthetic data", 1e30)
+    assert isinstance(stopped, nonfinite.NonFiniteStep)
+    sentence = str(stopped)
+    assert sentence.startswith("Stopped at step 2: the weights the step before left (as large as 3.2e+29 at lr 1e+30)")
+    assert "documents 4, 9 of the synthetic data" in sentence and "RuntimeError: split_with_sizes" in sentence
+    assert "more detail" not in sentence and "`latest` is the last good checkpoint" in sentence
+    assert "not finite" in str(nonfinite.diverged_step(5, error, float("nan"), "documents 1", None))
+    assert nonfinite.diverged_step(2, error, 3.5, "documents 4", 1e-5) is None
