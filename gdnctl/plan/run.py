@@ -82,7 +82,7 @@ class Run:
 
     @cached_property
     def cuda_graphs_blocker(self) -> str | None:
-        """Why the MoE router graphs cannot be captured here (plan/speed.py), or None."""
+        """Why the layers' CUDA graphs cannot be captured here (plan/speed.py), or None."""
         return cuda_graphs_blocker(self.preset, self.model, self.stack)
 
     @cached_property

@@ -109,7 +109,7 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
 
 
 def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:
-    """Why the MoE router graphs cannot be captured for this preset, or None where they can. auto turns them on
+    """Why the layers' CUDA graphs cannot be captured for this preset, or None where they can. auto turns them on
     exactly where this is None; validate refuses `speed.cuda_graphs: on` where it is not (TRN021)."""
     p, t, stack = preset.parallel, preset.train, dict(software)
     if model_builder(stack).value == "te-free":

@@ -75,7 +75,7 @@ class LayerGraphs:
         if row_length != self.row_length:
             raise CudaGraphError(
                 f"{where} is {row_length} tokens long, but the CUDA graphs replay rows of {self.row_length}; set "
-                "speed.cuda_graphs: off, or train.packing: fill so that every row has one length."
+                "speed.cuda_graphs: off, or train.packing: concat or fill so that every row has one length."
             )
 
     def before_step(self) -> None:

@@ -586,11 +586,12 @@ def lora_needs_base(run):
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
 def cuda_graphs_cannot_capture(run):
     """
-    What it checks: `speed.cuda_graphs: on` in a preset whose run gdnctl cannot capture the MoE router graphs for
+    What it checks: `speed.cuda_graphs: on` in a preset whose run gdnctl cannot capture the layers' graphs for
     (plan/speed.py cuda_graphs_blocker, the same test `auto` makes).
 
     Why: the graphs are megatron-core's Transformer Engine graphs of each MoE layer's router and dispatch
-    preprocessing, captured after one eager step. Megatron-core stops the model build for a dense model ("moe cuda
+    preprocessing (and, on rows without packed-sequence offsets, of each layer's attention or GDN block), captured
+    after one eager step. Megatron-core stops the model build for a dense model ("moe cuda
     graph is only supported for MoE") and for full recompute ("full recompute is only supported with full
     iteration CUDA graph"); its TECudaGraphHelper needs Transformer Engine; a graph replays the shape it recorded,
     so packed rows of whole documents (a new length every step) stop at step 2; and the rl loop captures nothing.
@@ -599,8 +600,8 @@ def cuda_graphs_cannot_capture(run):
     quoted), transformer/cuda_graphs.py line 2098 ("CUDA Graphs are not supported without TE."); gdnctl's
     runtime/train/cuda_graphs.py (check_row).
 
-    Fix: set speed.cuda_graphs to auto (on wherever it can be captured) or off; for packed pretraining rows,
-    train.packing: fill gives every row one length.
+    Fix: set speed.cuda_graphs to auto (on wherever it can be captured) or off; for pretraining rows,
+    train.packing: concat (full rows) or fill (packed rows) gives every row one length.
     """
     blocker = run.cuda_graphs_blocker
     if run.is_training and run.gpu.sm is not None and run.preset.speed.cuda_graphs == "on" and blocker is not None:
