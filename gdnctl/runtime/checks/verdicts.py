@@ -80,11 +80,12 @@ def first_minute_line(measured_gib: float, source: str, estimate: ExplainedMemor
     return f"first minute: peak memory after {steps} optimizer steps {comparison}"
 
 
-def memory_warning(measured_gib: float, estimate: ExplainedMemory, steps: int) -> str:
-    """The sentence for a peak past the estimate's margin: what it means and what to change."""
+def memory_warning(measured_gib: float, estimate: ExplainedMemory, steps: int, held: str = "allocated") -> str:
+    """The sentence for a peak past the estimate's margin: what it means and what to change. held: how the memory
+    was measured ("allocated", or "reserved" where CUDA graphs keep activations in their own pools)."""
     excess = measured_gib - estimate.allocated_gib
     return (
-        f"after {steps} optimizer steps the most loaded rank had {measured_gib:.2f} GiB allocated, "
+        f"after {steps} optimizer steps the most loaded rank had {measured_gib:.2f} GiB {held}, "
         f"{excess:.2f} GiB ({excess / estimate.allocated_gib:.0%}) more than explain's estimate of "
         f"{estimate.allocated_gib:.2f} GiB for it: the estimate misses memory this job allocates, so validate's "
         "fit check (MEM001) was optimistic; if the GPU is close to full, lower train.micro_batch_size, set "

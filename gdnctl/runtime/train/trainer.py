@@ -545,7 +545,10 @@ class Trainer:
             if len(self.step_stats) == 1:
                 self.startup.mark("step 1")
                 self._log(self.startup.report(self.run_dir, write=self.rank == 0))
-            self.first_minute.after_step(stats.peak_memory_gib)  # the step's own peak: it is reset every step
+            # The step's own peak (reset every step); the reserved one where graphs hold activations (first_minute.py).
+            self.first_minute.after_step(
+                stats.peak_reserved_gib if self.first_minute.reads_reserved else stats.peak_memory_gib
+            )
             if self.held_out is not None and (
                 self.iteration % self.config.eval.interval == 0 or self.iteration == train.train_iters
             ):
