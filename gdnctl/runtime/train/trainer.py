@@ -513,15 +513,7 @@ class Trainer:
             self.lr = lr_of(train, self.iteration)
             set_lr(self.optimizer, self.lr)
             try:
-                losses = forward_backward(
-                    forward_step_func=_forward_step,
-                    data_iterator=iter(batches),
-                    model=[self.model],
-                    num_microbatches=len(batches),
-                    seq_length=batches[0].row_length,
-                    micro_batch_size=train.micro_batch_size if self.config.layout == "bshd" else 1,
-                    forward_only=False,
-                )
+                losses = self._schedule(forward_backward, batches, forward_only=False)
             except RuntimeError as error:
                 raise self._diverged_or(error, batches) from error
             micro_losses, loss_sum = self._reduced_loss(losses)
@@ -561,6 +553,18 @@ class Trainer:
                 self.collector.collect()
             self.collector.after_step(self.iteration)
 
+    def _schedule(self, forward_backward, batches: list[MicroBatch], *, forward_only: bool):
+        """Megatron's forward-backward schedule over one step's micro-batches (a packed micro-batch is one row)."""
+        return forward_backward(
+            forward_step_func=_forward_step,
+            data_iterator=iter(batches),
+            model=[self.model],
+            num_microbatches=len(batches),
+            seq_length=batches[0].row_length,
+            micro_batch_size=self.config.train.micro_batch_size if self.config.layout == "bshd" else 1,
+            forward_only=forward_only,
+        )
+
     def _diverged_or(self, error: RuntimeError, batches: list[MicroBatch]) -> BaseException:
         """What a step that raised stops with: the diverged-weights sentence where this rank's weights have left a
         trained model's range (nonfinite.diverged_step), else the error itself. Checked on this rank alone: the
@@ -588,15 +592,7 @@ class Trainer:
         for _ in range(self.config.eval.batches):
             batches = [next(stream) for _ in range(self.held_out.num_microbatches)]
             with torch.no_grad():
-                losses = forward_backward(
-                    forward_step_func=_forward_step,
-                    data_iterator=iter(batches),
-                    model=[self.model],
-                    num_microbatches=len(batches),
-                    seq_length=batches[0].row_length,
-                    micro_batch_size=self.config.train.micro_batch_size if self.config.layout == "bshd" else 1,
-                    forward_only=True,
-                )
+                losses = self._schedule(forward_backward, batches, forward_only=True)
             total += self._reduced_loss(losses)[1]
         self.model.train()
         loss = float(total[0] / total[1].clamp(min=1))
