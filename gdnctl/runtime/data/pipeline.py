@@ -51,7 +51,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -674,19 +674,24 @@ class DataPipeline:
             self._cached_epoch = (epoch, samples)
         return self._cached_epoch[1]
 
+    @property
+    def row_width(self) -> int:
+        """Positions of a padded (BSHD) row: seq_length, or max_positions for concatenated rows, which are full."""
+        return self.max_positions if self.packing == "concat" else self.seq_length
+
+    def _documents_in_order(self, length: Callable[[int], int]) -> Iterator[tuple[int, int]]:
+        """(index, length(index)) of every document, epoch after epoch in each epoch's order, without end."""
+        return ((index, length(index)) for epoch in itertools.count() for index in self.epoch_order(epoch))
+
     def filled_samples(self) -> Iterator[tuple[Piece, ...]]:
         """packing fill: every row of the job in order, without end, each exactly `max_positions` positions."""
-        documents = (
-            (index, self._positions[index]) for epoch in itertools.count() for index in self.epoch_order(epoch)
-        )
+        documents = self._documents_in_order(self._positions.__getitem__)
         return (tuple(row) for row in filled_rows(documents, self.max_positions, self.pad_sequences_to_multiple_of))
 
     def concatenated_samples(self) -> Iterator[tuple[Piece, ...]]:
         """packing concat: every row of the job in order, without end, each `max_positions` positions: pieces in
         tokens (document, first token, end token), max_positions + 1 tokens a row (concatenated_rows)."""
-        documents = (
-            (index, len(self.documents[index])) for epoch in itertools.count() for index in self.epoch_order(epoch)
-        )
+        documents = self._documents_in_order(lambda index: len(self.documents[index]))
         return (tuple(row) for row in concatenated_rows(documents, self.max_positions))
 
     def _whole(self, index: int) -> Piece:
@@ -722,12 +727,10 @@ class DataPipeline:
             yield self._micro_batch(list(itertools.islice(samples, chunk))[share])
 
     def _samples_after(self, consumed_samples: int) -> Iterator[tuple[Piece, ...]]:
-        if self.packing == "fill":
+        if self.packing != "whole":
             # A resume re-cuts the rows before it: a few pieces a row, a second or so per million rows.
-            yield from itertools.islice(self.filled_samples(), consumed_samples, None)
-            return
-        if self.packing == "concat":
-            yield from itertools.islice(self.concatenated_samples(), consumed_samples, None)
+            stream = self.filled_samples() if self.packing == "fill" else self.concatenated_samples()
+            yield from itertools.islice(stream, consumed_samples, None)
             return
         first_epoch, offset = 0, consumed_samples
         while offset >= self.samples_in_epoch(first_epoch):
@@ -751,9 +754,8 @@ class DataPipeline:
             return MicroBatch(packed, documents=documents)
         # Every padded sequence fits in seq_length, so rounding the widest up to it gives exactly seq_length:
         # the fixed shape Megatron's seq_length (and pipeline-parallel transfers) expect. Concatenated rows are
-        # all max_positions long, so they are exactly that wide.
-        width = self.max_positions if self.packing == "concat" else self.seq_length
-        return MicroBatch(to_bshd(packed, pad_to_multiple_of=width), documents=documents)
+        # all max_positions long, so they are exactly that wide (row_width).
+        return MicroBatch(to_bshd(packed, pad_to_multiple_of=self.row_width), documents=documents)
 
     def _stream_sequence(self, pieces: tuple[Piece, ...]) -> TokenSequence:
         """A concatenated row: its pieces' tokens joined, inputs all but the last token, labels all but the first."""

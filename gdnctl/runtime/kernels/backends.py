@@ -254,14 +254,15 @@ class GdnKernel:
         }
         if self._unsupported_options:
             options = self._drop_unsupported(options)
-        if self._takes_host_offsets and host_copy(cu_seqlens) is not None:
-            options["cu_seqlens_cpu"] = host_copy(cu_seqlens)
+        host = host_copy(cu_seqlens)
+        if self._takes_host_offsets and host is not None:
+            options["cu_seqlens_cpu"] = host
         if (
             self._attach_varlen_metadata is not None
-            and host_copy(cu_seqlens) is not None
+            and host is not None
             and not hasattr(cu_seqlens, _FLASHQLA_METADATA)
         ):
-            self._attach_varlen_metadata(cu_seqlens, host_copy(cu_seqlens))
+            self._attach_varlen_metadata(cu_seqlens, host)
         # Tensor.contiguous() returns the tensor itself when it already is contiguous, so this copies only
         # what a kernel would otherwise read with the wrong strides.
         return self.raw_kernel(

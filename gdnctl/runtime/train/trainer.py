@@ -471,16 +471,14 @@ class Trainer:
             )
         )
         if config.speed.cuda_graphs:
-            # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions,
-            # and so is a concatenated one.
+            # The shape the schedule is given (as in _train_steps): a packed micro-batch is one row of max_positions.
             packed = config.layout == "thd"
             micro = 1 if packed else train.micro_batch_size
-            row_length = pipeline.max_positions if packed or config.packing == "concat" else train.seq_length
             self.graphs = LayerGraphs(
                 model=self.model,
                 optimizer=self.optimizer,
                 transformer_config=self.transformer,
-                row_length=row_length,
+                row_length=pipeline.max_positions if packed else pipeline.row_width,
                 micro_batch_size=micro,
                 global_batch_size=pipeline.num_microbatches * micro * config.parallel.dp,
                 dp=config.parallel.dp,

@@ -371,16 +371,21 @@ def test_long_documents_are_truncated_to_the_padded_row():
     assert lengths == [4, 16]  # the long one keeps its first 16 positions; 16 + 4 would not fit in 18
 
 
-@st.composite
-def filled_pipelines(draw) -> DataPipeline:
-    lengths = draw(st.lists(st.integers(2, 60), min_size=1, max_size=12))
-    documents = [
+def _random_documents(draw, longest: int, most: int) -> list[Document]:
+    """1 to `most` documents of 2 to `longest` random tokens, each token trained or not as drawn."""
+    lengths = draw(st.lists(st.integers(2, longest), min_size=1, max_size=most))
+    return [
         Document(
             torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
             torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
         )
         for n in lengths
     ]
+
+
+@st.composite
+def filled_pipelines(draw) -> DataPipeline:
+    documents = _random_documents(draw, longest=60, most=12)
     dp = draw(st.integers(1, 3))
     return DataPipeline(
         documents,
@@ -509,14 +514,7 @@ def test_inconsistent_settings_are_refused():
 
 @st.composite
 def concatenated_pipelines(draw) -> DataPipeline:
-    lengths = draw(st.lists(st.integers(2, 40), min_size=1, max_size=10))
-    documents = [
-        Document(
-            torch.randint(VOCAB_SIZE, (n,), dtype=torch.int32),
-            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
-        )
-        for n in lengths
-    ]
+    documents = _random_documents(draw, longest=40, most=10)
     layout_name = draw(st.sampled_from(["thd", "bshd"]))
     micro_batch_size = 1 if layout_name == "thd" else draw(st.integers(1, 3))
     dp = draw(st.integers(1, 3))
