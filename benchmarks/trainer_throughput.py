@@ -12,6 +12,7 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla] [--out ...]
     python benchmarks/trainer_throughput.py speed-options [--steps 10] [--with-torch-compile] [--out results.json]
     python benchmarks/trainer_throughput.py memory [--steps 3] [--out results.json]
+    python benchmarks/trainer_throughput.py lora [--steps 10] [--lora-rank 32] [--out results.json]
 
 Every mode takes --set KEY=VALUE (repeatable, as gdnctl's --set) for the preset, applied after the mode's own
 settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2` for the builders on 2 H200s;
@@ -27,6 +28,9 @@ end of the first step.
 allocated it (torch's allocator history). `speed-options` runs the proxy with the speed options as `auto` decides
 them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
 arm's peak memory beside explain's estimate.
+`lora` fine-tunes the proxy fully and saves its last step (an HF checkpoint with random weights), then trains LoRA
+adapters (megatron-bridge's PEFT, the default targets) on that checkpoint as model.path: step time, real tokens/s
+and peak memory of each, beside explain's estimate for each.
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
@@ -272,6 +276,33 @@ def explain_memory(sets: list[str]) -> dict:
         "resident_gib": round(resident, 3),
         "step_added_gib": round(allocated - resident, 3),
     }
+
+
+def lora(args, work: Path) -> dict:
+    """Full fine-tuning against LoRA on the same proxy, GPU and rows. The full run's last checkpoint is the LoRA
+    run's frozen base: the base must come from a directory (TRN022), and the proxy has no released weights."""
+    saved = work / "full-save"
+    full_sets = [
+        f"train.train_iters={args.steps}",
+        f"train.save_dir={saved}",
+        f"train.save_interval={args.steps}",
+        *args.set,
+    ]
+    base = saved / f"iter_{args.steps:07d}"
+    lora_sets = [
+        f"train.train_iters={args.steps}",
+        f"model.path={base}",
+        f"train.lora.rank={args.lora_rank}",
+        f"train.lora.alpha={args.lora_rank}",  # megatron-bridge's LoRA default scale, alpha / rank = 1
+        *args.set,
+    ]
+    results: dict = {}
+    for arm, sets in (("full", full_sets), ("lora", lora_sets)):
+        steps = launch(work / arm, sets)
+        results[arm] = {**summarise(steps, work / arm), "explain_estimate_gib": explain_memory(sets)}
+    results["lora_step_time_ratio"] = results["lora"]["step_s"] / results["full"]["step_s"]
+    results["lora_peak_memory_ratio"] = results["lora"]["peak_memory_gib"] / results["full"]["peak_memory_gib"]
+    return results
 
 
 def kernels(args, work: Path) -> dict:
@@ -762,12 +793,13 @@ def main() -> None:
             "compare",
             "speed-options",
             "memory",
+            "lora",
             "rank",
         ),
         help="rank: one torchrun rank of `interleaved` (started by it)",
     )
     parser.add_argument(
-        "--steps", type=int, default=8, help="kernels, builders, profile, context-parallel: steps per run"
+        "--steps", type=int, default=8, help="kernels, builders, profile, context-parallel, lora: steps per run"
     )
     parser.add_argument(
         "--gpus",
@@ -798,6 +830,7 @@ def main() -> None:
         "--with-torch-compile", action="store_true", help="speed-options: one more arm with kernels.torch_compile: true"
     )
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
+    parser.add_argument("--lora-rank", type=int, default=32, help="lora: the adapters' rank (alpha the same)")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
     parser.add_argument(
@@ -847,6 +880,7 @@ def main() -> None:
             "compare": compare,
             "speed-options": speed_options,
             "memory": memory,
+            "lora": lora,
         }[args.what](args, work)
     text = json.dumps(results, indent=1)
     print(text)
