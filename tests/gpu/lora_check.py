@@ -180,7 +180,7 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
         ],
         every_trainable_is_an_adapter=all(".adapter." in name for name in adapters),
     )
-    trainer.metrics.close()
+    trainer.close()
     if dist.get_rank() == 0:
         print(json.dumps(result))
 

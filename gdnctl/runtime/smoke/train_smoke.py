@@ -64,7 +64,7 @@ def run(config: EngineConfig, config_path: Path, comm_policy, checklist: Checkli
         checklist.fail(stage, error)
         raise
     finally:
-        trainer.metrics.close()
+        trainer.close()
 
 
 def _decide_steps(checklist: Checklist, trainer: Trainer) -> None:

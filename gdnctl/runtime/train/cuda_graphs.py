@@ -18,6 +18,12 @@ transformer/transformer_layer.py `get_layer_static_inputs`: the hidden states, a
 table of positions 0..s-1). The trainer passes no mask: megatron-core hands the graph a zero mask in its place
 (`_get_te_cuda_graph_replay_args`), and Transformer Engine's causal attention does not read it. Positions 0..s-1
 are what a full row without offsets uses anyway (GPTModel computes RoPE from the row length, not the position ids).
+
+A captured graph holds references to NCCL buffers, and while one lives `torch.distributed.destroy_process_group()`
+never returns: a DP2 job of the 35B-A3B proxy on two H100s trained its steps and then hung there, every rank, until
+killed; with the graphs off it exited. `release` resets and drops them when the job ends, as Megatron-Bridge's own
+loop does for this reason (megatron-bridge 0.6.2 training/train.py `_delete_cuda_graphs`, citing
+pytorch/pytorch#115388; megatron-core 0.19.2 transformer/cuda_graphs.py `TECudaGraphHelper.delete_cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -90,3 +96,8 @@ class LayerGraphs:
                 f"{self.capture_seconds:.1f} s, after {self.warmup_steps} eager step(s)"
             )
         self.steps_seen += 1
+
+    def release(self) -> None:
+        """Reset and drop every captured graph (called when the job ends, before the process groups go)."""
+        if self._helper.graphs_created():
+            self._helper.delete_cuda_graphs()

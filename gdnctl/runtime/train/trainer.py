@@ -752,6 +752,13 @@ class Trainer:
             written.update(self.builder.save(self.model, directory, self.source))
         return written
 
+    def close(self) -> None:
+        """End of the job on this rank: the CUDA graphs go before the process groups can (runtime/train/cuda_graphs.py
+        `release`), and the metrics files are closed."""
+        if self.graphs is not None:
+            self.graphs.release()
+        self.metrics.close()
+
     def _log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[gdnctl trainer] {message}", flush=True)
@@ -768,5 +775,5 @@ def run(config: EngineConfig, config_path: Path, policy) -> int:
         trainer.warm_up_kernel()
         trainer.train()
     finally:
-        trainer.metrics.close()
+        trainer.close()
     return 0
