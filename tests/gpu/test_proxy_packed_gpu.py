@@ -7,7 +7,10 @@ defaults' concatenated full rows, whose attention and GDN blocks are CUDA graphe
 - 20 steps with the defaults (concatenated rows, attention, GDN and router graphs): the same, and the graphed steps
   train the losses eager steps train (graphs use Transformer Engine's RNG tracker, so the two runs start from
   different random weights: the losses agree to GRAPHED_LOSS_TOLERANCE, not bit for bit);
-- a non-finite step stops the Megatron trainer with the sentence, and `latest` stays on the last good checkpoint.
+- a non-finite step stops the Megatron trainer with the sentence, and `latest` stays on the last good checkpoint;
+- on two GPUs (data parallel) with the graphs on, the job ends on its own once its steps are done: the graphs are
+  released before the process groups go (runtime/train/cuda_graphs.py `release`; while a graph lived,
+  `destroy_process_group` never returned).
 
 Needs a CUDA GPU with ~60 GiB free, Transformer Engine, megatron-bridge and FLA.
 """
@@ -15,9 +18,21 @@ Needs a CUDA GPU with ~60 GiB free, Transformer Engine, megatron-bridge and FLA.
 from __future__ import annotations
 
 import math
+import subprocess
 from pathlib import Path
 
-from tests.gpu.test_trainer_gpu import NEEDS_BRIDGE_STACK, _console, _launch, _start, _stop, pytestmark  # noqa: F401
+import pytest
+import torch
+
+from tests.gpu.test_trainer_gpu import (  # noqa: F401
+    NEEDS_BRIDGE_STACK,
+    _console,
+    _finish,
+    _launch,
+    _start,
+    _stop,
+    pytestmark,
+)
 
 PROXY = "qwen3.5-35b-a3b-proxy-bench"
 STEPS = 20
@@ -107,3 +122,26 @@ def test_a_non_finite_step_stops_the_trainer_and_keeps_latest(tmp_path: Path):
     assert "Stopped at step 2:" in sentence and ("was not finite" in sentence or "diverged" in sentence), sentence
     assert "of the synthetic data" in sentence and "`latest` is the last good checkpoint" in sentence, sentence
     assert (save_dir / "latest").read_text().strip() == "iter_0000001"
+
+
+@NEEDS_BRIDGE_STACK
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_two_gpu_job_with_cuda_graphs_ends_once_its_steps_are_done(tmp_path: Path):
+    started = _start(
+        tmp_path / "run",
+        "kernels.gdn_backend=fla",
+        "train.train_iters=4",
+        "cluster.gpus_per_node=2",
+        "train.global_batch_size=8",
+        preset=PROXY,
+        builder="megatron-bridge",
+    )
+    # Start-up with warm caches takes ~1 minute on two H100s and the steps under 4 s; a job that hangs at its end
+    # never returns.
+    try:
+        steps = _finish(started, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job trained but did not end within 600 s")
+    assert [s["iteration"] for s in steps] == [1, 2, 3, 4]
+    log = _console(tmp_path / "run", "stdout").read_text()
+    assert "CUDA graphs: captured the attention or GDN block" in log
