@@ -228,6 +228,7 @@ SPEED_OFF = {
     "grad_reduce": "fp32",
     "manual_gc": "off",
     "cuda_graphs": "off",
+    "overlap_grad_reduce": "off",
 }
 
 

@@ -88,7 +88,7 @@ class Run:
     @cached_property
     def speed(self) -> dict[str, decide.Decision]:
         """The trainer's speed options (plan/speed.py)."""
-        return speed_options(self.preset, self.model, self.stack)
+        return speed_options(self.preset, self.model, self.stack, self.dp)
 
     @cached_property
     def rollout_weight_transport(self) -> decide.Decision:

@@ -36,6 +36,8 @@ _WHAT = {
     "instead of pausing a step at random",
     "cuda_graphs": "{what} replayed as Transformer Engine CUDA graphs (megatron-core cuda_graph_modules "
     "{modules}), captured after step {warmup}: {why}",
+    "overlap_grad_reduce": "each bucket of gradients reduced across the data-parallel ranks as soon as the backward "
+    "pass has filled it, while the rest of the backward pass goes on (megatron-core DDP overlap_grad_reduce)",
 }
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
@@ -44,9 +46,11 @@ MANUAL_GC_INTERVAL = 100
 SPEED_OPTIONS = tuple(_WHAT)
 
 
-def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> dict[str, Decision]:
+def speed_options(
+    preset: Preset, model: ModelArch, software: Mapping[str, str | None], dp: int | None
+) -> dict[str, Decision]:
     """Every speed option's value (bools, `te`/`native` for cross_entropy, `bf16`/`fp32` for grad_reduce) and
-    reason, in the order `explain` lists them."""
+    reason, in the order `explain` lists them. dp: the data-parallel size (None where the layout does not divide)."""
     te_free = model_builder(dict(software)).value == "te-free"
     spec = preset.speed
     decided: dict[str, Decision] = {}
@@ -55,9 +59,12 @@ def speed_options(preset: Preset, model: ModelArch, software: Mapping[str, str |
         if requested != "auto":
             decided[name] = Decision(_value(name, requested), f"set in the preset (speed.{name}: {requested})")
             continue
-        decided[name] = (
-            _auto_cuda_graphs(preset, model, software) if name == "cuda_graphs" else _auto(name, preset, model, te_free)
-        )
+        if name == "cuda_graphs":
+            decided[name] = _auto_cuda_graphs(preset, model, software)
+        elif name == "overlap_grad_reduce":
+            decided[name] = _auto_overlap_grad_reduce(dp)
+        else:
+            decided[name] = _auto(name, preset, model, te_free)
     return decided
 
 
@@ -106,6 +113,21 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
             "micro-batches, so they are accumulated in fp32",
         )
     return Decision(on_value, what)
+
+
+def _auto_overlap_grad_reduce(dp: int | None) -> Decision:
+    """Off until gdnctl has measured it against off on its own trainer. Megatron-Bridge's recipes turn it on (with
+    128 MiB buckets, and the parameter all-gather overlapped too) whenever data parallel > 1 (megatron-bridge 0.6.2
+    training/comm_overlap.py `_get_optimizer_overlap_cfgs`); Megatron-Core's DDP keeps it off by default
+    (distributed/distributed_data_parallel_config.py, megatron-core 0.19.2)."""
+    if dp is None or dp == 1:
+        return Decision(False, "one data-parallel rank: there is nothing to reduce across ranks")
+    return Decision(
+        False,
+        "gradients reduced after the backward pass, as Megatron-Core's DDP does by default: gdnctl has not yet "
+        "measured the overlap against it (speed.overlap_grad_reduce: on overlaps each bucket's reduction with the "
+        "rest of the backward pass, as Megatron-Bridge's recipes do for data parallel > 1)",
+    )
 
 
 def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:

@@ -241,6 +241,11 @@ class SpeedSpec(_Section):
         "each layer's attention or GDN block on rows without packed-sequence offsets (needs one row shape every "
         "step: concatenated or filled rows, or padded rows)",
     )
+    overlap_grad_reduce: _AUTO_ON_OFF = Field(
+        "auto",
+        description="with data parallel, each bucket of gradients is reduced across the ranks while the backward pass "
+        "goes on, instead of all of them after it",
+    )
 
     @field_validator(
         "router_fusion",
@@ -249,6 +254,7 @@ class SpeedSpec(_Section):
         "wgrad_fusion",
         "manual_gc",
         "cuda_graphs",
+        "overlap_grad_reduce",
         mode="before",
     )
     @classmethod

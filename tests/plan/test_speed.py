@@ -17,6 +17,8 @@ ALL_ON = {
     "grad_reduce": "bf16",
     "manual_gc": True,
     "cuda_graphs": True,
+    # One GPU: no gradients to reduce across ranks (and off with data parallel until measured there).
+    "overlap_grad_reduce": False,
 }
 
 
@@ -48,6 +50,16 @@ def test_the_te_free_builder_keeps_megatron_cores_unfused_paths():
         "wgrad_fusion": False,
         "cuda_graphs": False,
     }
+
+
+def test_the_gradient_reduction_overlaps_the_backward_pass_only_where_the_preset_says_so():
+    one_rank = _run("qwen3.5-35b-a3b-proxy-bench").speed["overlap_grad_reduce"]
+    assert one_rank.value is False and "one data-parallel rank" in one_rank.reason
+    dp2 = _run("qwen3.5-35b-a3b-proxy-bench", "cluster.gpus_per_node=2", "train.global_batch_size=8")
+    assert dp2.speed["overlap_grad_reduce"].value is False
+    assert "not yet measured" in dp2.speed["overlap_grad_reduce"].reason
+    on = _run("qwen3.5-35b-a3b-proxy-bench", "cluster.gpus_per_node=2", "speed.overlap_grad_reduce=on")
+    assert compile_engine_config(on).speed.overlap_grad_reduce is True
 
 
 def test_a_dense_model_has_no_router_to_fuse():
@@ -125,5 +137,5 @@ def test_memory_estimate_follows_gradient_dtype_and_cross_entropy():
 
 def test_speed_options_is_a_pure_function_of_preset_model_and_stack():
     run = _run("qwen3.5-35b-a3b-proxy-bench")
-    again = speed_options(run.preset, run.model, run.stack)
+    again = speed_options(run.preset, run.model, run.stack, run.dp)
     assert {name: d.value for name, d in again.items()} == _values(run)

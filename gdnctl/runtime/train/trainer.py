@@ -295,6 +295,7 @@ class Trainer:
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=config.speed.grad_reduce == "fp32",
                 use_distributed_optimizer=train.distributed_optimizer,
+                overlap_grad_reduce=config.speed.overlap_grad_reduce,
             ),
         )
         self.optimizer = get_megatron_optimizer(
@@ -318,6 +319,10 @@ class Trainer:
         )
         self.transformer.grad_scale_func = self.optimizer.scale_loss
         self.transformer.no_sync_func = self.model.no_sync
+        if config.speed.overlap_grad_reduce:
+            # The pipeline schedules start the last micro-batch's reduction through it (what Megatron-Bridge sets with
+            # the overlap: megatron-bridge 0.6.2 training/setup.py `_update_model_config_funcs`).
+            self.transformer.grad_sync_func = self.model.start_grad_sync
         self.transformer.finalize_model_grads_func = finalize_model_grads
         self.iteration, self.consumed_samples = 0, 0
         if self.resume_dir is not None:
