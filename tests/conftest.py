@@ -31,13 +31,24 @@ SHARED_FIXTURE_GROUPS = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each xdist worker's torch gets its share of the cores for its intra-op threads, not all of them.
+    """OpenMP threads that wait sleep instead of spinning, in this process and every process it starts; each
+    xdist worker's torch gets its share of the cores for its intra-op threads, not all of them.
 
     torch starts one OpenMP thread per core in every process; with `-n auto` every worker does, so on 2 cores two
     workers ran 4 threads that spin-wait at each parallel op for a thread the other worker had preempted: the
     in-process torch tests (data layout, weight sharding, LoRA merges) took about twice the CPU time they take
-    with one thread each. Only the thread count changes; a subprocess (torchrun ranks, the CLI) keeps its own.
+    with one thread each. Only the thread count changes there; a subprocess (torchrun ranks, the CLI) keeps its
+    own, as the rendered scripts decide it (OMP_NUM_THREADS=2 on CPU).
+
+    The subprocesses spun too: two rl jobs side by side (the trainer's 2 threads each, vLLM's workers) trained
+    20-40 times slower than one alone (60-160 tok/s instead of ~2,500; 2026-11-26, 2 cores) and took 3 minutes
+    instead of 45 s. With OMP_WAIT_POLICY=PASSIVE (libgomp's waiting threads block at once) the pair took 60 s,
+    and a job alone took what it took before. The variable is inherited (the scripts do not set it), so it
+    reaches the torchrun ranks, the rollout servers and vLLM's engine processes, locally and as Slurm jobs (sbatch
+    exports the submitter's environment); thread counts, and so every result, stay as they were. A value already
+    set wins.
     """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1:
         return
