@@ -136,6 +136,8 @@ def test_the_documented_smoke_example_has_every_check():
 
 @pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no vLLM CPU venv)")
 def test_the_documented_smoke_example_is_what_the_smoke_run_prints(tmp_path):
+    from tests.runtime.rl.test_rl_vllm import vllm_env
+
     command = [
         sys.executable,
         "-m",
@@ -148,7 +150,7 @@ def test_the_documented_smoke_example_is_what_the_smoke_run_prints(tmp_path):
         "--set",
         f"rollout.python={VLLM_PYTHON}",
     ]
-    done = subprocess.run(command, text=True, capture_output=True, timeout=900, check=False)
+    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=vllm_env(), check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _smoke_lines(done.stdout) == _smoke_lines(_documented_smoke()), (
         "docs/smoke.md's example is not what `gdnctl launch tiny-qwen3.5-rl-cpu --smoke` prints: paste a new run"

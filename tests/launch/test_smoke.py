@@ -15,7 +15,7 @@ from gdnctl.cli import app
 from gdnctl.schema import SmokeReport
 from tests.launch.test_launch import SELFTEST, gdnctl
 from tests.runtime.rl.test_rl_vllm import PRESET as RL_PRESET
-from tests.runtime.rl.test_rl_vllm import VLLM_PYTHON, needs_vllm
+from tests.runtime.rl.test_rl_vllm import VLLM_PYTHON, needs_vllm, vllm_env
 from tests.slurm_cluster import slurm_env
 
 RL_CHECKS = [
@@ -89,6 +89,7 @@ def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_
         f"rollout.python={VLLM_PYTHON}",
         "--set",
         f"train.save_dir={save_dir}",
+        env=vllm_env(),
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -136,6 +137,7 @@ def test_a_failed_smoke_check_exits_1_and_then_run_does_not_start_the_job(tmp_pa
         f"rollout.python={VLLM_PYTHON}",
         "--set",
         "rollout.probe_tolerance=1e-6",
+        env=vllm_env(),
         timeout=900,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -189,7 +191,7 @@ def test_slurm_does_not_start_the_job_after_a_failed_smoke(tmp_path, local_slurm
         "launch.slurm.time=00:15:00",
         "--set",
         "launch.slurm.exclusive=false",
-        env=slurm_env(local_slurm),
+        env=vllm_env(base=slurm_env(local_slurm)),
         timeout=900,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -52,7 +52,7 @@ def slurm_rl_run(tmp_path_factory, local_slurm) -> tuple[Path, subprocess.Comple
     """The tiny rl preset run start to end as a real Slurm job (`launch --slurm --wait`) with SLURM_SETTINGS and
     a save dir: its run dir and the launch's result. Run once for the tests that read it (that rl runs under
     Slurm, and what a requeued job is compared with), each a vLLM engine start fewer."""
-    from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON
+    from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, vllm_env
     from tests.slurm_cluster import slurm_env
 
     run_dir = tmp_path_factory.mktemp("slurm-rl") / "run"
@@ -74,5 +74,6 @@ def slurm_rl_run(tmp_path_factory, local_slurm) -> tuple[Path, subprocess.Comple
         str(run_dir),
         *(arg for value in sets for arg in ("--set", value)),
     ]
-    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=slurm_env(local_slurm), check=False)
+    env = vllm_env(base=slurm_env(local_slurm))  # the requeue test's job runs vLLM the same way
+    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=env, check=False)
     return run_dir, done

@@ -20,7 +20,7 @@ from gdnctl.knowledge.catalog import from_checkpoint
 from gdnctl.runtime.model.passthrough import PASSTHROUGH_FILE
 from gdnctl.runtime.rl import batch as rl_batch
 from gdnctl.schema.engine import EngineConfig
-from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm
+from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm, vllm_env
 from tests.runtime.rl.test_torch_policy import samples
 from tests.runtime.rl.tiny_model import (
     DENSE,
@@ -141,6 +141,7 @@ def test_vllm_serves_the_saved_checkpoint_with_its_mtp_layer_drafting(rendered, 
         text=True,
         capture_output=True,
         timeout=600,
+        env=vllm_env(),
         check=False,
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.rl.conftest import SLURM_SETTINGS, SLURM_STEPS
-from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, metrics, needs_vllm
+from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, metrics, needs_vllm, vllm_env
 
 COMPARED = ("step", "reward_mean", "reward_std", "response_length", "loss", "grad_norm", "rollout_logprob_abs_diff")
 
@@ -46,7 +46,7 @@ def test_a_requeued_rl_job_continues_the_uninterrupted_curve(tmp_path, local_slu
     whole_dir, whole = slurm_rl_run
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
 
-    env = slurm_env(local_slurm)
+    env = vllm_env(base=slurm_env(local_slurm))  # as the uninterrupted job's (slurm_rl_run)
     run_dir = tmp_path / "requeued"
     sets = (
         f"rollout.python={VLLM_PYTHON}",
