@@ -6,6 +6,8 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 SHARED_FIXTURE_GROUPS = {
     "local_slurm": "slurm",  # one slurmctld/slurmd pair on fixed loopback ports, one state dir
     "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
+    "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
 }
 
 
@@ -242,3 +245,19 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Ite
         if state["users"] == 0 and state["started_here"] and os.environ.get("GDNCTL_KEEP_SLURM") != "1":
             stop_local_slurm()
             state["started_here"] = False
+
+
+@pytest.fixture(scope="session")
+def rl_smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """`gdnctl launch tiny-qwen3.5-rl-cpu --smoke` with a real vLLM (GDNCTL_TEST_VLLM_PYTHON) and a
+    train.save_dir: its run dir, that save dir and the launch's result. Run once for the tests that read it (what
+    the smoke checks and leaves untouched, tests/launch/test_smoke.py; that docs/smoke.md's example is what it
+    prints, tests/test_docs.py), each a vLLM engine start fewer."""
+    from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, vllm_env
+
+    base = tmp_path_factory.mktemp("rl-smoke")
+    run_dir, save_dir = base / "run", base / "checkpoints"
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "--smoke", "--run-dir", str(run_dir)]
+    command += ["--set", f"rollout.python={VLLM_PYTHON}", "--set", f"train.save_dir={save_dir}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=vllm_env(), check=False)
+    return run_dir, save_dir, done

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -135,22 +133,10 @@ def test_the_documented_smoke_example_has_every_check():
 
 
 @pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no vLLM CPU venv)")
-def test_the_documented_smoke_example_is_what_the_smoke_run_prints(tmp_path):
-    from tests.runtime.rl.test_rl_vllm import vllm_env
-
-    command = [
-        sys.executable,
-        "-m",
-        "gdnctl",
-        "launch",
-        "tiny-qwen3.5-rl-cpu",
-        "--smoke",
-        "-o",
-        str(tmp_path / "run"),
-        "--set",
-        f"rollout.python={VLLM_PYTHON}",
-    ]
-    done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=vllm_env(), check=False)
+def test_the_documented_smoke_example_is_what_the_smoke_run_prints(rl_smoke_run):
+    # The run tests/launch/test_smoke.py reads too (tests/conftest.py): the command, with a train.save_dir that the
+    # smoke leaves untouched and its lines do not name.
+    _, _, done = rl_smoke_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _smoke_lines(done.stdout) == _smoke_lines(_documented_smoke()), (
         "docs/smoke.md's example is not what `gdnctl launch tiny-qwen3.5-rl-cpu --smoke` prints: paste a new run"

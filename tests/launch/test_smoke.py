@@ -77,21 +77,10 @@ def test_then_run_needs_smoke():
 
 
 @needs_vllm
-def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_untouched(tmp_path):
-    run_dir, save_dir = tmp_path / "run", tmp_path / "checkpoints"
-    proc = gdnctl(
-        "launch",
-        RL_PRESET,
-        "--smoke",
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"rollout.python={VLLM_PYTHON}",
-        "--set",
-        f"train.save_dir={save_dir}",
-        env=vllm_env(),
-        timeout=900,
-    )
+def test_the_rl_smoke_checks_every_stage_with_a_real_rollout_and_leaves_the_job_untouched(rl_smoke_run):
+    # `launch tiny-qwen3.5-rl-cpu --smoke` with a train.save_dir (tests/conftest.py; docs/smoke.md's test reads
+    # the same run).
+    run_dir, save_dir, proc = rl_smoke_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     smoke = report(run_dir)
     assert [check.name for check in smoke.checks] == RL_CHECKS
