@@ -24,12 +24,14 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-# Session fixtures that own one machine-wide thing: every test using one runs on the same xdist worker
-# (`--dist loadgroup`), so the thing is set up once and no two workers race to start or stop it.
+# Fixtures that own one machine-wide thing or one run that several tests read: every test using one runs on the
+# same xdist worker (`--dist loadgroup`), so the thing is set up once (a fixture is set up once per worker that
+# needs it) and no two workers race to start or stop it.
 SHARED_FIXTURE_GROUPS = {
     "local_slurm": "slurm",  # one slurmctld/slurmd pair on fixed loopback ports, one state dir
     "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
     "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
+    "coverage_run": "gloo-coverage",  # one 2-rank torchrun that the comm guard coverage tests read
 }
 
 
@@ -261,3 +263,19 @@ def rl_smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
     command += ["--set", f"rollout.python={VLLM_PYTHON}", "--set", f"train.save_dir={save_dir}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=vllm_env(), check=False)
     return run_dir, save_dir, done
+
+
+@pytest.fixture(scope="session")
+def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """(output dir, per-rank results) of one 2-rank gloo launch of tests/runtime/gloo_scenarios.py, run once per
+    session for the comm guard tests (tests/runtime/comm) and the comm report's (tests/launch). Defined here, once:
+    the same function imported into tests/launch/conftest.py was a second fixture, and the launch ran twice."""
+    from tests.runtime.conftest import torchrun
+    from tests.runtime.engine_fixture import WORLD_SIZE
+
+    out_dir = tmp_path_factory.mktemp("gloo_scenarios")
+    scenarios = Path(__file__).parent / "runtime" / "gloo_scenarios.py"
+    completed = torchrun(str(scenarios), str(out_dir), cwd=out_dir)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    results = [json.loads((out_dir / f"results_rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
+    return out_dir, results
