@@ -613,6 +613,8 @@ def rank(args) -> None:
         if trainer.rank == 0 and profile_from < len(plan):
             (run_dir / PROFILED_STEPS_FILE).write_text(json.dumps(profiled, indent=1))
     finally:
+        # The CUDA graphs go first: while one lives, destroying the process group waits forever (Trainer.close).
+        trainer.close()
         dist.destroy_process_group()
 
 
