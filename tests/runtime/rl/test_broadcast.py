@@ -125,8 +125,14 @@ def test_a_rollout_server_that_fails_meanwhile_is_reported_while_rank_0_waits():
     assert time.monotonic() - began < 10
 
 
-def _worker_that_dies_mid_broadcast(fields: dict, device: str, joined) -> None:
-    """Join as the only worker, then never take the bucket: the test kills this process while rank 0 sends it."""
+def _worker_that_dies_mid_broadcast(fields: dict, device: str, ready, joined) -> None:
+    """Join as the only worker, then never take the bucket: the test kills this process while rank 0 sends it.
+    `ready` is set once the process has started and made its CUDA context, before it joins: rank 0's join deadline
+    (5 s on NCCL) is for a rollout server's worker that is already up, not for a fresh process's start."""
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")
+    ready.set()
     _joined_worker(fields, 1, device)
     joined.set()
     time.sleep(600)
@@ -152,9 +158,9 @@ def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(device,
         error, message = RolloutError, "exited with code -9"
     context = multiprocessing.get_context("spawn")
     end = broadcast.TrainerEnd(True, workers=1, device=_trainer_device(device), timeout_s=timeout_s)
-    joined = context.Event()
+    ready, joined = context.Event(), context.Event()
     worker = context.Process(
-        target=_worker_that_dies_mid_broadcast, args=(end.join_fields(), device, joined), daemon=True
+        target=_worker_that_dies_mid_broadcast, args=(end.join_fields(), device, ready, joined), daemon=True
     )
     worker.start()
 
@@ -165,6 +171,7 @@ def test_a_worker_killed_during_a_broadcast_stops_rank_0_with_a_sentence(device,
             raise RolloutError(f"the rollout server exited with code {worker.exitcode} during 'broadcast_bucket'")
 
     try:
+        assert ready.wait(120), "the worker process did not start"
         end.join(check=lambda: None)
         assert joined.wait(60)
         bucket = packing.Bucket(torch.zeros(256 * 2**20, dtype=torch.uint8, device=end.device), [])
