@@ -43,7 +43,8 @@ variants (BACKEND/POLICY[/pressure]): the guard checking every collective (guard
 skip set (default-skip), nothing checked (guard-off: the wrappers stay, ~1.5 us a call), and with
 --recommended-from RUN_DIR the set `gdnctl comm-report RUN_DIR` recommends (recommended); "pressure" raises
 the threshold above the free memory, so every checked collective takes the clear path, as in a run whose GPU
-is nearly full. `profile` runs the proxy in this process on one GPU and puts its last step under
+is nearly full; each measured pressured step follows an unmeasured one of its own variant, since the step after a
+clear pays to refill the allocator's cache. `profile` runs the proxy in this process on one GPU and puts its last step under
 torch.profiler: CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take,
 with the adapter's part (the inputs Megatron hands over that are not contiguous, which the adapter copies).
 """
@@ -391,16 +392,32 @@ class Variant:
         return CommGuardPolicy(threshold, skip[self.policy], profile=False)
 
 
-def step_plan(variants: list[Variant], rounds: int) -> list[Variant]:
-    """The order steps run in: unpressured variants first, then pressured ones (the clear path empties the
-    allocator cache, which the next step pays to refill, so the two kinds are not mixed); each group starts
-    with one warm-up round that is not measured, then `rounds` rounds, each a rotation of the one before, so
-    no variant always follows the same neighbour."""
+@dataclass(frozen=True)
+class PlannedStep:
+    """One step of the interleaved run: its variant, and whether its time counts."""
+
+    variant: Variant
+    measured: bool
+
+
+def step_plan(variants: list[Variant], rounds: int) -> list[PlannedStep]:
+    """The order steps run in: unpressured variants first, then pressured ones; each group starts with one warm-up
+    round that is not measured, then `rounds` rounds, each a rotation of the one before, so no variant always
+    follows the same neighbour. Under pressure the guard's clear path empties the allocator's cache, and the step
+    after one that did pays to refill it (~15% of a step on four H100s at EP4): a variant that skips every check
+    would be charged for its neighbour. So each measured pressured step follows an unmeasured step of its own
+    variant, and under pressure a variant's time is what it costs in a run that uses it every step."""
     plan = []
     for group in ([v for v in variants if not v.pressure], [v for v in variants if v.pressure]):
         for index in range(rounds + 1 if group else 0):
             shift = index % len(group)
-            plan.extend(group[shift:] + group[:shift])
+            for variant in group[shift:] + group[:shift]:
+                if index == 0:
+                    plan.append(PlannedStep(variant, measured=False))
+                    continue
+                if variant.pressure:
+                    plan.append(PlannedStep(variant, measured=False))
+                plan.append(PlannedStep(variant, measured=True))
     return plan
 
 
@@ -414,12 +431,12 @@ def interleaved(args, work: Path) -> dict:
 
         recommended = list(build_report(args.recommended_from).recommended_skip_ops)
         print(f"recommended skip set from {args.recommended_from}: {recommended}", flush=True)
-    elif any(v.policy == RECOMMENDED for v in plan):
+    elif any(step.variant.policy == RECOMMENDED for step in plan):
         raise SystemExit(
             "a 'recommended' variant needs --recommended-from RUN_DIR (a run profiled with comm.profile: true)"
         )
     # --profile: one more step per variant after the measured ones, each under torch.profiler (not in the medians).
-    profiled = list(dict.fromkeys(plan)) if args.profile else []
+    profiled = list(dict.fromkeys(step.variant for step in plan)) if args.profile else []
     run_dir = work / "interleaved"
     render(
         run_dir,
@@ -433,7 +450,11 @@ def interleaved(args, work: Path) -> dict:
     )
     (run_dir / "plan.json").write_text(
         json.dumps(
-            {"steps": [v.name for v in plan + profiled], "profile_from": len(plan), "recommended_skip_ops": recommended}
+            {
+                "steps": [step.variant.name for step in plan] + [v.name for v in profiled],
+                "profile_from": len(plan),
+                "recommended_skip_ops": recommended,
+            }
         )
     )
     command = [
@@ -493,14 +514,12 @@ def kernel_win_delivered(variants: dict, profiled: dict) -> dict:
 
 
 def summarise_interleaved(
-    plan: list[Variant], steps: list[dict], rounds: int, warm_ups: dict, padded_tokens_per_step: int
+    plan: list[PlannedStep], steps: list[dict], rounds: int, warm_ups: dict, padded_tokens_per_step: int
 ) -> dict:
     by_variant: dict[str, list[dict]] = {}
-    seen: dict[str, int] = {}
-    for variant, step in zip(plan, steps, strict=True):
-        seen[variant.name] = seen.get(variant.name, 0) + 1
-        if seen[variant.name] > 1:  # the first round of each group is the warm-up
-            by_variant.setdefault(variant.name, []).append(step)
+    for planned, step in zip(plan, steps, strict=True):
+        if planned.measured:
+            by_variant.setdefault(planned.variant.name, []).append(step)
     variants = {}
     for name, measured in by_variant.items():
         assert len(measured) == rounds
@@ -537,7 +556,7 @@ def summarise_interleaved(
         "variants": variants,
         "speedups": {k: v for k, v in speedups.items() if v is not None},
         "kernel_warm_up": warm_ups,
-        "order": [v.name for v in plan],
+        "order": [step.variant.name + ("" if step.measured else " (not measured)") for step in plan],
         "all_steps_s": [round(s["seconds"], 3) for s in steps],
     }
 

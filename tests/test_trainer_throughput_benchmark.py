@@ -36,3 +36,21 @@ def test_each_context_parallel_arm_validates_on_two_h200s(cp):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+
+
+def test_each_measured_step_under_pressure_follows_an_unmeasured_step_of_its_own_variant():
+    """The guard's clear path empties the allocator cache and the next step pays to refill it: a pressured variant's
+    measured step must not inherit that cost from a neighbour that cleared."""
+    benchmark = load_benchmark()
+    names = ["fla/guard-off", "fla/guard-always", "fla/guard-off/pressure", "fla/guard-always/pressure"]
+    plan = benchmark.step_plan([benchmark.Variant.parse(name) for name in names], rounds=3)
+    for name in names:
+        assert sum(step.measured for step in plan if step.variant.name == name) == 3
+    for before, step in zip(plan, plan[1:]):
+        if step.measured and step.variant.pressure:
+            assert before == benchmark.PlannedStep(step.variant, measured=False)
+    # Unpressured steps leave the cache alone: one warm-up round, then every step counts.
+    unpressured = [step for step in plan if not step.variant.pressure]
+    assert [step.measured for step in unpressured] == [False] * 2 + [True] * 6
+    # Pressured steps come after every unpressured one.
+    assert all(not step.variant.pressure for step in plan[: len(unpressured)])
