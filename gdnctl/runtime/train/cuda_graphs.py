@@ -19,6 +19,11 @@ table of positions 0..s-1). The trainer passes no mask: megatron-core hands the 
 (`_get_te_cuda_graph_replay_args`), and Transformer Engine's causal attention does not read it. Positions 0..s-1
 are what a full row without offsets uses anyway (GPTModel computes RoPE from the row length, not the position ids).
 
+megatron-core builds that mask in host memory and copies it over: a float32 seq x seq matrix of ones, its lower
+triangle, then the copy, for every layer (0.5 s a layer at 8192 tokens; 3.9 s of the proxy's 8 layers in a
+profiled launch on an H100, most of its capture time, and ~20 s for a 40-layer model). `make_static_masks_on_the_gpu`
+has each layer build the same boolean mask on the GPU instead.
+
 A captured graph holds references to NCCL buffers, and while one lives `torch.distributed.destroy_process_group()`
 never returns: a DP2 job of the 35B-A3B proxy on two H100s trained its steps and then hung there, every rank, until
 killed; with the graphs off it exited. `release` resets and drops them when the job ends, as Megatron-Bridge's own
@@ -36,6 +41,44 @@ from gdnctl.errors import GdnctlError
 
 class CudaGraphError(GdnctlError):
     """A micro-batch of another shape than the graphs recorded (the runtime prints the sentence)."""
+
+
+def causal_static_mask(rows: int, columns: int, micro_batch_size: int, device):
+    """megatron-core's static attention mask for a graphed layer (True where a position is masked), made on
+    `device`: the value of megatron-core 0.19.2 transformer/transformer_layer.py `get_layer_static_inputs`,
+    `~(torch.tril(torch.ones((rows, columns))).bool())` reshaped to (1, 1, rows, columns) and tiled over the
+    micro-batch, without the float32 matrix in host memory and its copy."""
+    import torch
+
+    mask = torch.ones((rows, columns), dtype=torch.bool, device=device).tril_().logical_not_()
+    return mask.reshape(1, 1, rows, columns).tile(micro_batch_size, 1, 1, 1)
+
+
+def make_static_masks_on_the_gpu() -> None:
+    """Have megatron-core's TransformerLayer build its graphs' static attention mask on the GPU (see the module
+    docstring). The condition for a mask is megatron-core 0.19.2's (transformer_layer.py lines 1111-1114: a layer
+    with an attention or GDN block, graphed whole or with `attn` among the graphed modules); the rest of the static
+    inputs are its base class's (GraphableMegatronModule's hidden states), unchanged. Idempotent."""
+    import torch
+    from megatron.core.transformer.enums import CudaGraphModule
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    if getattr(TransformerLayer.get_layer_static_inputs, "_gdnctl_mask_on_gpu", False):
+        return
+
+    def get_layer_static_inputs(self, seq_length, micro_batch_size):
+        static_inputs = super(TransformerLayer, self).get_layer_static_inputs(seq_length, micro_batch_size)
+        modules = self.config.cuda_graph_modules
+        if not isinstance(self.self_attention, IdentityOp) and (not modules or CudaGraphModule.attn in modules):
+            rows = seq_length // self.config.context_parallel_size
+            static_inputs["attention_mask"] = causal_static_mask(
+                rows, seq_length, micro_batch_size, torch.cuda.current_device()
+            )
+        return static_inputs
+
+    get_layer_static_inputs._gdnctl_mask_on_gpu = True
+    TransformerLayer.get_layer_static_inputs = get_layer_static_inputs
 
 
 class LayerGraphs:
@@ -61,6 +104,7 @@ class LayerGraphs:
 
         # megatron-core sizes the capture's warm-up from the global micro-batch count (cuda_graphs.py
         # _get_cuda_graph_input_data: get_num_microbatches()), which only its own training loop sets.
+        make_static_masks_on_the_gpu()
         calculator.unset_num_microbatches_calculator()
         calculator.init_num_microbatches_calculator(dist.get_rank(), None, global_batch_size, micro_batch_size, dp)
         self.row_length = row_length
