@@ -54,6 +54,10 @@ def causal_static_mask(rows: int, columns: int, micro_batch_size: int, device):
     return mask.reshape(1, 1, rows, columns).tile(micro_batch_size, 1, 1, 1)
 
 
+# Marks the replacement on TransformerLayer, so a second trainer in the process leaves it as it is.
+_PATCHED = "_gdnctl_static_mask_on_the_gpu"
+
+
 def make_static_masks_on_the_gpu() -> None:
     """Have megatron-core's TransformerLayer build its graphs' static attention mask on the GPU (see the module
     docstring). The condition for a mask is megatron-core 0.19.2's (transformer_layer.py lines 1111-1114: a layer
@@ -64,7 +68,7 @@ def make_static_masks_on_the_gpu() -> None:
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    if getattr(TransformerLayer.get_layer_static_inputs, "_gdnctl_mask_on_gpu", False):
+    if getattr(TransformerLayer.get_layer_static_inputs, _PATCHED, False):
         return
 
     def get_layer_static_inputs(self, seq_length, micro_batch_size):
@@ -77,7 +81,7 @@ def make_static_masks_on_the_gpu() -> None:
             )
         return static_inputs
 
-    get_layer_static_inputs._gdnctl_mask_on_gpu = True
+    setattr(get_layer_static_inputs, _PATCHED, True)
     TransformerLayer.get_layer_static_inputs = get_layer_static_inputs
 
 
