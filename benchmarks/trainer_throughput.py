@@ -44,8 +44,8 @@ skip set (default-skip), nothing checked (guard-off: the wrappers stay, ~1.5 us 
 --recommended-from RUN_DIR the set `gdnctl comm-report RUN_DIR` recommends (recommended); "pressure" raises
 the threshold above the free memory, so every checked collective takes the clear path, as in a run whose GPU
 is nearly full; each measured pressured step follows an unmeasured one of its own variant, since the step after a
-clear pays to refill the allocator's cache. `profile` runs the proxy in this process on one GPU and puts its last step under
-torch.profiler: CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take,
+clear pays to refill the allocator's cache. `profile` runs the proxy in this process on one GPU and puts its last
+step under torch.profiler: CUDA time by op (top 25, written beside --out) and how much of it the GDN kernel calls take,
 with the adapter's part (the inputs Megatron hands over that are not contiguous, which the adapter copies).
 """
 
