@@ -66,7 +66,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The `slow` mark, kept in one place so the inner loop's contents (`pytest -m "not slow"`, at most 2 minutes on
 # 2 cores) are read and changed here: modules whose every test starts processes, and single tests that take
-# seconds (measured with --durations on a 2-core machine). Tests marked slurm or gpu are slow as well.
+# seconds (measured with --durations on a 2-core machine). Tests marked slurm or gpu, and tests that use a
+# shared fixture (SHARED_FIXTURE_GROUPS: the local Slurm, a gloo or rl run), are slow as well.
 SLOW_MODULES = {
     # gdnctl launch, a job, a Slurm submission or doctor's probes in subprocesses
     "tests/launch/test_launch.py",
@@ -152,6 +153,10 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
 
 def _is_slow(item: pytest.Item) -> bool:
     if item.get_closest_marker("slurm") or item.get_closest_marker("gpu"):
+        return True
+    # A shared fixture starts a cluster or a job (SHARED_FIXTURE_GROUPS): whatever module its test is in, the test
+    # waits for that (the docs test that reads the rl smoke run would otherwise start a vLLM job in the inner loop).
+    if any(fixture in item.fixturenames for fixture in SHARED_FIXTURE_GROUPS):
         return True
     module = item.path.relative_to(item.config.rootpath).as_posix()
     name = getattr(item, "originalname", item.name)
