@@ -64,10 +64,13 @@ def make_static_masks_on_the_gpu() -> None:
     with an attention or GDN block, graphed whole or with `attn` among the graphed modules); the rest of the static
     inputs are its base class's (GraphableMegatronModule's hidden states), unchanged. Idempotent."""
     import torch
-    from megatron.core.transformer.enums import CudaGraphModule
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
+    try:
+        from megatron.core.transformer.enums import CudaGraphModule
+    except ImportError:  # a megatron-core before the per-module graph choice: its own mask construction stays
+        return
     if getattr(TransformerLayer.get_layer_static_inputs, _PATCHED, False):
         return
 
