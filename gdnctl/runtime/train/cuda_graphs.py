@@ -135,8 +135,10 @@ class LayerGraphs:
                 "speed.cuda_graphs: off, or train.packing: concat or fill so that every row has one length."
             )
 
-    def before_step(self) -> None:
-        """Capture once this start has run its warm-up steps (eager), before the next step is timed."""
+    def before_step(self) -> float | None:
+        """Capture once this start has run its warm-up steps (eager), before the next step is timed; returns the
+        capture's seconds when this call captured, else None."""
+        captured = None
         if self.steps_seen == self.warmup_steps and self.capture_seconds is None:
             started = time.perf_counter()
             self._helper.create_cudagraphs()
@@ -146,7 +148,9 @@ class LayerGraphs:
                 f"CUDA graphs: captured the {covered} of {len(self._helper.flattened_callables)} layers in "
                 f"{self.capture_seconds:.1f} s, after {self.warmup_steps} eager step(s)"
             )
+            captured = self.capture_seconds
         self.steps_seen += 1
+        return captured
 
     def release(self) -> None:
         """Reset and drop every captured graph (called when the job ends, before the process groups go)."""

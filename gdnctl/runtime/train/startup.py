@@ -4,7 +4,8 @@ Phases, each measured on rank 0 from the previous mark: the process's start to t
 the process group), Megatron-Core's imports and its process groups, the model build (megatron-bridge's provider and
 Transformer Engine's layers, or the TE-free spec), the weights (loaded, or as initialised), DDP and the optimizer
 (and a resume's optimizer state), the GDN kernel's warm-up, the data pipeline and step 1 itself. The process start is
-read from Linux's /proc (the time torchrun started this rank); elsewhere that phase is left out.
+read from Linux's /proc (the time torchrun started this rank); elsewhere that phase is left out. CUDA graphs are
+captured after the eager warm-up step(s), before the first graphed step: the file adds that capture once it is done.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ def process_age_seconds() -> float | None:
 
 
 class StartupClock:
-    """Marks phases as they end; `report` after step 1 gives the line and writes the file (rank 0)."""
+    """Marks phases as they end; `report` after step 1 gives the line and writes the file (rank 0). Where CUDA
+    graphs are captured after the eager warm-up step(s), `graphs_captured` adds the capture to the file: it is
+    start-up too, paid once before the first graphed step, but after step 1."""
 
     def __init__(self) -> None:
         age = process_age_seconds()
         self.phases: dict[str, float] = {} if age is None else {"process start to trainer": round(age, 2)}
+        self.capture_s: float | None = None
         self._last = time.perf_counter()
 
     def mark(self, phase: str) -> None:
@@ -47,11 +51,28 @@ class StartupClock:
     def report(self, run_dir: Path, write: bool) -> str:
         total = sum(self.phases.values())
         if write:
-            replace_text(
-                run_dir / STARTUP_FILE, json.dumps({"phases_s": self.phases, "total_s": round(total, 2)}) + "\n"
-            )
+            self._write(run_dir)
         return (
             "start-up: "
             + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items())
             + f"; {total:.1f} s from this rank's start to the end of step 1"
         )
+
+    def graphs_captured(self, seconds: float, run_dir: Path, write: bool) -> str:
+        """The CUDA-graph capture's seconds, added to the file (`cuda_graph_capture_s`, and `total_with_capture_s`:
+        the phases to the end of step 1 plus the capture); returns the line saying so."""
+        self.capture_s = round(seconds, 2)
+        total = sum(self.phases.values()) + self.capture_s
+        if write:
+            self._write(run_dir)
+        return (
+            f"start-up: CUDA graphs captured in {self.capture_s:.1f} s before the first graphed step; "
+            f"{total:.1f} s with the phases to the end of step 1"
+        )
+
+    def _write(self, run_dir: Path) -> None:
+        record: dict = {"phases_s": self.phases, "total_s": round(sum(self.phases.values()), 2)}
+        if self.capture_s is not None:
+            record["cuda_graph_capture_s"] = self.capture_s
+            record["total_with_capture_s"] = round(record["total_s"] + self.capture_s, 2)
+        replace_text(run_dir / STARTUP_FILE, json.dumps(record) + "\n")

@@ -505,7 +505,9 @@ class Trainer:
             if self.graphs is not None:
                 for batch in batches:
                     self.graphs.check_row(batch.row_length, f"a micro-batch of step {self.iteration + 1}")
-                self.graphs.before_step()
+                captured = self.graphs.before_step()
+                if captured is not None:
+                    self._log(self.startup.graphs_captured(captured, self.run_dir, write=self.rank == 0))
             resident_gib = torch.cuda.memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()

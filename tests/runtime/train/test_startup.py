@@ -40,3 +40,16 @@ def test_phases_are_reported_in_order_and_written_on_request(tmp_path):
     assert written["total_s"] == round(sum(clock.phases.values()), 2)
     clock.report(tmp_path / "elsewhere", write=False)  # other ranks write nothing
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_cuda_graph_capture_joins_the_file_after_step_1(tmp_path):
+    clock = StartupClock()
+    clock.mark("step 1")
+    clock.report(tmp_path, write=True)
+    assert "cuda_graph_capture_s" not in json.loads((tmp_path / STARTUP_FILE).read_text())
+    line = clock.graphs_captured(1.234, tmp_path, write=True)
+    written = json.loads((tmp_path / STARTUP_FILE).read_text())
+    assert written["phases_s"] == clock.phases  # the phases to the end of step 1 are as they were
+    assert written["cuda_graph_capture_s"] == 1.23
+    assert written["total_with_capture_s"] == round(written["total_s"] + 1.23, 2)
+    assert line.startswith("start-up: CUDA graphs captured in 1.2 s before the first graphed step; ")
