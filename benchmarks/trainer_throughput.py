@@ -412,12 +412,9 @@ def step_plan(variants: list[Variant], rounds: int) -> list[PlannedStep]:
         for index in range(rounds + 1 if group else 0):
             shift = index % len(group)
             for variant in group[shift:] + group[:shift]:
-                if index == 0:
+                if index and variant.pressure:
                     plan.append(PlannedStep(variant, measured=False))
-                    continue
-                if variant.pressure:
-                    plan.append(PlannedStep(variant, measured=False))
-                plan.append(PlannedStep(variant, measured=True))
+                plan.append(PlannedStep(variant, measured=index > 0))
     return plan
 
 

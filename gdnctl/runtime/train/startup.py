@@ -48,8 +48,12 @@ class StartupClock:
         self.phases[phase] = round(now - self._last, 2)
         self._last = now
 
+    def _total(self) -> float:
+        """Seconds from this rank's start to the end of step 1: the phases' sum."""
+        return sum(self.phases.values())
+
     def report(self, run_dir: Path, write: bool) -> str:
-        total = sum(self.phases.values())
+        total = self._total()
         if write:
             self._write(run_dir)
         return (
@@ -62,7 +66,7 @@ class StartupClock:
         """The CUDA-graph capture's seconds, added to the file (`cuda_graph_capture_s`, and `total_with_capture_s`:
         the phases to the end of step 1 plus the capture); returns the line saying so."""
         self.capture_s = round(seconds, 2)
-        total = sum(self.phases.values()) + self.capture_s
+        total = self._total() + self.capture_s
         if write:
             self._write(run_dir)
         return (
@@ -71,7 +75,7 @@ class StartupClock:
         )
 
     def _write(self, run_dir: Path) -> None:
-        record: dict = {"phases_s": self.phases, "total_s": round(sum(self.phases.values()), 2)}
+        record: dict = {"phases_s": self.phases, "total_s": round(self._total(), 2)}
         if self.capture_s is not None:
             record["cuda_graph_capture_s"] = self.capture_s
             record["total_with_capture_s"] = round(record["total_s"] + self.capture_s, 2)
