@@ -127,10 +127,12 @@ def test_a_checkpoint_holds_the_adapters_and_the_last_the_merged_model(runs):
         assert config["target_parameters"] == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
 
 
-def _hf_model(directory: Path):
+def _hf_model(directory: Path, device: str = "cpu"):
+    """The HF model in fp32. Its forward must run on the GPU: with FLA installed, transformers' Qwen3.5 calls FLA's
+    Triton kernels (the GDN l2norm), which refuse CPU tensors."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(device).eval()
 
 
 @NEEDS_PEFT
@@ -138,13 +140,13 @@ def test_the_saved_adapter_loads_with_peft_and_gives_the_merged_models_logits(ru
     import peft
 
     last = runs.checkpoint(STEPS)
-    base = _hf_model(runs.source)
-    tokens = torch.randint(20, 220, (2, 64), generator=torch.Generator().manual_seed(0))
+    base = _hf_model(runs.source, "cuda")
+    tokens = torch.randint(20, 220, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad():
         base_logits = base(tokens).logits
         adapted = peft.PeftModel.from_pretrained(base, last / "adapter").eval()
         adapted_logits = adapted(tokens).logits
-        merged_logits = _hf_model(last)(tokens).logits
+        merged_logits = _hf_model(last, "cuda")(tokens).logits
     moved = (adapted_logits - base_logits).norm()
     gap = (adapted_logits - merged_logits).norm()
     _record(
