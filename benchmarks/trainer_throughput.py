@@ -230,6 +230,7 @@ SPEED_OFF = {
     "manual_gc": "off",
     "cuda_graphs": "off",
     "overlap_grad_reduce": "off",
+    "cutlass_grouped_gemm": "off",
 }
 
 

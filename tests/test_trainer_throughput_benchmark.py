@@ -54,3 +54,9 @@ def test_each_measured_step_under_pressure_follows_an_unmeasured_step_of_its_own
     assert [step.measured for step in unpressured] == [False] * 2 + [True] * 6
     # Pressured steps come after every unpressured one.
     assert all(not step.variant.pressure for step in plan[: len(unpressured)])
+
+
+def test_speed_options_mode_turns_off_every_option_the_plan_decides():
+    from gdnctl.plan.speed import SPEED_OPTIONS
+
+    assert list(load_benchmark().SPEED_OFF) == list(SPEED_OPTIONS)

@@ -45,6 +45,12 @@ MCORE_GDN_FEATURES: tuple[tuple[str, str], ...] = (
     (MCORE_GDN_FUSED_CP_A2A, "fused CP all-to-all"),
 )
 
+# --- Transformer Engine ---------------------------------------------------------------------------------
+# NVTE_USE_CUTLASS_GROUPED_GEMM=1 sends grouped GEMMs (the MoE experts') to CUTLASS instead of cuBLAS: read by
+# nvte_multi_tensor_gemm (transformer_engine/common/gemm/cublaslt_gemm.cu) from v2.8 on, on SM90 only, for bf16/fp16
+# without a fused bias or GELU and with one K, a multiple of 128, across the group; every other call takes cuBLAS.
+TE_CUTLASS_GROUPED_GEMM = "2.8.0"
+
 # --- Megatron-Bridge ------------------------------------------------------------------------------------
 BRIDGE_QWEN35_VL = "0.4.0"  # Qwen35VLBridge / Qwen35VLMoEBridge
 BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classes)

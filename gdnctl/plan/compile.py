@@ -8,7 +8,7 @@ import math
 
 from gdnctl import __version__
 from gdnctl.knowledge import lora
-from gdnctl.plan.decisions import environment, kernel_cache_env
+from gdnctl.plan.decisions import kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
@@ -46,7 +46,7 @@ def _lora(run: Run) -> EngineLora | None:
 
 
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
-    values = {name: value for name, value, _ in environment(run.preset, run.gpu)}
+    values = {name: value for name, value, _ in run.environment}
     if kernel_cache_dir:
         values.update((name, value) for name, value, _ in kernel_cache_env(kernel_cache_dir))
     values.update(run.preset.launch.env)

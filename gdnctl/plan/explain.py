@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from gdnctl.knowledge import GDN_BACKENDS
 from gdnctl.plan import memory
-from gdnctl.plan.decisions import environment
 from gdnctl.plan.run import Run
 
 
@@ -120,7 +119,7 @@ def derived_values(run: Run) -> list[Derived]:
             )
         if not m.is_qwen3_next:
             out.append(Derived("rollout_class", run.rollout_class.value, run.rollout_class.reason))
-    for name, value, reason in environment(run.preset, run.gpu):
+    for name, value, reason in run.environment:
         out.append(Derived(f"env.{name}", value, reason))
     return out
 

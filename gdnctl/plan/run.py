@@ -13,7 +13,7 @@ from functools import cached_property
 
 from gdnctl.knowledge import DEFAULT_STACK, GPUS, GpuSpec, ModelArch, ModelNotFound, RankShape, catalog, per_rank_shapes
 from gdnctl.plan import decisions as decide
-from gdnctl.plan.speed import cuda_graphs_blocker, speed_options
+from gdnctl.plan.speed import cuda_graphs_blocker, cutlass_grouped_gemm_blocker, speed_environment, speed_options
 from gdnctl.schema import Preset
 
 
@@ -86,9 +86,19 @@ class Run:
         return cuda_graphs_blocker(self.preset, self.model, self.stack)
 
     @cached_property
+    def cutlass_grouped_gemm_blocker(self) -> str | None:
+        """Why Transformer Engine would not take its CUTLASS grouped GEMM here (plan/speed.py), or None."""
+        return cutlass_grouped_gemm_blocker(self.preset, self.model, self.stack)
+
+    @cached_property
     def speed(self) -> dict[str, decide.Decision]:
         """The trainer's speed options (plan/speed.py)."""
         return speed_options(self.preset, self.model, self.stack, self.dp)
+
+    @cached_property
+    def environment(self) -> list[tuple[str, str, str]]:
+        """(name, value, reason) of every variable the launch scripts set before the user's own `launch.env`."""
+        return decide.environment(self.preset, self.gpu) + speed_environment(self.speed)
 
     @cached_property
     def rollout_weight_transport(self) -> decide.Decision:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gdnctl.knowledge import ModelArch
+from gdnctl.knowledge import GPUS, ModelArch, stack, versions
 from gdnctl.plan.decisions import Decision, layout, model_builder, one_row_shape
 from gdnctl.schema import Preset
 
@@ -38,7 +38,15 @@ _WHAT = {
     "{modules}), captured after step {warmup}: {why}",
     "overlap_grad_reduce": "each bucket of gradients reduced across the data-parallel ranks as soon as the backward "
     "pass has filled it, while the rest of the backward pass goes on (megatron-core DDP overlap_grad_reduce)",
+    "cutlass_grouped_gemm": "the experts' grouped GEMMs run as one CUTLASS kernel on Hopper instead of cuBLAS "
+    "(Transformer Engine's NVTE_USE_CUTLASS_GROUPED_GEMM=1): {measured}",
 }
+# What CUTLASS's grouped GEMM measured on gdnctl's trainer (BENCHMARKS.md, "Trainer: speed options, each off alone").
+CUTLASS_GROUPED_GEMM_MEASURED = (
+    "the 35B-A3B proxy's step 0.679 -> 0.641 s on an H100 (5.6% faster, losses the same to bf16 rounding)"
+)
+# The variable gdnctl's launch scripts export when the option is on.
+CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
 CUDA_GRAPH_WARMUP_STEPS = 1
@@ -63,6 +71,8 @@ def speed_options(
             decided[name] = _auto_cuda_graphs(preset, model, software)
         elif name == "overlap_grad_reduce":
             decided[name] = _auto_overlap_grad_reduce(dp)
+        elif name == "cutlass_grouped_gemm":
+            decided[name] = _auto_cutlass_grouped_gemm(preset, model, software)
         else:
             decided[name] = _auto(name, preset, model, te_free)
     return decided
@@ -132,6 +142,44 @@ def _auto_overlap_grad_reduce(dp: int | None) -> Decision:
         "reduction with the backward pass measured 0.98x at DP2 on one host (speed.overlap_grad_reduce: on turns "
         "it on, as Megatron-Bridge's recipes do for data parallel > 1; try it across hosts)",
     )
+
+
+def cutlass_grouped_gemm_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:
+    """Why Transformer Engine would not take its CUTLASS grouped GEMM for this preset's experts, or None where it
+    does. TE >= 2.8 reads NVTE_USE_CUTLASS_GROUPED_GEMM in nvte_multi_tensor_gemm
+    (transformer_engine/common/gemm/cublaslt_gemm.cu) and uses CUTLASS only on SM90, for bf16/fp16 GEMMs without a
+    fused bias or GELU whose K is one multiple of 128 across the group; every other grouped GEMM falls back to cuBLAS.
+    auto turns the option on exactly where this is None; validate warns of `on` elsewhere (TRN023)."""
+    te = software.get("transformer_engine")
+    gpu = GPUS[preset.cluster.gpu]
+    if model_builder(dict(software)).value == "te-free":
+        return "the TE-free builder runs each expert as its own matmul: there is no grouped GEMM"
+    if not model.is_moe:
+        return "a dense model has no experts' grouped GEMM"
+    if not gpu.is_hopper:
+        return f"{gpu.name} is {gpu.sm_label}: Transformer Engine's CUTLASS grouped GEMM runs on SM90 only"
+    if not versions.at_least(te, stack.TE_CUTLASS_GROUPED_GEMM):
+        return f"Transformer Engine {te} has no CUTLASS grouped GEMM (it came in {stack.TE_CUTLASS_GROUPED_GEMM})"
+    if preset.train.precision == "fp8":
+        return "fp8: Transformer Engine's CUTLASS grouped GEMM takes bf16 and fp16 GEMMs only"
+    return None
+
+
+def _auto_cutlass_grouped_gemm(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> Decision:
+    """On where Transformer Engine takes the CUTLASS path (cutlass_grouped_gemm_blocker). Megatron-Bridge's recipes
+    leave the variable unset (cuBLAS); on gdnctl's trainer CUTLASS measured faster (CUTLASS_GROUPED_GEMM_MEASURED)."""
+    blocker = cutlass_grouped_gemm_blocker(preset, model, software)
+    if blocker is not None:
+        return Decision(False, blocker)
+    return Decision(True, _WHAT["cutlass_grouped_gemm"].format(measured=CUTLASS_GROUPED_GEMM_MEASURED))
+
+
+def speed_environment(speed: Mapping[str, Decision]) -> list[tuple[str, str, str]]:
+    """(name, value, reason) of the variables the speed options set in the launch scripts' environment: Transformer
+    Engine reads its grouped-GEMM choice from the environment, not from a Megatron setting."""
+    if not speed["cutlass_grouped_gemm"].value:
+        return []
+    return [(CUTLASS_GROUPED_GEMM_ENV, "1", "speed.cutlass_grouped_gemm: the experts' grouped GEMMs through CUTLASS")]
 
 
 def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:

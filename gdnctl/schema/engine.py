@@ -14,11 +14,11 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 13  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 14  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
-# 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce
+# 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm
 
 
 class _Frozen(BaseModel):
@@ -115,6 +115,8 @@ class EngineSpeed(_Frozen):
     # megatron-core CudaGraphModule names the graphs cover (runtime/model/bridge.py), with cuda_graphs
     cuda_graph_modules: tuple[str, ...] = ()
     overlap_grad_reduce: bool = False
+    # Transformer Engine reads it from NVTE_USE_CUTLASS_GROUPED_GEMM, which the launch scripts export (plan/speed.py)
+    cutlass_grouped_gemm: bool = False
     # option -> why it has its value (the trainer logs them at start-up)
     reasons: dict[str, str] = {}
 

@@ -246,6 +246,11 @@ class SpeedSpec(_Section):
         description="with data parallel, each bucket of gradients is reduced across the ranks while the backward pass "
         "goes on, instead of all of them after it",
     )
+    cutlass_grouped_gemm: _AUTO_ON_OFF = Field(
+        "auto",
+        description="the MoE experts' grouped GEMMs through Transformer Engine's CUTLASS kernel instead of cuBLAS "
+        "(NVTE_USE_CUTLASS_GROUPED_GEMM; Hopper, bf16)",
+    )
 
     @field_validator(
         "router_fusion",
@@ -255,6 +260,7 @@ class SpeedSpec(_Section):
         "manual_gc",
         "cuda_graphs",
         "overlap_grad_reduce",
+        "cutlass_grouped_gemm",
         mode="before",
     )
     @classmethod

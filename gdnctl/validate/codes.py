@@ -122,6 +122,7 @@ CODES: dict[str, str] = {
     "TRN020": "lora_qwen3_next",
     "TRN021": "cuda_graphs_cannot_capture",
     "TRN022": "lora_needs_base",
+    "TRN023": "cutlass_grouped_gemm_not_taken",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

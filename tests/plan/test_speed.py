@@ -19,6 +19,7 @@ ALL_ON = {
     "cuda_graphs": True,
     # One GPU: no gradients to reduce across ranks (and off with data parallel until measured there).
     "overlap_grad_reduce": False,
+    "cutlass_grouped_gemm": True,
 }
 
 
@@ -49,6 +50,7 @@ def test_the_te_free_builder_keeps_megatron_cores_unfused_paths():
         "cross_entropy": "native",
         "wgrad_fusion": False,
         "cuda_graphs": False,
+        "cutlass_grouped_gemm": False,
     }
 
 
@@ -60,6 +62,25 @@ def test_the_gradient_reduction_overlaps_the_backward_pass_only_where_the_preset
     assert "measured 0.98x at DP2" in dp2.speed["overlap_grad_reduce"].reason
     on = _run("qwen3.5-35b-a3b-proxy-bench", "cluster.gpus_per_node=2", "speed.overlap_grad_reduce=on")
     assert compile_engine_config(on).speed.overlap_grad_reduce is True
+
+
+def test_cutlass_grouped_gemm_is_on_only_where_transformer_engine_takes_it_and_the_scripts_export_it():
+    proxy = _run("qwen3.5-35b-a3b-proxy-bench")
+    assert proxy.speed["cutlass_grouped_gemm"].value is True
+    assert ("NVTE_USE_CUTLASS_GROUPED_GEMM", "1") in [(name, value) for name, value, _ in proxy.environment]
+    assert compile_engine_config(proxy).env["NVTE_USE_CUTLASS_GROUPED_GEMM"] == "1"
+    for overrides, why in [
+        (("cluster.gpu=a100",), "SM80: Transformer Engine's CUTLASS grouped GEMM runs on SM90 only"),
+        (("runtime.transformer_engine=2.7.0",), "Transformer Engine 2.7.0 has no CUTLASS grouped GEMM"),
+        (("runtime.transformer_engine=none",), "no grouped GEMM"),
+        (("train.precision=fp8",), "bf16 and fp16 GEMMs only"),
+    ]:
+        run = _run("qwen3.5-35b-a3b-proxy-bench", *overrides)
+        assert run.speed["cutlass_grouped_gemm"].value is False, overrides
+        assert why in run.speed["cutlass_grouped_gemm"].reason, run.speed["cutlass_grouped_gemm"].reason
+        assert "NVTE_USE_CUTLASS_GROUPED_GEMM" not in {name for name, _, _ in run.environment}
+    dense = _run("tiny-qwen3.5-sft").speed["cutlass_grouped_gemm"]
+    assert dense.value is False and "dense" in dense.reason
 
 
 def test_a_dense_model_has_no_router_to_fuse():

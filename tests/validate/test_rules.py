@@ -279,6 +279,10 @@ CASES = {
         {"job": "sft", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
         {"job": "pretrain", "rollout": None, "train": {"recompute": "none"}, "speed": {"cuda_graphs": "on"}},
     ),
+    "TRN023": (
+        {"speed": {"cutlass_grouped_gemm": "on"}, "cluster": {"gpu": "a100"}},
+        {"speed": {"cutlass_grouped_gemm": "on"}},
+    ),
     "TRN018": (
         {"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"megatron_bridge": "0.4.2"}},
         {

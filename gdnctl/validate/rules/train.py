@@ -610,3 +610,29 @@ def cuda_graphs_cannot_capture(run):
             f"speed.cuda_graphs is on, but the graphs cannot be captured here: {blocker}.",
             "Set speed.cuda_graphs: auto (on wherever it can be captured) or off.",
         )
+
+
+@rule("TRN023", Severity.WARNING, "CUTLASS grouped GEMM asked for where Transformer Engine does not use it")
+def cutlass_grouped_gemm_not_taken(run):
+    """
+    What it checks: `speed.cutlass_grouped_gemm: on` in a preset whose experts Transformer Engine would not run
+    through its CUTLASS grouped GEMM (plan/speed.py cutlass_grouped_gemm_blocker, the same test `auto` makes).
+
+    Why: the option exports NVTE_USE_CUTLASS_GROUPED_GEMM=1, which Transformer Engine reads in
+    nvte_multi_tensor_gemm. It takes CUTLASS only on SM90 (Hopper), from TE 2.8, for bf16/fp16 grouped GEMMs
+    without a fused bias or GELU; anywhere else it runs cuBLAS as if the variable were unset. The job runs, but not
+    what the preset says, and a speed comparison would credit an option that did nothing.
+
+    Source: Transformer Engine 2.8 and later, transformer_engine/common/gemm/cublaslt_gemm.cu
+    `nvte_multi_tensor_gemm` ("Currently only support cutlass group gemm on Hopper Arch", and the fallback to
+    cuBLAS after its dtype and shape checks); docs/envvars.rst NVTE_USE_CUTLASS_GROUPED_GEMM.
+
+    Fix: set speed.cutlass_grouped_gemm to auto (on wherever Transformer Engine takes it) or off.
+    """
+    blocker = run.cutlass_grouped_gemm_blocker
+    if run.is_training and run.preset.speed.cutlass_grouped_gemm == "on" and blocker is not None:
+        yield Issue(
+            "speed.cutlass_grouped_gemm",
+            f"speed.cutlass_grouped_gemm is on, but Transformer Engine would run cuBLAS here: {blocker}.",
+            "Set speed.cutlass_grouped_gemm: auto (on wherever Transformer Engine takes it) or off.",
+        )

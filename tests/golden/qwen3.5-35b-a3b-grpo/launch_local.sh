@@ -11,6 +11,7 @@ mkdir -p -- logs
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export FLA_FLASH_QLA=0
 export NCCL_GRAPH_REGISTER=0
+export NVTE_USE_CUTLASS_GROUPED_GEMM=1
 export OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang

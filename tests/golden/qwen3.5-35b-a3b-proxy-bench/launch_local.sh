@@ -9,6 +9,7 @@ cd -- "$RUN_DIR"
 mkdir -p -- logs
 
 export NCCL_GRAPH_REGISTER=0
+export NVTE_USE_CUTLASS_GROUPED_GEMM=1
 export OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TILELANG_CACHE_DIR=/shared/tilelang
