@@ -1,6 +1,7 @@
 """Rollout tokens/s with one vLLM engine and with two, on the same prompts, measured by the rl job itself.
 
     python benchmarks/rollout_engines.py --vllm-python PY --out rollout_engines.json [--steps 6] [--cuda-graphs]
+        [--placement colocated|separate]
 
 Each arm is `gdnctl launch` of the tiny rl preset on GPUs (the GPU tests' settings: the TE-free trainer, FLA,
 vLLM with a fixed 2 GiB KV cache and the triton GDN prefill) with heavier steps: all 64 prompts of the toy dataset
@@ -62,14 +63,17 @@ def load(model: str = DEFAULT_MODEL, samples: int = DEFAULT_SAMPLES) -> tuple[st
     )
 
 
-def arms(gpus: int) -> list[tuple[str, int, tuple[str, ...]]]:
-    """(placement, engines, settings) for every arm this machine can run."""
+PLACEMENTS = ("colocated", "separate")
+
+
+def arms(gpus: int, placements: tuple[str, ...] = PLACEMENTS) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(placement, engines, settings) for every arm of `placements` this machine can run."""
     out = []
-    if gpus >= 2:
+    if gpus >= 2 and "colocated" in placements:
         out += [
             ("colocated", engines, ("cluster.gpus_per_node=2", f"rollout.num_gpus={engines}")) for engines in (1, 2)
         ]
-    if gpus >= 3:
+    if gpus >= 3 and "separate" in placements:
         out += [
             ("separate", engines, ("cluster.gpus_per_node=3", "rollout.colocate=false", f"rollout.num_gpus={engines}"))
             for engines in (1, 2)
@@ -130,10 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help=f"responses per prompt ({PROMPTS} prompts a step)"
     )
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        action="append",
+        help="run only this placement's two arms (repeatable; default: both, where the GPUs allow)",
+    )
     args = parser.parse_args(argv)
+    placements = tuple(args.placement or PLACEMENTS)
     gpus = torch.cuda.device_count()
-    if gpus < 2:
-        print("rollout_engines: needs 2 GPUs (colocated arms), 3 for the separate ones", file=sys.stderr)
+    if not arms(gpus, placements):
+        print(
+            f"rollout_engines: {gpus} GPU(s) run no arm of {', '.join(placements)}: the colocated arms need 2 GPUs, "
+            "the separate ones 3",
+            file=sys.stderr,
+        )
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="gdnctl-engines-"))
     result = {
@@ -145,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "sequences_per_step": PROMPTS * args.samples,
         "arms": [],
     }
-    for placement, engines, settings in arms(gpus):
+    for placement, engines, settings in arms(gpus, placements):
         print(f"rollout_engines: {placement}, {engines} engine(s) ...", flush=True)
         arm = {
             "placement": placement,
@@ -162,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         result["arms"].append(arm)
         print(f"rollout_engines: {json.dumps(arm)}", flush=True)
         args.out.write_text(json.dumps(result, indent=2))
-    for placement in ("colocated", "separate"):
+    for placement in placements:
         by_engines = {
             arm["engines"]: arm.get("rollout_tokens_per_second")
             for arm in result["arms"]

@@ -31,6 +31,10 @@ def test_two_gpus_run_the_colocated_arms_and_three_add_the_separate_ones():
         ("separate", 1),
         ("separate", 2),
     ]
+    assert [(placement, engines) for placement, engines, _ in benchmark.arms(3, ("separate",))] == [
+        ("separate", 1),
+        ("separate", 2),
+    ]
 
 
 @pytest.mark.parametrize("arm", range(4))
