@@ -233,4 +233,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gdnctl.runtime.launcher import exit_without_teardown
+
+    code = main()
+    if code != 0:
+        # A failing rank exits the ordinary (slower) way: torchrun stops the other ranks once one has exited, and
+        # each of them should have said what stopped it by then.
+        sys.exit(code)
+    exit_without_teardown(code)

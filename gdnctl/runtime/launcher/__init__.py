@@ -1,7 +1,8 @@
-"""How the rendered scripts start the job's ranks: torchrun, with a failure told in one sentence (`torchrun`)."""
+"""How the rendered scripts start the job's ranks and how those processes end: torchrun, with a failure told in one
+sentence (`torchrun`), and an exit that skips the interpreter's teardown (`process_exit`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
-_HOMES = {"failure_sentence": "torchrun"}
-__all__ = ["failure_sentence", "torchrun"]
+_HOMES = {"failure_sentence": "torchrun", "exit_without_teardown": "process_exit"}
+__all__ = ["exit_without_teardown", "failure_sentence", "process_exit", "torchrun"]
 __getattr__ = lazy_attributes(__name__, _HOMES)
