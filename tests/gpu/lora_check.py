@@ -180,9 +180,27 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
         ],
         every_trainable_is_an_adapter=all(".adapter." in name for name in adapters),
     )
+    result["probe"] = trained_log_probs(module, config.model.vocab_size)
     trainer.close()
     if dist.get_rank() == 0:
         print(json.dumps(result))
+
+
+def probe_tokens() -> torch.Tensor:
+    """Two fixed rows of 64 byte tokens, the sequences whose log-probs the trainer and vLLM are compared on."""
+    return torch.randint(20, 220, (2, 64), generator=torch.Generator().manual_seed(0))
+
+
+def trained_log_probs(module, vocab_size: int) -> dict:
+    """The trained model's (base + adapters, eval mode) log-prob of each probe token after the first, given the
+    tokens before it: what vLLM serving the merged export should give (test_lora_gpu.py)."""
+    tokens = probe_tokens().cuda()
+    positions = torch.arange(tokens.shape[1], device="cuda").expand(tokens.shape[0], -1)
+    module.eval()
+    with torch.no_grad():
+        logits = module(tokens, positions, None).float()[..., :vocab_size]
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    return {"tokens": tokens.tolist(), "log_probs": log_probs.tolist()}
 
 
 def main(phase: str, out_dir: str, model_id: str, *rest: str) -> None:

@@ -10,7 +10,9 @@ in its own process):
 - the saved adapter loads with `peft` onto transformers' model of the base and gives the merged export's logits;
 - the merged export is base + (alpha / rank)·B·A, tensor by tensor, the routed experts' per expert;
 - a run resumed from the middle checkpoint starts with exactly the adapters and optimizer state it holds, and
-  continues the uninterrupted run's loss curve.
+  continues the uninterrupted run's loss curve;
+- vLLM serving the merged export scores fixed token rows as the trained model (base + adapters) does, to bf16
+  rounding (with GDNCTL_TEST_VLLM_PYTHON, as in test_rl_vllm_gpu.py).
 
 Needs a CUDA GPU with Transformer Engine, megatron-bridge, megatron-core and FLA (the staged `gdn` and `te`
 profiles), and peft and transformers for the adapter checks. GDNCTL_GPU_LOG_DIR, when set, receives the curves.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +48,8 @@ NEEDS_PEFT = pytest.mark.skipif(
     reason="needs peft and transformers",
 )
 PEFT_PREFIX = "base_model.model."
+VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
+NEEDS_VLLM = pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no GPU vLLM environment)")
 
 
 def _check(*args: object, timeout: float = 1500) -> dict:
@@ -235,3 +240,50 @@ def test_a_resume_starts_from_the_checkpoints_adapters_and_optimizer_state(runs)
     whole = json.loads((runs.checkpoint(STEPS) / "trainer_state.json").read_text())["lora"]
     again = json.loads((runs.checkpoint(STEPS, "partial-ckpt") / "trainer_state.json").read_text())["lora"]
     assert again["base_fingerprints"] == whole["base_fingerprints"]  # the same base, loaded again from model.path
+
+
+@NEEDS_VLLM
+def test_vllm_serving_the_merged_export_gives_the_trained_models_log_probs(runs, tmp_path):
+    """The last checkpoint's merged model, written as the rollout's weight sync writes weights for the vLLM that
+    serves them (Qwen3.5's vision-language class before vLLM 0.27: checkpoint.rollout_source), served by vLLM:
+    each probe token's log-prob is the trained model's (base + adapters, in the trainer's process), to bf16
+    rounding: the policy that trains is the one that generates."""
+    from gdnctl.knowledge import stack, versions
+    from gdnctl.knowledge.catalog import from_catalog
+    from gdnctl.runtime.model.checkpoint import HFReader, rollout_source, save_tensors
+    from tests.gpu.vllm_logprobs_check import RESULT_PREFIX
+
+    probe = runs.whole["probe"]
+    version = subprocess.run(
+        [VLLM_PYTHON, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    vision_language = versions.below(version, stack.VLLM_QWEN35_TEXT_ONLY)
+    merged, served = HFReader(runs.checkpoint(STEPS)), tmp_path / "served"
+    tensors = ((name, merged.get(name)) for name in merged.locations)
+    save_tensors(tensors, served, rollout_source(from_catalog(runs.model), vision_language))
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps(probe["tokens"]))
+    done = subprocess.run(
+        [VLLM_PYTHON, str(HERE / "vllm_logprobs_check.py"), str(served), str(rows)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result = json.loads(
+        next(line[len(RESULT_PREFIX) :] for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX))
+    )
+    gap = (torch.tensor(result["log_probs"]) - torch.tensor(probe["log_probs"])).abs()
+    _record(
+        f"lora_vllm_{runs.model.split('/')[-1]}",
+        {
+            "vllm": version,
+            "architectures": result["architectures"],
+            "mean_abs": gap.mean().item(),
+            "max_abs": gap.max().item(),
+        },
+    )
+    # The rl jobs' probe bound for a LoRA policy (tests/gpu/test_rl_lora_gpu.py): bf16 weights on both sides, two
+    # kernel stacks.
+    assert gap.mean() < 0.05, (gap.mean().item(), gap.max().item())
