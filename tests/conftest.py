@@ -35,11 +35,14 @@ SHARED_FIXTURE_GROUPS = {
 }
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: one worker more than the cores this process may run on. Much of the suite waits rather than
     computes (a Slurm job for slurmctld's next time-limit check, a vLLM server or torchrun starting), and a worker
     that waits leaves its core idle; on the 2-core CI machine 2 workers kept the cores 73% busy. Measured there:
-    pytest 611 s with 2 workers, 528 s with 3."""
+    pytest 611 s with 2 workers, 528 s with 3. PYTEST_XDIST_AUTO_NUM_WORKERS and `-n logical` keep xdist's own
+    meaning (None hands the choice back to it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.option.numprocesses == "logical":
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores + 1
 

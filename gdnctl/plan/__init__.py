@@ -8,7 +8,6 @@ from gdnctl.plan.decisions import (
     DEFAULT_KERNEL_CACHE,
     Decision,
     cuda_device_max_connections,
-    environment,
     kernel_cache_env,
 )
 from gdnctl.plan.explain import Derived, derived_values, memory_table
@@ -27,7 +26,6 @@ __all__ = [
     "decisions",
     "derived_values",
     "engine_env",
-    "environment",
     "estimate_training",
     "kernel_cache_env",
     "memory",

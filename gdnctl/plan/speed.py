@@ -45,8 +45,9 @@ _WHAT = {
 CUTLASS_GROUPED_GEMM_MEASURED = (
     "the 35B-A3B proxy's step 0.679 -> 0.641 s on an H100 (5.6% faster, losses the same to bf16 rounding)"
 )
-# The variable gdnctl's launch scripts export when the option is on.
+# The variable gdnctl's launch scripts export for the option, and the multiple its GEMMs' K must be for CUTLASS.
 CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
+CUTLASS_K_MULTIPLE = 128
 # Steps run eagerly before the graphs are captured (megatron-core cuda_graph_warmup_steps): the first compiles and
 # autotunes the kernels, so the capture records warm ones.
 CUDA_GRAPH_WARMUP_STEPS = 1
@@ -149,6 +150,8 @@ def cutlass_grouped_gemm_blocker(preset: Preset, model: ModelArch, software: Map
     does. TE >= 2.8 reads NVTE_USE_CUTLASS_GROUPED_GEMM in nvte_multi_tensor_gemm
     (transformer_engine/common/gemm/cublaslt_gemm.cu) and uses CUTLASS only on SM90, for bf16/fp16 GEMMs without a
     fused bias or GELU whose K is one multiple of 128 across the group; every other grouped GEMM falls back to cuBLAS.
+    The forward GEMMs' K are the hidden size (fc1) and an expert's width on its expert-tensor-parallel rank (fc2);
+    the weight gradients' K is each expert's token count, which varies, so those may take cuBLAS either way.
     auto turns the option on exactly where this is None; validate warns of `on` elsewhere (TRN023)."""
     te = software.get("transformer_engine")
     gpu = GPUS[preset.cluster.gpu]
@@ -162,6 +165,13 @@ def cutlass_grouped_gemm_blocker(preset: Preset, model: ModelArch, software: Map
         return f"Transformer Engine {te} has no CUTLASS grouped GEMM (it came in {stack.TE_CUTLASS_GROUPED_GEMM})"
     if preset.train.precision == "fp8":
         return "fp8: Transformer Engine's CUTLASS grouped GEMM takes bf16 and fp16 GEMMs only"
+    ffn = (model.moe_ffn_hidden_size or 0) // preset.parallel.etp
+    if model.hidden_size % CUTLASS_K_MULTIPLE or ffn % CUTLASS_K_MULTIPLE:
+        return (
+            f"the experts' GEMMs reduce over hidden_size {model.hidden_size} and an expert's width {ffn} on each "
+            f"expert-tensor-parallel rank; Transformer Engine's CUTLASS path needs both multiples of "
+            f"{CUTLASS_K_MULTIPLE}"
+        )
     return None
 
 
@@ -174,12 +184,20 @@ def _auto_cutlass_grouped_gemm(preset: Preset, model: ModelArch, software: Mappi
     return Decision(True, _WHAT["cutlass_grouped_gemm"].format(measured=CUTLASS_GROUPED_GEMM_MEASURED))
 
 
-def speed_environment(speed: Mapping[str, Decision]) -> list[tuple[str, str, str]]:
+def speed_environment(speed: Mapping[str, Decision], grouped_gemm: bool) -> list[tuple[str, str, str]]:
     """(name, value, reason) of the variables the speed options set in the launch scripts' environment: Transformer
-    Engine reads its grouped-GEMM choice from the environment, not from a Megatron setting."""
-    if not speed["cutlass_grouped_gemm"].value:
-        return []
-    return [(CUTLASS_GROUPED_GEMM_ENV, "1", "speed.cutlass_grouped_gemm: the experts' grouped GEMMs through CUTLASS")]
+    Engine reads its grouped-GEMM choice from the environment, not from a Megatron setting. grouped_gemm: the model
+    has experts' grouped GEMMs (a MoE model on the Transformer Engine builder); there `off` exports 0, so that a
+    value inherited from the shell does not turn it on behind the preset's back."""
+    if speed["cutlass_grouped_gemm"].value:
+        return [
+            (CUTLASS_GROUPED_GEMM_ENV, "1", "speed.cutlass_grouped_gemm: the experts' grouped GEMMs through CUTLASS")
+        ]
+    if grouped_gemm:
+        return [
+            (CUTLASS_GROUPED_GEMM_ENV, "0", "speed.cutlass_grouped_gemm off: the experts' grouped GEMMs through cuBLAS")
+        ]
+    return []
 
 
 def cuda_graphs_blocker(preset: Preset, model: ModelArch, software: Mapping[str, str | None]) -> str | None:

@@ -40,6 +40,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs Transformer Engine"),
     pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="needs megatron-bridge"),
+    # One worker builds the module's runs (a source model and two trainings per model) and every test reads them.
+    pytest.mark.xdist_group("lora-sft"),
 ]
 MODELS = ["gdnctl/tiny-qwen3.5-bytes", "gdnctl/tiny-qwen3.5-moe-bytes"]
 STEPS, INTERVAL = 8, 4
@@ -271,9 +273,9 @@ def test_vllm_serving_the_merged_export_gives_the_trained_models_log_probs(runs,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    result = json.loads(
-        next(line[len(RESULT_PREFIX) :] for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX))
-    )
+    line = next((line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)), None)
+    assert line is not None, done.stdout[-4000:]
+    result = json.loads(line[len(RESULT_PREFIX) :])
     gap = (torch.tensor(result["log_probs"]) - torch.tensor(probe["log_probs"])).abs()
     _record(
         f"lora_vllm_{runs.model.split('/')[-1]}",

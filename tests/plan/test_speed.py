@@ -69,18 +69,27 @@ def test_cutlass_grouped_gemm_is_on_only_where_transformer_engine_takes_it_and_t
     assert proxy.speed["cutlass_grouped_gemm"].value is True
     assert ("NVTE_USE_CUTLASS_GROUPED_GEMM", "1") in [(name, value) for name, value, _ in proxy.environment]
     assert compile_engine_config(proxy).env["NVTE_USE_CUTLASS_GROUPED_GEMM"] == "1"
-    for overrides, why in [
-        (("cluster.gpu=a100",), "SM80: Transformer Engine's CUTLASS grouped GEMM runs on SM90 only"),
-        (("runtime.transformer_engine=2.7.0",), "Transformer Engine 2.7.0 has no CUTLASS grouped GEMM"),
-        (("runtime.transformer_engine=none",), "no grouped GEMM"),
-        (("train.precision=fp8",), "bf16 and fp16 GEMMs only"),
+    # Where the experts run grouped GEMMs but CUTLASS would not take them, the scripts export 0: a value inherited
+    # from the shell must not turn it on behind the preset's back.
+    for overrides, why, exported in [
+        (("cluster.gpu=a100",), "SM80: Transformer Engine's CUTLASS grouped GEMM runs on SM90 only", "0"),
+        (("runtime.transformer_engine=2.7.0",), "Transformer Engine 2.7.0 has no CUTLASS grouped GEMM", "0"),
+        (("train.precision=fp8",), "bf16 and fp16 GEMMs only", "0"),
+        (("speed.cutlass_grouped_gemm=off",), "set in the preset", "0"),
+        (("runtime.transformer_engine=none",), "no grouped GEMM", None),
     ]:
         run = _run("qwen3.5-35b-a3b-proxy-bench", *overrides)
         assert run.speed["cutlass_grouped_gemm"].value is False, overrides
         assert why in run.speed["cutlass_grouped_gemm"].reason, run.speed["cutlass_grouped_gemm"].reason
-        assert "NVTE_USE_CUTLASS_GROUPED_GEMM" not in {name for name, _, _ in run.environment}
-    dense = _run("tiny-qwen3.5-sft").speed["cutlass_grouped_gemm"]
-    assert dense.value is False and "dense" in dense.reason
+        assert {name: value for name, value, _ in run.environment}.get("NVTE_USE_CUTLASS_GROUPED_GEMM") == exported
+    dense = _run("tiny-qwen3.5-sft")
+    assert dense.speed["cutlass_grouped_gemm"].value is False and "dense" in dense.speed["cutlass_grouped_gemm"].reason
+    assert "NVTE_USE_CUTLASS_GROUPED_GEMM" not in {name for name, _, _ in dense.environment}
+    # The tiny MoE model's experts are 64 wide: CUTLASS needs each GEMM's K a multiple of 128.
+    tiny_moe = _run(
+        "tiny-qwen3.5-sft", "model.id=gdnctl/tiny-qwen3.5-moe-bytes", "runtime.transformer_engine=2.20.2"
+    ).speed["cutlass_grouped_gemm"]
+    assert tiny_moe.value is False and "multiples of 128" in tiny_moe.reason, tiny_moe.reason
 
 
 def test_a_dense_model_has_no_router_to_fuse():

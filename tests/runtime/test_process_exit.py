@@ -4,6 +4,7 @@ the ordinary way, after that thread."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,9 +15,17 @@ pytestmark = pytest.mark.slow  # each case starts a Python process
 
 
 def _run(body: str) -> subprocess.CompletedProcess:
+    """`body` in a fresh Python whose stdout and stderr are pipes, buffered as a job's are (PYTHONUNBUFFERED would
+    make Python's and the C library's streams write through and hide a lost buffer)."""
     script = "import atexit, sys, threading, time\nfrom gdnctl.runtime.launcher import exit_without_teardown\n"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     return subprocess.run(
-        [sys.executable, "-c", script + textwrap.dedent(body)], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", script + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
     )
 
 
@@ -53,3 +62,17 @@ def test_a_running_non_daemon_thread_is_waited_for_as_the_interpreter_would():
     )
     assert done.returncode == 0
     assert done.stdout.splitlines() == ["thread finished"]
+
+
+def test_what_native_code_printed_into_a_pipe_is_flushed_too():
+    done = _run(
+        """
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.printf(b"from C\\n")  # stdout is a pipe: the C library holds the line in its buffer
+        exit_without_teardown(0)
+        """
+    )
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == ["from C"]

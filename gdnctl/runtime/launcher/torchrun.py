@@ -59,7 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def one_node(argv: list[str] | None = None) -> bool:
+    """Whether this agent runs the whole job on its node (--standalone or --nnodes 1). Across nodes the agent that
+    hosts the rendezvous store stays for its ordinary exit: the other nodes' agents still talk to it at the end."""
+    from torch.distributed import run as torchrun
+
+    args = torchrun.parse_args(argv)
+    return bool(args.standalone) or str(args.nnodes) in ("1", "1:1")
+
+
 if __name__ == "__main__":
     from gdnctl.runtime.launcher.process_exit import exit_without_teardown
 
-    exit_without_teardown(main())
+    code = main()
+    if code == 0 and one_node():
+        exit_without_teardown(code)
+    sys.exit(code)
