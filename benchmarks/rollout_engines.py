@@ -141,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this placement's two arms (repeatable; default: both, where the GPUs allow)",
     )
     args = parser.parse_args(argv)
-    placements = tuple(args.placement or PLACEMENTS)
+    placements = tuple(dict.fromkeys(args.placement or PLACEMENTS))
     gpus = torch.cuda.device_count()
-    if not arms(gpus, placements):
+    runnable = {placement for placement, _, _ in arms(gpus, placements)}
+    if not runnable or (args.placement and runnable != set(placements)):
+        missing = ", ".join(placement for placement in placements if placement not in runnable)
         print(
-            f"rollout_engines: {gpus} GPU(s) run no arm of {', '.join(placements)}: the colocated arms need 2 GPUs, "
+            f"rollout_engines: {gpus} GPU(s) cannot run the {missing} arms: the colocated arms need 2 GPUs, "
             "the separate ones 3",
             file=sys.stderr,
         )
