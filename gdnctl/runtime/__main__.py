@@ -228,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         # Every rank says what stopped it: a problem one node alone has (its copy of the run dir, its GPU, its
         # checkpoint files) shows on that rank only. The other ranks name themselves; rank 0's line stays plain.
         rank = os.environ.get("RANK", "0")
-        print(f"gdnctl runtime{'' if rank == '0' else f' (rank {rank})'}: {error}", file=sys.stderr)
+        # One write with its newline: the ranks share the terminal or log, and print's separate write of the
+        # newline let another rank's line land in the middle of this one.
+        sys.stderr.write(f"gdnctl runtime{'' if rank == '0' else f' (rank {rank})'}: {error}\n")
+        sys.stderr.flush()
         return error.exit_code
 
 
