@@ -41,7 +41,7 @@ _WHAT = {
     "cutlass_grouped_gemm": "the experts' grouped GEMMs run as one CUTLASS kernel on Hopper instead of cuBLAS "
     "(Transformer Engine's NVTE_USE_CUTLASS_GROUPED_GEMM=1): {measured}",
 }
-# What CUTLASS's grouped GEMM measured on gdnctl's trainer (BENCHMARKS.md, "Trainer: speed options, each off alone").
+# What CUTLASS's grouped GEMM measured on gdnctl's trainer (BENCHMARKS.md, "CUTLASS grouped GEMM on and off").
 CUTLASS_GROUPED_GEMM_MEASURED = (
     "the 35B-A3B proxy's step 0.679 -> 0.641 s on an H100 (5.6% faster, losses the same to bf16 rounding)"
 )
