@@ -98,8 +98,7 @@ class Run:
     @cached_property
     def environment(self) -> list[tuple[str, str, str]]:
         """(name, value, reason) of every variable the launch scripts set before the user's own `launch.env`."""
-        grouped_gemm = self.model.is_moe and self.model_builder.value != "te-free"
-        return decide.environment(self.preset, self.gpu) + speed_environment(self.speed, grouped_gemm)
+        return decide.environment(self.preset, self.gpu) + speed_environment(self.speed, self.model, self.stack)
 
     @cached_property
     def rollout_weight_transport(self) -> decide.Decision:

@@ -184,11 +184,14 @@ def _auto_cutlass_grouped_gemm(preset: Preset, model: ModelArch, software: Mappi
     return Decision(True, _WHAT["cutlass_grouped_gemm"].format(measured=CUTLASS_GROUPED_GEMM_MEASURED))
 
 
-def speed_environment(speed: Mapping[str, Decision], grouped_gemm: bool) -> list[tuple[str, str, str]]:
+def speed_environment(
+    speed: Mapping[str, Decision], model: ModelArch, software: Mapping[str, str | None]
+) -> list[tuple[str, str, str]]:
     """(name, value, reason) of the variables the speed options set in the launch scripts' environment: Transformer
-    Engine reads its grouped-GEMM choice from the environment, not from a Megatron setting. grouped_gemm: the model
-    has experts' grouped GEMMs (a MoE model on the Transformer Engine builder); there `off` exports 0, so that a
-    value inherited from the shell does not turn it on behind the preset's back."""
+    Engine reads its grouped-GEMM choice from the environment, not from a Megatron setting. Where the model has
+    experts' grouped GEMMs (a MoE model on the Transformer Engine builder), `off` exports 0, so that a value
+    inherited from the shell does not turn it on behind the preset's back."""
+    grouped_gemm = model.is_moe and model_builder(dict(software)).value != "te-free"
     if speed["cutlass_grouped_gemm"].value:
         return [
             (CUTLASS_GROUPED_GEMM_ENV, "1", "speed.cutlass_grouped_gemm: the experts' grouped GEMMs through CUTLASS")
