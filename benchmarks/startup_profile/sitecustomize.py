@@ -1,0 +1,99 @@
+"""Where a launch's time to its first step goes, function by function: a sampling profile of rank 0's main thread
+from the process's start, for any launch and with nothing in it changed.
+
+Python imports `sitecustomize` at start-up from the first folder on its path that has one, so putting this folder
+first on PYTHONPATH loads it into every process a launch starts. In the process torchrun starts as rank 0 (RANK=0),
+a daemon thread reads the main thread's stack every INTERVAL_MS milliseconds (sys._current_frames) for SECONDS
+seconds, then writes OUT_DIR/TAG.startup-profile.txt:
+
+    GDNCTL_STARTUP_PROFILE=OUT_DIR:TAG[:SECONDS[:INTERVAL_MS]] PYTHONPATH=benchmarks/startup_profile:$PYTHONPATH \\
+        gdnctl launch ...
+
+Three tables, in seconds (each sample weighs the time since the one before): the module imports that took
+longest (cumulative: a module's own `<module>` code with everything it imported), the functions that took longest
+(cumulative: anything under them), and the functions the thread was inside at each sample (self: where the time
+was spent, C calls counted to the Python function that made them). Pick
+SECONDS a little past the end of step 1 (startup.json says when). Sampling costs the traced thread a few per cent;
+time a launch without it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+
+SPEC = os.environ.get("GDNCTL_STARTUP_PROFILE")
+TOP = 40
+
+
+def _where(code) -> str:
+    return f"{code.co_filename}:{code.co_firstlineno} {code.co_name}"
+
+
+def _module_name(filename: str) -> str:
+    """site-packages/megatron/core/__init__.py -> megatron.core (the path from the last site-packages or repo)."""
+    for root in sorted(sys.path, key=len, reverse=True):
+        if root and filename.startswith(root.rstrip("/") + "/"):
+            parts = filename[len(root.rstrip("/")) + 1 :].removesuffix(".py").split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            return ".".join(parts)
+    return filename
+
+
+def _sample(main_id: int, seconds: float, interval: float, out_path: str) -> None:
+    cumulative: collections.Counter = collections.Counter()
+    own: collections.Counter = collections.Counter()
+    imports: collections.Counter = collections.Counter()
+    samples, traced = 0, 0.0
+    last = time.monotonic()
+    end = last + seconds
+    while last < end:
+        time.sleep(interval)
+        frame = sys._current_frames().get(main_id)
+        if frame is None:
+            break
+        # Each sample stands for the time since the previous one: the thread waits for the GIL, so a busy main
+        # thread stretches the interval.
+        now = time.monotonic()
+        weight, last = now - last, now
+        samples += 1
+        traced += weight
+        own[_where(frame.f_code)] += weight
+        seen: set = set()
+        while frame is not None:
+            code = frame.f_code
+            if code not in seen:  # recursion counts a function once per sample
+                seen.add(code)
+                cumulative[_where(code)] += weight
+                if code.co_name == "<module>":
+                    imports[_module_name(code.co_filename)] += weight
+            frame = frame.f_back
+    lines = [f"{samples} samples of the main thread over {traced:.1f} s (every {interval * 1000:.0f} ms or more)"]
+    for title, counter in (
+        ("module imports, cumulative", imports),
+        ("functions, cumulative", cumulative),
+        ("functions, self", own),
+    ):
+        lines += ["", f"## {title} (s)"]
+        lines += [f"{spent:8.2f}  {name}" for name, spent in counter.most_common(TOP)]
+    with open(out_path, "w") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+# The processes rank 0 starts (compile workers) inherit its environment: the marker keeps the profile to rank 0 itself.
+if SPEC and os.environ.get("RANK") == "0" and not os.environ.get("GDNCTL_STARTUP_PROFILE_TAKEN"):
+    os.environ["GDNCTL_STARTUP_PROFILE_TAKEN"] = "1"
+    out_dir, tag, *rest = SPEC.split(":")
+    seconds = float(rest[0]) if rest else 60.0
+    interval = float(rest[1]) / 1000 if len(rest) > 1 else 0.005
+    os.makedirs(out_dir, exist_ok=True)
+    threading.Thread(
+        target=_sample,
+        args=(threading.main_thread().ident, seconds, interval, os.path.join(out_dir, f"{tag}.startup-profile.txt")),
+        daemon=True,
+        name="startup-profile",
+    ).start()
