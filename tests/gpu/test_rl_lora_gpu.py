@@ -109,6 +109,9 @@ def _launch(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
     return done
 
 
+PROBE_GAP = 0.08  # nats/token, what the job's checked syncs must stay within here (see _lora_run)
+
+
 def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str, lr: str = "1e-3") -> tuple[Path, Path, list[dict]]:
     from tests.gpu.test_rl_vllm_gpu import metrics
     from tests.runtime.rl.tiny_model import random_checkpoint
@@ -132,7 +135,10 @@ def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str, lr: str = "1e-3
     assert [s["step"] for s in steps_seen] == list(range(1, steps + 1))
     # The job checks every sync itself (checksums per rollout parameter, the probe) and stops on a mismatch.
     assert all(s["synced_parameters"] > 0 for s in steps_seen)
-    assert all(s["probe_logprob_abs_diff"] < 0.05 for s in steps_seen), [
+    # Transformer Engine's trainer against vLLM on this base (init std 0.2, large logits) scores the probe 0.037-0.069
+    # nats/token apart over 20 steps on an H100, 0.048 before any adapter moved; an engine left on other weights is
+    # 0.18-0.4 away (runtime/rl/weight_sync.py). The job's own bound is rollout.probe_tolerance (0.1).
+    assert all(s["probe_logprob_abs_diff"] < PROBE_GAP for s in steps_seen), [
         s["probe_logprob_abs_diff"] for s in steps_seen
     ]
     assert all(s["kl"] is not None for s in steps_seen)

@@ -1,10 +1,17 @@
-"""Python's garbage collector between training steps instead of inside them.
+"""Python's garbage collector between training steps instead of inside them, and not at all while the trainer
+sets up.
 
 A full collection walks every tracked object: in a trainer that holds a built model, Megatron's buffers and
 thousands of autograd nodes it takes tens of milliseconds, and CPython starts one whenever allocations cross its
 thresholds, so it lands in a random step and stalls the host thread that launches the GPU's work. Megatron-LM's
 `--manual-gc` does the same as this (megatron/training/training.py: `gc.disable()`, `gc.collect()` every
 `manual_gc_interval` steps).
+
+Set-up (Megatron-Core's, Transformer Engine's and megatron-bridge's imports, the model build) creates hundreds of
+thousands of objects that live for the whole job and almost no garbage, yet each 700 new objects start a young
+collection and a growing heap starts full ones that walk everything built so far again: work that frees nothing.
+The trainer turns automatic collection off for its set-up; the first step's collection (or Python's own, where
+steps collect as usual) finds whatever set-up left.
 """
 
 from __future__ import annotations
@@ -27,6 +34,18 @@ class StepCollector:
     def collect(self) -> None:
         if self.interval:
             gc.collect()
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Automatic collection off inside, and back as it was afterwards, whatever happened inside."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from gdnctl.runtime.checks import FirstMinuteWatch
 from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
 from gdnctl.runtime.model import checkpoint, lora_checkpoint
 from gdnctl.runtime.train.cuda_graphs import LayerGraphs
-from gdnctl.runtime.train.gc_policy import collector_between_steps
+from gdnctl.runtime.train.gc_policy import collector_between_steps, no_collection
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog, eta_text, mfu
 from gdnctl.runtime.train.nonfinite import NonFiniteGuard, StepVerdict, describe_documents, diverged_step
@@ -778,8 +778,9 @@ def _shown(value: object) -> object:
 def run(config: EngineConfig, config_path: Path, policy) -> int:
     trainer = Trainer(config, config_path, policy)
     try:
-        trainer.setup()
-        trainer.warm_up_kernel()
+        with no_collection():  # set-up makes objects that live for the whole job (runtime/train/gc_policy.py)
+            trainer.setup()
+            trainer.warm_up_kernel()
         trainer.train()
     finally:
         trainer.close()

@@ -1,5 +1,5 @@
 """Python's collector between training steps (runtime/train/gc_policy.py): off inside a step, run every interval
-and on demand, and put back as it was afterwards, also when the job fails."""
+and on demand, and put back as it was afterwards, also when the job fails; none at all while the trainer sets up."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from gdnctl.runtime.train.gc_policy import collector_between_steps
+from gdnctl.runtime.train.gc_policy import collector_between_steps, no_collection
 
 
 @pytest.fixture
@@ -55,3 +55,21 @@ def test_a_failing_job_still_gets_its_collector_back():
     with pytest.raises(RuntimeError), collector_between_steps(10):
         raise RuntimeError("step failed")
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_set_up_starts_no_collection_and_gives_it_back(collections):
+    with no_collection():
+        collections.clear()
+        kept = []
+        for _ in range(50_000):  # far past the young generation's 700: a collection would have started
+            cycle: list = []
+            cycle.append(cycle)
+            kept.append(cycle)
+        assert collections == []
+    assert gc.isenabled()
+
+
+def test_set_up_that_fails_still_gives_collection_back():
+    with pytest.raises(RuntimeError), no_collection():
+        raise RuntimeError("model build failed")
+    assert gc.isenabled()
