@@ -10,8 +10,8 @@ thresholds, so it lands in a random step and stalls the host thread that launche
 Set-up (Megatron-Core's, Transformer Engine's and megatron-bridge's imports, the model build) creates hundreds of
 thousands of objects that live for the whole job and almost no garbage, yet each 700 new objects start a young
 collection and a growing heap starts full ones that walk everything built so far again: work that frees nothing.
-The trainer turns automatic collection off for its set-up; the first step's collection (or Python's own, where
-steps collect as usual) finds whatever set-up left.
+The trainer turns automatic collection off from its set-up until its steps start; the collection before the
+first step (or Python's own, where steps collect as usual) finds whatever set-up left.
 """
 
 from __future__ import annotations
@@ -51,19 +51,23 @@ def no_collection() -> Iterator[None]:
 @contextlib.contextmanager
 def collector_between_steps(interval: int) -> Iterator[StepCollector]:
     """While training: automatic collection off and the objects built so far frozen out of every later
-    collection (the model and its buffers live for the whole job), when `interval` > 0. The collector's state
-    is put back afterwards, whatever happened inside."""
+    collection (the model and its buffers live for the whole job), when `interval` > 0; with 0, Python collects
+    as usual (also where set-up had turned it off). The collector's state is put back afterwards, whatever
+    happened inside."""
     collector = StepCollector(interval)
-    if not interval:
-        yield collector
-        return
     was_enabled = gc.isenabled()
-    gc.collect()
-    gc.freeze()
-    gc.disable()
+    if interval:
+        gc.collect()  # what set-up left, once
+        gc.freeze()
+        gc.disable()
+    else:
+        gc.enable()
     try:
         yield collector
     finally:
-        gc.unfreeze()
+        if interval:
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
+        else:
+            gc.disable()

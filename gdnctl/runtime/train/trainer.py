@@ -778,10 +778,12 @@ def _shown(value: object) -> object:
 def run(config: EngineConfig, config_path: Path, policy) -> int:
     trainer = Trainer(config, config_path, policy)
     try:
-        with no_collection():  # set-up makes objects that live for the whole job (runtime/train/gc_policy.py)
+        # Set-up makes objects that live for the whole job; the steps' collector takes over collection from it
+        # (runtime/train/gc_policy.py).
+        with no_collection():
             trainer.setup()
             trainer.warm_up_kernel()
-        trainer.train()
+            trainer.train()
     finally:
         trainer.close()
     return 0

@@ -51,6 +51,24 @@ def test_interval_zero_leaves_python_as_it_is(collections):
         assert collections == []
 
 
+def test_interval_zero_collects_as_usual_in_the_steps_after_a_set_up_without_collection():
+    with no_collection():
+        with collector_between_steps(0):
+            assert gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_after_a_set_up_without_collection_the_steps_collect_once_before_they_start(collections):
+    with no_collection():
+        collections.clear()
+        with collector_between_steps(10):
+            assert collections == [2]  # one full collection: what set-up left
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 def test_a_failing_job_still_gets_its_collector_back():
     with pytest.raises(RuntimeError), collector_between_steps(10):
         raise RuntimeError("step failed")
