@@ -12,8 +12,11 @@ seconds, then writes OUT_DIR/TAG.startup-profile.txt:
 Three tables, in seconds (each sample weighs the time since the one before): the module imports that took
 longest (cumulative: a module's own `<module>` code with everything it imported), the functions that took longest
 (cumulative: anything under them), and the functions the thread was inside at each sample (self: where the time
-was spent, C calls counted to the Python function that made them). Pick
-SECONDS a little past the end of step 1 (startup.json says when). Sampling costs the traced thread a few per cent;
+was spent, C calls counted to the Python function that made them). The
+sampler needs the GIL to look: work in C that holds it (compiling a module's source, a garbage collection, a
+module body's C calls) is charged to the frame the main thread is in when it next lets go, often a file read in
+the import system or a Python callback that runs after it; the cumulative tables are sound. Pick SECONDS a
+little past the end of step 1 (startup.json says when). Sampling costs the traced thread a few per cent;
 time a launch without it.
 """
 
