@@ -113,7 +113,7 @@ def collective_timeout(config: EngineConfig) -> timedelta | None:
 
 def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int:
     """smoke: run the job's smoke run (runtime/smoke) instead of the job."""
-    from gdnctl.runtime.unused_imports import keep_unused_imports_out
+    from gdnctl.runtime.launcher import keep_unused_imports_out
 
     keep_unused_imports_out()  # before anything imports Transformer Engine
     import torch

@@ -1,5 +1,6 @@
 """The trainer process keeps Transformer Engine's JAX bindings (and with them JAX) out of its imports
-(runtime/unused_imports.py). Transformer Engine itself needs CUDA, so a package with its import guard stands in."""
+(runtime/launcher/unused_imports.py). Transformer Engine itself needs CUDA, so a package with its import guard
+stands in."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _import_the_package(tmp_path, block: bool) -> str:
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
         if {block}:
-            from gdnctl.runtime.unused_imports import keep_unused_imports_out
+            from gdnctl.runtime.launcher.unused_imports import keep_unused_imports_out
             keep_unused_imports_out()
         import transformer_engine
         print("package imported")
