@@ -1,4 +1,5 @@
-"""The start-up line (runtime/train/startup.py): this process's age read from /proc, phases in order, the file."""
+"""The start-up line (runtime/train/startup.py): this process's age read from /proc, phases in order, the file,
+and what torch.compile took of it."""
 
 from __future__ import annotations
 
@@ -53,3 +54,29 @@ def test_the_cuda_graph_capture_joins_the_file_after_step_1(tmp_path):
     assert written["cuda_graph_capture_s"] == 1.23
     assert written["total_with_capture_s"] == round(written["total_s"] + 1.23, 2)
     assert line.startswith("start-up: CUDA graphs captured in 1.2 s before the first graphed step; ")
+
+
+def test_what_torch_compile_compiled_before_step_1_joins_the_line_and_the_file(tmp_path):
+    import torch
+
+    clock = StartupClock()
+
+    @torch.compile(backend="eager")  # Dynamo's tracing alone: what a warm inductor cache leaves of a compile
+    def gate(x):
+        return torch.sigmoid(x) * x
+
+    gate(torch.ones(4))
+    clock.mark("step 1")
+    line = clock.report(tmp_path, write=True)
+    seconds, graphs = clock.compiled
+    assert graphs == 1 and seconds > 0
+    assert line.endswith(f" (torch.compile {seconds:.1f} s of it, 1 graph)")
+    written = json.loads((tmp_path / STARTUP_FILE).read_text())
+    assert written["torch_compile_s"] == seconds and written["torch_compile_graphs"] == 1
+
+
+def test_nothing_compiled_since_the_clock_started_says_nothing_of_torch_compile(tmp_path):
+    clock = StartupClock()
+    clock.mark("step 1")
+    assert "torch.compile" not in clock.report(tmp_path, write=True)
+    assert "torch_compile_s" not in json.loads((tmp_path / STARTUP_FILE).read_text())
