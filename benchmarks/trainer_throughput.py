@@ -29,8 +29,9 @@ allocated it (torch's allocator history). `speed-options` runs the proxy with th
 them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
 arm's peak memory beside explain's estimate.
 `lora` fine-tunes the proxy fully and saves its last step (an HF checkpoint with random weights), then trains LoRA
-adapters (megatron-bridge's PEFT, the default targets) on that checkpoint as model.path: step time, real tokens/s
-and peak memory of each, beside explain's estimate for each.
+adapters (megatron-bridge's PEFT, the default targets) on that checkpoint as model.path, with an adapter per routed
+expert and then with one shared by them: step time, real tokens/s and peak memory of each, beside explain's
+estimate for each.
 `builders` runs the proxy once per model builder (TE-free, then megatron-bridge with Transformer Engine), FLA both
 times, and sets the peak memory beside `gdnctl explain`'s estimate. `kernels` runs one real `gdnctl launch` per GDN
 backend on one GPU; the figure is the median over the steps
@@ -300,11 +301,17 @@ def lora(args, work: Path) -> dict:
         *args.set,
     ]
     results: dict = {}
-    for arm, sets in (("full", full_sets), ("lora", lora_sets)):
+    arms = (
+        ("full", full_sets),
+        ("lora", lora_sets),  # the routed experts with an adapter each (train.lora.expert_adapters' default)
+        ("lora_shared_experts", [*lora_sets, "train.lora.expert_adapters=shared"]),
+    )
+    for arm, sets in arms:
         steps = launch(work / arm, sets)
         results[arm] = {**summarise(steps, work / arm), "explain_estimate_gib": explain_memory(sets)}
-    results["lora_step_time_ratio"] = results["lora"]["step_s"] / results["full"]["step_s"]
-    results["lora_peak_memory_ratio"] = results["lora"]["peak_memory_gib"] / results["full"]["peak_memory_gib"]
+    for arm, _ in arms[1:]:
+        results[f"{arm}_step_time_ratio"] = results[arm]["step_s"] / results["full"]["step_s"]
+        results[f"{arm}_peak_memory_ratio"] = results[arm]["peak_memory_gib"] / results["full"]["peak_memory_gib"]
     return results
 
 

@@ -25,6 +25,10 @@ megatron-core 0.19.2 (NVIDIA/Megatron-LM, megatron/core/):
   outside `.shared_experts.` is an expert linear; one outside `.local_experts.` is a grouped (TE grouped-GEMM) one.
 - `peft/utils.py` ParallelLinearAdapter.forward (line 1246) and GroupedExpertLinearAdapter (lines 2304, 2313): the
   adapter's output is scaled by alpha / dim, as `peft`'s LoRA scales by lora_alpha / r.
+- `peft/utils.py` lines 1267-1322: a shared adapter on a grouped expert linear (share_expert_adapters True) is
+  broadcast from EP rank 0 when built and its gradients are all-reduced over the EP group (from v0.6.0, PR #5396;
+  TRN024), and `models/conversion/peft_bridge.py` `_select_expert_adapter_weight` (lines 529-546) exports a 2-D
+  (shared) adapter as every expert's, so the Hugging Face adapter holds it once per expert.
 - `peft/lora_layers.py` line 20: `import transformer_engine.pytorch as te` at module level, so megatron-bridge's
   LoRA cannot be imported where Transformer Engine is not installed.
 - `recipes/qwen_vl/h100/qwen35_vl.py` (every qwen35_vl_*_peft_* config, e.g. lines 1263-1272):
@@ -135,10 +139,11 @@ TARGETS: dict[str, LoraTarget] = {
             "mlp",
             "shared_expert",
         ),
-        # One adapter per expert: gdnctl asks megatron-bridge for LoRA(share_expert_adapters=False) (TRN018).
+        # One adapter per expert (train.lora.expert_adapters: per_expert, LoRA(share_expert_adapters=False), TRN018)
+        # or one for all of a layer's experts (shared, megatron-bridge's own default).
         LoraTarget(
             "experts",
-            "every routed expert's gate-and-up and down projections, one adapter per expert",
+            "every routed expert's gate-and-up and down projections",
             ("*.mlp.experts.linear_fc1", "*.mlp.experts.linear_fc2"),
             (),
             ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
@@ -191,13 +196,15 @@ def wildcard_match(pattern: str, name: str) -> bool:
     return re.match("^" + pattern.replace("*", "(.*)") + "$", name) is not None
 
 
-def linear_shapes(model: ModelArch, name: str) -> tuple[tuple[int, int, int], ...]:
-    """(in features, out features, copies per layer) of each linear a target wraps in one layer of its kind, as
-    megatron-bridge sizes the adapter: the whole (unsharded) linear, get_adapter_attributes_from_linear."""
+def linear_shapes(model: ModelArch, name: str, shared_experts: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """(in features, out features, adapters per layer) of each linear a target wraps in one layer of its kind, as
+    megatron-bridge sizes the adapter: the whole (unsharded) linear, get_adapter_attributes_from_linear. The routed
+    experts' linears have one adapter per expert, or one for them all with `shared_experts`."""
     m, h = model, model.hidden_size
     key_width = m.linear_num_key_heads * m.linear_key_head_dim
     value_width = m.linear_num_value_heads * m.linear_value_head_dim
     q_width = m.num_attention_heads * m.head_dim
+    experts = 1 if shared_experts else (m.num_experts or 0)
     shapes = {
         "attention_qkv": ((h, 2 * q_width + 2 * m.num_key_value_heads * m.head_dim, 1),),
         "attention_out": ((q_width, h, 1),),
@@ -209,17 +216,19 @@ def linear_shapes(model: ModelArch, name: str) -> tuple[tuple[int, int, int], ..
             (m.shared_expert_ffn_hidden_size or 0, h, 1),
         ),
         "experts": (
-            (h, 2 * (m.moe_ffn_hidden_size or 0), m.num_experts or 0),
-            (m.moe_ffn_hidden_size or 0, h, m.num_experts or 0),
+            (h, 2 * (m.moe_ffn_hidden_size or 0), experts),
+            (m.moe_ffn_hidden_size or 0, h, experts),
         ),
     }
     return shapes[name]
 
 
-def adapter_params_per_layer(model: ModelArch, name: str, rank: int) -> int:
+def adapter_params_per_layer(model: ModelArch, name: str, rank: int, shared_experts: bool = False) -> int:
     """Adapter parameters a target adds to one layer of its kind: rank x (in + out) per wrapped linear (lora_A is
-    rank x in, lora_B out x rank), times the experts for the routed experts' linears."""
-    return sum(rank * (fan_in + fan_out) * copies for fan_in, fan_out, copies in linear_shapes(model, name))
+    rank x in, lora_B out x rank), times the experts for the routed experts' linears unless they share one."""
+    return sum(
+        rank * (fan_in + fan_out) * copies for fan_in, fan_out, copies in linear_shapes(model, name, shared_experts)
+    )
 
 
 def layers_of(model: ModelArch, layers: Layers) -> int:
@@ -227,10 +236,10 @@ def layers_of(model: ModelArch, layers: Layers) -> int:
     return {"attention": model.num_full_attention_layers, "gdn": model.num_gdn_layers, "mlp": model.num_layers}[layers]
 
 
-def adapter_params(model: ModelArch, names: tuple[str, ...], rank: int) -> int:
+def adapter_params(model: ModelArch, names: tuple[str, ...], rank: int, shared_experts: bool = False) -> int:
     """Adapter parameters of the whole model (the MTP layer is not trained, TRN004) for these targets."""
     return sum(
-        adapter_params_per_layer(model, name, rank) * layers_of(model, TARGETS[name].layers)
+        adapter_params_per_layer(model, name, rank, shared_experts) * layers_of(model, TARGETS[name].layers)
         for name in names
         if has_target(model, name)
     )

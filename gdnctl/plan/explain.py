@@ -127,14 +127,16 @@ def derived_values(run: Run) -> list[Derived]:
 def _lora(run: Run) -> list[Derived]:
     spec, targets = run.preset.train.lora, run.lora_targets
     assert spec is not None
-    adapters = memory.count_lora_params(run.model, targets.value, spec.rank)
+    shared = spec.expert_adapters == "shared"
+    adapters = memory.count_lora_params(run.model, targets.value, spec.rank, shared)
     base = memory.count_params(run.model).total(run.model, with_mtp=False)
+    experts = "one shared by each layer's routed experts" if shared else "each routed expert its own"
     return [
         Derived("lora.targets", list(targets.value), targets.reason),
         Derived(
             "lora.adapter_params",
             f"{adapters.total:,}",
-            f"rank {spec.rank} x (in + out features) of every wrapped linear, each routed expert its own "
+            f"rank {spec.rank} x (in + out features) of every wrapped linear, {experts} "
             f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
             f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}",
         ),

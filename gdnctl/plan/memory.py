@@ -66,21 +66,23 @@ class ParamCounts:
 @dataclass(frozen=True)
 class LoraCount:
     """Adapter parameters of the whole model: dense (attention, GDN, dense MLP, shared expert) and routed-expert
-    adapters, the latter one per expert (knowledge/lora.py)."""
+    adapters, one per expert or, `shared`, one for all of a layer's experts (knowledge/lora.py)."""
 
     dense: int
     experts: int
+    shared: bool = False
 
     @property
     def total(self) -> int:
         return self.dense + self.experts
 
 
-def count_lora_params(m: ModelArch, targets: tuple[str, ...], rank: int) -> LoraCount:
+def count_lora_params(m: ModelArch, targets: tuple[str, ...], rank: int, shared_experts: bool = False) -> LoraCount:
     experts = tuple(name for name in targets if name == "experts")
     return LoraCount(
         dense=lora.adapter_params(m, tuple(name for name in targets if name != "experts"), rank),
-        experts=lora.adapter_params(m, experts, rank),
+        experts=lora.adapter_params(m, experts, rank, shared_experts),
+        shared=shared_experts,
     )
 
 
@@ -230,12 +232,13 @@ def _estimate_training(run) -> MemoryEstimate:
 
     dp = run.dp or 1
     # What trains: every parameter, or (LoRA) the adapters alone, split like the linears they wrap: dense ones over
-    # tp and the pipeline stages, the experts' over ep x etp and the stages. The base stays as `params`, frozen.
+    # tp and the pipeline stages, the experts' over ep x etp and the stages (a shared experts' adapter is whole on
+    # every EP rank, split over etp). The base stays as `params`, frozen.
     dense_trained, expert_trained = dense_per_gpu, expert_per_gpu
     if t.lora:
-        adapters = count_lora_params(m, run.lora_targets.value, t.lora.rank)
+        adapters = count_lora_params(m, run.lora_targets.value, t.lora.rank, t.lora.expert_adapters == "shared")
         dense_trained = adapters.dense / (p.tp * p.pp)
-        expert_trained = adapters.experts / (p.ep * p.etp * p.pp)
+        expert_trained = adapters.experts / ((1 if adapters.shared else p.ep) * p.etp * p.pp)
     trainable = dense_trained + expert_trained
     dense_shard = dp * p.cp if t.distributed_optimizer else 1
     expert_shard = max(1, run.world_size.value // (p.ep * p.etp * p.pp)) if t.distributed_optimizer else 1

@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 14  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 15  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
-# 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm
+# 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm;
+# 15: train.lora.share_expert_adapters
 
 
 class _Frozen(BaseModel):
@@ -49,6 +50,8 @@ class EngineLora(_Frozen):
     # The readable targets (knowledge/lora.py TARGETS) and the megatron-bridge LoRA target_modules they become.
     targets: list[str]
     target_modules: list[str]
+    # megatron-bridge's LoRA(share_expert_adapters=...): one adapter for all of a layer's routed experts, or one each.
+    share_expert_adapters: bool = False
 
 
 class EngineTrain(_Frozen):

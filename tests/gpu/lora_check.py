@@ -125,7 +125,9 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
     ]
 
 
-def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interval: int) -> None:
+def train(
+    out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interval: int, expert_adapters: str = "per_expert"
+) -> None:
     from safetensors.torch import load_file
 
     from gdnctl.runtime.model import checkpoint, lora_checkpoint
@@ -141,7 +143,8 @@ def train(out_dir: Path, model_id: str, save_dir: Path, steps: int, save_interva
             f"train.train_iters={steps}",
             f"train.save_dir={save_dir}",
             f"train.save_interval={save_interval}",
-            f"train.lora={{rank: {RANK}, alpha: {ALPHA}, targets: [{', '.join(every_target(model_id))}]}}",
+            f"train.lora={{rank: {RANK}, alpha: {ALPHA}, targets: [{', '.join(every_target(model_id))}], "
+            f"expert_adapters: {expert_adapters}}}",
         ],
     )
     config = _engine_config(run_dir, sets)
@@ -212,8 +215,8 @@ def main(phase: str, out_dir: str, model_id: str, *rest: str) -> None:
     if phase == "source":
         source(Path(out_dir), model_id)
     else:
-        save_dir, steps, save_interval = rest
-        train(Path(out_dir), model_id, Path(save_dir), int(steps), int(save_interval))
+        save_dir, steps, save_interval, *expert_adapters = rest
+        train(Path(out_dir), model_id, Path(save_dir), int(steps), int(save_interval), *expert_adapters)
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
 """LoRA sft through megatron-bridge's PEFT (runtime/model/lora_wrap.py, lora_checkpoint.py), on the tiny Qwen3.5 dense
-and MoE models with random weights made here (tests/gpu/lora_check.py builds the base, then runs gdnctl's Trainer
+and MoE models with random weights made here, the MoE model once with an adapter per routed expert and once with
+one shared by them (train.lora.expert_adapters; tests/gpu/lora_check.py builds the base, then runs gdnctl's Trainer
 in its own process):
 
 - the loss falls over a few steps;
@@ -8,7 +9,8 @@ in its own process):
 - a checkpoint holds the adapters alone (the `peft` layout and each rank's tensors), the last one also the merged
   model as a full HF checkpoint;
 - the saved adapter loads with `peft` onto transformers' model of the base and gives the merged export's logits;
-- the merged export is base + (alpha / rank)·B·A, tensor by tensor, the routed experts' per expert;
+- the merged export is base + (alpha / rank)·B·A, tensor by tensor, the routed experts' per expert, and the saved
+  expert adapters are alike for every expert exactly where they are shared;
 - a run resumed from the middle checkpoint starts with exactly the adapters and optimizer state it holds, and
   continues the uninterrupted run's loss curve;
 - vLLM serving the merged export scores fixed token rows as the trained model (base + adapters) does, to bf16
@@ -43,7 +45,12 @@ pytestmark = [
     # One worker builds the module's runs (a source model and two trainings per model) and every test reads them.
     pytest.mark.xdist_group("lora-sft"),
 ]
-MODELS = ["gdnctl/tiny-qwen3.5-bytes", "gdnctl/tiny-qwen3.5-moe-bytes"]
+# (model, train.lora.expert_adapters): the dense model, and the MoE model with one adapter per expert and shared.
+MODELS = [
+    ("gdnctl/tiny-qwen3.5-bytes", "per_expert"),
+    ("gdnctl/tiny-qwen3.5-moe-bytes", "per_expert"),
+    ("gdnctl/tiny-qwen3.5-moe-bytes", "shared"),
+]
 STEPS, INTERVAL = 8, 4
 NEEDS_PEFT = pytest.mark.skipif(
     importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
@@ -70,8 +77,14 @@ def _check(*args: object, timeout: float = 1500) -> dict:
 class Runs:
     out: Path
     model: str
+    expert_adapters: str
     whole: dict  # 8 steps, checkpoints at 4 and 8
     resumed: dict  # the step-4 checkpoint alone, resumed to 8
+
+    @property
+    def tag(self) -> str:
+        """The model's name, and whether its expert adapters are shared: the name of its logs."""
+        return self.model.split("/")[-1] + ("-shared" if self.expert_adapters == "shared" else "")
 
     @property
     def source(self) -> Path:
@@ -81,19 +94,20 @@ class Runs:
         return self.out / save_dir / f"iter_{step:07d}"
 
 
-@pytest.fixture(scope="module", params=MODELS, ids=["dense", "moe"])
+@pytest.fixture(scope="module", params=MODELS, ids=["dense", "moe", "moe-shared"])
 def runs(request, tmp_path_factory) -> Runs:
-    model = request.param
-    out = tmp_path_factory.mktemp(model.split("/")[-1])
+    model, expert_adapters = request.param
+    tag = Runs(Path(), model, expert_adapters, {}, {}).tag
+    out = tmp_path_factory.mktemp(tag)
     data_file(out / "progressions.jsonl")
     _check("source", out, model)
-    whole = _check("train", out, model, out / "whole-ckpt", STEPS, INTERVAL)
+    whole = _check("train", out, model, out / "whole-ckpt", STEPS, INTERVAL, expert_adapters)
     partial = out / "partial-ckpt"
     shutil.copytree(out / "whole-ckpt" / f"iter_{INTERVAL:07d}", partial / f"iter_{INTERVAL:07d}")
     (partial / "latest").write_text(f"iter_{INTERVAL:07d}\n")
-    resumed = _check("train", out, model, partial, STEPS, INTERVAL)
-    _record(f"lora_{model.split('/')[-1]}", {"whole": whole, "resumed": resumed})
-    return Runs(out, model, whole, resumed)
+    resumed = _check("train", out, model, partial, STEPS, INTERVAL, expert_adapters)
+    _record(f"lora_{tag}", {"whole": whole, "resumed": resumed})
+    return Runs(out, model, expert_adapters, whole, resumed)
 
 
 def test_the_loss_falls(runs):
@@ -156,9 +170,7 @@ def test_the_saved_adapter_loads_with_peft_and_gives_the_merged_models_logits(ru
         merged_logits = _hf_model(last, "cuda")(tokens).logits
     moved = (adapted_logits - base_logits).norm()
     gap = (adapted_logits - merged_logits).norm()
-    _record(
-        f"lora_peft_{runs.model.split('/')[-1]}", {"adapter_moved_logits": moved.item(), "peft_vs_merged": gap.item()}
-    )
+    _record(f"lora_peft_{runs.tag}", {"adapter_moved_logits": moved.item(), "peft_vs_merged": gap.item()})
     assert moved > 0  # the trained adapter changes the model
     # The merged export is bf16 (and its GDN norms pass the bridge's w - 1 mapping: hf_roundtrip_check.py);
     # peft adds the adapter to fp32 base weights: they differ by roundings, far less than the adapter moves them.
@@ -222,9 +234,15 @@ def test_the_merged_export_is_base_plus_alpha_over_rank_b_a(runs):
             assert (got - base).abs().max() <= 2**-7 * max(1.0, base.abs().max().item()), name
         else:
             assert torch.equal(got, base), name
-    _record(f"lora_merge_{runs.model.split('/')[-1]}", {"relative_error_per_adapted_tensor": report})
+    _record(f"lora_merge_{runs.tag}", {"relative_error_per_adapted_tensor": report})
     if "moe" in runs.model:
-        assert any(".experts." in name for name in adapters)
+        routed = [name for name in adapters if ".experts." in name]
+        assert routed
+        for name in routed:
+            a, b = adapters[name]
+            alike = all(torch.equal(a[e], a[0]) and torch.equal(b[e], b[0]) for e in range(1, a.shape[0]))
+            # shared: one adapter for every expert, saved once per expert; per_expert: each trained its own.
+            assert alike == (runs.expert_adapters == "shared"), name
 
 
 def test_a_resume_starts_from_the_checkpoints_adapters_and_optimizer_state(runs):
@@ -278,7 +296,7 @@ def test_vllm_serving_the_merged_export_gives_the_trained_models_log_probs(runs,
     result = json.loads(line[len(RESULT_PREFIX) :])
     gap = (torch.tensor(result["log_probs"]) - torch.tensor(probe["log_probs"])).abs()
     _record(
-        f"lora_vllm_{runs.model.split('/')[-1]}",
+        f"lora_vllm_{runs.tag}",
         {
             "vllm": version,
             "architectures": result["architectures"],

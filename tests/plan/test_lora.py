@@ -103,6 +103,32 @@ def test_expert_adapters_split_over_the_expert_parallel_ranks():
     assert _rows(run)["optimizer"] == pytest.approx(12 * per_gpu / expert_dp / memory.GIB)
 
 
+def test_shared_expert_adapters_are_one_per_layer_whole_on_every_expert_parallel_rank():
+    rank = 8
+    shared = rank * ((2048 + 2 * 512) + (512 + 2048)) * 40  # one adapter for a layer's 256 experts
+    assert memory.count_lora_params(MOE, ("experts",), rank, shared_experts=True) == memory.LoraCount(
+        dense=0, experts=shared, shared=True
+    )
+    lora_spec = {"rank": rank, "alpha": 16, "targets": ["experts"], "expert_adapters": "shared"}
+    run = run_of({"train": {"lora": lora_spec, "optimizer_cpu_offload": False}})
+    p = run.preset.parallel
+    per_gpu = shared / (p.etp * p.pp)  # not split over ep: each EP rank holds the whole shared adapter
+    expert_dp = run.world_size.value // (p.ep * p.etp * p.pp)
+    assert _rows(run)["optimizer"] == pytest.approx(12 * per_gpu / expert_dp / memory.GIB)
+    shown = {d.name: d for d in explain.derived_values(run)}
+    assert shown["lora.adapter_params"].value == f"{shared:,}"
+    assert "one shared by each layer's routed experts" in shown["lora.adapter_params"].reason
+
+
+def test_the_engine_config_asks_megatron_bridge_for_the_expert_adapters_the_preset_names():
+    from gdnctl.plan.compile import _lora
+
+    per_expert = _lora(run_of({"train": {"lora": {"rank": 8, "alpha": 16}}}))
+    shared = _lora(run_of({"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "shared"}}}))
+    assert per_expert is not None and shared is not None
+    assert (per_expert.share_expert_adapters, shared.share_expert_adapters) == (False, True)
+
+
 def test_explain_shows_the_targets_and_the_adapter_count():
     run = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}})
     shown = {d.name: d for d in explain.derived_values(run)}
@@ -129,7 +155,7 @@ def test_the_schema_takes_each_target_once_and_a_dropout_below_one():
     from gdnctl.schema.preset import LoraSpec
 
     spec = LoraSpec(rank=8, alpha=16)
-    assert (spec.dropout, spec.targets) == (0.0, None)
+    assert (spec.dropout, spec.targets, spec.expert_adapters) == (0.0, None, "per_expert")
     with pytest.raises(ValidationError, match="each target may appear once"):
         LoraSpec(rank=8, alpha=16, targets=["mlp", "mlp"])
     with pytest.raises(ValidationError, match="less than 1"):

@@ -171,6 +171,11 @@ def fused_routed_experts(adapters: Mapping[str, Adapter]) -> dict[str, Adapter]:
 # --- trainer_state.json's record ------------------------------------------------------------------------------
 
 
+def expert_adapters(spec: EngineLora) -> str:
+    """train.lora.expert_adapters as the engine config carries it."""
+    return "shared" if spec.share_expert_adapters else "per_expert"
+
+
 def state_record(spec: EngineLora, base: str, fingerprints: list[str]) -> dict:
     """trainer_state.json's `lora`: what the adapters are and which base they were trained on (per rank)."""
     return {
@@ -178,6 +183,7 @@ def state_record(spec: EngineLora, base: str, fingerprints: list[str]) -> dict:
         "alpha": spec.alpha,
         "dropout": spec.dropout,
         "targets": list(spec.targets),
+        "expert_adapters": expert_adapters(spec),
         "base": base,
         "base_fingerprints": list(fingerprints),
     }
@@ -208,6 +214,13 @@ def resume_problem(state: dict, spec: EngineLora | None, directory: Path) -> str
             f"{directory} holds adapters of rank {saved[0]}, alpha {saved[1]} on {', '.join(saved[2])}, but "
             f"train.lora asks for rank {wanted[0]}, alpha {wanted[1]} on {', '.join(wanted[2])}; set train.lora "
             f"as the checkpoint's, or {restart}."
+        )
+    # Checkpoints written before the setting existed hold per-expert adapters, the only kind there was.
+    saved_experts, wanted_experts = record.get("expert_adapters", "per_expert"), expert_adapters(spec)
+    if "experts" in wanted[2] and saved_experts != wanted_experts:
+        return (
+            f"{directory} holds {saved_experts} adapters on the routed experts, but train.lora.expert_adapters is "
+            f"{wanted_experts}; set it to {saved_experts} as the checkpoint's, or {restart}."
         )
     return None
 

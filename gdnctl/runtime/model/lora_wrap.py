@@ -5,7 +5,9 @@ What this rests on, read in megatron-bridge 0.6.2 (megatron/bridge/) and megatro
 - peft/lora.py LoRA (lines 49-115): `target_modules`, `dim` (the rank), `alpha`, `dropout` (before lora_A:
   dropout_position "pre"), lora_A xavier-initialised and lora_B zero, so the adapted model starts equal to the base;
   `share_expert_adapters=False` gives every grouped (TE grouped-GEMM) expert its own adapter
-  (GroupedExpertLinearAdapter, lines 163-182), the layout the Hugging Face adapter holds (TRN018).
+  (GroupedExpertLinearAdapter, lines 163-182), the layout the Hugging Face adapter holds (TRN018); True (its
+  default, train.lora.expert_adapters: shared) one ParallelLinearAdapter for all of a grouped linear's experts,
+  kept the same on every EP rank (peft/utils.py lines 1267-1322, TRN024).
 - peft/base.py PEFT.__call__ (lines 84-132): freezes every parameter (freeze_model, lines 176-202:
   requires_grad False), then wraps each matched module (LoRALinear: `to_wrap` is the base linear, `adapter` holds
   linear_in = lora_A and linear_out = lora_B, created after the freeze and so trainable), and puts the chunks in
@@ -108,7 +110,7 @@ def make_lora(spec: EngineLora):
         dim=spec.rank,
         alpha=spec.alpha,
         dropout=spec.dropout,
-        share_expert_adapters=False,
+        share_expert_adapters=spec.share_expert_adapters,
     )
 
 

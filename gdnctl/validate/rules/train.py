@@ -471,11 +471,11 @@ def lora_per_expert_adapters(run):
     """
     What it checks: a training job with train.lora targeting experts on a megatron-bridge older than 0.5.0.
 
-    Why: gdnctl gives every routed expert its own adapter, as the Hugging Face adapter layout holds one per expert
-    (peft target_parameters on mlp.experts.gate_up_proj and down_proj). megatron-bridge builds per-expert adapters
-    for grouped-GEMM experts from 0.5.0 (LoRA(share_expert_adapters=False), GroupedExpertLinearAdapter, PR #3408);
-    before it, every grouped expert of an expert-parallel rank shares one adapter (peft/lora.py 0.4.2), a layout no
-    Hugging Face adapter can hold and one that differs from EP rank to EP rank.
+    Why: with train.lora.expert_adapters: per_expert (the default) every routed expert gets its own adapter, as the
+    Hugging Face adapter layout holds one per expert (peft target_parameters on mlp.experts.gate_up_proj and
+    down_proj). megatron-bridge builds per-expert adapters for grouped-GEMM experts from 0.5.0
+    (LoRA(share_expert_adapters=False), GroupedExpertLinearAdapter, PR #3408); before it, every grouped expert of
+    an expert-parallel rank shares one adapter whatever is asked (peft/lora.py 0.4.2).
 
     Source: NVIDIA-NeMo/Megatron-Bridge commit 747caeb ("Support not sharing expert adapters", PR #3408), first in
     v0.5.0; megatron/bridge/peft/lora.py v0.4.2 (one ParallelLinearAdapter per grouped linear) and 0.6.2 (lines
@@ -485,7 +485,7 @@ def lora_per_expert_adapters(run):
     train.lora.targets.
     """
     spec = run.preset.train.lora
-    if not run.is_training or spec is None or not run.model.is_moe:
+    if not run.is_training or spec is None or not run.model.is_moe or spec.expert_adapters != "per_expert":
         return
     bridge = run.stack.get("megatron_bridge")
     if "experts" in run.lora_targets.value and versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
@@ -635,4 +635,40 @@ def cutlass_grouped_gemm_not_taken(run):
             "speed.cutlass_grouped_gemm",
             f"speed.cutlass_grouped_gemm is on, but Transformer Engine would run cuBLAS here: {blocker}.",
             "Set speed.cutlass_grouped_gemm: auto (on wherever Transformer Engine takes it) or off.",
+        )
+
+
+@rule("TRN024", Severity.ERROR, "Shared expert LoRA adapters with expert parallel need megatron-bridge >= 0.6.0")
+def lora_shared_expert_adapters_unsynced(run):
+    """
+    What it checks: train.lora.expert_adapters: shared on the routed experts with parallel.ep > 1 and a
+    megatron-bridge older than 0.6.0.
+
+    Why: a shared adapter is one ParallelLinearAdapter per grouped expert linear on each expert-parallel rank.
+    From 0.6.0 megatron-bridge broadcasts it from EP rank 0 when it is built and all-reduces its gradients over
+    the EP group, so every rank trains the same adapter, and the Hugging Face export writes it once per expert
+    (models/conversion/peft_bridge.py `_select_expert_adapter_weight`). Before 0.6.0 nothing keeps the ranks'
+    copies equal: each one learns from the tokens routed to its own rank's experts, so the job trains one adapter
+    per EP rank rather than one for all the experts, and what it learns changes with parallel.ep.
+
+    Source: NVIDIA-NeMo/Megatron-Bridge PR #5396 ("synchronize shared expert LoRA across EP", commit 1c3758a);
+    megatron/bridge/peft/utils.py v0.6.0 lines 1267-1322 (_uses_grouped_expert_sharding,
+    _synchronize_shared_expert_parameters, _register_shared_expert_grad_sync_hooks), absent in v0.5.1.
+
+    Fix: set runtime.megatron_bridge to 0.6.0 or newer (gdnctl pins 0.6.2), set train.lora.expert_adapters:
+    per_expert, or parallel.ep: 1.
+    """
+    spec = run.preset.train.lora
+    if not run.is_training or spec is None or not run.model.is_moe or spec.expert_adapters != "shared":
+        return
+    bridge = run.stack.get("megatron_bridge")
+    synced = stack.BRIDGE_LORA_SHARED_EXPERTS_SYNCED
+    if run.preset.parallel.ep > 1 and "experts" in run.lora_targets.value and versions.below(bridge, synced):
+        yield Issue(
+            "train.lora.expert_adapters",
+            f"megatron-bridge {bridge} does not keep a shared expert adapter the same on the "
+            f"{run.preset.parallel.ep} expert-parallel ranks (it does from {synced}), so each rank would train "
+            "its own.",
+            f"Set runtime.megatron_bridge to {synced} or newer, train.lora.expert_adapters: per_expert, or "
+            "parallel.ep: 1.",
         )

@@ -331,6 +331,22 @@ def test_which_checkpoint_a_run_resumes():
     assert other is not None and "rank 8" in other and "train.lora asks for rank 4" in other
 
 
+def test_expert_adapters_resume_only_as_they_were_saved():
+    directory = Path("/ckpt/iter_0000003")
+    on_experts = SPEC.model_copy(update={"targets": ["experts"], "target_modules": ["*.mlp.experts.linear_fc1"]})
+    shared = on_experts.model_copy(update={"share_expert_adapters": True})
+    saved_per_expert = _state(rank=4, targets=["experts"])
+    assert saved_per_expert["lora"]["expert_adapters"] == "per_expert"
+    assert lora_checkpoint.resume_problem(saved_per_expert, on_experts, directory) is None
+    problem = lora_checkpoint.resume_problem(saved_per_expert, shared, directory)
+    assert problem is not None
+    assert "holds per_expert adapters on the routed experts" in problem and "expert_adapters is shared" in problem
+    older = _state(rank=4, targets=["experts"])
+    del older["lora"]["expert_adapters"]  # written before the setting: per-expert adapters
+    assert lora_checkpoint.resume_problem(older, on_experts, directory) is None
+    assert lora_checkpoint.resume_problem(older, shared, directory) is not None
+
+
 def test_a_resume_on_another_base_is_refused():
     record = lora_checkpoint.state_record(SPEC, "/models/base", ["f0", "f1"])
     assert lora_checkpoint.base_problem(record, ["f0", "f1"], "/models/base") is None
