@@ -27,8 +27,9 @@ megatron-core 0.19.2 (NVIDIA/Megatron-LM, megatron/core/):
   adapter's output is scaled by alpha / dim, as `peft`'s LoRA scales by lora_alpha / r.
 - `peft/utils.py` lines 1267-1322: a shared adapter on a grouped expert linear (share_expert_adapters True) is
   broadcast from EP rank 0 when built and its gradients are all-reduced over the EP group (from v0.6.0, PR #5396;
-  TRN024), and `models/conversion/peft_bridge.py` `_select_expert_adapter_weight` (lines 529-546) exports a 2-D
-  (shared) adapter as every expert's, so the Hugging Face adapter holds it once per expert.
+  gdnctl takes it with one EP rank only, TRN024), and `models/conversion/peft_bridge.py`
+  `_select_expert_adapter_weight` (lines 529-546) exports a 2-D (shared) adapter as every expert's, so the Hugging
+  Face adapter holds it once per expert.
 - `peft/lora_layers.py` line 20: `import transformer_engine.pytorch as te` at module level, so megatron-bridge's
   LoRA cannot be imported where Transformer Engine is not installed.
 - `recipes/qwen_vl/h100/qwen35_vl.py` (every qwen35_vl_*_peft_* config, e.g. lines 1263-1272):

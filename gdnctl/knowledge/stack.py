@@ -61,11 +61,6 @@ BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
 # (PR #3408, commit 747caeb). Before it every grouped expert of an EP rank shares one adapter (peft/lora.py 0.4.2),
 # which no Hugging Face adapter layout holds.
 BRIDGE_LORA_PER_EXPERT = "0.5.0"
-# LoRA(share_expert_adapters=True) on grouped experts with EP > 1: the shared adapter broadcast from EP rank 0 and its
-# gradients all-reduced over the EP group (peft/utils.py _synchronize_shared_expert_parameters and
-# _register_shared_expert_grad_sync_hooks, PR #5396, first in v0.6.0; absent in v0.5.1), so every EP rank holds the
-# same adapter. Before it each EP rank trains an adapter of its own.
-BRIDGE_LORA_SHARED_EXPERTS_SYNCED = "0.6.0"
 BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
     (BRIDGE_QWEN35_VL, "Qwen3.5 VL"),
     (BRIDGE_QWEN35_TEXT, "Qwen3.5 text"),

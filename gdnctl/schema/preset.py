@@ -135,7 +135,8 @@ class LoraSpec(_Section):
         "per_expert",
         description="the routed experts' adapters (targets with experts): per_expert, one for each expert, the "
         "layout a Hugging Face adapter holds; shared, one for all of a layer's experts (megatron-bridge's own "
-        "default: fewer parameters and no per-expert work in the step), saved as identical per-expert copies",
+        "default: fewer parameters and no per-expert work in the step; with parallel.ep 1), saved as identical "
+        "per-expert copies",
     )
 
     @field_validator("targets")

@@ -123,7 +123,7 @@ CODES: dict[str, str] = {
     "TRN021": "cuda_graphs_cannot_capture",
     "TRN022": "lora_needs_base",
     "TRN023": "cutlass_grouped_gemm_not_taken",
-    "TRN024": "lora_shared_expert_adapters_unsynced",
+    "TRN024": "lora_shared_expert_adapters_need_one_ep_rank",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

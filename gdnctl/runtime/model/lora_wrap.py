@@ -7,7 +7,7 @@ What this rests on, read in megatron-bridge 0.6.2 (megatron/bridge/) and megatro
   `share_expert_adapters=False` gives every grouped (TE grouped-GEMM) expert its own adapter
   (GroupedExpertLinearAdapter, lines 163-182), the layout the Hugging Face adapter holds (TRN018); True (its
   default, train.lora.expert_adapters: shared) one ParallelLinearAdapter for all of a grouped linear's experts,
-  kept the same on every EP rank (peft/utils.py lines 1267-1322, TRN024).
+  taken with one expert-parallel rank only (TRN024).
 - peft/base.py PEFT.__call__ (lines 84-132): freezes every parameter (freeze_model, lines 176-202:
   requires_grad False), then wraps each matched module (LoRALinear: `to_wrap` is the base linear, `adapter` holds
   linear_in = lora_A and linear_out = lora_B, created after the freeze and so trainable), and puts the chunks in

@@ -638,37 +638,40 @@ def cutlass_grouped_gemm_not_taken(run):
         )
 
 
-@rule("TRN024", Severity.ERROR, "Shared expert LoRA adapters with expert parallel need megatron-bridge >= 0.6.0")
-def lora_shared_expert_adapters_unsynced(run):
+@rule("TRN024", Severity.ERROR, "Shared expert LoRA adapters need one expert-parallel rank")
+def lora_shared_expert_adapters_need_one_ep_rank(run):
     """
-    What it checks: train.lora.expert_adapters: shared on the routed experts with parallel.ep > 1 and a
-    megatron-bridge older than 0.6.0.
+    What it checks: train.lora.expert_adapters: shared on the routed experts with parallel.ep > 1.
 
-    Why: a shared adapter is one ParallelLinearAdapter per grouped expert linear on each expert-parallel rank.
-    From 0.6.0 megatron-bridge broadcasts it from EP rank 0 when it is built and all-reduces its gradients over
-    the EP group, so every rank trains the same adapter, and the Hugging Face export writes it once per expert
-    (models/conversion/peft_bridge.py `_select_expert_adapter_weight`). Before 0.6.0 nothing keeps the ranks'
-    copies equal: each one learns from the tokens routed to its own rank's experts, so the job trains one adapter
-    per EP rank rather than one for all the experts, and what it learns changes with parallel.ep.
+    Why: a shared adapter is one ParallelLinearAdapter per grouped expert linear, the same whole adapter on every
+    expert-parallel rank, built from Megatron-Core linears with is_expert set. With ep > 1 Megatron-Core marks
+    their weights allreduce=False (tensor_parallel/layers.py: `use_expert_pgs` when expert_model_parallel_size
+    > 1), so they join the expert optimizer, whose gradient norm sums over the expert-parallel ranks and leaves out
+    only parameters flagged `shared` or tensor-parallel duplicates (optimizer/__init__.py `is_expert_parallel =
+    not getattr(param, 'allreduce', True)`, optimizer.py get_main_grads_for_grad_norm); megatron-bridge flags
+    neither. Each EP rank's identical copy is counted: the logged gradient norm and the clipping (gdnctl clips
+    at 1.0) change with parallel.ep. Before megatron-bridge 0.6.0 the copies are not even kept equal (no
+    broadcast at build, no all-reduce of their gradients over the EP group), and with weight-gradient fusion
+    through APEX the gradient megatron-bridge's hook all-reduces is a placeholder, so they drift apart again.
+    With one expert-parallel rank none of this arises: the adapter is an ordinary dense parameter.
 
-    Source: NVIDIA-NeMo/Megatron-Bridge PR #5396 ("synchronize shared expert LoRA across EP", commit 1c3758a);
-    megatron/bridge/peft/utils.py v0.6.0 lines 1267-1322 (_uses_grouped_expert_sharding,
-    _synchronize_shared_expert_parameters, _register_shared_expert_grad_sync_hooks), absent in v0.5.1.
+    Source: megatron-core 0.19 (NVIDIA/Megatron-LM core_v0.19.0) megatron/core/tensor_parallel/layers.py lines
+    961-964 and 1017, optimizer/__init__.py line 348 and the expert optimizer (lines 1181-1215), optimizer.py
+    lines 255-280, transformer/module.py param_is_not_shared; megatron-bridge megatron/bridge/peft/utils.py
+    (v0.6.0 and 0.6.2 lines 1267-1322: _synchronize_shared_expert_parameters, _register_shared_expert_grad_sync_hooks
+    with `weight.register_hook`; PR #5396, absent in v0.5.1).
 
-    Fix: set runtime.megatron_bridge to 0.6.0 or newer (gdnctl pins 0.6.2), set train.lora.expert_adapters:
-    per_expert, or parallel.ep: 1.
+    Fix: set train.lora.expert_adapters: per_expert (each expert's adapter lives on its own EP rank), or
+    parallel.ep: 1.
     """
     spec = run.preset.train.lora
     if not run.is_training or spec is None or not run.model.is_moe or spec.expert_adapters != "shared":
         return
-    bridge = run.stack.get("megatron_bridge")
-    synced = stack.BRIDGE_LORA_SHARED_EXPERTS_SYNCED
-    if run.preset.parallel.ep > 1 and "experts" in run.lora_targets.value and versions.below(bridge, synced):
+    if run.preset.parallel.ep > 1 and "experts" in run.lora_targets.value:
         yield Issue(
             "train.lora.expert_adapters",
-            f"megatron-bridge {bridge} does not keep a shared expert adapter the same on the "
-            f"{run.preset.parallel.ep} expert-parallel ranks (it does from {synced}), so each rank would train "
-            "its own.",
-            f"Set runtime.megatron_bridge to {synced} or newer, train.lora.expert_adapters: per_expert, or "
-            "parallel.ep: 1.",
+            f"a shared expert adapter is the same on all {run.preset.parallel.ep} expert-parallel ranks, and "
+            "Megatron-Core's expert optimizer counts every copy in the gradient norm, so clipping would change "
+            "with parallel.ep.",
+            "Set train.lora.expert_adapters: per_expert, or parallel.ep: 1.",
         )
