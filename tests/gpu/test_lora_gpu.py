@@ -138,6 +138,7 @@ def test_a_checkpoint_holds_the_adapters_and_the_last_the_merged_model(runs):
         state = json.loads((directory / "trainer_state.json").read_text())
         assert {"adapter/adapter_model.safetensors", "adapter/rank-00000.safetensors"} <= set(state["files"])
         assert state["lora"]["rank"] == RANK and state["lora"]["alpha"] == ALPHA
+        assert state["lora"]["expert_adapters"] == runs.expert_adapters
         assert Path(state["lora"]["base"]).resolve() == runs.source.resolve()
         assert len(state["lora"]["base_fingerprints"]) == 1
     assert not (middle / "model.safetensors.index.json").exists()  # the base is model.path's, not repeated
