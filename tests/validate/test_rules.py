@@ -294,6 +294,10 @@ CASES = {
         {"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "shared"}}},
         {"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "shared"}}, "parallel": {"ep": 1}},
     ),
+    "TRN025": (
+        {"train": {"lora": {"rank": 8, "alpha": 16}}, "parallel": {"ep": 4, "etp": 2}},
+        {"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["attention_qkv"]}}, "parallel": {"ep": 4, "etp": 2}},
+    ),
     "TRN011": (
         {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4100}},
         {"train": {"precision": "fp8", "layout": "bshd", "seq_length": 4096}},

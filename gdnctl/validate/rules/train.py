@@ -675,3 +675,35 @@ def lora_shared_expert_adapters_need_one_ep_rank(run):
             "with parallel.ep.",
             "Set train.lora.expert_adapters: per_expert, or parallel.ep: 1.",
         )
+
+
+@rule("TRN025", Severity.WARNING, "LoRA on the routed experts with expert tensor parallel")
+def lora_experts_with_expert_tensor_parallel(run):
+    """
+    What it checks: train.lora with experts among its targets and parallel.etp > 1.
+
+    Why: an expert's gate-and-up linear (linear_fc1) holds, on each expert-tensor-parallel rank, that rank's gate
+    rows followed by its up rows, and so does its adapter's B. megatron-bridge splits a fused fc1 adapter B into
+    the Hugging Face gate_proj and up_proj parts per rank where it de-interleaves dense linears, but for expert
+    linears it splits as if there were one rank (`tp_size = 1 if is_expert`), both when it saves the adapter and
+    when it merges it into the exported weights that the rollout and the last checkpoint get. With etp > 1 the
+    gate and up rows of the ranks could land in the wrong halves. gdnctl has trained LoRA on experts with etp 1
+    only.
+
+    Source: megatron-bridge 0.6.2 megatron/bridge/models/conversion/peft_bridge.py
+    `_split_fused_fc1_linear_out_weight` (lines 490-515) and its callers for experts (lines 1125 and 1246-1251).
+
+    Fix: set parallel.etp: 1 (expert parallel, parallel.ep, splits the experts instead), or leave experts out of
+    train.lora.targets.
+    """
+    spec = run.preset.train.lora
+    if not run.is_training or spec is None or not run.model.is_moe:
+        return
+    if run.preset.parallel.etp > 1 and "experts" in run.lora_targets.value:
+        yield Issue(
+            "parallel.etp",
+            f"parallel.etp is {run.preset.parallel.etp} with LoRA on the routed experts, and megatron-bridge "
+            "splits an expert's gate-and-up adapter into gate and up as if expert tensor parallel were 1 when it "
+            "saves and merges it; this layout has not run with gdnctl.",
+            "Set parallel.etp: 1, or leave experts out of train.lora.targets.",
+        )
