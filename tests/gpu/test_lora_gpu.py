@@ -73,6 +73,11 @@ def _check(*args: object, timeout: float = 1500) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _tag(model: str, expert_adapters: str) -> str:
+    """The model's name, and whether its expert adapters are shared: the name of a case's directory and logs."""
+    return model.split("/")[-1] + ("-shared" if expert_adapters == "shared" else "")
+
+
 @dataclass(frozen=True)
 class Runs:
     out: Path
@@ -83,8 +88,7 @@ class Runs:
 
     @property
     def tag(self) -> str:
-        """The model's name, and whether its expert adapters are shared: the name of its logs."""
-        return self.model.split("/")[-1] + ("-shared" if self.expert_adapters == "shared" else "")
+        return _tag(self.model, self.expert_adapters)
 
     @property
     def source(self) -> Path:
@@ -97,7 +101,7 @@ class Runs:
 @pytest.fixture(scope="module", params=MODELS, ids=["dense", "moe", "moe-shared"])
 def runs(request, tmp_path_factory) -> Runs:
     model, expert_adapters = request.param
-    tag = Runs(Path(), model, expert_adapters, {}, {}).tag
+    tag = _tag(model, expert_adapters)
     out = tmp_path_factory.mktemp(tag)
     data_file(out / "progressions.jsonl")
     _check("source", out, model)

@@ -7,7 +7,7 @@ Transformer Engine's layers, or the TE-free spec), the weights (loaded, or as in
 read from Linux's /proc (the time torchrun started this rank); elsewhere that phase is left out. CUDA graphs are
 captured after the eager warm-up step(s), before the first graphed step: the file adds that capture once it is done.
 Where torch.compile compiled anything in those phases (Megatron-Core's fused functions, in step 1), the line and the
-file also say how long it took and how many graphs it made: with warm caches that is most of step 1.
+file also say how long it took and how many graphs it made: with warm caches about half of step 1.
 """
 
 from __future__ import annotations

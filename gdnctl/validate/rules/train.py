@@ -466,6 +466,14 @@ def lora_target_absent(run):
             )
 
 
+def _routed_expert_lora(run):
+    """The preset's train.lora where a training job adapts a MoE model's routed experts, else None."""
+    spec = run.preset.train.lora
+    if run.is_training and spec is not None and run.model.is_moe and "experts" in run.lora_targets.value:
+        return spec
+    return None
+
+
 @rule("TRN018", Severity.ERROR, "LoRA on the routed experts needs megatron-bridge >= 0.5.0")
 def lora_per_expert_adapters(run):
     """
@@ -484,11 +492,11 @@ def lora_per_expert_adapters(run):
     Fix: set runtime.megatron_bridge to 0.5.0 or newer (gdnctl pins 0.6.2), or remove experts from
     train.lora.targets.
     """
-    spec = run.preset.train.lora
-    if not run.is_training or spec is None or not run.model.is_moe or spec.expert_adapters != "per_expert":
+    spec = _routed_expert_lora(run)
+    if spec is None or spec.expert_adapters != "per_expert":
         return
     bridge = run.stack.get("megatron_bridge")
-    if "experts" in run.lora_targets.value and versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
+    if versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
         yield Issue(
             "train.lora.targets" if spec.targets is not None else "train.lora",
             f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
@@ -664,10 +672,8 @@ def lora_shared_expert_adapters_need_one_ep_rank(run):
     Fix: set train.lora.expert_adapters: per_expert (each expert's adapter lives on its own EP rank), or
     parallel.ep: 1.
     """
-    spec = run.preset.train.lora
-    if not run.is_training or spec is None or not run.model.is_moe or spec.expert_adapters != "shared":
-        return
-    if run.preset.parallel.ep > 1 and "experts" in run.lora_targets.value:
+    spec = _routed_expert_lora(run)
+    if spec is not None and spec.expert_adapters == "shared" and run.preset.parallel.ep > 1:
         yield Issue(
             "train.lora.expert_adapters",
             f"a shared expert adapter is the same on all {run.preset.parallel.ep} expert-parallel ranks, and "
@@ -696,10 +702,7 @@ def lora_experts_with_expert_tensor_parallel(run):
     Fix: set parallel.etp: 1 (expert parallel, parallel.ep, splits the experts instead), or leave experts out of
     train.lora.targets.
     """
-    spec = run.preset.train.lora
-    if not run.is_training or spec is None or not run.model.is_moe:
-        return
-    if run.preset.parallel.etp > 1 and "experts" in run.lora_targets.value:
+    if _routed_expert_lora(run) is not None and run.preset.parallel.etp > 1:
         yield Issue(
             "parallel.etp",
             f"parallel.etp is {run.preset.parallel.etp} with LoRA on the routed experts, and megatron-bridge "
