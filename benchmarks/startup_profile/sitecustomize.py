@@ -4,7 +4,7 @@ from the process's start, for any launch and with nothing in it changed.
 Python imports `sitecustomize` at start-up from the first folder on its path that has one, so putting this folder
 first on PYTHONPATH loads it into every process a launch starts. In the process torchrun starts as rank 0 (RANK=0),
 a daemon thread reads the main thread's stack every INTERVAL_MS milliseconds (sys._current_frames) for SECONDS
-seconds, then writes OUT_DIR/TAG.startup-profile.txt:
+seconds, or until the process ends if that comes first, then writes OUT_DIR/TAG.startup-profile.txt:
 
     GDNCTL_STARTUP_PROFILE=OUT_DIR:TAG[:SECONDS[:INTERVAL_MS]] PYTHONPATH=benchmarks/startup_profile:$PYTHONPATH \\
         gdnctl launch ...
@@ -22,6 +22,7 @@ time a launch without it.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import sys
@@ -47,15 +48,14 @@ def _module_name(filename: str) -> str:
     return filename
 
 
-def _sample(main_id: int, seconds: float, interval: float, out_path: str) -> None:
+def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: threading.Event) -> None:
     cumulative: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()
     imports: collections.Counter = collections.Counter()
     samples, traced = 0, 0.0
     last = time.monotonic()
     end = last + seconds
-    while last < end:
-        time.sleep(interval)
+    while last < end and not stop.wait(interval):
         frame = sys._current_frames().get(main_id)
         if frame is None:
             break
@@ -94,9 +94,23 @@ if SPEC and os.environ.get("RANK") == "0" and not os.environ.get("GDNCTL_STARTUP
     seconds = float(rest[0]) if rest else 60.0
     interval = float(rest[1]) / 1000 if len(rest) > 1 else 0.005
     os.makedirs(out_dir, exist_ok=True)
-    threading.Thread(
+    stop_sampling = threading.Event()
+    sampler = threading.Thread(
         target=_sample,
-        args=(threading.main_thread().ident, seconds, interval, os.path.join(out_dir, f"{tag}.startup-profile.txt")),
+        args=(
+            threading.main_thread().ident,
+            seconds,
+            interval,
+            os.path.join(out_dir, f"{tag}.startup-profile.txt"),
+            stop_sampling,
+        ),
         daemon=True,
         name="startup-profile",
-    ).start()
+    )
+    sampler.start()
+
+    @atexit.register
+    def _write_before_exit() -> None:
+        """A job shorter than SECONDS still gets its tables: the interpreter kills daemon threads at exit."""
+        stop_sampling.set()
+        sampler.join(timeout=30)
