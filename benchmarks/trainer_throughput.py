@@ -303,8 +303,8 @@ def lora(args, work: Path) -> dict:
     results: dict = {}
     arms = (
         ("full", full_sets),
-        ("lora", lora_sets),  # the routed experts with an adapter each (train.lora.expert_adapters' default)
-        ("lora_shared_experts", [*lora_sets, "train.lora.expert_adapters=shared"]),
+        ("lora", [*lora_sets, "train.lora.expert_adapters=per_expert"]),  # the routed experts with an adapter each
+        ("lora_shared_experts", [*lora_sets, "train.lora.expert_adapters=shared"]),  # what auto picks at ep 1
     )
     for arm, sets in arms:
         steps = launch(work / arm, sets)

@@ -140,8 +140,9 @@ TARGETS: dict[str, LoraTarget] = {
             "mlp",
             "shared_expert",
         ),
-        # One adapter per expert (train.lora.expert_adapters: per_expert, LoRA(share_expert_adapters=False), TRN018)
-        # or one for all of a layer's experts (shared, megatron-bridge's own default).
+        # One adapter for all of a layer's experts (train.lora.expert_adapters: shared, megatron-bridge's own
+        # default) or one per expert (per_expert, LoRA(share_expert_adapters=False), TRN018); plan/decisions.py
+        # lora_expert_adapters picks between them.
         LoraTarget(
             "experts",
             "every routed expert's gate-and-up and down projections",

@@ -42,7 +42,7 @@ def _lora(run: Run) -> EngineLora | None:
         dropout=spec.dropout,
         targets=list(targets),
         target_modules=lora.megatron_target_modules(targets),
-        share_expert_adapters=spec.expert_adapters == "shared",
+        share_expert_adapters=run.lora_expert_adapters.value == "shared",
     )
 
 

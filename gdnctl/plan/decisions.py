@@ -456,6 +456,38 @@ def lr_schedule(preset: Preset) -> dict[str, Decision]:
     return {"warmup_steps": warmup, "decay": decay, "min_lr": min_lr}
 
 
+def lora_expert_adapters(preset: Preset) -> Decision:
+    """One LoRA adapter for all of a layer's routed experts ("shared") or one for each ("per_expert").
+
+    megatron-bridge 0.6.2's per-expert adapter (GroupedExpertLinearAdapter, megatron/bridge/peft/utils.py) reads
+    each grouped linear's tokens per expert to the host (`expert_splits.tolist()`, a device synchronisation) and
+    loops over the experts in Python, for the gate-and-up and the down projection of every MoE layer, forward and
+    backward; the shared one is a single ParallelLinearAdapter. On the 35B-A3B proxy (one H100, rank 32,
+    BENCHMARKS.md "Trainer: LoRA against full fine-tuning") the step took 0.551 s shared, 1.074 s per expert and
+    0.667 s fine-tuning every weight, with the same losses to four digits over 8 steps. With expert parallel a
+    shared adapter is refused (TRN024: Megatron-Core's expert optimizer would count every EP rank's copy in the
+    gradient norm), so auto keeps one per expert there."""
+    spec = preset.train.lora
+    if spec is None:
+        return Decision(None, "no train.lora")
+    if spec.expert_adapters != "auto":
+        return Decision(spec.expert_adapters, f"set in the preset (train.lora.expert_adapters: {spec.expert_adapters})")
+    if preset.parallel.ep > 1:
+        return Decision(
+            "per_expert",
+            f"parallel.ep is {preset.parallel.ep}: each expert's adapter lives on its expert's rank, where a shared "
+            "one would be a copy on every rank that Megatron-Core's expert optimizer counts in the gradient norm "
+            "each time (TRN024)",
+        )
+    return Decision(
+        "shared",
+        "one adapter for all of a layer's routed experts, megatron-bridge's own default: megatron-bridge's "
+        "per-expert adapters synchronise with the host and loop over the experts in every grouped linear (on "
+        "the 35B-A3B proxy, one H100, rank 32: 0.551 s a step shared, 1.074 s per expert, 0.667 s full "
+        "fine-tuning)",
+    )
+
+
 def lora_targets(preset: Preset, model: ModelArch) -> Decision:
     """The linears train.lora adapts: the preset's targets, or megatron-bridge's Qwen3.5 LoRA recipes' coverage
     that this model has (knowledge/lora.py DEFAULT_TARGETS, read in megatron-bridge 0.6.2)."""

@@ -127,12 +127,15 @@ def derived_values(run: Run) -> list[Derived]:
 def _lora(run: Run) -> list[Derived]:
     spec, targets = run.preset.train.lora, run.lora_targets
     assert spec is not None
-    shared = spec.expert_adapters == "shared"
+    expert_adapters = run.lora_expert_adapters
+    shared = expert_adapters.value == "shared"
     adapters = memory.count_lora_params(run.model, targets.value, spec.rank, shared)
     base = memory.count_params(run.model).total(run.model, with_mtp=False)
     experts = "one shared by each layer's routed experts" if shared else "each routed expert its own"
-    return [
-        Derived("lora.targets", list(targets.value), targets.reason),
+    out = [Derived("lora.targets", list(targets.value), targets.reason)]
+    if run.model.is_moe and "experts" in targets.value:
+        out.append(Derived("lora.expert_adapters", expert_adapters.value, expert_adapters.reason))
+    return out + [
         Derived(
             "lora.adapter_params",
             f"{adapters.total:,}",

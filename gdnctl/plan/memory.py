@@ -236,7 +236,8 @@ def _estimate_training(run) -> MemoryEstimate:
     # every EP rank, split over etp). The base stays as `params`, frozen.
     dense_trained, expert_trained = dense_per_gpu, expert_per_gpu
     if t.lora:
-        adapters = count_lora_params(m, run.lora_targets.value, t.lora.rank, t.lora.expert_adapters == "shared")
+        shared = run.lora_expert_adapters.value == "shared"
+        adapters = count_lora_params(m, run.lora_targets.value, t.lora.rank, shared)
         dense_trained = adapters.dense / (p.tp * p.pp)
         expert_trained = adapters.experts / ((1 if adapters.shared else p.ep) * p.etp * p.pp)
     trainable = dense_trained + expert_trained

@@ -122,6 +122,11 @@ class Run:
         return decide.lora_targets(self.preset, self.model)
 
     @cached_property
+    def lora_expert_adapters(self) -> decide.Decision:
+        """train.lora.expert_adapters resolved: "shared" or "per_expert" (None without train.lora)."""
+        return decide.lora_expert_adapters(self.preset)
+
+    @cached_property
     def weight_export(self) -> decide.Decision:
         return decide.weight_export(self.preset, self.stack, self.gpu)
 

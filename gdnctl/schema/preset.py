@@ -131,12 +131,12 @@ class LoraSpec(_Section):
         description="which linears get adapters: " + ", ".join(LORA_TARGETS) + "; default: those megatron-bridge's "
         "Qwen3.5 LoRA recipes cover that the model has (" + ", ".join(DEFAULT_LORA_TARGETS) + ")",
     )
-    expert_adapters: Literal["per_expert", "shared"] = Field(
-        "per_expert",
-        description="the routed experts' adapters (targets with experts): per_expert, one for each expert, the "
-        "layout a Hugging Face adapter holds; shared, one for all of a layer's experts (megatron-bridge's own "
-        "default: fewer parameters and no per-expert work in the step; with parallel.ep 1), saved as identical "
-        "per-expert copies",
+    expert_adapters: Literal["auto", "per_expert", "shared"] = Field(
+        "auto",
+        description="the routed experts' adapters (targets with experts): shared, one for all of a layer's "
+        "experts (megatron-bridge's own default: fewer parameters and no per-expert work in the step; with "
+        "parallel.ep 1), saved as identical per-expert copies; per_expert, one for each expert; auto: shared "
+        "with parallel.ep 1, per_expert with more",
     )
 
     @field_validator("targets")

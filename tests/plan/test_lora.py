@@ -129,6 +129,33 @@ def test_the_engine_config_asks_megatron_bridge_for_the_expert_adapters_the_pres
     assert (per_expert.share_expert_adapters, shared.share_expert_adapters) == (False, True)
 
 
+def test_auto_shares_the_expert_adapters_on_one_expert_parallel_rank_and_gives_each_expert_its_own_beyond():
+    from gdnctl.plan.compile import _lora
+
+    one_rank = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}, "parallel": {"ep": 1}})
+    eight_ranks = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}, "parallel": {"ep": 8}})
+    assert one_rank.lora_expert_adapters.value == "shared"
+    assert eight_ranks.lora_expert_adapters.value == "per_expert"
+    assert "TRN024" in eight_ranks.lora_expert_adapters.reason
+    engine_one, engine_eight = _lora(one_rank), _lora(eight_ranks)
+    assert engine_one is not None and engine_eight is not None
+    assert (engine_one.share_expert_adapters, engine_eight.share_expert_adapters) == (True, False)
+    shown = {d.name: d for d in explain.derived_values(one_rank)}
+    assert shown["lora.expert_adapters"].value == "shared"
+    assert "megatron-bridge's own default" in shown["lora.expert_adapters"].reason
+    assert "one shared by each layer's routed experts" in shown["lora.adapter_params"].reason
+    set_by_hand = run_of(
+        {"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "per_expert"}}, "parallel": {"ep": 1}}
+    )
+    assert set_by_hand.lora_expert_adapters.value == "per_expert"
+    assert set_by_hand.lora_expert_adapters.reason == "set in the preset (train.lora.expert_adapters: per_expert)"
+
+
+def test_explain_names_no_expert_adapters_for_a_model_without_routed_experts():
+    run = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}}, base="qwen3.5-9b-sft")
+    assert "lora.expert_adapters" not in {d.name for d in explain.derived_values(run)}
+
+
 def test_explain_shows_the_targets_and_the_adapter_count():
     run = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}})
     shown = {d.name: d for d in explain.derived_values(run)}
@@ -155,7 +182,7 @@ def test_the_schema_takes_each_target_once_and_a_dropout_below_one():
     from gdnctl.schema.preset import LoraSpec
 
     spec = LoraSpec(rank=8, alpha=16)
-    assert (spec.dropout, spec.targets, spec.expert_adapters) == (0.0, None, "per_expert")
+    assert (spec.dropout, spec.targets, spec.expert_adapters) == (0.0, None, "auto")
     with pytest.raises(ValidationError, match="each target may appear once"):
         LoraSpec(rank=8, alpha=16, targets=["mlp", "mlp"])
     with pytest.raises(ValidationError, match="less than 1"):

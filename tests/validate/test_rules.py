@@ -519,6 +519,19 @@ def test_lay010_is_an_error_with_a_stated_old_cudnn_and_quiet_from_9_19(tmp_path
     assert "LAY010" not in codes({"parallel": {"cp": 2}, "runtime": {"cudnn": "9.19.0"}})
 
 
+def test_an_old_bridge_with_one_expert_parallel_rank_gets_shared_adapters_unless_per_expert_is_asked_for():
+    old_bridge = {"parallel": {"ep": 1}, "runtime": {"megatron_bridge": "0.4.2"}}
+    assert "TRN018" not in codes({"train": {"lora": {"rank": 8, "alpha": 16}}, **old_bridge})  # auto: shared
+    asked = {"rank": 8, "alpha": 16, "expert_adapters": "per_expert"}
+    [finding] = codes({"train": {"lora": asked}, **old_bridge})["TRN018"]
+    assert finding.path == "train.lora.expert_adapters"
+    assert "set train.lora.expert_adapters: shared" in finding.hint
+    [beyond_one_rank] = codes({"train": {"lora": {"rank": 8, "alpha": 16}}, "runtime": {"megatron_bridge": "0.4.2"}})[
+        "TRN018"
+    ]
+    assert beyond_one_rank.path == "train.lora" and "shared" not in beyond_one_rank.hint  # TRN024 would refuse it
+
+
 def test_shared_expert_adapters_ask_nothing_of_the_per_expert_adapters_bridge():
     shared = {"rank": 8, "alpha": 16, "expert_adapters": "shared"}
     found = codes({"train": {"lora": shared}, "parallel": {"ep": 1}, "runtime": {"megatron_bridge": "0.4.2"}})

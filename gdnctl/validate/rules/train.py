@@ -479,30 +479,32 @@ def lora_per_expert_adapters(run):
     """
     What it checks: a training job with train.lora targeting experts on a megatron-bridge older than 0.5.0.
 
-    Why: with train.lora.expert_adapters: per_expert (the default) every routed expert gets its own adapter, as the
-    Hugging Face adapter layout holds one per expert (peft target_parameters on mlp.experts.gate_up_proj and
-    down_proj). megatron-bridge builds per-expert adapters for grouped-GEMM experts from 0.5.0
-    (LoRA(share_expert_adapters=False), GroupedExpertLinearAdapter, PR #3408); before it, every grouped expert of
-    an expert-parallel rank shares one adapter whatever is asked (peft/lora.py 0.4.2).
+    Why: with train.lora.expert_adapters: per_expert (what auto picks with parallel.ep > 1) every routed expert gets
+    its own adapter, as the Hugging Face adapter layout holds one per expert (peft target_parameters on
+    mlp.experts.gate_up_proj and down_proj). megatron-bridge builds per-expert adapters for grouped-GEMM experts
+    from 0.5.0 (LoRA(share_expert_adapters=False), GroupedExpertLinearAdapter, PR #3408); before it, every grouped
+    expert of an expert-parallel rank shares one adapter whatever is asked (peft/lora.py 0.4.2).
 
     Source: NVIDIA-NeMo/Megatron-Bridge commit 747caeb ("Support not sharing expert adapters", PR #3408), first in
     v0.5.0; megatron/bridge/peft/lora.py v0.4.2 (one ParallelLinearAdapter per grouped linear) and 0.6.2 (lines
     163-182).
 
-    Fix: set runtime.megatron_bridge to 0.5.0 or newer (gdnctl pins 0.6.2), or remove experts from
-    train.lora.targets.
+    Fix: set runtime.megatron_bridge to 0.5.0 or newer (gdnctl pins 0.6.2), set train.lora.expert_adapters: shared
+    with parallel.ep 1, or remove experts from train.lora.targets.
     """
     spec = _routed_expert_lora(run)
-    if spec is None or spec.expert_adapters != "per_expert":
+    if spec is None or run.lora_expert_adapters.value != "per_expert":
         return
     bridge = run.stack.get("megatron_bridge")
     if versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
+        # Shared adapters are an answer only with one expert-parallel rank (TRN024).
+        shared = ", set train.lora.expert_adapters: shared" if run.preset.parallel.ep == 1 else ""
         yield Issue(
-            "train.lora.targets" if spec.targets is not None else "train.lora",
+            "train.lora.expert_adapters" if spec.expert_adapters == "per_expert" else "train.lora",
             f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
             f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
-            f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer, or remove experts from "
-            "train.lora.targets.",
+            f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer{shared}, or remove experts "
+            "from train.lora.targets.",
         )
 
 
@@ -673,7 +675,7 @@ def lora_shared_expert_adapters_need_one_ep_rank(run):
     parallel.ep: 1.
     """
     spec = _routed_expert_lora(run)
-    if spec is not None and spec.expert_adapters == "shared" and run.preset.parallel.ep > 1:
+    if spec is not None and run.lora_expert_adapters.value == "shared" and run.preset.parallel.ep > 1:
         yield Issue(
             "train.lora.expert_adapters",
             f"a shared expert adapter is the same on all {run.preset.parallel.ep} expert-parallel ranks, and "
