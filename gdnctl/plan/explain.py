@@ -131,16 +131,18 @@ def _lora(run: Run) -> list[Derived]:
     shared = expert_adapters.value == "shared"
     adapters = memory.count_lora_params(run.model, targets.value, spec.rank, shared)
     base = memory.count_params(run.model).total(run.model, with_mtp=False)
-    experts = "one shared by each layer's routed experts" if shared else "each routed expert its own"
     out = [Derived("lora.targets", list(targets.value), targets.reason)]
+    experts = ""
     if run.model.is_moe and "experts" in targets.value:
         out.append(Derived("lora.expert_adapters", expert_adapters.value, expert_adapters.reason))
+        owner = "one shared by each layer's routed experts" if shared else "each routed expert its own"
+        experts = f", {owner} ({adapters.experts:,} in experts)"
     return out + [
         Derived(
             "lora.adapter_params",
             f"{adapters.total:,}",
-            f"rank {spec.rank} x (in + out features) of every wrapped linear, {experts} "
-            f"({adapters.experts:,} in experts); {100 * adapters.total / base:.3f}% of the "
+            f"rank {spec.rank} x (in + out features) of every wrapped linear{experts}; "
+            f"{100 * adapters.total / base:.3f}% of the "
             f"{base / 1e9:.2f}B frozen base, scaled by alpha / rank = {spec.alpha / spec.rank:g}",
         ),
         Derived(

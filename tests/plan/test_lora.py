@@ -96,7 +96,8 @@ def test_lora_memory_is_a_frozen_base_plus_trained_adapters():
 
 
 def test_expert_adapters_split_over_the_expert_parallel_ranks():
-    run = run_of({"train": {"lora": {"rank": 8, "alpha": 16, "targets": ["experts"]}, "optimizer_cpu_offload": False}})
+    lora_spec = {"rank": 8, "alpha": 16, "targets": ["experts"], "expert_adapters": "per_expert"}
+    run = run_of({"train": {"lora": lora_spec, "optimizer_cpu_offload": False}})
     p = run.preset.parallel
     per_gpu = 461_373_440 / (p.ep * p.etp * p.pp)
     expert_dp = run.world_size.value // (p.ep * p.etp * p.pp)
@@ -123,7 +124,7 @@ def test_shared_expert_adapters_are_one_per_layer_whole_on_every_expert_parallel
 def test_the_engine_config_asks_megatron_bridge_for_the_expert_adapters_the_preset_names():
     from gdnctl.plan.compile import _lora
 
-    per_expert = _lora(run_of({"train": {"lora": {"rank": 8, "alpha": 16}}}))
+    per_expert = _lora(run_of({"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "per_expert"}}}))
     shared = _lora(run_of({"train": {"lora": {"rank": 8, "alpha": 16, "expert_adapters": "shared"}}}))
     assert per_expert is not None and shared is not None
     assert (per_expert.share_expert_adapters, shared.share_expert_adapters) == (False, True)
@@ -153,7 +154,9 @@ def test_auto_shares_the_expert_adapters_on_one_expert_parallel_rank_and_gives_e
 
 def test_explain_names_no_expert_adapters_for_a_model_without_routed_experts():
     run = run_of({"train": {"lora": {"rank": 8, "alpha": 16}}}, base="qwen3.5-9b-sft")
-    assert "lora.expert_adapters" not in {d.name for d in explain.derived_values(run)}
+    shown = {d.name: d for d in explain.derived_values(run)}
+    assert "lora.expert_adapters" not in shown
+    assert "experts" not in shown["lora.adapter_params"].reason
 
 
 def test_explain_shows_the_targets_and_the_adapter_count():

@@ -219,8 +219,9 @@ def resume_problem(state: dict, spec: EngineLora | None, directory: Path) -> str
     saved_experts, wanted_experts = record.get("expert_adapters", "per_expert"), expert_adapters(spec)
     if "experts" in wanted[2] and saved_experts != wanted_experts:
         return (
-            f"{directory} holds {saved_experts} adapters on the routed experts, but train.lora.expert_adapters is "
-            f"{wanted_experts}; set it to {saved_experts} as the checkpoint's, or {restart}."
+            f"{directory} holds {saved_experts} adapters on the routed experts, but this run asks for "
+            f"{wanted_experts} ones (train.lora.expert_adapters; auto picks shared with parallel.ep 1, per_expert "
+            f"with more); set train.lora.expert_adapters: {saved_experts} as the checkpoint's, or {restart}."
         )
     return None
 

@@ -474,10 +474,11 @@ def _routed_expert_lora(run):
     return None
 
 
-@rule("TRN018", Severity.ERROR, "LoRA on the routed experts needs megatron-bridge >= 0.5.0")
+@rule("TRN018", Severity.ERROR, "One LoRA adapter per routed expert needs megatron-bridge >= 0.5.0")
 def lora_per_expert_adapters(run):
     """
-    What it checks: a training job with train.lora targeting experts on a megatron-bridge older than 0.5.0.
+    What it checks: a training job with train.lora targeting experts, one adapter per expert
+    (train.lora.expert_adapters per_expert, set or picked by auto), on a megatron-bridge older than 0.5.0.
 
     Why: with train.lora.expert_adapters: per_expert (what auto picks with parallel.ep > 1) every routed expert gets
     its own adapter, as the Hugging Face adapter layout holds one per expert (peft target_parameters on
@@ -500,7 +501,11 @@ def lora_per_expert_adapters(run):
         # Shared adapters are an answer only with one expert-parallel rank (TRN024).
         shared = ", set train.lora.expert_adapters: shared" if run.preset.parallel.ep == 1 else ""
         yield Issue(
-            "train.lora.expert_adapters" if spec.expert_adapters == "per_expert" else "train.lora",
+            "train.lora.expert_adapters"
+            if spec.expert_adapters == "per_expert"
+            else "train.lora.targets"
+            if spec.targets is not None
+            else "train.lora",
             f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
             f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
             f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer{shared}, or remove experts "

@@ -340,7 +340,8 @@ def test_expert_adapters_resume_only_as_they_were_saved():
     assert lora_checkpoint.resume_problem(saved_per_expert, on_experts, directory) is None
     problem = lora_checkpoint.resume_problem(saved_per_expert, shared, directory)
     assert problem is not None
-    assert "holds per_expert adapters on the routed experts" in problem and "expert_adapters is shared" in problem
+    assert "holds per_expert adapters on the routed experts" in problem and "asks for shared ones" in problem
+    assert "set train.lora.expert_adapters: per_expert" in problem
     older = _state(rank=4, targets=["experts"])
     del older["lora"]["expert_adapters"]  # written before the setting: per-expert adapters
     assert lora_checkpoint.resume_problem(older, on_experts, directory) is None
