@@ -220,8 +220,8 @@ def resume_problem(state: dict, spec: EngineLora | None, directory: Path) -> str
     if "experts" in wanted[2] and saved_experts != wanted_experts:
         return (
             f"{directory} holds {saved_experts} adapters on the routed experts, but this run asks for "
-            f"{wanted_experts} ones (train.lora.expert_adapters; auto picks shared with parallel.ep 1, per_expert "
-            f"with more); set train.lora.expert_adapters: {saved_experts} as the checkpoint's, or {restart}."
+            f"{wanted_experts} ones (train.lora.expert_adapters, as `gdnctl explain` shows it decided); set "
+            f"train.lora.expert_adapters: {saved_experts} as the checkpoint's, or {restart}."
         )
     return None
 
