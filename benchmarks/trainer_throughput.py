@@ -9,7 +9,8 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
     python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
-    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla] [--out ...]
+    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla]
+        [--peer-kernels fla] [--out ...]
     python benchmarks/trainer_throughput.py speed-options [--steps 10] [--with-torch-compile] [--out results.json]
     python benchmarks/trainer_throughput.py memory [--steps 3] [--out results.json]
     python benchmarks/trainer_throughput.py lora [--steps 10] [--lora-rank 32] [--out results.json]
@@ -21,9 +22,10 @@ validate refuses it, MEM001 115.7 GiB.)
 
 `compare` runs gdnctl's launch of the proxy with its defaults, then Megatron-Bridge's own training loop
 (benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch,
-sequence length and GDN kernel (once per --kernels entry): step time, real tokens/s, TFLOPS/GPU and MFU on real
-tokens, peak memory, and gdnctl's ratio to it; for gdnctl also its first step and the wall time from the launch to the
-end of the first step.
+sequence length (once per --peer-kernels entry, default the --kernels): step time, real tokens/s, TFLOPS/GPU and
+MFU on real tokens, peak memory, and gdnctl's ratio to each, over all measured steps and over their last half (a loop
+still speeding up shows there); for gdnctl also its first step and the wall time from the launch to the end of the
+first step.
 `memory` runs the proxy in this process and attributes what stays allocated between steps to the code that
 allocated it (torch's allocator history). `speed-options` runs the proxy with the speed options as `auto` decides
 them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
@@ -135,27 +137,39 @@ def builders(args, work: Path) -> dict:
 PEER_SCRIPT = Path(__file__).with_name("megatron_bridge_loop.py")
 
 
+def late_half(step_seconds: list[float]) -> float:
+    """The median of the last half of the measured steps: a loop that is still speeding up (the allocator, the
+    garbage collector, the host's clocks) shows it here against the median over all of them."""
+    return statistics.median(step_seconds[len(step_seconds) // 2 :])
+
+
 def compare(args, work: Path) -> dict:
     """gdnctl's launch of the proxy once per --kernels GDN kernel, then Megatron-Bridge's own loop at the same shape
-    once per kernel, on the same GDN kernel (PEER_GDN_ENV), back to back."""
+    once per --peer-kernels kernel (PEER_GDN_ENV), back to back; a ratio for every pair, over all measured steps and
+    over their last half."""
     sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
-    ours_by_kernel = {}
+    results: dict = {}
     for kernel in args.kernels:
         started = time.time()
         steps = launch(work / f"gdnctl-{kernel}", [f"kernels.gdn_backend={kernel}", *sets])
         ours = summarise(steps, work / f"gdnctl-{kernel}")
-        ours["mfu"] = statistics.median(s["mfu"] for s in steps[WARMUP_STEPS:] if s["mfu"] is not None)
+        measured = steps[WARMUP_STEPS:]
+        ours["mfu"] = statistics.median(s["mfu"] for s in measured if s["mfu"] is not None)
         ours["launch_to_first_step_s"] = round(steps[0]["time"] - started, 1)
-        ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in steps[WARMUP_STEPS:])
-        ours_by_kernel[kernel] = ours
-    engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
-    results: dict = {}
-    for kernel, ours in ours_by_kernel.items():
-        peer = run_peer(args, engine, work / f"megatron-bridge-{kernel}", kernel)
-        results[f"megatron_bridge_{kernel}"] = peer
+        ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in measured)
+        ours["late_step_s"] = late_half([s["seconds"] for s in measured])
+        ours["late_tokens_per_s"] = ours["tokens_per_s"] * ours["step_s"] / ours["late_step_s"]
         results[f"gdnctl_{kernel}"] = ours
-        results[f"tokens_per_s_ratio_{kernel}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
-        results[f"peak_memory_ratio_{kernel}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
+    engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
+    for peer_kernel in args.peer_kernels or args.kernels:
+        peer = run_peer(args, engine, work / f"megatron-bridge-{peer_kernel}", peer_kernel)
+        results[f"megatron_bridge_{peer_kernel}"] = peer
+        for kernel in args.kernels:
+            ours = results[f"gdnctl_{kernel}"]
+            pair = kernel if kernel == peer_kernel else f"{kernel}_vs_peer_{peer_kernel}"
+            results[f"tokens_per_s_ratio_{pair}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+            results[f"late_tokens_per_s_ratio_{pair}"] = ours["late_tokens_per_s"] / peer["late_tokens_per_s"]
+            results[f"peak_memory_ratio_{pair}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
     return results
 
 
@@ -207,6 +221,8 @@ def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
             f"\n{proc.stderr[-3000:]}"
         )
     timer = json.loads(peer_out.read_text())["train_step_timer"]
+    measured = [step["seconds"] for step in timer["per_step"] if step["step"] > WARMUP_STEPS]
+    late_step = late_half(measured)
     return {
         "mode": args.peer_mode,
         "gdn_kernel": kernel,
@@ -217,6 +233,8 @@ def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
         "mfu": timer["mfu"],
         "peak_memory_gib": timer["max_peak_memory_gib"],
         "peak_reserved_gib": timer.get("max_peak_reserved_gib"),
+        "late_step_s": late_step,
+        "late_tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus * timer["median_step_s"] / late_step,
     }
 
 
@@ -845,7 +863,14 @@ def main() -> None:
         "--kernels",
         type=lambda text: text.split(","),
         default=["fla"],
-        help="compare: GDN kernels (fla,flashqla): per kernel, gdnctl's launch and the peer's loop on that kernel",
+        help="compare: GDN kernels (fla,flashqla): gdnctl's launch on each",
+    )
+    parser.add_argument(
+        "--peer-kernels",
+        type=lambda text: text.split(","),
+        default=None,
+        help="compare: the GDN kernels Megatron-Bridge's loop runs, each compared with every gdnctl run "
+        "(default: the --kernels)",
     )
     parser.add_argument(
         "--options",

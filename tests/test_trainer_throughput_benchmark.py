@@ -60,3 +60,10 @@ def test_speed_options_mode_turns_off_every_option_the_plan_decides():
     from gdnctl.plan.speed import SPEED_OPTIONS
 
     assert list(load_benchmark().SPEED_OFF) == list(SPEED_OPTIONS)
+
+
+def test_compare_late_half_is_the_median_of_the_last_half_of_the_measured_steps():
+    """A loop that speeds up late (steps 0.80 s early, 0.74 s late) shows its late pace apart from the whole median."""
+    late_half = load_benchmark().late_half
+    assert late_half([0.80, 0.80, 0.80, 0.74, 0.74, 0.73]) == 0.74
+    assert late_half([0.80, 0.80, 0.80, 0.80, 0.74, 0.74, 0.73]) == 0.74  # an odd count: the middle step counts as late

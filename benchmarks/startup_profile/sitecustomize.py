@@ -12,7 +12,10 @@ seconds, or until the process ends if that comes first, then writes OUT_DIR/TAG.
 Three tables, in seconds (each sample weighs the time since the one before): the module imports that took
 longest (cumulative: a module's own `<module>` code with everything it imported), the functions that took longest
 (cumulative: anything under them), and the functions the thread was inside at each sample (self: where the time
-was spent, C calls counted to the Python function that made them). The
+was spent, C calls counted to the Python function that made them). Two more tables do the same for every other
+thread that was running Python at a sample: the autograd engine runs a CUDA backward, and with it every Python
+`backward` (a Triton kernel's launch and its first-call loading), on a thread of its own while the main thread
+waits in `run_backward`. A thread waiting in Python (a pool's idle worker) counts there too: read its frames. The
 sampler needs the GIL to look: work in C that holds it (compiling a module's source, a garbage collection, a
 module body's C calls) is charged to the frame the main thread is in when it next lets go, often a file read in
 the import system or a Python callback that runs after it; the cumulative tables are sound. Pick SECONDS a
@@ -48,15 +51,34 @@ def _module_name(filename: str) -> str:
     return filename
 
 
+def _count_stack(frame, weight: float, cumulative, own, imports=None) -> None:
+    """Charge one sample of a thread's stack: its innermost function (self), every function on it once
+    (cumulative, so recursion counts once) and, given a counter for them, the module bodies being run."""
+    own[_where(frame.f_code)] += weight
+    seen: set = set()
+    while frame is not None:
+        code = frame.f_code
+        if code not in seen:
+            seen.add(code)
+            cumulative[_where(code)] += weight
+            if imports is not None and code.co_name == "<module>":
+                imports[_module_name(code.co_filename)] += weight
+        frame = frame.f_back
+
+
 def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: threading.Event) -> None:
     cumulative: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()
     imports: collections.Counter = collections.Counter()
+    others_cumulative: collections.Counter = collections.Counter()
+    others_own: collections.Counter = collections.Counter()
+    me = threading.get_ident()
     samples, traced = 0, 0.0
     last = time.monotonic()
     end = last + seconds
     while last < end and not stop.wait(interval):
-        frame = sys._current_frames().get(main_id)
+        frames = sys._current_frames()
+        frame = frames.get(main_id)
         if frame is None:
             break
         # Each sample stands for the time since the previous one: the thread waits for the GIL, so a busy main
@@ -65,21 +87,17 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
         weight, last = now - last, now
         samples += 1
         traced += weight
-        own[_where(frame.f_code)] += weight
-        seen: set = set()
-        while frame is not None:
-            code = frame.f_code
-            if code not in seen:  # recursion counts a function once per sample
-                seen.add(code)
-                cumulative[_where(code)] += weight
-                if code.co_name == "<module>":
-                    imports[_module_name(code.co_filename)] += weight
-            frame = frame.f_back
+        _count_stack(frame, weight, cumulative, own, imports)
+        for ident, other in frames.items():
+            if ident not in (main_id, me):
+                _count_stack(other, weight, others_cumulative, others_own)
     lines = [f"{samples} samples of the main thread over {traced:.1f} s (every {interval * 1000:.0f} ms or more)"]
     for title, counter in (
         ("module imports, cumulative", imports),
         ("functions, cumulative", cumulative),
         ("functions, self", own),
+        ("other threads: functions, cumulative", others_cumulative),
+        ("other threads: functions, self", others_own),
     ):
         lines += ["", f"## {title} (s)"]
         lines += [f"{spent:8.2f}  {name}" for name, spent in counter.most_common(TOP)]
