@@ -142,8 +142,13 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
     of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows; BENCHMARKS.md
     "Trainer: where the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled;
     the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s eager, 0.766
-    s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. Megatron-Bridge's own loop compiles
-    them too. auto stays where that was measured: one row shape every step (a new shape recompiles)."""
+    s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. With the defaults on one H100 (FlashQLA,
+    concatenated full rows, attention and GDN blocks graphed; BENCHMARKS.md "torch.compile off, Dynamo's caching
+    precompile, torch's attention"): 0.686 s a step compiled against 0.768 s eager, the reserved peak 53.81 GiB
+    against 55.19 GiB, step 1 about 4 s longer (Dynamo's tracing of 14 graphs: the inductor cache spares only
+    the code generation, and torch 2.11's caching precompile, which would spare the tracing, fails in AOTAutograd's
+    cache). Megatron-Bridge's own loop compiles them too. auto stays where that was measured: one row shape every
+    step (a new shape recompiles)."""
     requested = preset.kernels.torch_compile
     if requested != "auto":
         return Decision(bool(requested), f"set in the preset (kernels.torch_compile: {str(requested).lower()})")
@@ -164,9 +169,8 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
     return Decision(
         True,
         "Megatron-Core's fused functions (GDN gate and norm, SwiGLU, attention output gate) run as "
-        "a few compiled kernels instead of chains of fp32 ones: on the 35B-A3B proxy (H200) 120 ms "
-        "less GPU time and 1.25 GiB less peak a step, the step 45 ms shorter without the router "
-        "graphs and the same with them; step 1 about 3 s longer",
+        "a few compiled kernels instead of chains of fp32 ones: on the 35B-A3B proxy on an H100 the "
+        "step 82 ms (11%) shorter and the reserved peak 1.38 GiB lower; step 1 about 4 s longer",
     )
 
 
