@@ -15,7 +15,10 @@ longest (cumulative: a module's own `<module>` code with everything it imported)
 was spent, C calls counted to the Python function that made them). Two more tables do the same for every other
 thread that was running Python at a sample: the autograd engine runs a CUDA backward, and with it every Python
 `backward` (a Triton kernel's launch and its first-call loading), on a thread of its own while the main thread
-waits in `run_backward`. A thread waiting in Python (a pool's idle worker) counts there too: read its frames. The
+waits in `run_backward`. A thread waiting in Python (a pool's idle worker) counts there too: read its frames. Then,
+for each start-up phase of the trainer (the phase marks of gdnctl/runtime/train/startup.py: "after 'data'" is step
+1), its seconds and where they went, self, on the main thread and on the others, threads idle in a known wait left
+out (threading's and a queue's waits, inductor's compile-worker reader and timer, a selector). The
 sampler needs the GIL to look: work in C that holds it (compiling a module's source, a garbage collection, a
 module body's C calls) is charged to the frame the main thread is in when it next lets go, often a file read in
 the import system or a Python callback that runs after it; the cumulative tables are sound. Pick SECONDS a
@@ -33,7 +36,29 @@ import threading
 import time
 
 SPEC = os.environ.get("GDNCTL_STARTUP_PROFILE")
-TOP = 40
+TOP = 60
+TOP_PER_PHASE = 15
+# Innermost frames of threads that are waiting, not working: (the file's path ends with, function).
+IDLE = {
+    ("threading.py", "wait"),
+    ("queue.py", "get"),
+    ("compile_worker/subproc_pool.py", "_recv_msg"),
+    ("compile_worker/timer.py", "check"),
+    ("selectors.py", "select"),
+}
+BEFORE_THE_TRAINER = "before the trainer's first mark"
+
+
+def _phase() -> str:
+    """The trainer's start-up phase in progress, named after the mark that ended the one before it."""
+    clock = sys.modules.get("gdnctl.runtime.train.startup")
+    done = getattr(clock, "last_mark", None)
+    return BEFORE_THE_TRAINER if done is None else f"after {done!r}"
+
+
+def _idle(frame) -> bool:
+    code = frame.f_code
+    return any(code.co_filename.endswith(suffix) and code.co_name == name for suffix, name in IDLE)
 
 
 def _where(code) -> str:
@@ -73,6 +98,8 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
     others_cumulative: collections.Counter = collections.Counter()
     others_own: collections.Counter = collections.Counter()
     me = threading.get_ident()
+    # phase -> [seconds, main thread self, other threads self]
+    phases: dict[str, list] = {}
     samples, traced = 0, 0.0
     last = time.monotonic()
     end = last + seconds
@@ -87,10 +114,15 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
         weight, last = now - last, now
         samples += 1
         traced += weight
+        phase = phases.setdefault(_phase(), [0.0, collections.Counter(), collections.Counter()])
+        phase[0] += weight
+        phase[1][_where(frame.f_code)] += weight
         _count_stack(frame, weight, cumulative, own, imports)
         for ident, other in frames.items():
             if ident not in (main_id, me):
                 _count_stack(other, weight, others_cumulative, others_own)
+                if not _idle(other):
+                    phase[2][_where(other.f_code)] += weight
     lines = [f"{samples} samples of the main thread over {traced:.1f} s (every {interval * 1000:.0f} ms or more)"]
     for title, counter in (
         ("module imports, cumulative", imports),
@@ -101,6 +133,12 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
     ):
         lines += ["", f"## {title} (s)"]
         lines += [f"{spent:8.2f}  {name}" for name, spent in counter.most_common(TOP)]
+    for name, (seconds, main_self, others_self) in phases.items():
+        lines += ["", f"## phase {name}: {seconds:.2f} s"]
+        lines += ["main thread, self (s):"]
+        lines += [f"{spent:8.2f}  {where}" for where, spent in main_self.most_common(TOP_PER_PHASE)]
+        lines += ["other threads at work, self (s):"]
+        lines += [f"{spent:8.2f}  {where}" for where, spent in others_self.most_common(TOP_PER_PHASE)]
     with open(out_path, "w") as out:
         out.write("\n".join(lines) + "\n")
 

@@ -21,6 +21,9 @@ from pathlib import Path
 from gdnctl.files import replace_text
 
 STARTUP_FILE = "startup.json"
+# The last phase a clock in this process marked as ended: the start-up profiler (benchmarks/startup_profile/) reads
+# it from this module to split its samples by phase; nothing in gdnctl reads it.
+last_mark: str | None = None
 
 
 def torch_compile_spent() -> tuple[float, int] | None:
@@ -69,9 +72,11 @@ class StartupClock:
         self._last = time.perf_counter()
 
     def mark(self, phase: str) -> None:
+        global last_mark
         now = time.perf_counter()
         self.phases[phase] = round(now - self._last, 2)
         self._last = now
+        last_mark = phase
 
     def _total(self) -> float:
         """Seconds from this rank's start to the end of step 1: the phases' sum."""
