@@ -104,7 +104,7 @@ class RenderedRun:
 
 def _env_table(run, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     rows = [(name, value, reason) for name, value, reason in run.environment]
-    rows += kernel_cache_env(kernel_cache_dir)
+    rows += kernel_cache_env(kernel_cache_dir, rollout=run.preset.job == "rl")
     compiler_names = {row[0] for row in rows}
     for name, value in run.preset.launch.env.items():
         source = "launch.env (overrides the compiler)" if name in compiler_names else "launch.env"

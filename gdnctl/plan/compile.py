@@ -49,7 +49,8 @@ def _lora(run: Run) -> EngineLora | None:
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
     values = {name: value for name, value, _ in run.environment}
     if kernel_cache_dir:
-        values.update((name, value) for name, value, _ in kernel_cache_env(kernel_cache_dir))
+        rollout = run.preset.job == "rl"
+        values.update((name, value) for name, value, _ in kernel_cache_env(kernel_cache_dir, rollout=rollout))
     values.update(run.preset.launch.env)
     return values
 

@@ -18,7 +18,7 @@ from gdnctl.schema import Preset
 DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 
 
-def kernel_cache_env(kernel_cache_dir: str) -> list[tuple[str, str, str]]:
+def kernel_cache_env(kernel_cache_dir: str, *, rollout: bool = False) -> list[tuple[str, str, str]]:
     """The compiler caches the trainer fills on first use, all under the one kernel cache directory so that a job
     (or `gdnctl prewarm`) fills them once for every later job: (variable, value, what it holds). Measured on the
     35B-A3B proxy on an H100 (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call"): FLA's first call
@@ -26,9 +26,14 @@ def kernel_cache_env(kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     With Triton's autotuning results cached as well (TRITON_CACHE_AUTOTUNING, Triton's own knob; 6 autotuning runs
     in the first process, 0 in the next), the proxy's step 1 went from 14.0 s to 9.6 s, torch.compile off. Without
     these variables Triton writes to ~/.triton/cache and inductor to /tmp/torchinductor_$USER, which a cluster
-    job's node usually does not keep."""
+    job's node usually does not keep.
+
+    With `rollout` (an rl job), vLLM's cache too: its engines compile the model with torch.compile unless
+    rollout.enforce_eager, and keep what they compiled under VLLM_CACHE_ROOT/torch_compile_cache, in a folder named
+    by the hash of the model, the config and vLLM's own code, with VLLM_CACHE_ROOT left out of that hash (vLLM
+    0.26.0 vllm/compilation/backends.py:1068, vllm/envs.py:677 and :2112); its default is ~/.cache/vllm."""
     root = kernel_cache_dir.rstrip("/")
-    return [
+    rows = [
         ("TILELANG_CACHE_DIR", kernel_cache_dir, "FlashQLA's TileLang kernels (gdnctl prewarm fills it)"),
         (
             "TRITON_CACHE_DIR",
@@ -47,6 +52,16 @@ def kernel_cache_env(kernel_cache_dir: str) -> list[tuple[str, str, str]]:
             "torch.compile'd functions, with kernels.torch_compile (the first job fills it)",
         ),
     ]
+    if rollout:
+        rows.append(
+            (
+                "VLLM_CACHE_ROOT",
+                f"{root}/vllm",
+                "the rollout's vLLM: what its engines compiled, found again by the next engine with the same "
+                "model and settings",
+            )
+        )
+    return rows
 
 
 @dataclass(frozen=True)

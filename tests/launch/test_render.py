@@ -74,6 +74,17 @@ def test_run_dir_contents(tmp_path):
     assert manifest["preset"]["overrides"] == ["launch.kernel_cache_dir=/shared/tilelang"]
 
 
+def test_an_rl_run_keeps_vllms_compile_cache_in_the_kernel_cache_and_other_jobs_name_no_vllm_cache(tmp_path):
+    """The rollout's engines compile the model unless rollout.enforce_eager: the next job's engines find that in
+    the kernel cache directory, which a cluster keeps, rather than in the node's ~/.cache/vllm."""
+    assert render("qwen3.5-35b-a3b-grpo", tmp_path / "rl").exit_code == 0
+    rl = EngineConfig.from_file(tmp_path / "rl" / "engine.yaml")
+    assert rl.env["VLLM_CACHE_ROOT"] == "/shared/tilelang/vllm"
+    assert "export VLLM_CACHE_ROOT=/shared/tilelang/vllm" in (tmp_path / "rl" / "launch_slurm.sbatch").read_text()
+    assert render("qwen3.5-35b-a3b-sft", tmp_path / "sft").exit_code == 0
+    assert "VLLM_CACHE_ROOT" not in EngineConfig.from_file(tmp_path / "sft" / "engine.yaml").env
+
+
 def test_refuses_preset_with_errors(tmp_path):
     out = tmp_path / "run"
     result = render("qwen3.5-35b-a3b-grpo", out, "parallel.tp=3")

@@ -19,6 +19,7 @@ export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export TRITON_CACHE_AUTOTUNING=1
 export TRITON_CACHE_DIR=/shared/tilelang/triton
+export VLLM_CACHE_ROOT=/shared/tilelang/vllm
 export GDNCTL_JOB_NAME=qwen3.5-35b-a3b-grpo
 
 # `bash launch_local.sh --smoke` runs the job's smoke run instead: a few steps of this layout in RUN_DIR/smoke,

@@ -14,6 +14,7 @@ export TILELANG_CACHE_DIR=/shared/tilelang
 export TORCHINDUCTOR_CACHE_DIR=/shared/tilelang/inductor
 export TRITON_CACHE_AUTOTUNING=1
 export TRITON_CACHE_DIR=/shared/tilelang/triton
+export VLLM_CACHE_ROOT=/shared/tilelang/vllm
 export GDNCTL_JOB_NAME=tiny-qwen3.5-rl-cpu
 
 # `bash launch_local.sh --smoke` runs the job's smoke run instead: a few steps of this layout in RUN_DIR/smoke,
