@@ -32,7 +32,17 @@ clock.mark("step 1")
 """
 
 
-def profile(tmp_path: Path) -> str:
+COMPILING = """
+import torch
+
+def fused_gate(x):
+    return torch.sigmoid(x) * x
+
+torch.compile(fused_gate, backend="eager")(torch.ones(8))
+"""
+
+
+def profile(tmp_path: Path, script: str = SCRIPT) -> str:
     env = {
         **os.environ,
         "GDNCTL_STARTUP_PROFILE": f"{tmp_path}:toy:20:5",
@@ -40,7 +50,7 @@ def profile(tmp_path: Path) -> str:
         "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks" / "startup_profile"), str(REPO)]),
     }
     env.pop("GDNCTL_STARTUP_PROFILE_TAKEN", None)
-    subprocess.run([sys.executable, "-c", SCRIPT], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
     # The script ends long before the 20 s window: the tables are written at its exit.
     return (tmp_path / "toy.startup-profile.txt").read_text()
 
@@ -64,3 +74,11 @@ def test_the_profile_splits_by_phase_and_shows_the_other_threads_work(tmp_path):
     assert not [line for line in others_part.splitlines() if line.endswith(" wait")]  # the waiting thread is not
     seconds = float(step.split(":")[1].split()[0])
     assert 0.3 <= seconds < 5
+
+
+def test_torch_compiles_time_is_charged_to_the_function_it_compiled(tmp_path):
+    text = profile(tmp_path, COMPILING)
+    table = section(text, "## torch.compile, by the function it compiled")
+    total = float(table.split(":")[1].split()[0])
+    rows = table.splitlines()[1:]
+    assert total > 0 and rows and rows[0].endswith(" fused_gate")

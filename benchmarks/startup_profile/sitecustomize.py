@@ -18,7 +18,10 @@ thread that was running Python at a sample: the autograd engine runs a CUDA back
 waits in `run_backward`. A thread waiting in Python (a pool's idle worker) counts there too: read its frames. Then,
 for each start-up phase of the trainer (the phase marks of gdnctl/runtime/train/startup.py: "after 'data'" is step
 1), its seconds and where they went, self, on the main thread and on the others, threads idle in a known wait left
-out (threading's and a queue's waits, inductor's compile-worker reader and timer, a selector). The
+out (threading's and a queue's waits, inductor's compile-worker reader and timer, a selector). Last, torch.compile's
+time by the function it compiled (any thread): the samples inside Dynamo's `_compile`
+(torch/_dynamo/convert_frame.py), charged to the code object it was given, tracing and the backend's compile
+both. The
 sampler needs the GIL to look: work in C that holds it (compiling a module's source, a garbage collection, a
 module body's C calls) is charged to the frame the main thread is in when it next lets go, often a file read in
 the import system or a Python callback that runs after it; the cumulative tables are sound. Pick SECONDS a
@@ -47,6 +50,7 @@ IDLE = {
     ("selectors.py", "select"),
 }
 BEFORE_THE_TRAINER = "before the trainer's first mark"
+DYNAMO_COMPILE_FILE = os.path.join("torch", "_dynamo", "convert_frame.py")
 
 
 def _phase() -> str:
@@ -76,11 +80,22 @@ def _module_name(filename: str) -> str:
     return filename
 
 
-def _count_stack(frame, weight: float, cumulative, own, imports=None) -> None:
+def _compiled_code(frame):
+    """The code object Dynamo's `_compile` frame is compiling (its first argument, `code`), or None."""
+    code = frame.f_code
+    if code.co_name != "_compile" or not code.co_filename.endswith(DYNAMO_COMPILE_FILE):
+        return None
+    compiled = frame.f_locals.get("code")
+    return compiled if hasattr(compiled, "co_firstlineno") else None
+
+
+def _count_stack(frame, weight: float, cumulative, own, imports=None, compiled=None) -> None:
     """Charge one sample of a thread's stack: its innermost function (self), every function on it once
-    (cumulative, so recursion counts once) and, given a counter for them, the module bodies being run."""
+    (cumulative, so recursion counts once) and, given counters for them, the module bodies being run and the
+    function torch.compile is compiling."""
     own[_where(frame.f_code)] += weight
     seen: set = set()
+    charged_compile = False
     while frame is not None:
         code = frame.f_code
         if code not in seen:
@@ -88,6 +103,11 @@ def _count_stack(frame, weight: float, cumulative, own, imports=None) -> None:
             cumulative[_where(code)] += weight
             if imports is not None and code.co_name == "<module>":
                 imports[_module_name(code.co_filename)] += weight
+        if compiled is not None and not charged_compile:
+            target = _compiled_code(frame)
+            if target is not None:  # the innermost `_compile`: a nested compile is charged to its own function
+                compiled[_where(target)] += weight
+                charged_compile = True
         frame = frame.f_back
 
 
@@ -97,6 +117,7 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
     imports: collections.Counter = collections.Counter()
     others_cumulative: collections.Counter = collections.Counter()
     others_own: collections.Counter = collections.Counter()
+    compiled: collections.Counter = collections.Counter()
     me = threading.get_ident()
     # phase -> [seconds, main thread self, other threads self]
     phases: dict[str, list] = {}
@@ -117,10 +138,10 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
         phase = phases.setdefault(_phase(), [0.0, collections.Counter(), collections.Counter()])
         phase[0] += weight
         phase[1][_where(frame.f_code)] += weight
-        _count_stack(frame, weight, cumulative, own, imports)
+        _count_stack(frame, weight, cumulative, own, imports, compiled)
         for ident, other in frames.items():
             if ident not in (main_id, me):
-                _count_stack(other, weight, others_cumulative, others_own)
+                _count_stack(other, weight, others_cumulative, others_own, compiled=compiled)
                 if not _idle(other):
                     phase[2][_where(other.f_code)] += weight
     lines = [f"{samples} samples of the main thread over {traced:.1f} s (every {interval * 1000:.0f} ms or more)"]
@@ -139,6 +160,8 @@ def _sample(main_id: int, seconds: float, interval: float, out_path: str, stop: 
         lines += [f"{spent:8.2f}  {where}" for where, spent in main_self.most_common(TOP_PER_PHASE)]
         lines += ["other threads at work, self (s):"]
         lines += [f"{spent:8.2f}  {where}" for where, spent in others_self.most_common(TOP_PER_PHASE)]
+    lines += ["", f"## torch.compile, by the function it compiled: {sum(compiled.values()):.2f} s"]
+    lines += [f"{spent:8.2f}  {where}" for where, spent in compiled.most_common(TOP)]
     with open(out_path, "w") as out:
         out.write("\n".join(lines) + "\n")
 
