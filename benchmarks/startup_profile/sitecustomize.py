@@ -1,5 +1,6 @@
 """Where a launch's time to its first step goes, function by function: a sampling profile of rank 0's main thread
-from the process's start, for any launch and with nothing in it changed.
+from the process's start, for any launch and with nothing in it changed. (With GDNCTL_STARTUP_EXPERIMENT set, this
+file also loads gdnctl_startup_experiments.py beside it: ideas for the start-up tried without changing gdnctl.)
 
 Python imports `sitecustomize` at start-up from the first folder on its path that has one, so putting this folder
 first on PYTHONPATH loads it into every process a launch starts. In the process torchrun starts as rank 0 (RANK=0),
@@ -106,7 +107,8 @@ def _count_stack(frame, weight: float, cumulative, own, imports=None, compiled=N
         if compiled is not None and not charged_compile:
             target = _compiled_code(frame)
             if target is not None:  # the innermost `_compile`: a nested compile is charged to its own function
-                compiled[_where(target)] += weight
+                # The qualified name (Class.method) is what GDNCTL_STARTUP_EXPERIMENT's eager: takes.
+                compiled[f"{target.co_filename}:{target.co_firstlineno} {target.co_qualname}"] += weight
                 charged_compile = True
         frame = frame.f_back
 
@@ -193,3 +195,8 @@ if SPEC and os.environ.get("RANK") == "0" and not os.environ.get("GDNCTL_STARTUP
         """A job shorter than SECONDS still gets its tables: the interpreter kills daemon threads at exit."""
         stop_sampling.set()
         sampler.join(timeout=30)
+
+
+# Start-up experiments (gdnctl_startup_experiments.py beside this file), in every process of the launch.
+if os.environ.get("GDNCTL_STARTUP_EXPERIMENT"):
+    import gdnctl_startup_experiments  # noqa: F401  (installs itself from the variable)
