@@ -13,7 +13,9 @@ over steps 2..N; step 1 is left out as warm-up. Arms:
 - separate, 3 GPUs or more: a one-GPU trainer beside one engine vs two (rollout.num_gpus 1 vs 2, the trainer
   keeping the remaining GPUs).
 
-The same seeds draw the same prompts in both arms of a placement, each prompt sampled with its own seed.
+The same seeds draw the same prompts in both arms of a placement, each prompt sampled with its own seed. Each
+arm also records how long its engines took to start (`engine_start_s`): the first arm's compile on an empty
+kernel cache, the second's on what the first left in it (VLLM_CACHE_ROOT).
 Results go to --out after every arm, with the device, versions, date and command.
 """
 
@@ -23,6 +25,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -81,6 +84,16 @@ def arms(gpus: int, placements: tuple[str, ...] = PLACEMENTS) -> list[tuple[str,
     return out
 
 
+ENGINE_START = re.compile(r"rollout engines? up in ([\d.]+) s")
+
+
+def engine_start_seconds(log: str) -> float | None:
+    """The job's own line for its engines' start (rl/job.py: the slowest engine's seconds to load the weights,
+    compile and capture): what a warm compile cache (VLLM_CACHE_ROOT) shortens."""
+    found = ENGINE_START.search(log)
+    return float(found.group(1)) if found else None
+
+
 def run_arm(
     run_dir: Path, vllm_python: str, settings: tuple[str, ...], steps: int, eager: bool, step_load: tuple[str, ...]
 ) -> dict:
@@ -116,6 +129,7 @@ def run_arm(
         "response_length": statistics.median(r["response_length"] for r in measured),
         "engines_seen": sorted({r["rollout_engines"] for r in rows}),
         "steps": len(rows),
+        "engine_start_s": engine_start_seconds(done.stdout + done.stderr),
     }
 
 

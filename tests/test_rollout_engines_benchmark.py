@@ -49,3 +49,11 @@ def test_every_arm_validates_and_runs_the_engines_it_names(arm, tmp_path):
     report = json.loads(result.output)
     assert report["ok"], report["findings"]
     assert report["resolved"]["rollout_engines"] == engines, (placement, report["resolved"])
+
+
+def test_an_arm_reads_its_engines_start_from_the_jobs_own_line():
+    """rl/job.py logs `rollout engine up in S s` (one engine) or `rollout engines up in S s` (the slowest)."""
+    read = load_benchmark().engine_start_seconds
+    assert read("[gdnctl rl] rollout engine up in 257.0 s\nstep 1/3 | ...") == 257.0
+    assert read("[gdnctl rl] rollout engines up in 61.4 s") == 61.4
+    assert read("a job that never started its engines") is None
