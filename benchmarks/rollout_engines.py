@@ -14,8 +14,9 @@ over steps 2..N; step 1 is left out as warm-up. Arms:
   keeping the remaining GPUs).
 
 The same seeds draw the same prompts in both arms of a placement, each prompt sampled with its own seed. Each
-arm also records how long its engines took to start (`engine_start_s`): the first arm's compile on an empty
-kernel cache, the second's on what the first left in it (VLLM_CACHE_ROOT).
+arm also records how long its engines took to start (`engine_start_s`, from the job's own line). With --cuda-graphs
+vLLM compiles the model into the kernel cache's vllm/ folder (VLLM_CACHE_ROOT): on a machine whose cache has none
+of it the first arm's engine compiles, and the second arm's engines find what it compiled.
 Results go to --out after every arm, with the device, versions, date and command.
 """
 

@@ -149,6 +149,13 @@ def compare(args, work: Path) -> dict:
     over their last half."""
     sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
     results: dict = {}
+
+    def keep() -> None:
+        """What has run so far, written after every arm: a later arm that fails or runs out of time loses only
+        itself."""
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+
     for kernel in args.kernels:
         started = time.time()
         steps = launch(work / f"gdnctl-{kernel}", [f"kernels.gdn_backend={kernel}", *sets])
@@ -160,6 +167,7 @@ def compare(args, work: Path) -> dict:
         ours["late_step_s"] = late_half([s["seconds"] for s in measured])
         ours["late_tokens_per_s"] = ours["tokens_per_s"] * ours["step_s"] / ours["late_step_s"]
         results[f"gdnctl_{kernel}"] = ours
+        keep()
     engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
     for peer_kernel in args.peer_kernels or args.kernels:
         peer = run_peer(args, engine, work / f"megatron-bridge-{peer_kernel}", peer_kernel)
@@ -170,6 +178,7 @@ def compare(args, work: Path) -> dict:
             results[f"tokens_per_s_ratio_{pair}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
             results[f"late_tokens_per_s_ratio_{pair}"] = ours["late_tokens_per_s"] / peer["late_tokens_per_s"]
             results[f"peak_memory_ratio_{pair}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
+        keep()
     return results
 
 
@@ -818,6 +827,16 @@ DEFAULT_VARIANTS = [
 ]
 
 
+def _kernel_list(text: str) -> list[str]:
+    """--kernels / --peer-kernels: GDN kernels both gdnctl and Megatron-Bridge's loop can run, checked before any
+    launch spends GPU time."""
+    kernels = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [kernel for kernel in kernels if kernel not in PEER_GDN_ENV]
+    if not kernels or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: name GDN kernels from {', '.join(PEER_GDN_ENV)}, comma-separated")
+    return kernels
+
+
 def _variant_list(text: str) -> list[Variant]:
     variants = [Variant.parse(part.strip()) for part in text.split(",") if part.strip()]
     if not variants:
@@ -861,13 +880,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--kernels",
-        type=lambda text: text.split(","),
+        type=_kernel_list,
         default=["fla"],
         help="compare: GDN kernels (fla,flashqla): gdnctl's launch on each",
     )
     parser.add_argument(
         "--peer-kernels",
-        type=lambda text: text.split(","),
+        type=_kernel_list,
         default=None,
         help="compare: the GDN kernels Megatron-Bridge's loop runs, each compared with every gdnctl run "
         "(default: the --kernels)",

@@ -42,6 +42,8 @@ def kept(x):
 """
 
 CALLS = """
+import importlib.util
+importlib.util.find_spec("toy_fused")  # a lookup alone must not use up the experiment
 import torch, toy_fused
 import torch._dynamo.utils as dynamo_utils
 x = torch.ones(4)
@@ -50,7 +52,7 @@ print(dynamo_utils.counters["stats"]["unique_graphs"])
 """
 
 
-def run_with(tmp_path: Path, experiment: str) -> subprocess.CompletedProcess:
+def run_with(tmp_path: Path, experiment: str, check: bool = True) -> subprocess.CompletedProcess:
     (tmp_path / "toy_fused.py").write_text(textwrap.dedent(TOY))
     env = {
         **os.environ,
@@ -59,7 +61,7 @@ def run_with(tmp_path: Path, experiment: str) -> subprocess.CompletedProcess:
     }
     env.pop("GDNCTL_STARTUP_PROFILE", None)
     return subprocess.run(
-        [sys.executable, "-c", CALLS], env=env, capture_output=True, text=True, timeout=180, check=True
+        [sys.executable, "-c", CALLS], env=env, capture_output=True, text=True, timeout=180, check=check
     )
 
 
@@ -113,3 +115,32 @@ def test_an_experiment_it_cannot_read_is_refused_with_its_text(text):
 
 def test_experiments_are_read_from_their_text():
     assert load_experiments().parse("eager:a.b:f, a.b:C.g ; triton_key") == ([("a.b", "f"), ("a.b", "C.g")], True)
+
+
+def test_a_value_it_cannot_read_stops_the_process_before_it_runs(tmp_path):
+    done = run_with(tmp_path, "eagr:toy_fused:kept", check=False)
+    assert done.returncode != 0 and done.stdout == ""
+    assert "startup experiment: GDNCTL_STARTUP_EXPERIMENT: 'eagr:toy_fused:kept' is neither" in done.stderr
+
+
+def test_an_experiment_that_fails_says_so_and_the_import_goes_on(tmp_path, monkeypatch, capsys):
+    experiments = load_experiments()
+    (tmp_path / "toy_plain.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "toy_plain", raising=False)
+
+    def broken(*_):
+        raise RuntimeError("no GPU here")
+
+    hooks = experiments._OnImport()
+    hooks.before["toy_plain"] = [broken]
+    hooks.after["toy_plain"] = [broken]
+    sys.meta_path.insert(0, hooks)
+    try:
+        import toy_plain
+
+        assert toy_plain.VALUE == 7
+    finally:
+        sys.meta_path.remove(hooks)
+        sys.modules.pop("toy_plain", None)
+    assert capsys.readouterr().err.count("startup experiment: broken: failed (RuntimeError: no GPU here)") == 2

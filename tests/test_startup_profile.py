@@ -55,6 +55,10 @@ def profile(tmp_path: Path, script: str = SCRIPT) -> str:
     return (tmp_path / "toy.startup-profile.txt").read_text()
 
 
+def seconds_in(table: str, function: str) -> float:
+    return sum(float(line.split()[0]) for line in table.splitlines() if line.endswith(f" {function}"))
+
+
 def section(text: str, title: str) -> str:
     start = text.index(title)
     end = text.find("\n## ", start + 1)
@@ -70,7 +74,8 @@ def test_the_profile_splits_by_phase_and_shows_the_other_threads_work(tmp_path):
     assert "spin" in main_part and "spin" not in others_part
     main_part, others_part = step.split("other threads at work, self (s):")
     assert "spin" in others_part  # the worker thread's work, charged to the phase it ran in
-    assert "spin" not in main_part  # the main thread only waited for it
+    # The main thread only waited for it (a sample taken on the phase's edge may land on the other side of it).
+    assert seconds_in(main_part, "spin") < 0.05
     assert not [line for line in others_part.splitlines() if line.endswith(" wait")]  # the waiting thread is not
     seconds = float(step.split(":")[1].split()[0])
     assert 0.3 <= seconds < 5

@@ -67,3 +67,17 @@ def test_compare_late_half_is_the_median_of_the_last_half_of_the_measured_steps(
     late_half = load_benchmark().late_half
     assert late_half([0.80, 0.80, 0.80, 0.74, 0.74, 0.73]) == 0.74
     assert late_half([0.80, 0.80, 0.80, 0.80, 0.74, 0.74, 0.73]) == 0.74  # an odd count: the middle step counts as late
+
+
+def test_compare_refuses_a_kernel_name_it_cannot_run_before_any_launch():
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "compare", "--kernels", "flashqla", "--peer-kernels", "fla,flash-qla"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "'fla,flash-qla': name GDN kernels from fla, flashqla" in done.stderr
+    assert "$ " not in done.stdout  # no launch was started

@@ -16,11 +16,13 @@ GDNCTL_STARTUP_EXPERIMENT is set, with or without the profiler; experiments are 
   starts importing, which takes seconds of Python while the hashing mostly waits on file reads and hashlib, both
   outside the GIL.
 
-Each experiment says what it did, or why it could not, on stderr with the prefix `startup experiment:`.
+Each experiment says what it did, or why it could not, on stderr with the prefix `startup experiment:`; a value
+it cannot read stops the process before it starts (a typo would otherwise measure the baseline as the experiment).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.abc
 import os
 import sys
@@ -35,9 +37,36 @@ def _say(message: str) -> None:
     print(f"startup experiment: {message}", file=sys.stderr, flush=True)
 
 
+def _run(callback, *args) -> None:
+    """An experiment that fails says so and leaves the launch to run on without it."""
+    try:
+        callback(*args)
+    except Exception as error:  # noqa: BLE001  (any failure of an experiment must not stop the trainer's import)
+        _say(f"{getattr(callback, '__name__', callback)}: failed ({type(error).__name__}: {error})")
+
+
+class _AfterBody(importlib.abc.Loader):
+    """The loader a hooked module is given: its own loader does all the work, then `then(module)` runs."""
+
+    def __init__(self, loader, then) -> None:
+        self.loader = loader
+        self.then = then
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+    def __getattr__(self, name):  # get_source, is_package, resource readers: the module's own loader's
+        return getattr(self.loader, name)
+
+
 class _OnImport(importlib.abc.MetaPathFinder):
-    """Runs callbacks for a module when its import starts (`before`) or after its body has run (`after`); finds
-    nothing itself, it only wraps what the finders after it find."""
+    """Runs callbacks for a module when it is first looked up (`before`) or once its body has run (`after`); finds
+    nothing itself: a module with `after` callbacks gets a copy of the spec the finders after this one give, with a
+    loader that runs them when the module is really executed (a lookup alone, importlib.util.find_spec, runs none)."""
 
     def __init__(self) -> None:
         self.before: dict[str, list] = {}
@@ -45,9 +74,8 @@ class _OnImport(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path, target=None):
         for callback in self.before.pop(name, []):
-            callback()
-        waiting = self.after.pop(name, None)
-        if not waiting:
+            _run(callback)
+        if name not in self.after:
             return None
         spec = None
         for finder in sys.meta_path:
@@ -56,17 +84,14 @@ class _OnImport(importlib.abc.MetaPathFinder):
                 if spec is not None:
                     break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            self.after[name] = waiting
             return spec
-        run_body = spec.loader.exec_module
+        hooked = copy.copy(spec)
+        hooked.loader = _AfterBody(spec.loader, lambda module: self._ran(name, module))
+        return hooked
 
-        def exec_module(module):
-            run_body(module)
-            for callback in waiting:
-                callback(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
+    def _ran(self, name: str, module) -> None:
+        for callback in self.after.pop(name, []):
+            _run(callback, module)
 
 
 def _resolve(module, qualname: str):
@@ -93,7 +118,7 @@ def run_eagerly(targets: list[tuple[str, str]], hooks: _OnImport) -> None:
 
     for module_name, qualname in targets:
         if module_name in sys.modules:
-            skip(module_name, qualname, sys.modules[module_name])
+            _run(skip, module_name, qualname, sys.modules[module_name])
         else:
             hooks.after.setdefault(module_name, []).append(lambda module, m=module_name, q=qualname: skip(m, q, module))
 
@@ -139,7 +164,7 @@ def install(text: str) -> None:
         run_eagerly(eager, hooks)
     if triton_key:
         if TRITON_KEY_TRIGGER in sys.modules:
-            triton_key_on_a_thread()
+            _run(triton_key_on_a_thread)
         else:
             hooks.before.setdefault(TRITON_KEY_TRIGGER, []).append(triton_key_on_a_thread)
     if hooks.before or hooks.after:

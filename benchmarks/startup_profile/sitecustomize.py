@@ -1,10 +1,10 @@
-"""Where a launch's time to its first step goes, function by function: a sampling profile of rank 0's main thread
+"""Where a launch's time to its first step goes, function by function: a sampling profile of rank 0's threads
 from the process's start, for any launch and with nothing in it changed. (With GDNCTL_STARTUP_EXPERIMENT set, this
 file also loads gdnctl_startup_experiments.py beside it: ideas for the start-up tried without changing gdnctl.)
 
 Python imports `sitecustomize` at start-up from the first folder on its path that has one, so putting this folder
 first on PYTHONPATH loads it into every process a launch starts. In the process torchrun starts as rank 0 (RANK=0),
-a daemon thread reads the main thread's stack every INTERVAL_MS milliseconds (sys._current_frames) for SECONDS
+a daemon thread reads every thread's stack every INTERVAL_MS milliseconds (sys._current_frames) for SECONDS
 seconds, or until the process ends if that comes first, then writes OUT_DIR/TAG.startup-profile.txt:
 
     GDNCTL_STARTUP_PROFILE=OUT_DIR:TAG[:SECONDS[:INTERVAL_MS]] PYTHONPATH=benchmarks/startup_profile:$PYTHONPATH \\
@@ -21,8 +21,9 @@ for each start-up phase of the trainer (the phase marks of gdnctl/runtime/train/
 1), its seconds and where they went, self, on the main thread and on the others, threads idle in a known wait left
 out (threading's and a queue's waits, inductor's compile-worker reader and timer, a selector). Last, torch.compile's
 time by the function it compiled (any thread): the samples inside Dynamo's `_compile`
-(torch/_dynamo/convert_frame.py), charged to the code object it was given, tracing and the backend's compile
-both. The
+(torch/_dynamo/convert_frame.py), charged to the code object it was given: tracing and the forward's compile.
+AOTAutograd compiles a backward lazily, at its first call on the autograd engine's thread outside `_compile`: that
+part is in the other threads' tables, not here. The
 sampler needs the GIL to look: work in C that holds it (compiling a module's source, a garbage collection, a
 module body's C calls) is charged to the frame the main thread is in when it next lets go, often a file read in
 the import system or a Python callback that runs after it; the cumulative tables are sound. Pick SECONDS a
@@ -49,6 +50,7 @@ IDLE = {
     ("compile_worker/subproc_pool.py", "_recv_msg"),
     ("compile_worker/timer.py", "check"),
     ("selectors.py", "select"),
+    ("concurrent/futures/thread.py", "_worker"),  # a pool's idle worker blocks in C under this frame
 }
 BEFORE_THE_TRAINER = "before the trainer's first mark"
 DYNAMO_COMPILE_FILE = os.path.join("torch", "_dynamo", "convert_frame.py")
@@ -199,4 +201,8 @@ if SPEC and os.environ.get("RANK") == "0" and not os.environ.get("GDNCTL_STARTUP
 
 # Start-up experiments (gdnctl_startup_experiments.py beside this file), in every process of the launch.
 if os.environ.get("GDNCTL_STARTUP_EXPERIMENT"):
-    import gdnctl_startup_experiments  # noqa: F401  (installs itself from the variable)
+    try:
+        import gdnctl_startup_experiments  # noqa: F401  (installs itself from the variable)
+    except ValueError as error:
+        # `site` would print this and go on; a launch that ran without its experiment must not look like one.
+        sys.exit(f"startup experiment: {error}")
