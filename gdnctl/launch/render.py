@@ -31,7 +31,7 @@ from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch import submit
 from gdnctl.launch.interpreter import job_python
 from gdnctl.launch.run_dir import RunDirNotEmpty
-from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config, kernel_cache_env
+from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
 from gdnctl.validate import PresetHasErrors, ValidationResult, validate
@@ -104,7 +104,7 @@ class RenderedRun:
 
 def _env_table(run, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
     rows = [(name, value, reason) for name, value, reason in run.environment]
-    rows += kernel_cache_env(kernel_cache_dir, rollout=run.preset.job == "rl")
+    rows += run.kernel_cache_environment(kernel_cache_dir)
     compiler_names = {row[0] for row in rows}
     for name, value in run.preset.launch.env.items():
         source = "launch.env (overrides the compiler)" if name in compiler_names else "launch.env"

@@ -8,7 +8,6 @@ import math
 
 from gdnctl import __version__
 from gdnctl.knowledge import lora
-from gdnctl.plan.decisions import kernel_cache_env
 from gdnctl.plan.explain import memory_table
 from gdnctl.plan.memory import OVERHEAD_GIB
 from gdnctl.plan.run import Run
@@ -49,8 +48,7 @@ def _lora(run: Run) -> EngineLora | None:
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
     values = {name: value for name, value, _ in run.environment}
     if kernel_cache_dir:
-        rollout = run.preset.job == "rl"
-        values.update((name, value) for name, value, _ in kernel_cache_env(kernel_cache_dir, rollout=rollout))
+        values.update((name, value) for name, value, _ in run.kernel_cache_environment(kernel_cache_dir))
     values.update(run.preset.launch.env)
     return values
 

@@ -100,6 +100,11 @@ class Run:
         """(name, value, reason) of every variable the launch scripts set before the user's own `launch.env`."""
         return decide.environment(self.preset, self.gpu) + speed_environment(self.speed, self.model, self.stack)
 
+    def kernel_cache_environment(self, kernel_cache_dir: str) -> list[tuple[str, str, str]]:
+        """(name, value, reason) of the compiler caches under the kernel cache directory; an rl job's rollout
+        engines keep theirs there too."""
+        return decide.kernel_cache_env(kernel_cache_dir, rollout=self.preset.job == "rl")
+
     @cached_property
     def rollout_weight_transport(self) -> decide.Decision:
         return decide.rollout_weight_transport(self.preset, self.gpu, self.stack)
