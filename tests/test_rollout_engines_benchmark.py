@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -57,3 +59,11 @@ def test_an_arm_reads_its_engines_start_from_the_jobs_own_line():
     assert read("[gdnctl rl] rollout engine up in 257.0 s\nstep 1/3 | ...") == 257.0
     assert read("[gdnctl rl] rollout engines up in 61.4 s") == 61.4
     assert read("a job that never started its engines") is None
+
+
+def test_results_name_the_rollout_interpreters_vllm_or_say_it_has_none():
+    benchmark = load_benchmark()
+    assert benchmark.vllm_version(sys.executable).startswith("unknown")
+    vllm_python = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
+    if vllm_python:  # tools/test.sh sets it to the vLLM CPU venv; CI has one
+        assert re.fullmatch(r"vllm(-cpu)? \d+\.\d+\.\d+.*", benchmark.vllm_version(vllm_python))
