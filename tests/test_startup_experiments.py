@@ -114,13 +114,16 @@ def test_an_experiment_it_cannot_read_is_refused_with_its_text(text):
 
 
 def test_experiments_are_read_from_their_text():
-    assert load_experiments().parse("eager:a.b:f, a.b:C.g ; triton_key") == ([("a.b", "f"), ("a.b", "C.g")], True)
+    assert load_experiments().parse("eager:a.b:f, a.b:C.g ; triton_key;qwen_bridges") == (
+        [("a.b", "f"), ("a.b", "C.g")],
+        {"triton_key", "qwen_bridges"},
+    )
 
 
 def test_a_value_it_cannot_read_stops_the_process_before_it_runs(tmp_path):
     done = run_with(tmp_path, "eagr:toy_fused:kept", check=False)
     assert done.returncode != 0 and done.stdout == ""
-    assert "startup experiment: GDNCTL_STARTUP_EXPERIMENT: 'eagr:toy_fused:kept' is neither" in done.stderr
+    assert "startup experiment: GDNCTL_STARTUP_EXPERIMENT: 'eagr:toy_fused:kept' is none of" in done.stderr
 
 
 def test_an_experiment_that_fails_says_so_and_the_import_goes_on(tmp_path, monkeypatch, capsys):
@@ -144,3 +147,119 @@ def test_an_experiment_that_fails_says_so_and_the_import_goes_on(tmp_path, monke
         sys.meta_path.remove(hooks)
         sys.modules.pop("toy_plain", None)
     assert capsys.readouterr().err.count("startup experiment: broken: failed (RuntimeError: no GPU here)") == 2
+
+
+# A package laid out like megatron-bridge 0.6.2 for `qwen_bridges` (megatron-bridge needs Python 3.12 and
+# Transformer Engine); each module says when it runs.
+BRIDGE_TREE = {
+    "megatron/bridge/__init__.py": """
+        import megatron.bridge.models
+        from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+        __version__ = "0.6.2"
+        print("megatron.bridge's __init__")
+    """,
+    "megatron/bridge/models/__init__.py": """
+        import megatron.bridge.models.other_models
+        import megatron.bridge.models.qwen
+        from megatron.bridge.models.gpt_provider import GPTModelProvider
+        print("megatron.bridge.models's __init__")
+    """,
+    "megatron/bridge/models/other_models.py": 'print("every other model")\n',
+    "megatron/bridge/models/gpt_provider.py": "class GPTModelProvider:\n    pass\n",
+    "megatron/bridge/models/conversion/__init__.py": "",
+    "megatron/bridge/models/conversion/model_bridge.py": "REGISTRY = []\n",
+    "megatron/bridge/models/conversion/auto_bridge.py": """
+        from megatron.bridge.models.conversion.model_bridge import REGISTRY
+        from megatron.bridge.models.gpt_provider import GPTModelProvider
+        class AutoBridge:
+            registry = REGISTRY
+    """,
+    "megatron/bridge/models/qwen/__init__.py": """
+        from megatron.bridge.models.conversion.model_bridge import REGISTRY
+        REGISTRY.append("Qwen3_5MoeForCausalLM")
+        print("the qwen bridges")
+    """,
+    "megatron/bridge/training/__init__.py": "",
+    "megatron/bridge/training/config.py": "from megatron.bridge.models import GPTModelProvider\n",
+}
+
+
+def run_with_bridges(tmp_path: Path, code: str) -> list[str]:
+    """`code` in a fresh interpreter with `qwen_bridges` on and the stand-in megatron-bridge first on its path;
+    what it printed, and the experiment's line on stderr checked."""
+    for path, source in BRIDGE_TREE.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(source))
+    env = {
+        **os.environ,
+        "GDNCTL_STARTUP_EXPERIMENT": "qwen_bridges",
+        "PYTHONPATH": os.pathsep.join([str(FOLDER), str(tmp_path)]),
+    }
+    env.pop("GDNCTL_STARTUP_PROFILE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "startup experiment: qwen_bridges: megatron-bridge's package imports wait" in done.stderr
+    return done.stdout.splitlines()
+
+
+def test_qwen_bridges_serves_auto_bridge_with_the_qwen_bridges_and_nothing_else(tmp_path):
+    said = run_with_bridges(
+        tmp_path,
+        """
+        import megatron.bridge  # what a check that megatron-bridge imports does
+        from megatron.bridge import AutoBridge
+        print("registry", AutoBridge.registry)
+        """,
+    )
+    assert said == ["the qwen bridges", "registry ['Qwen3_5MoeForCausalLM']"]
+
+
+def test_qwen_bridges_runs_a_package_init_when_one_of_its_names_is_needed(tmp_path):
+    said = run_with_bridges(
+        tmp_path,
+        """
+        from megatron.bridge import AutoBridge
+        import megatron.bridge.training.config as config  # from megatron.bridge.models import GPTModelProvider
+        import megatron.bridge.models.gpt_provider as gpt_provider
+        print("same class", config.GPTModelProvider is gpt_provider.GPTModelProvider)
+        from megatron.bridge import __version__
+        import sys
+        print("version", __version__, sys.modules["megatron.bridge"].AutoBridge is AutoBridge)
+        """,
+    )
+    assert said == [
+        "the qwen bridges",
+        "every other model",
+        "megatron.bridge.models's __init__",
+        "same class True",
+        "megatron.bridge's __init__",
+        "version 0.6.2 True",
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "from megatron.bridge.models import qwen",
+        "import megatron.bridge.models.qwen",
+        "import inspect, megatron.bridge; inspect.unwrap(megatron.bridge)",  # probes __wrapped__
+    ],
+)
+def test_qwen_bridges_leaves_the_inits_waiting_for_a_submodule_or_a_probe(tmp_path, statement):
+    assert run_with_bridges(tmp_path, f"{statement}\nprint('still waiting')\n")[-1:] == ["still waiting"]
+    assert "every other model" not in run_with_bridges(tmp_path, statement)
+
+
+def test_qwen_bridges_says_why_not_where_megatron_bridge_is_not_installed(tmp_path):
+    env = {**os.environ, "GDNCTL_STARTUP_EXPERIMENT": "qwen_bridges", "PYTHONPATH": str(FOLDER)}
+    env.pop("GDNCTL_STARTUP_PROFILE", None)
+    code = "import importlib.util; print(importlib.util.find_spec('megatron.bridge') is None)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    if done.stdout.strip() != "True":
+        pytest.skip("this interpreter has megatron-bridge installed")  # CI's Python 3.11 cannot
+    assert "startup experiment: qwen_bridges_only: failed (ImportError: megatron.bridge is not an installed" in (
+        done.stderr
+    )

@@ -16,6 +16,17 @@ GDNCTL_STARTUP_EXPERIMENT is set, with or without the profiler; experiments are 
   starts importing, which takes seconds of Python while the hashing mostly waits on file reads and hashlib, both
   outside the GIL.
 
+- `qwen_bridges`: megatron-bridge's AutoBridge with only its Qwen bridges imported. `import megatron.bridge` runs
+  two package imports that reach every model megatron-bridge supports: megatron/bridge/__init__.py imports
+  `megatron.bridge.diffusion.models` and `megatron.bridge.models`, whose __init__ imports each model family's
+  bridges and providers (megatron-bridge 0.6.2: ~40 families) so that their `register_bridge` decorators run.
+  Qwen3.5's and Qwen3-Next's bridges are in `megatron.bridge.models.qwen` (qwen35_bridge.py,
+  qwen3_next_bridge.py), and AutoBridge finds a bridge through that registry (models/conversion/model_bridge.py).
+  The two packages go into `sys.modules` as lazy packages: made from their own specs, with their real `__path__`
+  (every submodule imports as usual), their __init__ not yet run. `megatron.bridge.AutoBridge` imports the qwen
+  family and AutoBridge's module only; any other name their __init__ defines (`from megatron.bridge.models import
+  GPTModelProvider`, as megatron/bridge/training/config.py does) runs it then, into the same module object.
+
 Each experiment says what it did, or why it could not, on stderr with the prefix `startup experiment:`; a value
 it cannot read stops the process before it starts (a typo would otherwise measure the baseline as the experiment).
 """
@@ -23,14 +34,28 @@ it cannot read stops the process before it starts (a typo would otherwise measur
 from __future__ import annotations
 
 import copy
+import importlib
 import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import threading
+import types
+from collections.abc import Callable
 
 VARIABLE = "GDNCTL_STARTUP_EXPERIMENT"
 # The package whose import starts the Triton key's thread: the model build's seconds of pure-Python imports.
 TRITON_KEY_TRIGGER = "megatron.bridge"
+# qwen_bridges: the packages whose __init__ waits, parent first; what serves AutoBridge without them.
+LAZY_PACKAGES = ("megatron.bridge", "megatron.bridge.models")
+QWEN_BRIDGES = ("megatron.bridge.models.qwen", "megatron.bridge.models.conversion.auto_bridge")
+# The dunders megatron/bridge/__init__.py defines (__version__, __all__ and package_info's); other dunders are
+# tools' probes (inspect.unwrap asks for __wrapped__) and leave __init__ waiting.
+INIT_DUNDERS = frozenset(
+    {"__all__", "__version__", "__package_name__", "__contact_names__", "__contact_emails__", "__homepage__"}
+    | {"__repository_url__", "__download_url__"}
+)
 
 
 def _say(message: str) -> None:
@@ -139,13 +164,84 @@ def triton_key_on_a_thread() -> threading.Thread | None:
     return thread
 
 
-def parse(text: str) -> tuple[list[tuple[str, str]], bool]:
-    """GDNCTL_STARTUP_EXPERIMENT's value -> the functions to run eagerly, and whether to start the Triton key."""
+_lock = threading.RLock()
+# Lazy packages whose __init__ has not run yet -> what runs it.
+_waiting: dict[str, Callable[[], None]] = {}
+
+
+def install_lazy_package(name: str, served: dict[str, Callable[[], object]] | None = None) -> types.ModuleType:
+    """Put package `name` into sys.modules (and on its parent) with its __init__ waiting until a name only __init__
+    defines is asked for; a name in `served` is made by its function instead. Its parent must be importable."""
+    parent, _, child = name.rpartition(".")
+    if parent:
+        importlib.import_module(parent)  # a namespace package such as megatron, or a lazy package already
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError(f"{name} is not an installed package", name=name)
+    module = importlib.util.module_from_spec(spec)
+    served = served or {}
+
+    def __getattr__(attribute: str):
+        if attribute in served and name in _waiting:
+            value = served[attribute]()
+            setattr(module, attribute, value)
+            return value
+        # The import system asks a package for a submodule before importing it: no reason to run __init__.
+        probe = attribute.startswith("__") and attribute not in INIT_DUNDERS
+        if name not in _waiting or probe or _is_submodule(spec, attribute):
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
+        run_init(name)
+        return getattr(module, attribute)
+
+    module.__getattr__ = __getattr__
+    _waiting[name] = lambda: spec.loader.exec_module(module)
+    sys.modules[name] = module
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+def run_init(name: str) -> None:
+    """Run the waiting __init__ of lazy package `name`, its lazy subpackages' first: what `import name` would have
+    done (megatron/bridge/__init__.py imports megatron.bridge.models for its registrations, which with that package
+    already in sys.modules the import statement alone would not run)."""
+    with _lock:
+        for waiting in sorted(_waiting, key=len, reverse=True):
+            if waiting.startswith(name + ".") or waiting == name:
+                _waiting.pop(waiting)()
+
+
+def _is_submodule(spec, attribute: str) -> bool:
+    found = importlib.machinery.PathFinder.find_spec(f"{spec.name}.{attribute}", spec.submodule_search_locations)
+    return found is not None
+
+
+def _auto_bridge_from_the_qwen_bridges():
+    for name in QWEN_BRIDGES:
+        importlib.import_module(name)
+    return sys.modules[QWEN_BRIDGES[-1]].AutoBridge
+
+
+def qwen_bridges_only() -> None:
+    """megatron.bridge and megatron.bridge.models become lazy packages; megatron.bridge.AutoBridge comes from the
+    Qwen bridges alone."""
+    with _lock:
+        if LAZY_PACKAGES[0] in sys.modules:
+            _say("qwen_bridges: not done (megatron.bridge was already imported)")
+            return
+        install_lazy_package(LAZY_PACKAGES[0], served={"AutoBridge": _auto_bridge_from_the_qwen_bridges})
+        for name in LAZY_PACKAGES[1:]:
+            install_lazy_package(name)
+    _say("qwen_bridges: megatron-bridge's package imports wait; AutoBridge comes with the Qwen bridges only")
+
+
+def parse(text: str) -> tuple[list[tuple[str, str]], set[str]]:
+    """GDNCTL_STARTUP_EXPERIMENT's value -> the functions to run eagerly, and the other experiments named."""
     eager: list[tuple[str, str]] = []
-    triton_key = False
+    named: set[str] = set()
     for part in filter(None, (piece.strip() for piece in text.split(";"))):
-        if part == "triton_key":
-            triton_key = True
+        if part in ("triton_key", "qwen_bridges"):
+            named.add(part)
         elif part.startswith("eager:"):
             for target in filter(None, part.removeprefix("eager:").split(",")):
                 module_name, _, qualname = target.strip().partition(":")
@@ -153,16 +249,20 @@ def parse(text: str) -> tuple[list[tuple[str, str]], bool]:
                     raise ValueError(f"{VARIABLE}: {target!r} is not MODULE:QUALNAME")
                 eager.append((module_name, qualname))
         else:
-            raise ValueError(f"{VARIABLE}: {part!r} is neither eager:MODULE:QUALNAME[,...] nor triton_key")
-    return eager, triton_key
+            raise ValueError(
+                f"{VARIABLE}: {part!r} is none of eager:MODULE:QUALNAME[,...], triton_key and qwen_bridges"
+            )
+    return eager, named
 
 
 def install(text: str) -> None:
-    eager, triton_key = parse(text)
+    eager, named = parse(text)
     hooks = _OnImport()
+    if "qwen_bridges" in named:
+        _run(qwen_bridges_only)
     if eager:
         run_eagerly(eager, hooks)
-    if triton_key:
+    if "triton_key" in named:
         if TRITON_KEY_TRIGGER in sys.modules:
             _run(triton_key_on_a_thread)
         else:

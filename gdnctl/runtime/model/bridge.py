@@ -15,7 +15,6 @@ the TE GDN model. Without APEX, `gradient_accumulation_fusion` is fused in TE's 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,16 +41,13 @@ FP8_RECIPE = "delayed"
 
 
 def transformer_engine_available() -> str | None:
-    """Why the bridge builder cannot run here, or None when Transformer Engine and megatron-bridge's AutoBridge with
-    the Qwen bridges import (bridge_import.py: without megatron-bridge's other models)."""
-    from gdnctl.runtime.model.bridge_import import import_auto_bridge
-
-    for load, package in (
-        (lambda: importlib.import_module("transformer_engine.pytorch"), "transformer-engine"),
-        (import_auto_bridge, "megatron-bridge"),
+    """Why the bridge builder cannot run here, or None when Transformer Engine and megatron-bridge import."""
+    for module, package in (
+        ("transformer_engine.pytorch", "transformer-engine"),
+        ("megatron.bridge", "megatron-bridge"),
     ):
         try:
-            load()
+            __import__(module)
         except Exception as error:  # a broken TE install raises OSError/RuntimeError from its library loader
             return f"{package} cannot be imported ({type(error).__name__}: {error})"
     return None
@@ -129,9 +125,8 @@ class BridgeModel:
     builder = "megatron-bridge"
 
     def __init__(self, config: EngineConfig) -> None:
-        from gdnctl.runtime.model.bridge_import import import_auto_bridge
+        from megatron.bridge import AutoBridge
 
-        AutoBridge = import_auto_bridge()
         self.config = config
         self.bridge = AutoBridge.from_hf_config(hf_config(config))
         provider = self.bridge.to_megatron_provider(load_weights=False)
