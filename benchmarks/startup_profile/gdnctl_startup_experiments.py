@@ -47,8 +47,9 @@ from collections.abc import Callable
 VARIABLE = "GDNCTL_STARTUP_EXPERIMENT"
 # The package whose import starts the Triton key's thread: the model build's seconds of pure-Python imports.
 TRITON_KEY_TRIGGER = "megatron.bridge"
-# qwen_bridges: the packages whose __init__ waits, parent first; what serves AutoBridge without them.
-LAZY_PACKAGES = ("megatron.bridge", "megatron.bridge.models")
+# The experiments named by a word alone (eager: takes a list).
+NAMED = ("triton_key", "qwen_bridges")
+# qwen_bridges: what serves AutoBridge without megatron-bridge's package imports.
 QWEN_BRIDGES = ("megatron.bridge.models.qwen", "megatron.bridge.models.conversion.auto_bridge")
 # The dunders megatron/bridge/__init__.py defines (__version__, __all__ and package_info's); other dunders are
 # tools' probes (inspect.unwrap asks for __wrapped__) and leave __init__ waiting.
@@ -226,12 +227,11 @@ def qwen_bridges_only() -> None:
     """megatron.bridge and megatron.bridge.models become lazy packages; megatron.bridge.AutoBridge comes from the
     Qwen bridges alone."""
     with _lock:
-        if LAZY_PACKAGES[0] in sys.modules:
+        if "megatron.bridge" in sys.modules:
             _say("qwen_bridges: not done (megatron.bridge was already imported)")
             return
-        install_lazy_package(LAZY_PACKAGES[0], served={"AutoBridge": _auto_bridge_from_the_qwen_bridges})
-        for name in LAZY_PACKAGES[1:]:
-            install_lazy_package(name)
+        install_lazy_package("megatron.bridge", served={"AutoBridge": _auto_bridge_from_the_qwen_bridges})
+        install_lazy_package("megatron.bridge.models")
     _say("qwen_bridges: megatron-bridge's package imports wait; AutoBridge comes with the Qwen bridges only")
 
 
@@ -240,7 +240,7 @@ def parse(text: str) -> tuple[list[tuple[str, str]], set[str]]:
     eager: list[tuple[str, str]] = []
     named: set[str] = set()
     for part in filter(None, (piece.strip() for piece in text.split(";"))):
-        if part in ("triton_key", "qwen_bridges"):
+        if part in NAMED:
             named.add(part)
         elif part.startswith("eager:"):
             for target in filter(None, part.removeprefix("eager:").split(",")):
@@ -249,9 +249,7 @@ def parse(text: str) -> tuple[list[tuple[str, str]], set[str]]:
                     raise ValueError(f"{VARIABLE}: {target!r} is not MODULE:QUALNAME")
                 eager.append((module_name, qualname))
         else:
-            raise ValueError(
-                f"{VARIABLE}: {part!r} is none of eager:MODULE:QUALNAME[,...], triton_key and qwen_bridges"
-            )
+            raise ValueError(f"{VARIABLE}: {part!r} is none of eager:MODULE:QUALNAME[,...], {' and '.join(NAMED)}")
     return eager, named
 
 

@@ -500,12 +500,12 @@ def lora_per_expert_adapters(run):
     if versions.below(bridge, stack.BRIDGE_LORA_PER_EXPERT):
         # Shared adapters are an answer only with one expert-parallel rank (TRN024).
         shared = ", set train.lora.expert_adapters: shared" if run.preset.parallel.ep == 1 else ""
+        if spec.expert_adapters == "per_expert":
+            field = "train.lora.expert_adapters"  # set in the preset, not picked by auto
+        else:
+            field = "train.lora.targets" if spec.targets is not None else "train.lora"
         yield Issue(
-            "train.lora.expert_adapters"
-            if spec.expert_adapters == "per_expert"
-            else "train.lora.targets"
-            if spec.targets is not None
-            else "train.lora",
+            field,
             f"megatron-bridge {bridge} shares one LoRA adapter among an expert-parallel rank's routed "
             f"experts; one adapter per expert arrived in {stack.BRIDGE_LORA_PER_EXPERT}.",
             f"Set runtime.megatron_bridge to {stack.BRIDGE_LORA_PER_EXPERT} or newer{shared}, or remove experts "
