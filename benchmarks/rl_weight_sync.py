@@ -42,7 +42,9 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 
 import torch  # noqa: E402
 
-from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, weight_sync, worker_reload  # noqa: E402
+from gdnctl.runtime.rl import worker_reload  # noqa: E402
+from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
+from gdnctl.runtime.rl.weights import sync as weight_sync
 
 HIDDEN, VOCAB, EXPERTS, EXPERT_FFN = 2048, 248320, 256, 512
 
@@ -174,7 +176,7 @@ def generation_speed(llm, prompts: int, tokens: int, repeats: int) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from gdnctl.runtime.rl.rollout_server import VllmRollout
+    from gdnctl.runtime.rl.rollout.server import VllmRollout
 
     rollout = VllmRollout(SimpleNamespace(device="cuda"))
     rollout.llm = llm

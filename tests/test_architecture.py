@@ -51,6 +51,21 @@ RUNTIME_RANK = {
     "smoke": 5,
     "__main__": 6,
 }
+# Inside runtime/rl, the same rule one level down (rl/__init__.py says what each part is): where a process listens
+# for a peer on another node at the bottom; the prompts, the learning rule and the weight syncs above it; the
+# rollout (whose server takes the syncs in) and the policies (which train on the algorithm's losses and export
+# through the syncs) above those; the held-out evaluation above them, and the loop
+# that runs it all on top.
+RL_RANK = {
+    "network": 0,
+    "prompts": 1,
+    "algorithm": 1,
+    "weights": 1,
+    "rollout": 2,
+    "policy": 2,
+    "evaluation": 3,
+    "job": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,37 @@ def runtime_rank_violations(modules: dict[str, Path]) -> list[str]:
     return sorted(set(problems))
 
 
+def rl_part(name: str) -> str | None:
+    """The part of runtime/rl (a subpackage or a module directly in it) a module belongs to; None outside rl and
+    for `gdnctl.runtime.rl` itself."""
+    parts = name.split(".")
+    return parts[3] if len(parts) > 3 and parts[1:3] == ["runtime", "rl"] else None
+
+
+def rl_rank_violations(modules: dict[str, Path]) -> list[str]:
+    problems = []
+    for name, path in modules.items():
+        here = rl_part(name)
+        if here is None:
+            continue
+        if here not in RL_RANK:
+            problems.append(f"gdnctl.runtime.rl.{here} has no rank: add it to RL_RANK")
+            continue
+        for imp in imports_of(name, path):
+            targets = [f"{imp.target}.{n}" for n in imp.names] if imp.target == "gdnctl.runtime.rl" else [imp.target]
+            for target in targets:
+                there = rl_part(target)
+                if there is None or there == here:
+                    continue
+                shown = path.relative_to(PACKAGE_DIR.parent) if path.is_relative_to(PACKAGE_DIR.parent) else path
+                where = f"{shown}:{imp.line}"
+                if there not in RL_RANK:
+                    problems.append(f"{where}: gdnctl.runtime.rl.{there} has no rank: add it to RL_RANK")
+                elif RL_RANK[there] >= RL_RANK[here]:
+                    problems.append(f"{where}: rl/{here} imports {target}, which is not below it ({there})")
+    return sorted(set(problems))
+
+
 def deep_import_violations(modules: dict[str, Path]) -> list[str]:
     """Imports from another package that bypass its `__init__` or take names it does not export."""
     problems = []
@@ -270,6 +316,19 @@ def test_no_runtime_import_points_up_a_rank():
     assert runtime_rank_violations(MODULES) == []
 
 
+def test_no_rl_import_points_up_a_rank():
+    assert rl_rank_violations(MODULES) == []
+
+
+def test_the_rl_check_sees_a_sync_importing_the_loop(tmp_path):
+    """The split this guards: the weight syncs (weights/) importing the loop (job) is reported."""
+    module = tmp_path / "sync.py"
+    module.write_text("from gdnctl.runtime.rl import job\nfrom gdnctl.runtime.rl.network import LOOPBACK\n")
+    assert rl_rank_violations({"gdnctl.runtime.rl.weights.sync": module}) == [
+        f"{module}:1: rl/weights imports gdnctl.runtime.rl.job, which is not below it (job)"
+    ]
+
+
 def test_other_packages_are_used_through_their_public_api():
     assert deep_import_violations(MODULES) == []
 
@@ -314,7 +373,9 @@ def _top_level_names(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            for target in node.targets:
+                elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                names.update(e.id for e in elements if isinstance(e, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -322,13 +383,40 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["checks", "comm", "data", "kernels", "model", "rl", "smoke", "train"])
+LAZY_PACKAGES = sorted(
+    module_name(path)
+    for path in (PACKAGE_DIR / "runtime").rglob("__init__.py")
+    if "lazy_attributes" in path.read_text()
+)
+
+
+def test_every_runtime_package_with_subpackages_resolves_lazily():
+    """A new runtime subpackage (rl's parts included) gets the lazy __init__ the others have."""
+    assert {
+        "gdnctl.runtime.rl",
+        "gdnctl.runtime.rl.algorithm",
+        "gdnctl.runtime.rl.policy",
+        "gdnctl.runtime.rl.prompts",
+        "gdnctl.runtime.rl.rollout",
+        "gdnctl.runtime.rl.weights",
+    } <= set(LAZY_PACKAGES)
+    for path in (PACKAGE_DIR / "runtime").rglob("__init__.py"):
+        if path.parent != PACKAGE_DIR / "runtime":
+            assert "lazy_attributes" in path.read_text(), path
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
 def test_every_lazy_runtime_name_is_defined_where_its_package_says(package):
-    """The runtime's subpackages resolve names on first use; a wrong entry would only fail on the cluster."""
-    module = importlib.import_module(f"gdnctl.runtime.{package}")
+    """The runtime's subpackages resolve names on first use; a wrong entry would only fail on the cluster. A home
+    is a module of the package (which defines the name) or a subpackage of it (which resolves it in turn)."""
+    module = importlib.import_module(package)
+    folder = PACKAGE_DIR.parent.joinpath(*package.split("."))
     homes = module._HOMES  # name -> the submodule that defines it
     assert set(homes) <= set(module.__all__)
     for name, home in homes.items():
-        assert name in _top_level_names(PACKAGE_DIR / "runtime" / package / f"{home}.py"), (package, name, home)
+        if (folder / home).is_dir():
+            assert name in importlib.import_module(f"{package}.{home}").__all__, (package, name, home)
+        else:
+            assert name in _top_level_names(folder / f"{home}.py"), (package, name, home)
     for name in set(module.__all__) - set(homes):
-        assert (PACKAGE_DIR / "runtime" / package / f"{name}.py").is_file(), (package, name)
+        assert (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file(), (package, name)

@@ -27,7 +27,7 @@ from gdnctl.validate import trainer_python
 
 # What `python -m gdnctl.runtime` imports before it can say anything itself (the `runtime` extra's core).
 RUNTIME_MODULES = ("torch", "numpy", "gdnctl")
-# What the rl job's rollout server imports first (gdnctl/runtime/rl/rollout_server.py).
+# What the rl job's rollout server imports first (gdnctl/runtime/rl/rollout/server.py).
 ROLLOUT_MODULES = ("vllm", "gdnctl.runtime")
 PROBE_TIMEOUT_S = 60
 

@@ -251,7 +251,7 @@ def rollout_gpus(preset: Preset, total_gpus: int) -> Decision:
 
 def rollout_engines(preset: Preset, total_gpus: int) -> Decision:
     """How many vLLM engines the rollout runs: its GPUs in groups of rollout.tp, each engine generating its share
-    of a step's prompts and loading every weight sync (runtime/rl/engine_layout.py)."""
+    of a step's prompts and loading every weight sync (runtime/rl/rollout/engine_layout.py)."""
     rollout = preset.rollout
     if preset.job != "rl" or rollout is None:
         return Decision(0, "no rollout: the job is not rl")
@@ -279,7 +279,8 @@ def train_world_size(preset: Preset, total_gpus: int) -> Decision:
 
 def weight_export(preset: Preset, software: dict[str, str | None], gpu: GpuSpec) -> Decision:
     """What writes the HF weights the rollout loads after every step: the policy exports through its model's
-    builder (runtime/rl/megatron_policy.py, runtime/model/builders.py; runtime/rl/torch_policy.py on CPU)."""
+    builder (runtime/rl/policy/megatron_policy.py, runtime/model/builders.py; runtime/rl/policy/torch_policy.py on
+    CPU)."""
     if preset.job != "rl":
         return Decision(None, "no rollout: the job is not rl")
     if gpu.sm is None:
@@ -300,9 +301,9 @@ def weight_export(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
 
 
 def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> Decision:
-    """How the trainer's weights reach the rollout after every step: "cuda_ipc" (runtime/rl/cuda_ipc.py: every
+    """How the trainer's weights reach the rollout after every step: "cuda_ipc" (runtime/rl/weights/cuda_ipc.py: every
     trainer rank shares its GPU's copy of the HF tensors in buckets, the vLLM worker on that GPU loads them),
-    "broadcast" (runtime/rl/broadcast.py: trainer rank 0 broadcasts the buckets to every vLLM worker over a
+    "broadcast" (runtime/rl/weights/broadcast.py: trainer rank 0 broadcasts the buckets to every vLLM worker over a
     process group, NCCL on GPUs, gloo on CPU) or "disk" (the safetensors directory vLLM reloads from). The
     reason of a "disk" the preset did not ask for is what RLT014 quotes when the preset asks for an in-memory
     transport where it cannot run."""
@@ -360,7 +361,8 @@ def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: d
             "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs"
         )
     elif preset.rollout.colocate and preset.cluster.nodes > 1:
-        # runtime/rl/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the buckets.
+        # runtime/rl/rollout/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the
+        # buckets.
         return (
             "colocated engines on several nodes: each node's first trainer rank drives its node's engines, and "
             "trainer rank 0 can broadcast only to the engines it drives; the directory in the run dir reaches "

@@ -274,7 +274,7 @@ def _estimate_training(run) -> MemoryEstimate:
     rl_rows: tuple[MemoryRow, ...] = ()
     if run.preset.job == "rl" and run.preset.rollout is not None:
         # An rl micro-batch is rows of prompt + response, up to the rollout's context, scored by the same
-        # vocab-parallel loss (runtime/rl/megatron_policy.py): its bf16 logits, and the fp32 copy the loss
+        # vocab-parallel loss (runtime/rl/policy/megatron_policy.py): its bf16 logits, and the fp32 copy the loss
         # computes the log-probs in, kept for the backward.
         context = run.preset.rollout.max_model_len or t.seq_length
         rl_tokens = t.micro_batch_size * context / p.cp

@@ -115,7 +115,7 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
         return Decision(
             off_value,
             "rl: the policy loss computes its log-probs from the logits itself "
-            "(runtime/rl/megatron_policy.py), not through the model's cross entropy",
+            "(runtime/rl/policy/megatron_policy.py), not through the model's cross entropy",
         )
     if name == "grad_reduce" and preset.job == "rl":
         return Decision(

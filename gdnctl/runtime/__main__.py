@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         check_job(config)
         if args.role == "rollout":
             # The rollout server is no torchrun rank: it runs in vLLM's environment and needs no process group.
-            from gdnctl.runtime.rl import rollout_server
+            from gdnctl.runtime.rl.rollout import server as rollout_server
 
             run_dir = args.config.resolve().parent
             if args.smoke:

@@ -164,10 +164,10 @@ class EngineGrpo(_Frozen):
     aggregation: Literal["token-mean", "seq-mean-token-mean"]
     normalize_std: bool
     # PPO: each rollout batch is trained over in `mini_batches` optimizer steps, `epochs` times, against the
-    # log-probs of the policy that sampled it (runtime/rl/updates.py).
+    # log-probs of the policy that sampled it (runtime/rl/algorithm/updates.py).
     mini_batches: int = 1
     epochs: int = 1
-    # Truncated importance sampling against the rollout's log-probs (runtime/rl/grpo.py), capped at the cap.
+    # Truncated importance sampling against the rollout's log-probs (runtime/rl/algorithm/grpo.py), capped at the cap.
     rollout_correction: bool = False
     rollout_correction_cap: float = 2.0
 

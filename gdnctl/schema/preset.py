@@ -368,7 +368,7 @@ class GrpoSpec(_Section):
     """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
 
     reward: Literal["math_exact", "digit_fraction"] = Field(
-        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.rewards)"
+        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.algorithm.rewards)"
     )
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
     clip_high: float = Field(

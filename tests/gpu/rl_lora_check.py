@@ -40,7 +40,7 @@ from tests.gpu.process_group import init_check_process_group  # noqa: E402
 
 def _policy(config, run_dir: Path):
     from gdnctl.runtime.comm.guard import CommGuardPolicy
-    from gdnctl.runtime.rl.megatron_policy import MegatronPolicy
+    from gdnctl.runtime.rl.policy.megatron_policy import MegatronPolicy
 
     return MegatronPolicy(config, run_dir / "engine.yaml", CommGuardPolicy.from_engine(config.comm, run_dir))
 
@@ -75,7 +75,7 @@ def main(out_dir: str) -> None:
     from gdnctl.launch.render import render
     from gdnctl.runtime.model.checkpoint import HFReader, checkpoint_name
     from gdnctl.runtime.model.lora_adapters import merge
-    from gdnctl.runtime.rl import batch as rl_batch
+    from gdnctl.runtime.rl.algorithm import batch as rl_batch
     from gdnctl.schema.engine import EngineConfig
     from tests.gpu.rl_policy_check import _samples
     from tests.runtime.rl.tiny_model import random_checkpoint

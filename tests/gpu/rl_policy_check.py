@@ -29,7 +29,7 @@ from tests.gpu.process_group import init_check_process_group  # noqa: E402
 
 
 def _samples():
-    from gdnctl.runtime.rl.batch import Sample
+    from gdnctl.runtime.rl.algorithm.batch import Sample
 
     generator = torch.Generator().manual_seed(0)
     samples = []
@@ -52,7 +52,7 @@ def _samples():
 
 def _bf16_policy(config):
     """The CPU policy's code with its weights (and KL reference) cast to bf16, on the GPU."""
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     policy = TorchPolicy(config, device="cuda")
     policy.module.to(torch.bfloat16)
@@ -66,9 +66,9 @@ def main(out_dir: str, builder: str = "te-free", *sets: str) -> None:
     init_check_process_group(Path(out_dir), "cpu:gloo,cuda:nccl")
     from gdnctl.launch.render import render
     from gdnctl.runtime.comm.guard import CommGuardPolicy
-    from gdnctl.runtime.rl import batch as rl_batch
-    from gdnctl.runtime.rl.megatron_policy import MegatronPolicy
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.algorithm import batch as rl_batch
+    from gdnctl.runtime.rl.policy.megatron_policy import MegatronPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
     from gdnctl.schema.engine import EngineConfig
     from tests.runtime.rl.tiny_model import random_checkpoint
 

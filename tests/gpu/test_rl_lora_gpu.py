@@ -1,5 +1,5 @@
-"""rl with train.lora on GPUs (runtime/rl/megatron_policy.py): megatron-bridge's LoRA on a frozen base, the rollout
-given whole weights with the adapters merged in, the KL reference the base with the adapters switched off.
+"""rl with train.lora on GPUs (runtime/rl/policy/megatron_policy.py): megatron-bridge's LoRA on a frozen base, the
+rollout given whole weights with the adapters merged in, the KL reference the base with the adapters switched off.
 
 - The policy alone (tests/gpu/rl_lora_check.py, no vLLM): before any step the export is the base; after two GRPO
   steps every transport's tensors are the same (the disk export, `hf_tensors` for CUDA IPC and broadcast, a second
@@ -137,7 +137,7 @@ def _lora_run(tmp_path: Path, name: str, steps: int, *sets: str, lr: str = "1e-3
     assert all(s["synced_parameters"] > 0 for s in steps_seen)
     # Transformer Engine's trainer against vLLM on this base (init std 0.2, large logits) scores the probe 0.037-0.069
     # nats/token apart over 20 steps on an H100, 0.048 before any adapter moved; an engine left on other weights is
-    # 0.18-0.4 away (runtime/rl/weight_sync.py). The job's own bound is rollout.probe_tolerance (0.1).
+    # 0.18-0.4 away (runtime/rl/weights/sync.py). The job's own bound is rollout.probe_tolerance (0.1).
     assert all(s["probe_logprob_abs_diff"] < PROBE_GAP for s in steps_seen), [
         s["probe_logprob_abs_diff"] for s in steps_seen
     ]

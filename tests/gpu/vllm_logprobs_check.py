@@ -6,7 +6,7 @@ token rows, each token's log-prob given the tokens before it (vLLM's prompt log-
 ROWS_JSON: a file holding a list of token-id lists. Prints one line, RESULT_PREFIX and JSON (vLLM logs to stdout
 too): the architecture vLLM served and, per row, the log-prob of every token after the first. The engine settings
 are the GPU rl tests' (a fixed KV cache, eager, the Triton GDN prefill); a vision-language config is served with
-images and videos off, as the rollout serves it (runtime/rl/rollout_server.py engine_kwargs).
+images and videos off, as the rollout serves it (runtime/rl/rollout/server.py engine_kwargs).
 """
 
 from __future__ import annotations

@@ -1,16 +1,21 @@
-"""The rl job: GRPO over vLLM rollouts. The loop (`job`) trains a `Policy` (torch on CPU, Megatron on GPUs),
-talks to the rollout server over an authenticated socket, and syncs and checks the weights after every step."""
+"""The rl job: GRPO over vLLM rollouts. The loop (`job`) trains a `Policy` (`policy/`: torch on CPU, Megatron on
+GPUs) on the samples of the rollout's engines (`rollout/`), scores and turns them into losses (`algorithm/`), and
+syncs and checks the weights after every step (`weights/`); `prompts/` is the dataset, `evaluation` the held-out
+check, `network` where a process listens for a peer on another node.
+
+Inside rl the parts are ranked as the runtime's subpackages are (RL_RANK in tests/test_architecture.py): network
+at the bottom; prompts, algorithm and weights above it; rollout and policy above those; evaluation above them; job on top."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
+    "RlJob": "job",
     "Policy": "policy",
     "make_policy": "policy",
-    "RlJob": "job",
-    "RlBatch": "batch",
-    "RolloutClient": "rollout_protocol",
-    "TorchPolicy": "torch_policy",
-    "MegatronPolicy": "megatron_policy",
+    "TorchPolicy": "policy",
+    "MegatronPolicy": "policy",
+    "RlBatch": "algorithm",
+    "RolloutClient": "rollout",
 }
 __all__ = [
     "MegatronPolicy",
@@ -19,16 +24,14 @@ __all__ = [
     "RlJob",
     "RolloutClient",
     "TorchPolicy",
-    "batch",
-    "chat_template",
-    "grpo",
+    "algorithm",
+    "evaluation",
     "job",
-    "logprob_gap",
     "make_policy",
+    "network",
+    "policy",
     "prompts",
-    "rewards",
-    "rollout_protocol",
-    "rollout_server",
-    "weight_sync",
+    "rollout",
+    "weights",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

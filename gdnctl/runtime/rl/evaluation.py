@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from gdnctl.runtime.rl.prompt_check import check_prompts, describe
-from gdnctl.runtime.rl.prompts import PromptRecord, load_prompts
-from gdnctl.runtime.rl.rewards import get_reward
+from gdnctl.runtime.rl.algorithm import get_reward
+from gdnctl.runtime.rl.prompts import PromptRecord, check_prompts, describe, load_prompts
 from gdnctl.schema import EngineConfig
 
 PASS_REWARD = 1.0

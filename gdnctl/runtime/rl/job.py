@@ -30,17 +30,14 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl import broadcast, buckets, cuda_ipc, grpo, rollout_server, updates, weight_sync
-from gdnctl.runtime.rl.batch import Sample
-from gdnctl.runtime.rl.chat_template import load_chat_template
-from gdnctl.runtime.rl.engines import RolloutEngines
+from gdnctl.runtime.rl.algorithm import Sample, check_step0_gap, get_reward, grpo, updates
 from gdnctl.runtime.rl.evaluation import HeldOutEval
-from gdnctl.runtime.rl.logprob_gap import check_step0_gap
 from gdnctl.runtime.rl.policy import Policy, make_policy
-from gdnctl.runtime.rl.prompt_check import check_prompts, describe
-from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
-from gdnctl.runtime.rl.rewards import get_reward
-from gdnctl.runtime.rl.rollout_protocol import EXTERNAL, ROLLOUT_ENV, rollout_dir
+from gdnctl.runtime.rl.prompts import PromptSchedule, check_prompts, describe, load_chat_template, load_prompts
+from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, RolloutEngines, rollout_dir
+from gdnctl.runtime.rl.rollout import server as rollout_server
+from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
+from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, lr_of, mfu, progress
 from gdnctl.schema import EngineConfig
 
@@ -67,8 +64,8 @@ class RlStepStats:
     grad_norm: float
     rollout_logprob_abs_diff: float
     kl: float | None
-    # PPO over the rollout batch (runtime/rl/updates.py): optimizer steps applied, the share of response tokens
-    # the ratio clip cut, the k3 KL between the sampling policy and the updated one, and the ratio's extremes.
+    # PPO over the rollout batch (runtime/rl/algorithm/updates.py): optimizer steps applied, the share of response
+    # tokens the ratio clip cut, the k3 KL between the sampling policy and the updated one, and the ratio's extremes.
     updates: int
     clip_fraction: float
     approx_kl: float
@@ -260,7 +257,7 @@ class RlJob:
         return self._check(replies, weight_sync.checksums_by_name(written.items()), probe, step, "disk")
 
     def _sync_in_memory(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
-        """Every rank shares its GPU's copy of the HF weights bucket by bucket (cuda_ipc.py); rank 0 has the
+        """Every rank shares its GPU's copy of the HF weights bucket by bucket (weights/cuda_ipc.py); rank 0 has the
         rollout load each bucket before any rank frees it."""
         probe = self.policy.probe_logprobs(self.probe)
         checksums: weight_sync.Checksums = {}
@@ -288,8 +285,8 @@ class RlJob:
 
     def _sync_broadcast(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         """Rank 0 broadcasts every HF tensor to every engine's workers, bucket by bucket, over the weight group
-        (broadcast.py); the other ranks only take part in gathering the tensors. Rank 0 drives every engine here:
-        the broadcast serves separate rollouts, and colocated ones only on CPU, on one node."""
+        (weights/broadcast.py); the other ranks only take part in gathering the tensors. Rank 0 drives every engine
+        here: the broadcast serves separate rollouts, and colocated ones only on CPU, on one node."""
         probe = self.policy.probe_logprobs(self.probe)
         names = self._rollout_named_tensors()
         if self.rank != 0:
@@ -478,7 +475,7 @@ class RlJob:
 
     def _update(self, samples: list[Sample], lr: float) -> dict[str, float]:
         """This data-parallel rank's share of the step's updates at `lr` (grpo.mini_batches x grpo.epochs optimizer
-        steps, runtime/rl/updates.py); returns the step's stats."""
+        steps, runtime/rl/algorithm/updates.py); returns the step's stats."""
         return updates.update(
             self.policy, samples, self.config, lr=lr, pad_id=self.pad_id, row_multiple=self.row_multiple
         )

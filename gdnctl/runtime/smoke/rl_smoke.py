@@ -23,7 +23,9 @@ from gdnctl.runtime.checks import (
     verdicts,
 )
 from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.rl import RlJob, logprob_gap, make_policy, weight_sync
+from gdnctl.runtime.rl import RlJob, make_policy
+from gdnctl.runtime.rl.algorithm import logprob_gap
+from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.runtime.smoke import round_trip
 from gdnctl.schema import EngineConfig
 

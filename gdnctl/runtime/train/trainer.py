@@ -348,7 +348,7 @@ class Trainer:
             raise TrainerError(
                 "keep_initial_weights copies every parameter as the rl policy's KL reference, and with "
                 "train.lora that reference is the frozen base with the adapters switched off "
-                "(runtime/rl/megatron_policy.py); build the Trainer without keep_initial_weights when "
+                "(runtime/rl/policy/megatron_policy.py); build the Trainer without keep_initial_weights when "
                 "train.lora is set."
             )
         if base is None:

@@ -360,7 +360,7 @@ def local_paths_exist(run):
     come with the installed package.
 
     Source: gdnctl's runtime readers: runtime/data/pipeline.py (read_documents, load_tokenizer) and
-    runtime/rl/prompts.py, which read local files only and download nothing.
+    runtime/rl/prompts/dataset.py, which read local files only and download nothing.
 
     Fix: point the field at the file or directory on this machine, or launch on the cluster that has it
     (`gdnctl launch --slurm`).

@@ -202,7 +202,8 @@ def cpu_only_selftest(run):
     a tiny policy with torch beside vLLM's CPU build.
 
     Source: docs/sources.md "Megatron-Core" (Megatron-Core calls torch.cuda.current_device(), so it does not run on
-    a CPU-only torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy (runtime/rl/torch_policy.py).
+    a CPU-only torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy
+    (runtime/rl/policy/torch_policy.py).
 
     Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
     """

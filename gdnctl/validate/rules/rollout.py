@@ -17,7 +17,7 @@ def rl_needs_rollout(run):
 
     Why: the rl job alternates vLLM rollouts and training steps; it needs the rollout engine's settings.
 
-    Source: gdnctl's rl job: runtime/rl/job.py starts vLLM from the rollout section (runtime/rl/rollout_server.py
+    Source: gdnctl's rl job: runtime/rl/job.py starts vLLM from the rollout section (runtime/rl/rollout/server.py
     engine_kwargs).
 
     Fix: add `rollout: {engine: vllm, tp: ..., gdn_prefill_backend: triton}`.
@@ -202,11 +202,11 @@ def rollout_gpus_fit(run):
     rollout.tp divides cluster.gpus_per_node.
 
     Why: engines are tp GPUs each; a separate rollout takes its GPUs away from the trainer. gdnctl starts each
-    engine as one vLLM process on one node (runtime/rl/engine_layout.py), with no Ray cluster to span nodes, so
+    engine as one vLLM process on one node (runtime/rl/rollout/engine_layout.py), with no Ray cluster to span nodes, so
     an engine never straddles two.
 
     Source: gdnctl's own GPU arithmetic (engines of rollout.tp GPUs; the trainer's world size as in PAR001) and
-    its engine placement (runtime/rl/engine_layout.py).
+    its engine placement (runtime/rl/rollout/engine_layout.py).
 
     Fix: adjust rollout.num_gpus, rollout.tp or rollout.colocate.
     """
@@ -308,7 +308,7 @@ def batch_of_groups(run):
     Why: each step rolls out global_batch_size / n_samples_per_prompt prompts, n samples each; GRPO normalises
     rewards within a prompt's group, so a group cannot be split across steps.
 
-    Source: GRPO's group-normalised rewards as gdnctl computes them (runtime/rl/grpo.py group_advantages).
+    Source: GRPO's group-normalised rewards as gdnctl computes them (runtime/rl/algorithm/grpo.py group_advantages).
 
     Fix: make train.global_batch_size a multiple of rollout.n_samples_per_prompt.
     """
@@ -333,7 +333,7 @@ def prompts_and_tokenizer(run):
     Why: rollouts start from dataset prompts and rewards read decoded responses; there are no synthetic
     prompts, and nothing is downloaded at run time.
 
-    Source: gdnctl's rl runtime: runtime/rl/prompts.py reads the local jsonl of {"prompt", "answer"}; nothing is
+    Source: gdnctl's rl runtime: runtime/rl/prompts/dataset.py reads the local jsonl of {"prompt", "answer"}; nothing is
     downloaded at run time.
 
     Fix: set train.data_path and model.tokenizer (or model.path).
@@ -453,7 +453,7 @@ def in_memory_weight_sync(run):
     holds every tensor to send. `auto` picks what can run (or the disk directory); an explicit transport would
     not run as asked.
 
-    Source: gdnctl's runtime (runtime/rl/cuda_ipc.py, runtime/rl/broadcast.py,
+    Source: gdnctl's runtime (runtime/rl/weights/cuda_ipc.py, runtime/rl/weights/broadcast.py,
     plan/decisions.rollout_weight_transport); torch's CUDA IPC (torch.multiprocessing.reductions.reduce_tensor)
     shares memory between processes on one GPU; NCCL's init checks each rank's device bus id and fails on a
     duplicate (NCCL src/init.cc, initTransportsRank: "Duplicate GPU detected").
@@ -482,7 +482,8 @@ def mini_batches_split(run):
     all ranks take the same optimizer steps; a remainder would leave a rank with a share of a different size, and
     the job would stop at its first step.
 
-    Source: gdnctl's PPO updates (gdnctl/runtime/rl/updates.py split_mini_batches, runtime/rl/batch.py rank_share).
+    Source: gdnctl's PPO updates (gdnctl/runtime/rl/algorithm/updates.py split_mini_batches,
+    runtime/rl/algorithm/batch.py rank_share).
 
     Fix: make train.global_batch_size a multiple of grpo.mini_batches x dp, or change grpo.mini_batches.
     """

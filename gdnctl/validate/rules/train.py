@@ -75,12 +75,12 @@ def context_parallel_not_sharded(run):
     Why: Megatron-Core's context parallel expects every CP rank to be handed its own chunks of each sequence
     (megatron/core/utils.py _get_batch_on_this_cp_rank_per_document_balancing, TE's thd_get_partitioned_indices),
     and each rank's log-probs are then those chunks only. The sft/pretrain trainer does this
-    (runtime/data/context_parallel.py); the rl policy (runtime/rl/megatron_policy.py) feeds padded rows whole and
+    (runtime/data/context_parallel.py); the rl policy (runtime/rl/policy/megatron_policy.py) feeds padded rows whole and
     reads every token's log-prob on every rank, so with cp > 1 each rank would train on the whole sequence and
     the GRPO loss would count each token cp times.
 
     Source: megatron/core/utils.py (0.19) _get_batch_on_this_cp_rank_per_document_balancing; gdnctl's
-    runtime/rl/megatron_policy.py (no CP split).
+    runtime/rl/policy/megatron_policy.py (no CP split).
 
     Fix: set parallel.cp: 1 for rl; fit long rollouts with TP, recompute or optimizer offload instead.
     """
@@ -119,7 +119,7 @@ def fp8_needs_sm89(run):
 
 
 def _transformers_model_type(model) -> str:
-    """The HF model_type whose text-only class the device-cpu rl policy builds (runtime/rl/torch_policy.py)."""
+    """The HF model_type whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py)."""
     if model.is_qwen3_next:
         return "qwen3_next"
     return "qwen3_5_moe" if model.is_moe else "qwen3_5"
@@ -133,7 +133,7 @@ def trainer_transformers_model_type(run):
     Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) need transformers >= 5.2.0, qwen3_next needs >= 4.57.0.
     Quiet while runtime.transformers is unset (unknown).
 
-    Why: on device cpu the rl policy is transformers' text-only class (runtime/rl/torch_policy.py imports it by
+    Why: on device cpu the rl policy is transformers' text-only class (runtime/rl/policy/torch_policy.py imports it by
     name), so an older transformers fails at start-up with an ImportError, the trainer-side half of verl #5937
     ("model type qwen3_5 ... Transformers does not recognize this architecture"; upgrading transformers in the
     same environment then broke vLLM, which RLT008 keeps apart). The GPU trainer does not import transformers:
@@ -281,15 +281,15 @@ def lora_not_trained(run):
     """
     What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
-    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/torch_policy.py), which wraps
+    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/policy/torch_policy.py), which wraps
     nothing in adapters: it would update every parameter while explain and the memory estimate count the adapters
     alone. On GPUs the rl policy is the trainer's megatron-bridge model, which wraps the base in megatron-bridge's
     LoRA (runtime/model/lora_wrap.py); its weight sync sends the rollout megatron-bridge's export, which merges the
     adapters into the base tensors, and its KL reference is the base with the adapters switched off
-    (runtime/rl/megatron_policy.py). TRN016 refuses LoRA with the TE-free builder on GPUs.
+    (runtime/rl/policy/megatron_policy.py). TRN016 refuses LoRA with the TE-free builder on GPUs.
 
-    Source: gdnctl's runtime/rl/policy.py (device cpu takes TorchPolicy) and runtime/rl/torch_policy.py (no
-    adapters); megatron-bridge 0.6.2 models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights
+    Source: gdnctl's runtime/rl/policy/interface.py (device cpu takes TorchPolicy) and runtime/rl/policy/torch_policy.py
+    (no adapters); megatron-bridge 0.6.2 models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights
     defaults to True) for the GPU policy's sync.
 
     Fix: run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter rl on CPU.

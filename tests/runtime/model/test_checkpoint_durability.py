@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.algorithm import batch as rl_batch
+from gdnctl.runtime.rl.algorithm.batch import Sample
 from gdnctl.schema.engine import EngineConfig
 from tests.runtime.model import checkpoint_worker
 from tests.runtime.model.checkpoint_worker import Kill
@@ -315,7 +315,7 @@ def test_a_checkpoint_without_recorded_checksums_is_refused_not_half_checked(sav
 
 def test_the_cpu_rl_policy_resumes_from_the_previous_checkpoint_when_the_latest_is_truncated(tmp_path, capfd):
     """TorchPolicy's own save and resume (the worker above follows the same calls on a smaller model)."""
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     rendered = subprocess.run(
         [sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-rl-cpu", "-o", str(tmp_path / "run")],

@@ -1,4 +1,4 @@
-"""The weight group of the broadcast sync (runtime/rl/broadcast.py) between two real processes: trainer rank 0's
+"""The weight group of the broadcast sync (runtime/rl/weights/broadcast.py) between two real processes: trainer rank 0's
 TrainerEnd in this one, a rollout worker's end (join_group, then the worker's part of each broadcast) in a child.
 Gloo on CPU; NCCL between two GPUs when the machine has them. The whole path, with vLLM's workers loading the
 buckets, runs in tests/runtime/rl/test_rl_vllm.py (CPU) and tests/gpu/test_rl_vllm_gpu.py (2 GPUs)."""
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gdnctl.runtime.rl import broadcast
-from gdnctl.runtime.rl import buckets as packing
-from gdnctl.runtime.rl.rollout_protocol import RolloutError
+from gdnctl.runtime.rl.rollout.protocol import RolloutError
+from gdnctl.runtime.rl.weights import broadcast
+from gdnctl.runtime.rl.weights import buckets as packing
 
 BACKENDS = [
     pytest.param("cpu", id="gloo"),

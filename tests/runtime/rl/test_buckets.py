@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gdnctl.runtime.rl import buckets as packing
+from gdnctl.runtime.rl.weights import buckets as packing
 
 
 def _tensors():

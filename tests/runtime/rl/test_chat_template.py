@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from gdnctl.runtime.rl.chat_template import ChatTemplateError, load_chat_template
+from gdnctl.runtime.rl.prompts.chat_template import ChatTemplateError, load_chat_template
 
 REPO = Path(__file__).resolve().parents[3]
 CHATML = (

@@ -1,10 +1,10 @@
-"""Where the rollout's engines run and which trainer rank drives each (runtime/rl/engine_layout.py)."""
+"""Where the rollout's engines run and which trainer rank drives each (runtime/rl/rollout/engine_layout.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gdnctl.runtime.rl.engine_layout import (
+from gdnctl.runtime.rl.rollout.engine_layout import (
     EngineLayoutError,
     EngineSlot,
     driven_slots,

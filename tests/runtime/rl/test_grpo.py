@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gdnctl.runtime.rl import grpo
+from gdnctl.runtime.rl.algorithm import grpo
 
 LOG = math.log
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from gdnctl.knowledge.catalog import from_checkpoint
 from gdnctl.runtime.model.passthrough import PASSTHROUGH_FILE
-from gdnctl.runtime.rl import batch as rl_batch
+from gdnctl.runtime.rl.algorithm import batch as rl_batch
 from gdnctl.schema.engine import EngineConfig
 from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm, vllm_env
 from tests.runtime.rl.test_torch_policy import samples
@@ -67,7 +67,7 @@ def _from_source(engine: EngineConfig, source: Path, save_dir: Path) -> EngineCo
 
 
 def _train_and_save(config: EngineConfig, save_dir: Path, step: int):
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     policy = TorchPolicy(config)
     policy.train_step([rl_batch.build_batch(samples(), pad_id=256)], config.grpo)

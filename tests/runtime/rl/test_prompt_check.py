@@ -1,4 +1,4 @@
-"""Every rl prompt is encoded and length-checked before step 1 (runtime/rl/prompt_check.py), in the job too."""
+"""Every rl prompt is encoded and length-checked before step 1 (runtime/rl/prompts/check.py), in the job too."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl.prompt_check import PromptCheckError, check_prompts
-from gdnctl.runtime.rl.prompts import PromptRecord
+from gdnctl.runtime.rl.prompts.check import PromptCheckError, check_prompts
+from gdnctl.runtime.rl.prompts.dataset import PromptRecord
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl.prompts import PromptDatasetError, PromptRecord, PromptSchedule, load_prompts
+from gdnctl.runtime.rl.prompts.dataset import PromptDatasetError, PromptRecord, PromptSchedule, load_prompts
 
 
 def write_jsonl(path: Path, lines: list[str]) -> Path:

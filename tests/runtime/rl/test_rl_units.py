@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl import weight_sync
-from gdnctl.runtime.rl.batch import Sample
-from gdnctl.runtime.rl.rewards import digit_fraction_reward, get_reward
+from gdnctl.runtime.rl.algorithm import batch as rl_batch
+from gdnctl.runtime.rl.algorithm.batch import Sample
+from gdnctl.runtime.rl.algorithm.rewards import digit_fraction_reward, get_reward
+from gdnctl.runtime.rl.weights import sync as weight_sync
 
 
 def sample(group: int, prompt: tuple[int, ...], response: tuple[int, ...], advantage: float = 0.0) -> Sample:
@@ -150,7 +150,7 @@ def test_digit_fraction_reward_counts_digits_among_visible_characters():
 def test_the_preset_schema_offers_exactly_the_shipped_rewards():
     from typing import get_args
 
-    from gdnctl.runtime.rl.rewards import REWARDS
+    from gdnctl.runtime.rl.algorithm.rewards import REWARDS
     from gdnctl.schema.preset import GrpoSpec
 
     assert set(get_args(GrpoSpec.model_fields["reward"].annotation)) == set(REWARDS)
@@ -213,7 +213,7 @@ def test_the_vision_language_rollout_source_names_the_language_model_as_that_cla
 def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cache_gib, expected):
     from gdnctl.launch.render import render
     from gdnctl.runtime.rl.job import engine_start_steps
-    from gdnctl.runtime.rl.rollout_server import engine_kwargs
+    from gdnctl.runtime.rl.rollout.server import engine_kwargs
     from gdnctl.schema.engine import EngineConfig
 
     sets = [f"cluster.gpu={gpu}", "rollout.gpu_memory_utilization=0.3"]

@@ -357,7 +357,7 @@ def test_rl_runs_as_a_real_slurm_job(slurm_rl_run):
 def _transformers_logprobs(directory: Path, tokens: list[int], model_id: str) -> list[float]:
     import torch
 
-    from gdnctl.runtime.rl.grpo import logprobs_from_logits
+    from gdnctl.runtime.rl.algorithm.grpo import logprobs_from_logits
 
     model = model_classes(model_id)[2].from_pretrained(directory, dtype=torch.float32).eval()
     ids = torch.tensor([tokens])
@@ -370,8 +370,8 @@ def _transformers_logprobs(directory: Path, tokens: list[int], model_id: str) ->
 def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_new(tmp_path, model):
     """The dense model's server runs vLLM in its own processes (engine core, worker), which the reload's worker
     functions reach pickled, as on GPUs; the others run it in the server's process (vllm_env)."""
-    from gdnctl.runtime.rl.rollout_protocol import RolloutClient
-    from gdnctl.runtime.rl.weight_sync import probe_gap
+    from gdnctl.runtime.rl.rollout.protocol import RolloutClient
+    from gdnctl.runtime.rl.weights.sync import probe_gap
 
     run_dir = tmp_path / "run"
     rendered = subprocess.run(

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gdnctl.runtime.rl.rollout_protocol import (
+from gdnctl.runtime.rl.network import UnresolvableHost, remote_bind_address
+from gdnctl.runtime.rl.rollout.protocol import (
     LISTENING_LINE,
     LOCAL,
     ROLLOUT_ENV,
@@ -27,14 +28,13 @@ from gdnctl.runtime.rl.rollout_protocol import (
     address_file,
     answer_all,
     listen,
-    remote_bind_address,
 )
 
 HANDSHAKE_SECONDS = 2
 SERVER = """
 import sys, time
 from pathlib import Path
-from gdnctl.runtime.rl.rollout_protocol import listen
+from gdnctl.runtime.rl.rollout.protocol import listen
 behaviour = sys.argv[2]
 engine = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 with listen(Path(sys.argv[1]), local=True, engine=engine, handshake_seconds=float(sys.argv[3])) as listener, \\
@@ -299,7 +299,7 @@ def test_a_server_on_another_node_listens_where_its_name_resolves():
     # A name that resolves to loopback here (Debian's 127.0.1.1 line) is reached elsewhere at an address this
     # node cannot name.
     assert remote_bind_address("localhost") == "0.0.0.0"
-    with pytest.raises(RolloutError, match="no-such-host.invalid does not resolve"):
+    with pytest.raises(UnresolvableHost, match="no-such-host.invalid does not resolve"):
         remote_bind_address("no-such-host.invalid")
 
 
@@ -313,7 +313,7 @@ def test_a_server_on_another_node_listens_where_its_name_resolves():
     ],
 )
 def test_the_rollout_server_listens_on_loopback_when_the_trainer_is_on_its_host(monkeypatch, colocate, marked, beside):
-    from gdnctl.runtime.rl.rollout_server import trainer_shares_host
+    from gdnctl.runtime.rl.rollout.server import trainer_shares_host
     from gdnctl.schema import EngineRollout
 
     rollout = EngineRollout.model_validate(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gdnctl.runtime.rl.logprob_gap import LogprobGapError, check_step0_gap
+from gdnctl.runtime.rl.algorithm.logprob_gap import LogprobGapError, check_step0_gap
 from tests.runtime.rl.test_rl_vllm import SMALL_STEPS, launch, needs_vllm
 
 

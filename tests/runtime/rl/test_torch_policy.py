@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.algorithm import batch as rl_batch
+from gdnctl.runtime.rl.algorithm.batch import Sample
 from gdnctl.schema.engine import EngineConfig
 
 
@@ -54,7 +54,7 @@ def _adam_first_step(grad: torch.Tensor, eps: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_one_step_is_the_same_in_one_or_several_micro_batches(engine, gloo, aggregation):
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     settings = engine.grpo.model_copy(update={"aggregation": aggregation})
     results = []
@@ -102,8 +102,8 @@ def test_one_step_is_the_same_in_one_or_several_micro_batches(engine, gloo, aggr
 
 
 def test_export_writes_what_the_rollout_reads_and_probe_scores_the_sequence(engine, gloo, tmp_path: Path):
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
-    from gdnctl.runtime.rl.weight_sync import WEIGHTS_FILE
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.weights.sync import WEIGHTS_FILE
 
     policy = TorchPolicy(engine)
     written = policy.export(tmp_path / "weights")
@@ -121,7 +121,7 @@ def _with_kl(engine: EngineConfig, **train) -> EngineConfig:
 
 
 def test_kl_is_zero_at_the_start_then_grows_and_is_aggregated_like_the_loss(engine, gloo):
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     config = _with_kl(engine)
     kls = {}
@@ -139,7 +139,7 @@ def test_kl_is_zero_at_the_start_then_grows_and_is_aggregated_like_the_loss(engi
 
 
 def test_a_resumed_policy_keeps_the_first_start_as_its_kl_reference(engine, gloo, tmp_path: Path):
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     config = _with_kl(engine, save_dir=str(tmp_path / "ckpt"))
     first = TorchPolicy(config)
@@ -161,7 +161,7 @@ def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path
     """transformers keeps experts fused; the export names them per expert (as checkpoints and vLLM do), and a
     policy loaded from that export holds the same weights."""
     from gdnctl.knowledge.catalog import from_catalog
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     moe = engine.model_copy(update={"model": from_catalog("gdnctl/tiny-qwen3.5-moe-bytes")})
     policy = TorchPolicy(moe)
@@ -183,7 +183,7 @@ def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path
 def test_a_step_whose_gradients_are_not_finite_is_not_applied(engine, gloo):
     """Adam's first step moves every weight by about lr: at 1e30 the next forward overflows fp32 and the loss and
     gradients are NaN. That step must leave the weights as they were and say what was not finite."""
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     config = engine.model_copy(update={"train": engine.train.model_copy(update={"lr": 1e30})})
     policy = TorchPolicy(config)

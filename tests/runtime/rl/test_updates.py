@@ -1,12 +1,12 @@
-"""PPO updates over a rollout batch (runtime/rl/updates.py) with the CPU policy on a real one-rank gloo group: from
-the second mini-batch on the policy has moved off the one that sampled, so the ratio clip acts; with one update
-it cannot."""
+"""PPO updates over a rollout batch (runtime/rl/algorithm/updates.py) with the CPU policy on a real one-rank gloo group:
+from the second mini-batch on the policy has moved off the one that sampled, so the ratio clip acts; with one update it
+cannot."""
 
 from __future__ import annotations
 
 import pytest
 
-from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.algorithm.batch import Sample
 from gdnctl.schema.engine import EngineConfig
 
 
@@ -30,8 +30,8 @@ def samples() -> list[Sample]:
 
 
 def _run(engine: EngineConfig, **grpo) -> dict:
-    from gdnctl.runtime.rl import updates
-    from gdnctl.runtime.rl.torch_policy import TorchPolicy
+    from gdnctl.runtime.rl.algorithm import updates
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
     config = engine.model_copy(update={"grpo": engine.grpo.model_copy(update=grpo)})
     policy = TorchPolicy(config)
@@ -72,7 +72,7 @@ def test_rollout_correction_weights_tokens_by_the_capped_trainer_over_rollout_ra
 
 
 def test_a_batch_that_does_not_split_into_the_mini_batches_is_refused_with_the_fix():
-    from gdnctl.runtime.rl.updates import split_mini_batches
+    from gdnctl.runtime.rl.algorithm.updates import split_mini_batches
 
     with pytest.raises(ValueError, match="grpo.mini_batches"):
         split_mini_batches(samples(), 3)

@@ -17,7 +17,7 @@ DENSE = "gdnctl/tiny-qwen3.5-bytes"
 def model_classes(model_id: str = DENSE):
     """(architecture, transformers config class, transformers model class) of a catalog model."""
     from gdnctl.knowledge.catalog import from_catalog
-    from gdnctl.runtime.rl.torch_policy import hf_model_classes
+    from gdnctl.runtime.rl.policy.torch_policy import hf_model_classes
 
     arch = from_catalog(model_id)
     return (arch, *hf_model_classes(arch))
@@ -29,8 +29,8 @@ def random_checkpoint(
     """Write the checkpoint; returns its tensors as written. `init_std` overrides transformers' initializer
     range (larger values give the peaky logits of a trained model)."""
     from gdnctl.runtime.model.checkpoint import hf_text_config
-    from gdnctl.runtime.rl.torch_policy import per_expert
-    from gdnctl.runtime.rl.weight_sync import write_weights
+    from gdnctl.runtime.rl.policy.torch_policy import per_expert
+    from gdnctl.runtime.rl.weights.sync import write_weights
 
     arch, config_class, model_class = model_classes(model_id)
     config = hf_text_config(arch)

@@ -8,7 +8,7 @@ the two sides share nothing but this module (stdlib only) and the run dir. The s
 atomically); the trainer either spawns the server itself (colocated, or a local run) or finds the file the
 Slurm script's rollout step wrote. Requests and answers are plain dicts of lists and numbers
 (multiprocessing.connection pickles them, after the authkey handshake); tensors travel as safetensors files in
-the run dir, CUDA IPC handles or a process-group broadcast (cuda_ipc.py, broadcast.py).
+the run dir, CUDA IPC handles or a process-group broadcast (weights/cuda_ipc.py, weights/broadcast.py).
 
 A dead or hung server must fail the job with a sentence, never hang it: every request has a deadline, and
 while waiting the client checks that a server it spawned is still alive. Whoever else reaches the port must not
@@ -18,7 +18,6 @@ goes on waiting for the trainer.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from typing import Any
 
 from gdnctl.errors import GdnctlError
 from gdnctl.files import replace_text
+from gdnctl.runtime.rl.network import LOOPBACK, remote_bind_address
 
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
 POLL_SECONDS = 1.0
@@ -50,7 +50,6 @@ HANDSHAKE_SECONDS = 10.0
 # step (the trainer finds it through the run dir), `local` a server the trainer's rank 0 spawned beside itself.
 ROLLOUT_ENV = "GDNCTL_ROLLOUT"
 EXTERNAL, LOCAL = "external", "local"
-LOOPBACK = "127.0.0.1"
 
 
 class RolloutError(GdnctlError):
@@ -100,22 +99,6 @@ def listen(
     # 0600 from creation (mkstemp): the authkey is what keeps other users on a shared node out of the server.
     replace_text(path, payload, mode=0o600)
     return listener
-
-
-def remote_bind_address(host: str) -> str:
-    """The address to listen on for a trainer on another node, which connects to this node's name `host` (what
-    the address file carries): the interface that name resolves to."""
-    try:
-        address = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except socket.gaierror:
-        raise RolloutError(
-            f"this node's name {host} does not resolve, so the trainer cannot reach the rollout "
-            "server by it; add the name to DNS or /etc/hosts, or set rollout.colocate: true."
-        ) from None
-    # A name that resolves to loopback here (Debian's `127.0.1.1 <name>` line in /etc/hosts) resolves to the
-    # node's real address on the trainer's node, which this node cannot tell: every interface is the one that
-    # surely includes it (the authkey still guards the port).
-    return "0.0.0.0" if ipaddress.ip_address(address).is_loopback else address
 
 
 class RolloutListener:

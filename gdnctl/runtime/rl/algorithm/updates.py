@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gdnctl.runtime.rl import batch as rl_batch
-from gdnctl.runtime.rl.batch import Sample
+from gdnctl.runtime.rl.algorithm import batch as rl_batch
+from gdnctl.runtime.rl.algorithm.batch import Sample
 
 
 def split_mini_batches(samples: Sequence[Sample], count: int) -> list[list[Sample]]:

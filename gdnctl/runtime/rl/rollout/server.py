@@ -2,7 +2,7 @@
 
 `python -m gdnctl.runtime --config engine.yaml --role rollout --engine K` runs this with rollout.python (vLLM's
 environment, which has gdnctl installed beside vLLM) for rollout engine K of rollout.num_gpus / rollout.tp
-(engine_layout.py); without --engine it starts the engines of its node (serve_node: the Slurm script's rollout
+(rollout/engine_layout.py); without --engine it starts the engines of its node (serve_node: the Slurm script's rollout
 step). Each server publishes its address, then serves the trainer rank that drives its engine:
 
     start        {model}                      build the engine on the HF checkpoint dir `model`
@@ -11,11 +11,11 @@ step). Each server publishes its address, then serves the trainer rank that driv
     load_weights {path, probe}                reload every weight from the safetensors in `path`; answers with
                                               per-parameter checksums (weight_sync) and the log-probs of the
                                               probe tokens, for the trainer to compare with its own
-    reload_begin                              start an in-memory reload (worker_reload.py); buckets follow
+    reload_begin                              start an in-memory reload (weights/worker_reload.py); buckets follow
     ipc_bucket   {shared, entries}            load one bucket the trainer ranks shared through CUDA IPC (GPU
-                                              UUID -> handle; the bucket's entries as tuples; cuda_ipc.py)
+                                              UUID -> handle; the bucket's entries as tuples; weights/cuda_ipc.py)
     group_join   {host, port, size, backend, timeout_s, first_rank}
-                                              every worker joins trainer rank 0's weight group (broadcast.py) as
+                                              every worker joins trainer rank 0's weight group (weights/broadcast.py) as
                                               first_rank + its rank; answered once the trainer has joined too
     broadcast_bucket {nbytes, entries}        every worker receives one bucket trainer rank 0 broadcasts, and
                                               loads it; answered once every worker has loaded it
@@ -40,7 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl import broadcast, cuda_ipc, engine_layout, rollout_protocol, weight_sync, worker_reload
+from gdnctl.runtime.rl.rollout import engine_layout
+from gdnctl.runtime.rl.rollout import protocol as rollout_protocol
+from gdnctl.runtime.rl.weights import broadcast, cuda_ipc, worker_reload
+from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.schema import EngineConfig, EngineRollout
 
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
@@ -254,8 +257,8 @@ class VllmRollout:
     def group_join(
         self, host: str, port: int, size: int, backend: str, timeout_s: float, first_rank: int
     ) -> dict[str, Any]:
-        """Every worker joins trainer rank 0's weight group (broadcast.py) from `first_rank` (this engine's place
-        among the rollout's engines); the trainer joins at the same time."""
+        """Every worker joins trainer rank 0's weight group (weights/broadcast.py) from `first_rank` (this engine's
+        place among the rollout's engines); the trainer joins at the same time."""
         return {
             "ranks": self.llm.collective_rpc(
                 broadcast.join_group, args=(host, port, size, backend, timeout_s, first_rank)
@@ -390,7 +393,7 @@ def trainer_shares_host(rollout: EngineRollout) -> bool:
 
     A colocated engine always is beside its driver (the first trainer rank of its node spawns it, whatever the
     executor), and so is any server a trainer rank spawned (a local run with rollout.colocate: false;
-    RolloutEngines._spawn in engines.py marks it). The one server on another node is the Slurm script's separate
+    RolloutEngines._spawn in rollout/engines.py marks it). The one server on another node is the Slurm script's separate
     rollout step (GDNCTL_ROLLOUT=external): it listens on the interface the trainer's node reaches it by.
     """
     return rollout.colocate or os.environ.get(rollout_protocol.ROLLOUT_ENV) == rollout_protocol.LOCAL

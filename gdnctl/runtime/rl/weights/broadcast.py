@@ -2,10 +2,10 @@
 over a process group that holds it and every vLLM worker (NCCL on GPUs, gloo on CPU).
 
 Separate placement (rollout.colocate: false) puts vLLM on GPUs the trainer does not use, so the CUDA IPC path
-(cuda_ipc.py) cannot reach them and the disk path copies every weight through host memory and the filesystem.
+(weights/cuda_ipc.py) cannot reach them and the disk path copies every weight through host memory and the filesystem.
 Here the weights go GPU to GPU: trainer rank 0 (which holds every HF tensor: the builders gather them) packs a
-bucket (buckets.py) and broadcasts it; each worker receives it into a buffer of its own, copies the tensors out
-and loads them through worker_reload.py, so vLLM's name mapping, fusing and tensor-parallel sharding apply as
+bucket (weights/buckets.py) and broadcasts it; each worker receives it into a buffer of its own, copies the tensors out
+and loads them through weights/worker_reload.py, so vLLM's name mapping, fusing and tensor-parallel sharding apply as
 they do for a checkpoint. Every worker receives whole tensors and keeps its own shard.
 
 The group is built once, on the first in-memory sync: trainer rank 0 hosts a TCPStore and is group rank 0; the
@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl import buckets as packing
-from gdnctl.runtime.rl.rollout_protocol import LOOPBACK, remote_bind_address
-from gdnctl.runtime.rl.worker_reload import load_into_model
+from gdnctl.runtime.rl.network import LOOPBACK, remote_bind_address
+from gdnctl.runtime.rl.weights import buckets as packing
+from gdnctl.runtime.rl.weights.worker_reload import load_into_model
 
 # The trainer's rank in the group; worker r of engine k is 1 + k * rollout.tp + r.
 ROOT = 0

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from gdnctl.runtime.rl.batch import RlBatch
+    from gdnctl.runtime.rl.algorithm import RlBatch
     from gdnctl.schema import EngineConfig
 
 
@@ -60,9 +60,9 @@ class Policy(Protocol):
 
 def make_policy(config: "EngineConfig", config_path: Path, comm_policy) -> Policy:
     if config.device == "cpu":
-        from gdnctl.runtime.rl.torch_policy import TorchPolicy
+        from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
         return TorchPolicy(config)
-    from gdnctl.runtime.rl.megatron_policy import MegatronPolicy
+    from gdnctl.runtime.rl.policy.megatron_policy import MegatronPolicy
 
     return MegatronPolicy(config, config_path, comm_policy)

@@ -1,7 +1,7 @@
 """The trainer's HF tensors packed into flat byte buffers (buckets), the unit both in-memory weight syncs move.
 
-CUDA IPC (cuda_ipc.py) shares a bucket's memory with the vLLM worker on the same GPU; the broadcast
-(broadcast.py) sends it over a process group to every rollout worker. Either way the receiver rebuilds the
+CUDA IPC (weights/cuda_ipc.py) shares a bucket's memory with the vLLM worker on the same GPU; the broadcast
+(weights/broadcast.py) sends it over a process group to every rollout worker. Either way the receiver rebuilds the
 tensors from the bucket's entries (Bucket.wire_entries) and feeds them to the model's own `load_weights`.
 Buckets bound the extra memory on both sides to one bucket at a time.
 

@@ -38,8 +38,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.rl import grpo
-from gdnctl.runtime.rl.batch import RlBatch
+from gdnctl.runtime.rl.algorithm import RlBatch, grpo
 from gdnctl.runtime.train import set_lr
 from gdnctl.schema import EngineConfig
 
@@ -294,7 +293,8 @@ def _grpo_loss(
     """Megatron's per-token loss contract: (sum of losses, count, report). The count is response tokens for
     "token-mean" and sequences for "seq-mean-token-mean", so Megatron's division gives the batch mean.
     `reference`: the reference model's per-token losses for these rows, when the KL term is on; `old`: the
-    behaviour policy's log-probs (runtime/rl/updates.py), None when this is the rollout batch's only update."""
+    behaviour policy's log-probs (runtime/rl/algorithm/updates.py), None when this is the rollout batch's only
+    update."""
     mask = batch.response_mask.cuda()
     logprobs = -token_losses[:, :-1].float()
     ref_logprobs = None if reference is None else -reference[:, :-1].float()

@@ -2,13 +2,13 @@
 
 The disk path (weight_sync.write_weights, then vLLM's reload from the directory) copies every weight to host
 memory, through the filesystem and back. When vLLM runs on the trainer's GPUs the weights are already where
-they must go: each trainer rank packs HF tensors into a flat GPU buffer (a bucket, buckets.py), shares the
+they must go: each trainer rank packs HF tensors into a flat GPU buffer (a bucket, weights/buckets.py), shares the
 buffer's CUDA IPC handle, and the vLLM worker on the same GPU (matched by the GPU's UUID) maps it, copies the
 tensors out and feeds them to the model's own `load_weights`, so vLLM's name mapping, fusing and
 tensor-parallel sharding apply exactly as they do when it reads a checkpoint. Buckets bound the extra memory on
 both sides to one bucket; the trainer frees a bucket only after the rollout answered that it has loaded it.
 
-The buckets go inside worker_reload.py's bracket (`begin_reload`, `load_bucket` per bucket, `end_reload`, as
+The buckets go inside weights/worker_reload.py's bracket (`begin_reload`, `load_bucket` per bucket, `end_reload`, as
 vLLM's layerwise reload processes each layer once all of its weights arrived). The worker copies each tensor
 out of the shared buffer because the layerwise loader keeps what it is given until the layer is complete, which
 can be after the trainer has moved on to the next bucket.
@@ -23,8 +23,8 @@ from contextlib import contextmanager
 
 import torch
 
-from gdnctl.runtime.rl import buckets as packing
-from gdnctl.runtime.rl.worker_reload import load_into_model
+from gdnctl.runtime.rl.weights import buckets as packing
+from gdnctl.runtime.rl.weights.worker_reload import load_into_model
 
 
 def buckets(tensors):

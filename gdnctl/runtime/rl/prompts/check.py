@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl.prompts import PromptRecord
+from gdnctl.runtime.rl.prompts.dataset import PromptRecord
 
 # Lines named in a message; the count says how many more there are.
 NAMED_LINES = 5

@@ -1,5 +1,6 @@
 """What vLLM's workers run (through LLM.collective_rpc; the first argument is the worker) to take in weights that
-arrive in pieces rather than as a checkpoint directory: the in-memory syncs of cuda_ipc.py and broadcast.py.
+arrive in pieces rather than as a checkpoint directory: the in-memory syncs of weights/cuda_ipc.py and
+weights/broadcast.py.
 
 The reload brackets the pieces the way vLLM's own `reload_weights` brackets a checkpoint (layerwise reload:
 each layer is processed, fused and repacked once all of its weights arrived): `begin_reload`, then

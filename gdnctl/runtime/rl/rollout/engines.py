@@ -1,6 +1,6 @@
 """The trainer's side of the rollout's engines: the servers this rank drives, and requests over every engine.
 
-Every rank holds a RolloutEngines; the ranks engine_layout.py names as drivers spawn (or find) their engines'
+Every rank holds a RolloutEngines; the ranks rollout/engine_layout.py names as drivers spawn (or find) their engines'
 servers and talk to them, the others hold none. Every operation here is collective: all ranks call it, the
 drivers send their engines the request, and the answers come together on rank 0 in engine order (a gather only
 when some engine's driver is not rank 0: colocated engines on other nodes).
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl import engine_layout
-from gdnctl.runtime.rl.rollout_protocol import (
+from gdnctl.runtime.rl.rollout import engine_layout
+from gdnctl.runtime.rl.rollout.protocol import (
     EXTERNAL,
     LOCAL,
     ROLLOUT_ENV,

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.runtime.model import checkpoint
-from gdnctl.runtime.rl import grpo, weight_sync
-from gdnctl.runtime.rl.batch import RlBatch
+from gdnctl.runtime.rl.algorithm import RlBatch, grpo
+from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.runtime.train import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY, set_lr
 from gdnctl.schema import EngineConfig
 
@@ -104,7 +104,7 @@ class TorchPolicy:
     @torch.no_grad()
     def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor]:
         """log p of every next token `[N, T - 1]` per micro-batch under the current weights, without grad: the
-        behaviour policy's log-probs, taken before a rollout batch's first update (runtime/rl/updates.py)."""
+        behaviour policy's log-probs, taken before a rollout batch's first update (runtime/rl/algorithm/updates.py)."""
         return [self._logprobs(self.module, batch) for batch in micro_batches]
 
     def train_step(

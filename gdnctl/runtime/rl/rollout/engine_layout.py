@@ -1,14 +1,14 @@
 """Where the rollout's engines run and which trainer rank drives each: rollout GPUs / rollout.tp vLLM engines.
 
 A rollout of G GPUs at rollout.tp T runs G / T engines, each a vLLM of T GPUs with its own rollout server
-(rollout_server.py); each generates its share of a step's prompts, and each loads every weight sync.
+(rollout/server.py); each generates its share of a step's prompts, and each loads every weight sync.
 
 - Colocated: engine k takes the GPUs of trainer ranks k*T .. k*T + T - 1, so it sits on the node of those
   ranks, and that node's first trainer rank drives it: spawns its server (which listens on loopback, as a
   colocated server always has) and sends its requests. On one node that is rank 0 for every engine.
 - Separate: the engines take the GPUs after the trainer's on one node (trainer rank 0 spawns them there), or
   the Slurm script's rollout step's nodes (a launcher per node starts that node's engines; serve_node in
-  rollout_server.py). Trainer rank 0 drives every engine.
+  rollout/server.py). Trainer rank 0 drives every engine.
 
 No torch: the rollout server's side imports it in vLLM's environment.
 """

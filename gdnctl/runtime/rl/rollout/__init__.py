@@ -1,0 +1,30 @@
+"""The rollout: vLLM engines in their own environment, and how the trainer reaches them. Where the engines run
+and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), the wire
+between them (`protocol`: stdlib only, shared by both environments) and the server that runs one engine
+(`server`, in vLLM's environment)."""
+
+from gdnctl.runtime.exports import lazy_attributes
+
+_HOMES = {
+    "RolloutEngines": "engines",
+    "EXTERNAL": "protocol",
+    "LOCAL": "protocol",
+    "ROLLOUT_ENV": "protocol",
+    "RolloutClient": "protocol",
+    "RolloutError": "protocol",
+    "rollout_dir": "protocol",
+}
+__all__ = [
+    "EXTERNAL",
+    "LOCAL",
+    "ROLLOUT_ENV",
+    "RolloutClient",
+    "RolloutEngines",
+    "RolloutError",
+    "engine_layout",
+    "engines",
+    "protocol",
+    "rollout_dir",
+    "server",
+]
+__getattr__ = lazy_attributes(__name__, _HOMES)
