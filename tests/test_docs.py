@@ -106,13 +106,21 @@ def test_every_yaml_block_parses_and_each_preset_validates(where, line, block, t
 
 # The smoke run's example in docs/smoke.md is a real run's output. Its measured values (times, memory, losses,
 # gaps) depend on the machine and its float reductions, so they are compared as "#"; everything else (what was
-# checked, how many syncs, parameters and tensors, the verdicts) must be what the command prints today.
+# checked, how many syncs, parameters and tensors, the verdicts) must be what the command prints today. How many
+# of the parameters vLLM's CPU build shows whole depends on the CPU too: its kernels pack some weights only where
+# the instruction set has what they need (24 of the tiny model's 43 on one host, all 43 on another), so that
+# count and its note are compared as "#" as well.
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
 _MEASURED = re.compile(r"-?\d+\.\d+")
+_VISIBLE_PARAMETERS = re.compile(r"\d+ of (\d+) parameters match( \(the other \d+ are not visible whole[^)]*\))?")
 
 
 def _smoke_lines(text: str) -> list[str]:
-    return [_MEASURED.sub("#", line) for line in text.splitlines() if line.startswith("smoke: ")]
+    return [
+        _MEASURED.sub("#", _VISIBLE_PARAMETERS.sub(r"# of \1 parameters match", line))
+        for line in text.splitlines()
+        if line.startswith("smoke: ")
+    ]
 
 
 def _documented_smoke() -> str:
