@@ -13,6 +13,7 @@ from gdnctl.knowledge import (
     GPUS,
     KERNEL_DISTRIBUTIONS,
     GdnBackend,
+    model_families,
     sm_label,
     stack,
     versions,
@@ -278,7 +279,7 @@ def check_bridge(facts: MachineFacts, run=None) -> Check:
                 "runtime.transformer_engine: none for gdnctl's TE-free builder",
             )
         return Check("megatron_bridge", Status.SKIP, "not installed")
-    features = stack.features_of(bridge, stack.BRIDGE_QWEN35_FEATURES)
+    features = stack.features_of(bridge, model_families.bridge_features() + stack.BRIDGE_FEATURES)
     return Check("megatron_bridge", Status.OK, f"{bridge} ({', '.join(features) or 'no Qwen3.5 bridges'})")
 
 

@@ -381,15 +381,17 @@ def rollout_class(preset: Preset, model, software: dict[str, str | None]) -> Dec
     vision-language class with its vision tower skipped (vLLM builds no tower when every modality's
     limit_mm_per_prompt is 0: `_mark_tower_model` in vllm/model_executor/models/interfaces.py, 0.26.0)."""
     vllm = software.get("vllm")
-    if preset.job != "rl" or model.is_qwen3_next or not versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
+    family = model.family
+    since = family.vllm_text_class_since
+    if preset.job != "rl" or since is None or not versions.below(vllm, since):
         return Decision(
             "text",
-            "the text-only class" + ("" if model.is_qwen3_next else f" (vLLM {vllm} registers Qwen3_5ForCausalLM)"),
+            "the text-only class" + ("" if since is None else f" (vLLM {vllm} registers {family.text_class})"),
         )
     return Decision(
         "vision-language",
-        f"vLLM {vllm} registers only the vision-language Qwen3.5 classes (the "
-        f"text-only ones arrive in {stack.VLLM_QWEN35_TEXT_ONLY}): the weight sync "
+        f"vLLM {vllm} registers only the vision-language {family.label} classes (the "
+        f"text-only ones arrive in {since}): the weight sync "
         "names the language model as that class does and the engine builds no "
         "vision tower (limit_mm_per_prompt 0 for images and videos)",
     )

@@ -117,7 +117,7 @@ def derived_values(run: Run) -> list[Derived]:
                     "the trainer steps, and wakes for the weight sync",
                 )
             )
-        if not m.is_qwen3_next:
+        if m.family.vllm_text_class_since is not None:  # the family has a class to choose
             out.append(Derived("rollout_class", run.rollout_class.value, run.rollout_class.reason))
     for name, value, reason in run.environment:
         out.append(Derived(f"env.{name}", value, reason))

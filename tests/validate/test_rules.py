@@ -372,7 +372,7 @@ def test_tp_above_the_kv_heads_is_refused_only_by_the_versions_that_refuse_it():
     core = codes({**tp4, "runtime": {"megatron_core": "0.15.0"}})["HEAD002"][0].message
     assert "megatron-core 0.15.0 refuses that" in core
     bridge = codes({**tp4, "runtime": {"megatron_bridge": "0.4.1"}})["HEAD002"][0].message
-    assert "megatron-bridge 0.4.1's Qwen3.5 provider refuses that" in bridge
+    assert "megatron-bridge 0.4.1's Qwen3.5-MoE provider refuses that" in bridge
     # The TE-free builder does not go through the bridge's provider.
     assert "HEAD002" not in codes({**tp4, "runtime": {"megatron_bridge": "0.4.1", "transformer_engine": "none"}})
 

@@ -4,7 +4,8 @@ syncs and checks the weights after every step (`weights/`); `prompts/` is the da
 check, `network` where a process listens for a peer on another node.
 
 Inside rl the parts are ranked as the runtime's subpackages are (RL_RANK in tests/test_architecture.py): network
-at the bottom; prompts, algorithm and weights above it; rollout and policy above those; evaluation above them; job on top."""
+at the bottom; prompts, algorithm and weights above it; rollout and policy above those; evaluation above them;
+job on top."""
 
 from gdnctl.runtime.exports import lazy_attributes
 

@@ -20,14 +20,15 @@ def bridge_supports_model(run):
     Why: older releases have no Qwen35VLBridge / Qwen35Bridge and AutoBridge fails at start-up.
 
     Source: megatron-bridge releases: Qwen35VLBridge / Qwen35VLMoEBridge from v0.4.0, Qwen35Bridge / Qwen35MoEBridge
-    from v0.5.0 (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/stack.py).
+    from v0.5.0 (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/model_families.py).
 
     Fix: upgrade megatron-bridge (0.6.2 is the pinned stack).
     """
-    if not (run.is_training and run.model.is_qwen35):
+    family = run.model.family
+    needed = family.bridge_text_since if run.model.text_only else family.bridge_vision_language_since
+    if not run.is_training or needed is None:
         return
     bridge = _bridge_version(run)
-    needed = stack.BRIDGE_QWEN35_TEXT if run.model.text_only else stack.BRIDGE_QWEN35_VL
     if versions.below(bridge, needed):
         kind = "text-only" if run.model.text_only else "vision-language"
         yield Issue(

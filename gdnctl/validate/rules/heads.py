@@ -99,18 +99,15 @@ def tp_divides_kv_heads(run):
         )
         return
     bridge = run.stack.get("megatron_bridge")
-    if (
-        run.model_builder.value == "megatron-bridge"
-        and run.model.is_qwen35
-        and versions.below(bridge, stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS)
-    ):
+    family = run.model.family
+    since = family.bridge_tp_above_kv_heads_since
+    if run.model_builder.value == "megatron-bridge" and since is not None and versions.below(bridge, since):
         yield Issue(
             "parallel.tp",
             f"tp={tp} is above the {kv} KV heads of {model}, and megatron-bridge {bridge}'s "
-            'Qwen3.5 provider refuses that ("TP size should be less than or equal to '
+            f'{family.label} provider refuses that ("TP size should be less than or equal to '
             'num_query_groups"; Megatron-Core itself takes it).',
-            f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= "
-            f"{stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS} (runtime.megatron_bridge).",
+            f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= {since} (runtime.megatron_bridge).",
         )
 
 

@@ -154,14 +154,14 @@ def vision_language_rollout(run):
     """
     rollout = _rollout(run)
     vllm = run.stack.get("vllm")
-    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED):
+    family = run.model.family
+    checked = family.vllm_vision_language_checked
+    if rollout and checked is not None and versions.below(vllm, checked):
         yield Issue(
             "runtime.vllm",
-            f"vLLM {vllm} would serve Qwen3.5 through its vision-language class, which "
-            "gdnctl has run only from vLLM "
-            f"{stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} on.",
-            f"Use vLLM >= {stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} in the rollout's environment and set "
-            "runtime.vllm to its version.",
+            f"vLLM {vllm} would serve {family.label} through its vision-language class, which "
+            f"gdnctl has run only from vLLM {checked} on.",
+            f"Use vLLM >= {checked} in the rollout's environment and set runtime.vllm to its version.",
         )
 
 

@@ -118,13 +118,6 @@ def fp8_needs_sm89(run):
         )
 
 
-def _transformers_model_type(model) -> str:
-    """The HF model_type whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py)."""
-    if model.is_qwen3_next:
-        return "qwen3_next"
-    return "qwen3_5_moe" if model.is_moe else "qwen3_5"
-
-
 @rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
 def trainer_transformers_model_type(run):
     """
@@ -150,12 +143,13 @@ def trainer_transformers_model_type(run):
     found = run.stack.get("transformers")
     if run.preset.job != "rl" or run.gpu.sm is not None or found is None:
         return
-    model_type = _transformers_model_type(run.model)
-    since = stack.TRANSFORMERS_MODEL_TYPE_SINCE[model_type]
+    # The family whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py).
+    family = run.model.family
+    since = family.transformers_since
     if versions.below(found, since):
         yield Issue(
             "runtime.transformers",
-            f"transformers {found} has no {model_type} classes (added in {since}), "
+            f"transformers {found} has no {family.name} classes (added in {since}), "
             "and the rl policy on device cpu is transformers' model.",
             f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.",
         )
@@ -534,10 +528,16 @@ def lora_qwen3_next_shared_expert(run):
     merged export.
     """
     spec = run.preset.train.lora
-    if run.is_training and spec is not None and run.model.is_qwen3_next and "shared_expert" in run.lora_targets.value:
+    family = run.model.family
+    if (
+        run.is_training
+        and spec is not None
+        and family.peft_fuses_shared_expert_adapter
+        and "shared_expert" in run.lora_targets.value
+    ):
         yield Issue(
             "train.lora.targets" if spec.targets is not None else "train.lora",
-            "peft cannot load a Qwen3-Next adapter on the shared expert: it reads the shared expert's "
+            f"peft cannot load a {family.label} adapter on the shared expert: it reads the shared expert's "
             "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
             "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
             "load the merged export.",
@@ -561,13 +561,14 @@ def lora_qwen3_next(run):
 
     Fix: remove train.lora (full-parameter training of Qwen3-Next), or train LoRA on a Qwen3.5 model.
     """
-    if run.is_training and run.preset.train.lora is not None and run.model.is_qwen3_next:
+    family = run.model.family
+    if run.is_training and run.preset.train.lora is not None and not family.bridge_lora:
         yield Issue(
             "train.lora",
-            f"megatron-bridge does not support LoRA on {run.model.label}: its Qwen3-Next PEFT "
-            'recipe raises NotImplementedError ("PEFT is not currently supported for '
-            'Qwen3-Next models").',
-            "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.",
+            f"megatron-bridge does not support LoRA on {run.model.label}: its {family.label} PEFT "
+            "recipe raises NotImplementedError.",
+            f"Remove train.lora for full-parameter training of {family.label}, or train LoRA on a model "
+            "megatron-bridge trains LoRA on.",
         )
 
 

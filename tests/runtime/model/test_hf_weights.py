@@ -90,7 +90,7 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
         if arch.layer_is_gdn(i):
             a = f"{p}.linear_attn"
-            if arch.is_qwen3_next:
+            if arch.family.gdn_in_projection == "per_key_head":
                 shapes.update(
                     {
                         f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
