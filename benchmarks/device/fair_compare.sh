@@ -10,7 +10,9 @@
 # then runs the campaign there with `nohup setsid`: the proxy preset with cluster.gpu=h200, each GDN kernel on gdnctl
 # and on the peer, arms alternating over the rounds (default 3 rounds of FLA and FlashQLA, 30 steps an arm: about
 # 22 min on one H200 from cold kernel caches, 8 of them compiling; the campaign prints its own estimate first). One
-# kernel cache a side, kept under $FAIR_COMPARE_DIR, so every later arm of a side starts warm.
+# kernel cache a side, kept under $FAIR_COMPARE_DIR: the first round compiles each loop's kernels (before each arm's
+# window), and every later arm starts warm. --stop-after-s S starts no new pair of arms after S seconds (a warm pair
+# takes about 2.5 min), so a shorter device budget ends with whole pairs recorded.
 # poll waits up to SECONDS (default 0) for the campaign to end, then prints its last progress lines and the report
 # recomputed from what it has recorded so far (benchmarks/trainer_throughput.py report), and packs the record into
 # $OUT/fair-compare.tgz when $OUT is set.

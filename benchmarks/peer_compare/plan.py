@@ -70,13 +70,16 @@ def plan_arms(kernels: list[str], rounds: int) -> list[Arm]:
 
 
 # What an arm costs on one H200 with the 35B-A3B proxy, from the recorded like-for-like run (benchmarks/results/
-# h200-like-for-like-2026-12-01): a warm gdnctl launch reaches the end of step 1 in about 35 s and with the
-# render and the exit takes about 10 s more; the peer's start-up and warm first step take about 52 s; a steady step
-# about 0.65 s on both sides. A loop's first arm on a kernel compiles that kernel into its own cache: FLA's Triton
-# kernels (with torch.compile's and Transformer Engine's first work on the peer's side), or FlashQLA's TileLang ones.
+# h200-like-for-like-2026-12-01, the arms' step times and the gaps between gdnctl's arms): a warm gdnctl launch takes
+# about 45 s besides its steps (35 s to the end of step 1, the render and the exit), the peer about 52 s (its start-up
+# and its 12 s first step), and a steady step 0.65 s on both sides; a warm pair of 20 steps each took 118-142 s. A
+# loop's first arm on a kernel compiles that kernel into its own cache: gdnctl's first FLA step took 74 s longer (its
+# kernel warm-up's share is not in its log, so this is the least it cost), its first FlashQLA arm about 148 s longer
+# (TileLang in its kernel warm-up); the peer's first FLA step 151 s longer (FLA's Triton kernels, torch.compile's and
+# Transformer Engine's first work), its first FlashQLA step 131 s longer.
 ARM_START_S = {"gdnctl": 45.0, "peer": 52.0}
 STEP_S = 0.65
-COLD_S = {("gdnctl", "fla"): 75.0, ("gdnctl", "flashqla"): 130.0, ("peer", "fla"): 150.0, ("peer", "flashqla"): 130.0}
+COLD_S = {("gdnctl", "fla"): 75.0, ("gdnctl", "flashqla"): 148.0, ("peer", "fla"): 151.0, ("peer", "flashqla"): 131.0}
 
 
 def estimate_seconds(arms: list[Arm], steps: int) -> dict[str, float]:
