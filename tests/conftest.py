@@ -159,6 +159,12 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
         "test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else",
     },
     "tests/test_gpu_suite_benchmark.py": {"test_the_result_names_each_workers_time_and_the_outcomes"},
+    "tests/test_trainer_throughput_benchmark.py": {  # a campaign, megatron-core's dataset, the script in subprocesses
+        "test_a_campaign_here_reports_each_failed_arm_with_its_log_and_keeps_the_record",
+        "test_the_peer_trains_the_rows_gdnctls_trainer_trains",
+        "test_the_device_scripts_poll_reports_a_recorded_campaign_and_packs_it",
+        "test_compare_refuses_a_kernel_name_it_cannot_run_before_any_launch",
+    },
     "tests/runtime/rl/test_grpo.py": {"test_toy_policy_learns_the_rewarded_answer"},
 }
 

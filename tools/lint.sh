@@ -13,4 +13,4 @@ python3 -m ruff format --check gdnctl tests benchmarks
 echo "== mypy ==" >&2
 python3 -m mypy
 echo "== shellcheck ==" >&2
-shellcheck tools/*.sh .ci/run
+shellcheck tools/*.sh benchmarks/device/*.sh .ci/run

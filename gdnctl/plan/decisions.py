@@ -21,7 +21,7 @@ DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 def kernel_cache_env(kernel_cache_dir: str, *, rollout: bool = False) -> list[tuple[str, str, str]]:
     """The compiler caches the trainer fills on first use, all under the one kernel cache directory so that a job
     (or `gdnctl prewarm`) fills them once for every later job: (variable, value, what it holds). Measured on the
-    35B-A3B proxy on an H100 (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call"): FLA's first call
+    35B-A3B proxy on an H100 (benchmarks/results/kernel-compile-prewarm-h100-2026-11-24.md): FLA's first call
     98.5 s cold, 1.7 s with a warm Triton cache; step 1 48.9 s cold, 14.5 s with warm Triton and inductor caches.
     With Triton's autotuning results cached as well (TRITON_CACHE_AUTOTUNING, Triton's own knob; 6 autotuning runs
     in the first process, 0 in the next), the proxy's step 1 went from 14.0 s to 9.6 s, torch.compile off. Without
@@ -154,13 +154,13 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
 
     Megatron-Core decorates its elementwise glue with torch.compile (megatron/core/jit.py `jit_fuser`, megatron-core
     0.19.2): the GDN output gate and norm, the g/beta gate, SwiGLU, the attention output gate. Eager, each is a chain
-    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows; BENCHMARKS.md
-    "Trainer: where the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled;
-    the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s eager, 0.766
-    s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. With the defaults on one H100 (FlashQLA,
-    concatenated full rows, attention and GDN blocks graphed; BENCHMARKS.md "torch.compile off, Dynamo's caching
-    precompile, torch's attention"): 0.686 s a step compiled against 0.768 s eager, the reserved peak 53.81 GiB
-    against 55.19 GiB, step 1 about 4 s longer (Dynamo's tracing of 14 graphs: the inductor cache spares only
+    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows;
+    benchmarks/results/step-profile-h200-2026-11-26.md): elementwise kernels took 170 ms of GPU time a step eager and
+    50 ms compiled; the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s
+    eager, 0.766 s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. With the defaults on one
+    H100 (FlashQLA, concatenated full rows, attention and GDN blocks graphed;
+    benchmarks/results/startup-h100-2026-11-27.md): 0.686 s a step compiled against 0.768 s eager, the reserved peak
+    53.81 GiB against 55.19 GiB, step 1 about 4 s longer (Dynamo's tracing of 14 graphs: the inductor cache spares only
     the code generation, and torch 2.11's caching precompile, which would spare the tracing, fails in AOTAutograd's
     cache). Megatron-Bridge's own loop compiles them too. auto stays where that was measured: one row shape every
     step (a new shape recompiles)."""
@@ -198,7 +198,7 @@ TE_PACKED_ATTENTION_MAX_HEAD_DIM = 128
 
 def attention(preset: Preset, model: ModelArch, software: dict[str, str | None]) -> Decision:
     """The full-attention layers' core attention: Transformer Engine's, or torch's SDPA and varlen FlashAttention.
-    Rests on benchmarks/attention_check.py run on an H100 (BENCHMARKS.md, "Packed rows trained on NaN")."""
+    Rests on benchmarks/attention_check.py run on an H100 (benchmarks/results/packed-rows-nan-h100-2026-11-25.md)."""
     requested = preset.kernels.attention
     if model_builder(software).value == "te-free":
         return Decision(
@@ -487,7 +487,7 @@ def lora_expert_adapters(preset: Preset) -> Decision:
     each grouped linear's tokens per expert to the host (`expert_splits.tolist()`, a device synchronisation) and
     loops over the experts in Python, for the gate-and-up and the down projection of every MoE layer, forward and
     backward; the shared one is a single ParallelLinearAdapter. On the 35B-A3B proxy (one H100, rank 32,
-    BENCHMARKS.md "Trainer: LoRA against full fine-tuning") the step took 0.551 s shared, 1.074 s per expert and
+    benchmarks/results/lora-h100-2026-11-27.md) the step took 0.551 s shared, 1.074 s per expert and
     0.667 s fine-tuning every weight, with the same losses to four digits over 8 steps. With expert parallel a
     shared adapter is refused (TRN024: Megatron-Core's expert optimizer would count every EP rank's copy in the
     gradient norm), so auto keeps one per expert there."""

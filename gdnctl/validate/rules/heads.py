@@ -55,7 +55,7 @@ def tp_divides_kv_heads(run):
     Run: tests/gpu/test_tp_above_kv_heads_gpu.py builds tiny Qwen3.5 (2 KV heads) at TP 4 through both builders
     and tiny Qwen3-Next (1 KV head) at TP 2 through megatron-bridge (megatron-core 0.19.2, TE 2.20.2,
     megatron-bridge 0.6.2), writes the HF checkpoint over TP, matches transformers' logits, reloads it and runs a
-    backward pass (BENCHMARKS.md, "Trainer: what trains right").
+    backward pass (benchmarks/results/trains-right-2026-11-24.md).
 
     Where it was read: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines
     939-946 of megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:

@@ -218,10 +218,10 @@ def te_packed_attention_head_dim(run):
     torch bundles, so torch's cuDNN version says nothing about it. With cp 1, `kernels.attention: auto` runs packed
     rows on torch's varlen FlashAttention instead (within 0.3%); context parallel has no such alternative.
 
-    Source: gdnctl's measurement above (BENCHMARKS.md, "Packed rows trained on NaN"); NVIDIA/Megatron-LM PR #2644's
-    description (Qwen3.5 and Qwen3-Next THD training on Hopper needs cuDNN >= 9.19.0; up to 9.18.0 the gradients go
-    NaN) and Megatron-LM issue #5044, where a maintainer names it the SM90 varlen fused-attention gradient bug
-    (docs/sources.md "Megatron-Core"). This rule replaced LAY008, which demanded cuDNN >= 9.19 for every packed run
+    Source: gdnctl's measurement above (benchmarks/results/packed-rows-nan-h100-2026-11-25.md); NVIDIA/Megatron-LM PR
+    #2644's description (Qwen3.5 and Qwen3-Next THD training on Hopper needs cuDNN >= 9.19.0; up to 9.18.0 the
+    gradients go NaN) and Megatron-LM issue #5044, where a maintainer names it the SM90 varlen fused-attention gradient
+    bug (docs/sources.md "Megatron-Core"). This rule replaced LAY008, which demanded cuDNN >= 9.19 for every packed run
     on Hopper, also where torch's FlashAttention, not cuDNN, runs the attention.
 
     Fix: run parallel.cp 1 with kernels.attention: auto (or torch), or train.layout: bshd; for context parallel,

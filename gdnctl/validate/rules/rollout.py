@@ -148,7 +148,7 @@ def vision_language_rollout(run):
     CPU build 0.32; older releases may build the tower, or lack the class.
 
     Source: vllm/model_executor/models/qwen3_5.py and interfaces.py (vLLM 0.26.0); runs:
-    tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
+    tests/gpu/test_rl_vllm_gpu.py on an H100 (benchmarks/results/rl-gpu-vllm-2026-11-24.md).
 
     Fix: use vLLM >= 0.26 in the rollout's environment (rollout.python), and say so in runtime.vllm.
     """
@@ -402,8 +402,8 @@ def rl_rollout_layout_untested(run):
     node's first rank. A rollout step on other nodes reaches trainer rank 0's store by the node's name and NCCL
     across the network; the tests' local Slurm has one node, so that step has not run.
 
-    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s (BENCHMARKS.md "Weight sync: rl on
-    GPU vLLM" and "Four GPUs of one host").
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s
+    (benchmarks/results/rl-gpu-vllm-2026-11-24.md).
 
     Fix: try the preset at small scale first.
     """

@@ -309,8 +309,8 @@ def fp8_padded_row_length(run):
     by 8"). Packed (THD) rows are padded for it by the runtime (runtime/data/pipeline.py FP8_TOKEN_MULTIPLE);
     padded rows are exactly seq_length wide.
 
-    Source: transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; measured: H100, BENCHMARKS.md "Trainer: what
-    trains right" (the FP8 run that stopped at step 1 on a 995-token row).
+    Source: transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; measured: H100,
+    benchmarks/results/trains-right-2026-11-24.md (the FP8 run that stopped at step 1 on a 995-token row).
 
     Fix: make train.seq_length a multiple of 16, or use train.layout: thd.
     """
