@@ -28,6 +28,9 @@ DEVICE_SCRIPT = BENCHMARKS / "device" / "fair_compare.sh"
 # The like-for-like run on one H200 (2026-12-01): gdnctl's metrics.jsonl and the peer's summary per arm.
 RECORDED = BENCHMARKS / "results" / "h200-like-for-like-2026-12-01"
 RECORDED_DOC = BENCHMARKS / "results" / "trainer-vs-megatron-bridge-h200-2026-12-01.md"
+# The campaign the fair harness itself recorded on a GPU host (benchmarks/device/fair_compare.sh).
+FAIR = BENCHMARKS / "results" / "h200-fair-compare-2026-12-01"
+FAIR_DOC = BENCHMARKS / "results" / "trainer-vs-megatron-bridge-fair-h200-2026-12-01.md"
 # The device script runs `python3`: this interpreter's, with gdnctl's dependencies.
 PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
 if str(BENCHMARKS) not in sys.path:
@@ -273,6 +276,29 @@ def test_the_published_campaign_is_its_report_recomputed_from_its_logs(recorded)
     text = RECORDED_DOC.read_text()
     start = text.index("```text\n", text.index("<!-- report -->")) + len("```text\n")
     assert text[start : text.index("```", start)].rstrip("\n") == report.table(recorded)
+
+
+def test_the_fair_campaign_gives_its_published_ratios_and_page():
+    """The harness's own record from one H200: FLA 0.99 / 1.03 / 0.98 over three rounds of 30 steps, with one token
+    stream and every switch on both sides, the steady peaks equal; its page shows the report recomputed."""
+    result = report.report_directory(FAIR)
+    assert list(result["kernels"]) == ["fla"]
+    fla = result["kernels"]["fla"]
+    got = [
+        (round(p["gdnctl_tokens_per_s"]), round(p["peer_tokens_per_s"]), round(p["ratio"], 2)) for p in fla["rounds"]
+    ]
+    assert got == [(49780, 50361, 0.99), (52598, 51147, 1.03), (49334, 50450, 0.98)]
+    ratio = fla["ratio"]
+    assert (ratio["rounds"], round(ratio["median"], 2), round(ratio["min"], 2), round(ratio["max"], 2)) == (
+        3,
+        0.99,
+        0.98,
+        1.03,
+    )
+    assert fla["switches"]["gdnctl_only"] == {}
+    text = FAIR_DOC.read_text()
+    start = text.index("```text\n", text.index("<!-- report -->")) + len("```text\n")
+    assert text[start : text.index("```", start)].rstrip("\n") == report.table(result)
 
 
 def test_compare_refuses_a_kernel_name_it_cannot_run_before_any_launch():

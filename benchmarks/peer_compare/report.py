@@ -182,13 +182,19 @@ def _windows(arms: list[dict]) -> str:
     return "; ".join(seen[side] for side in SIDE_NAMES if side in seen) or "none: no arm was measured"
 
 
+def _setting(name: str, value: str) -> str:
+    """A switch as the report shows it: a value that is a path of the host the arm ran on is shown as such, not
+    spelled (it says where the image installed something, nothing about the comparison)."""
+    return f"{name} (a path on the host)" if value.startswith("/") else f"{name}={value}"
+
+
 def _switch_lines(switches: dict | None) -> list[str]:
     if switches is None:
         return ["- switches: not recorded for both sides"]
-    lines = ["- switches on both: " + (", ".join(f"{k}={v}" for k, v in switches["both"].items()) or "none")]
+    lines = ["- switches on both: " + (", ".join(_setting(k, v) for k, v in switches["both"].items()) or "none")]
     for key, who in (("gdnctl_only", "gdnctl only"), ("peer_only", "Megatron-Bridge only")):
         if switches[key]:
-            lines.append(f"- {who}: " + ", ".join(f"{k}={v}" for k, v in switches[key].items()))
+            lines.append(f"- {who}: " + ", ".join(_setting(k, v) for k, v in switches[key].items()))
     for name, values in switches["different"].items():
         lines.append(f"- {name}: gdnctl {values['gdnctl']}, Megatron-Bridge {values['peer']}")
     return lines

@@ -60,19 +60,30 @@ class GdnctlRows:
         self.text(idx)
         return numpy.array([index for index, _, _ in self._rows[idx]], dtype=numpy.int64)
 
+    def document_lengths(self, idx: int) -> numpy.ndarray:
+        """How many of the row's tokens each of its documents' pieces holds, in order."""
+        self.text(idx)
+        return numpy.array([end - start for _, start, end in self._rows[idx]], dtype=numpy.int64)
+
 
 def serve_gdnctl_rows(engine_yaml: Path, seq_length: int) -> GdnctlRows:
     """Make megatron-core's MockGPTDataset return gdnctl's rows for `engine_yaml`; call before Megatron-Bridge
     builds its datasets (its data loader's worker inherits the change)."""
+    import inspect
+
     from megatron.core.datasets import gpt_dataset
 
     rows = GdnctlRows(engine_yaml, seq_length)
+    # megatron-core 0.16 unpacks (text, document ids) from the method; 0.19 (text, document ids, document lengths).
+    with_lengths = "document_lengths" in inspect.getsource(gpt_dataset.GPTDataset.__getitem__)
 
-    def query(dataset, idx: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    def query(dataset, idx: int) -> tuple[numpy.ndarray, ...]:
         length = dataset.config.sequence_length + dataset.config.add_extra_token_to_sequence
         text = rows.text(idx)
         if len(text) != length:
             raise ValueError(f"gdnctl's row {idx} holds {len(text)} tokens, Megatron's sample {length}")
+        if with_lengths:
+            return text, rows.document_ids(idx), rows.document_lengths(idx)
         return text, rows.document_ids(idx)
 
     gpt_dataset.MockGPTDataset._query_document_sample_shuffle_indices = query
