@@ -706,7 +706,9 @@ def _annotate_gdn_calls() -> set[str]:
     call = GdnKernel.__call__
 
     def annotated(kernel, q, k, v, g, beta, **options):
-        seen.update(name for name, tensor in zip(GDN_INPUTS, (q, k, v, g, beta)) if not tensor.is_contiguous())
+        seen.update(
+            name for name, tensor in zip(GDN_INPUTS, (q, k, v, g, beta), strict=True) if not tensor.is_contiguous()
+        )
         with torch.profiler.record_function(GDN_RANGE):
             return call(kernel, q, k, v, g, beta, **options)
 

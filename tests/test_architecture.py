@@ -281,10 +281,10 @@ def deep_import_violations(modules: dict[str, Path]) -> list[str]:
                 if owner == "gdnctl":
                     continue  # the base modules and the version: for everyone
                 if name == owner or name.startswith(owner + "."):
-                    if name != owner and imp.names and modules[name].name != "__init__.py":
-                        # a module importing its own package's __init__ goes round in a circle
-                        if not all(f"{owner}.{n}" in modules for n in imp.names):
-                            problems.append(f"{where}: import siblings directly, not through {owner}")
+                    # a module importing its own package's __init__ goes round in a circle
+                    through_own_init = name != owner and imp.names and modules[name].name != "__init__.py"
+                    if through_own_init and not all(f"{owner}.{n}" in modules for n in imp.names):
+                        problems.append(f"{where}: import siblings directly, not through {owner}")
                     continue
                 exported = package_exports(owner, modules)
                 if exported is None:

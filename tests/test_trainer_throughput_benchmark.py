@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -82,7 +83,7 @@ def test_each_measured_step_under_pressure_follows_an_unmeasured_step_of_its_own
     step_plan = benchmark.step_plan([benchmark.Variant.parse(name) for name in names], rounds=3)
     for name in names:
         assert sum(step.measured for step in step_plan if step.variant.name == name) == 3
-    for before, step in zip(step_plan, step_plan[1:]):
+    for before, step in itertools.pairwise(step_plan):
         if step.measured and step.variant.pressure:
             assert before == benchmark.PlannedStep(step.variant, measured=False)
     # Unpressured steps leave the cache alone: one warm-up round, then every step counts.

@@ -202,7 +202,7 @@ def check_tilelang(facts: MachineFacts, run=None) -> Check:
             version or "not installed",
             f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'",
         )
-    return Check("tilelang", Status.OK, version)
+    return Check("tilelang", Status.OK, str(version))
 
 
 def fla_dispatches_to_flashqla(facts: MachineFacts) -> bool:
@@ -214,7 +214,7 @@ def fla_dispatches_to_flashqla(facts: MachineFacts) -> bool:
         _installed(facts, FLASHQLA) is not None
         and facts.flash_qla_import_error is None
         and gpu is not None
-        and gpu.sm in FLASHQLA.gpus - {(12, 1)}
+        and gpu.sm in (FLASHQLA.gpus or frozenset()) - {(12, 1)}
         and not pinned
         and facts.env.get("FLA_DISABLE_BACKEND_DISPATCH") != "1"
     )

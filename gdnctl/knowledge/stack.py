@@ -160,7 +160,7 @@ KNOWN_PINS: dict[tuple[str, str], Pins] = {
 
 # Versions probed to find whether two specifiers admit a common release.
 _PROBE_VERSIONS = {
-    "transformers": [f"5.{m}.{p}" for m in range(0, 25) for p in range(0, 4)],
+    "transformers": [f"5.{m}.{p}" for m in range(25) for p in range(4)],
     "flashinfer-python": ["0.6.8.post1", "0.7.2.post1"],
     "torch": ["2.11.0", "2.12.0", "2.13.0", "2.14.0"],
 }

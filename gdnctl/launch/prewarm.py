@@ -15,9 +15,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import GDN_BACKENDS, RankShape

@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
@@ -40,14 +41,14 @@ class SubmitError(GdnctlError):
 def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
     """runs/NAME-YYYYMMDD-HHMMSS-XXXX: readable, sorted by time, and apart for launches in the same second (the
     four random hex digits; render also creates the run dir exclusively and draws again on a collision)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "run"
     return root / f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
 def local_log(run_dir: Path, args: tuple[str, ...] = ()) -> Path:
     """logs/local-YYYYMMDD-HHMMSS[-smoke].out: where a local run's output is copied (`gdnctl logs` reads it)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return run_dir / run_dirs.LOGS / f"local-{stamp}{'-smoke' if args else ''}.out"
 
 
@@ -90,7 +91,7 @@ def _record_exit(run_dir: Path, exit_code: int, signal_name: str | None, *, smok
         signal=signal_name,
         stopped=stopped,
         smoke=smoke,
-        ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ended_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     try:
         run_dirs.record_local_exit(run_dir, record)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdnctl.knowledge import GDN_BACKENDS, GpuSpec, ModelArch, lora, stack, versions
-from gdnctl.schema import Preset
+from gdnctl.schema import Preset, RolloutSpec
 
 # Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
 # by every run and filled once by `gdnctl prewarm` (on clusters, put it on a shared filesystem).
@@ -313,14 +313,14 @@ def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, s
     requested = rollout.weight_sync
     if requested == "disk":
         return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
-    transport = requested if requested != "auto" else _in_memory_transport(preset, gpu)
+    transport = requested if requested != "auto" else _in_memory_transport(rollout, gpu)
     if transport is None:
         return Decision(
             "disk",
             "no GPU: vLLM's CPU build reloads from the safetensors directory (rollout."
             "weight_sync: broadcast sends the weights over gloo instead)",
         )
-    blocker = _in_memory_blocker(transport, preset, gpu, software)
+    blocker = _in_memory_blocker(transport, preset, rollout, gpu, software)
     if blocker is not None:
         return Decision("disk", blocker)
     why = _IN_MEMORY_WHY[transport]
@@ -335,32 +335,34 @@ _IN_MEMORY_WHY = {
 }
 
 
-def _in_memory_transport(preset: Preset, gpu: GpuSpec) -> str | None:
+def _in_memory_transport(rollout: RolloutSpec, gpu: GpuSpec) -> str | None:
     """What `rollout.weight_sync: auto` picks before the blockers: CUDA IPC on the shared GPUs of a colocated
     rollout, a broadcast to the GPUs of a separate one, and the directory on CPU (the tests' default there)."""
     if gpu.sm is None:
         return None
-    return "cuda_ipc" if preset.rollout.colocate else "broadcast"
+    return "cuda_ipc" if rollout.colocate else "broadcast"
 
 
-def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> str | None:
-    """Why `transport` cannot serve this run, or None when it can."""
+def _in_memory_blocker(
+    transport: str, preset: Preset, rollout: RolloutSpec, gpu: GpuSpec, software: dict[str, str | None]
+) -> str | None:
+    """Why `transport` cannot serve this run (its rollout section `rollout`), or None when it can."""
     p = preset.parallel
     if transport == "cuda_ipc":
         if gpu.sm is None:
             return "no GPU: vLLM's CPU build reloads from the safetensors directory"
-        if not preset.rollout.colocate:
+        if not rollout.colocate:
             return (
                 "separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU; "
                 "rollout.weight_sync: broadcast reaches separate rollout GPUs"
             )
-    elif gpu.sm is not None and preset.rollout.colocate:
+    elif gpu.sm is not None and rollout.colocate:
         # ProcessGroupNCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected").
         return (
             "colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
             "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs"
         )
-    elif preset.rollout.colocate and preset.cluster.nodes > 1:
+    elif rollout.colocate and preset.cluster.nodes > 1:
         # runtime/rl/rollout/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the
         # buckets.
         return (

@@ -28,7 +28,7 @@ from gdnctl.schema.engine import (
     EngineTrain,
 )
 from gdnctl.schema.local_exit import LOCAL_EXIT_FILE, LocalExit
-from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
+from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, LoraSpec, Preset, RolloutSpec
 from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured, SmokeReport
 
 __all__ = [
@@ -53,7 +53,9 @@ __all__ = [
     "PROFILE_FILE_PATTERN",
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
+    "LoraSpec",
     "Preset",
+    "RolloutSpec",
     "ProfiledOp",
     "SBATCH_SAFE",
     "SBATCH_SAFE_TEXT",

@@ -236,6 +236,6 @@ class EngineConfig(_Frozen):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "EngineConfig":
+    def from_file(cls, path: str | Path) -> EngineConfig:
         data = yaml.safe_load(Path(path).read_text())
         return cls.model_validate(data)

@@ -78,7 +78,7 @@ class ModelSpec(_Section):
     tokenizer: str | None = Field(None, description="Tokenizer dir (default: model.path)")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if self.id is None and self.path is None:
             raise ValueError("set model.id (a catalog id) or model.path (a checkpoint dir with config.json)")
         return self

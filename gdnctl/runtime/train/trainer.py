@@ -430,14 +430,16 @@ class Trainer:
         from gdnctl.runtime.kernels import compile_quietly, expected_kernels, fwd_bwd_seconds, watch_compiles
 
         report = self._log if self.rank == 0 else None
-        with compile_quietly(
-            [shape],
-            report,
-            header=f"gdnctl trainer {self.config.name} rank {self.rank}",
-            prewarm="gdnctl prewarm PRESET",
-        ) as say:
-            with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say):
-                return fwd_bwd_seconds(self.kernel, shape)
+        with (
+            compile_quietly(
+                [shape],
+                report,
+                header=f"gdnctl trainer {self.config.name} rank {self.rank}",
+                prewarm="gdnctl prewarm PRESET",
+            ) as say,
+            watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say),
+        ):
+            return fwd_bwd_seconds(self.kernel, shape)
 
     # --- training ----------------------------------------------------------------------------------------
     def train(self) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
@@ -11,7 +14,7 @@ def _divisors(n: int) -> str:
 
 
 @rule("HEAD001", Severity.ERROR, "TP divides the attention heads")
-def tp_divides_attention_heads(run):
+def tp_divides_attention_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.tp divides the full-attention query heads.
 
@@ -34,7 +37,7 @@ def tp_divides_attention_heads(run):
 
 
 @rule("HEAD002", Severity.ERROR, "TP divides the KV heads, or is a multiple of them where the stack takes it")
-def tp_divides_kv_heads(run):
+def tp_divides_kv_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.tp divides the KV heads (`num_key_value_heads`, Megatron's query groups), or is a
     multiple of them on a stack that builds that: megatron-core >= 0.16 and, for the megatron-bridge builder on
@@ -112,7 +115,7 @@ def tp_divides_kv_heads(run):
 
 
 @rule("HEAD003", Severity.ERROR, "TP x CP divides the GDN key heads")
-def tp_cp_divide_gdn_key_heads(run):
+def tp_cp_divide_gdn_key_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: tp x cp divides `linear_num_key_heads`.
 
@@ -135,7 +138,7 @@ def tp_cp_divide_gdn_key_heads(run):
 
 
 @rule("HEAD004", Severity.ERROR, "TP x CP divides the GDN value heads")
-def tp_cp_divide_gdn_value_heads(run):
+def tp_cp_divide_gdn_value_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: tp x cp divides `linear_num_value_heads`.
 
@@ -157,7 +160,7 @@ def tp_cp_divide_gdn_value_heads(run):
 
 
 @rule("HEAD005", Severity.ERROR, "GDN value heads are a multiple of key heads")
-def value_heads_multiple_of_key_heads(run):
+def value_heads_multiple_of_key_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: `linear_num_value_heads % linear_num_key_heads == 0` (grouped value attention).
 

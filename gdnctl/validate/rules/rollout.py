@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
+from gdnctl.schema import RolloutSpec
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
-def _rollout(run):
+def _rollout(run: Run) -> RolloutSpec | None:
     return run.preset.rollout if run.preset.job == "rl" else None
 
 
 @rule("RLT001", Severity.ERROR, "rl job without a rollout section")
-def rl_needs_rollout(run):
+def rl_needs_rollout(run: Run) -> Iterator[Issue]:
     """
     What it checks: job: rl has a `rollout:` section.
 
@@ -31,7 +35,7 @@ def rl_needs_rollout(run):
 
 
 @rule("RLT002", Severity.WARNING, "rollout section on a job that does not roll out")
-def rollout_ignored(run):
+def rollout_ignored(run: Run) -> Iterator[Issue]:
     """
     What it checks: a `rollout:` section on sft, pretrain or selftest jobs.
 
@@ -50,7 +54,7 @@ def rollout_ignored(run):
 
 
 @rule("RLT003", Severity.ERROR, "gdn_prefill_backend not available in this vLLM")
-def prefill_backend_supported(run):
+def prefill_backend_supported(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.gdn_prefill_backend is accepted by runtime.vllm: vLLM < 0.18 has no
     `--gdn-prefill-backend` flag; 0.18-0.21 accept flashinfer and triton; 0.22 adds cutedsl; 0.32 adds
@@ -86,7 +90,7 @@ def prefill_backend_supported(run):
 
 
 @rule("RLT004", Severity.WARNING, "FlashInfer GDN prefill on Hopper can hang")
-def prefill_hang_sm90(run):
+def prefill_hang_sm90(run: Run) -> Iterator[Issue]:
     """
     What it checks: on SM90 GPUs, rollout.gdn_prefill_backend left to vLLM's default (null/auto, which
     picks FlashInfer on SM90) or set to flashinfer, by runtime.vllm: a warning for vLLM 0.18-0.25, an info
@@ -135,7 +139,7 @@ def prefill_hang_sm90(run):
 
 
 @rule("RLT015", Severity.WARNING, "Qwen3.5 through vLLM's vision-language class, before the vLLM gdnctl ran it on")
-def vision_language_rollout(run):
+def vision_language_rollout(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on a Qwen3.5 model whose rollout vLLM is older than the first release gdnctl has
     served Qwen3.5 on through the vision-language class (0.26.0).
@@ -166,7 +170,7 @@ def vision_language_rollout(run):
 
 
 @rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")
-def rollout_tp_heads(run):
+def rollout_tp_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.tp divides the attention heads and the GDN key and value heads.
 
@@ -195,7 +199,7 @@ def rollout_tp_heads(run):
 
 
 @rule("RLT007", Severity.ERROR, "Trainer and rollout GPUs fit the cluster")
-def rollout_gpus_fit(run):
+def rollout_gpus_fit(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout GPUs are a whole number of rollout.tp engines and fit the cluster: all GPUs
     at most when colocated; fewer than all when separate, so the trainer keeps some. An engine fits one node:
@@ -239,7 +243,7 @@ def rollout_gpus_fit(run):
 
 
 @rule("RLT008", Severity.ERROR, "Trainer and rollout cannot share one Python environment")
-def separate_environments(run):
+def separate_environments(run: Run) -> Iterator[Issue]:
     """
     What it checks: when the trainer stack (megatron-bridge) and the rollout stack (vLLM) pin incompatible
     dependencies, the rollout names its own environment (rollout.python or rollout.container_image).
@@ -272,7 +276,7 @@ def separate_environments(run):
 
 
 @rule("RLT009", Severity.ERROR, "A separate rollout on several nodes takes whole nodes")
-def separate_rollout_whole_nodes(run):
+def separate_rollout_whole_nodes(run: Run) -> Iterator[Issue]:
     """
     What it checks: with rollout.colocate: false on more than one node (or under Slurm), the rollout GPUs
     are a whole number of nodes.
@@ -300,7 +304,7 @@ def separate_rollout_whole_nodes(run):
 
 
 @rule("RLT010", Severity.ERROR, "The rl batch is whole prompt groups")
-def batch_of_groups(run):
+def batch_of_groups(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.global_batch_size (the samples of one rl step) is a multiple of
     rollout.n_samples_per_prompt.
@@ -325,7 +329,7 @@ def batch_of_groups(run):
 
 
 @rule("RLT011", Severity.ERROR, "rl needs a prompt dataset and a tokenizer")
-def prompts_and_tokenizer(run):
+def prompts_and_tokenizer(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job names its prompt dataset (train.data_path: a jsonl of {"prompt", "answer"}) and a
     tokenizer (model.tokenizer, or model.path holding one).
@@ -357,7 +361,7 @@ def prompts_and_tokenizer(run):
 
 
 @rule("RLT012", Severity.ERROR, "Responses fit the rollout's context")
-def response_fits_context(run):
+def response_fits_context(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len,
     default train.seq_length).
@@ -384,7 +388,7 @@ def response_fits_context(run):
 
 
 @rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
-def rl_rollout_layout_untested(run):
+def rl_rollout_layout_untested(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on GPUs whose rollout is past the layouts gdnctl's GPU tests have run: more than two
     engines, several engines of rollout.tp > 1, one engine of rollout.tp > 1 on GPUs of its own (the broadcast to
@@ -440,7 +444,7 @@ def rl_rollout_layout_untested(run):
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")
-def in_memory_weight_sync(run):
+def in_memory_weight_sync(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.weight_sync: cuda_ipc or broadcast on a run where that transport cannot serve.
     cuda_ipc: no GPU, or separate placement (rollout.colocate: false). broadcast: colocated on GPUs. Either: the
@@ -473,7 +477,7 @@ def in_memory_weight_sync(run):
 
 
 @rule("RLT016", Severity.ERROR, "The rl batch splits into the PPO mini-batches")
-def mini_batches_split(run):
+def mini_batches_split(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.global_batch_size (the samples of one rl step) is a multiple of grpo.mini_batches x
     the data-parallel size.
@@ -502,7 +506,7 @@ def mini_batches_split(run):
 
 
 @rule("RLT017", Severity.ERROR, "Held-out responses fit the rollout's context")
-def eval_response_fits_context(run):
+def eval_response_fits_context(run: Run) -> Iterator[Issue]:
     """
     What it checks: eval.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len, default
     train.seq_length) in an rl job that evaluates.

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import lora, stack, versions
+from gdnctl.plan import Run
+from gdnctl.schema import LoraSpec
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
 @rule("TRN001", Severity.WARNING, "A released model trained from random weights")
-def released_model_without_weights(run):
+def released_model_without_weights(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on a released checkpoint's architecture (model.id) with no model.path.
 
@@ -31,7 +35,7 @@ def released_model_without_weights(run):
 
 
 @rule("TRN002", Severity.ERROR, "The TE-free builder has no context parallel and no FP8")
-def te_free_trainer(run):
+def te_free_trainer(run: Run) -> Iterator[Issue]:
     """
     What it checks: a GPU training job (sft, pretrain, rl) built by gdnctl's TE-free spec
     (`runtime.transformer_engine: none`) with parallel.cp > 1 or train.precision fp8.
@@ -68,7 +72,7 @@ def te_free_trainer(run):
 
 
 @rule("TRN008", Severity.ERROR, "The rl policy does not shard sequences over context-parallel ranks")
-def context_parallel_not_sharded(run):
+def context_parallel_not_sharded(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on GPUs with parallel.cp > 1.
 
@@ -96,7 +100,7 @@ def context_parallel_not_sharded(run):
 
 
 @rule("TRN009", Severity.ERROR, "FP8 training needs an SM89+ GPU")
-def fp8_needs_sm89(run):
+def fp8_needs_sm89(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.precision fp8 on a GPU older than SM89 (A100 is SM80).
 
@@ -119,7 +123,7 @@ def fp8_needs_sm89(run):
 
 
 @rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
-def trainer_transformers_model_type(run):
+def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on device cpu whose runtime.transformers is older than the first transformers
     release with the model's classes: qwen3_5 and qwen3_5_moe (Qwen3_5TextConfig, Qwen3_5ForCausalLM,
@@ -155,13 +159,13 @@ def trainer_transformers_model_type(run):
         )
 
 
-def _builds_megatron_model(run) -> bool:
+def _builds_megatron_model(run: Run) -> bool:
     """The jobs whose runtime builds Megatron-Core's TransformerConfig: sft, pretrain and rl on GPUs."""
     return run.is_training and run.gpu.sm is not None
 
 
 @rule("TRN005", Severity.ERROR, "The trainer's MoE router cannot route to one expert per token")
-def moe_top1_router(run):
+def moe_top1_router(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on GPUs with a MoE model whose `num_experts_per_tok` (top-k) is 1.
 
@@ -189,7 +193,7 @@ def moe_top1_router(run):
 
 
 @rule("TRN006", Severity.ERROR, "The shared expert's size is positive")
-def shared_expert_size(run):
+def shared_expert_size(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on GPUs with a MoE model whose `shared_expert_intermediate_size` is 0 or
     negative (left out is fine: no shared expert).
@@ -218,7 +222,7 @@ def shared_expert_size(run):
 
 
 @rule("TRN004", Severity.ERROR, "gdnctl's trainer does not train the MTP layer (train.mtp)")
-def mtp_not_trained(run):
+def mtp_not_trained(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.mtp: true.
 
@@ -246,7 +250,7 @@ def mtp_not_trained(run):
 
 
 @rule("TRN007", Severity.ERROR, "gdnctl's trainer does not build virtual pipeline stages (parallel.vpp)")
-def vpp_not_built(run):
+def vpp_not_built(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with parallel.vpp set.
 
@@ -271,7 +275,7 @@ def vpp_not_built(run):
 
 
 @rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
-def lora_not_trained(run):
+def lora_not_trained(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
@@ -299,7 +303,7 @@ def lora_not_trained(run):
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
-def fp8_padded_row_length(run):
+def fp8_padded_row_length(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.precision fp8 with the padded (BSHD) layout and a seq_length that is not a multiple of 16.
 
@@ -324,7 +328,7 @@ def fp8_padded_row_length(run):
 
 
 @rule("TRN013", Severity.ERROR, "The lr decays to a minimum above its peak")
-def min_lr_above_lr(run):
+def min_lr_above_lr(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.min_lr above train.lr with a cosine or linear decay (train.lr_decay).
 
@@ -347,7 +351,7 @@ def min_lr_above_lr(run):
 
 
 @rule("TRN014", Severity.WARNING, "The lr warmup lasts the whole run")
-def warmup_outlasts_run(run):
+def warmup_outlasts_run(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lr_warmup_steps at or above train.train_iters.
 
@@ -370,7 +374,7 @@ def warmup_outlasts_run(run):
 
 
 @rule("TRN015", Severity.WARNING, "An eval section the job does not run")
-def eval_not_run(run):
+def eval_not_run(run: Run) -> Iterator[Issue]:
     """
     What it checks: an eval section in a selftest job.
 
@@ -391,7 +395,7 @@ def eval_not_run(run):
 
 
 @rule("TRN016", Severity.ERROR, "LoRA needs the Transformer Engine builder")
-def lora_te_free(run):
+def lora_te_free(run: Run) -> Iterator[Issue]:
     """
     What it checks: a GPU training job with train.lora set that the TE-free builder would build
     (`runtime.transformer_engine: none`).
@@ -431,7 +435,7 @@ _MISSING_TARGET = {
 
 
 @rule("TRN017", Severity.ERROR, "A LoRA target names linears the model does not have")
-def lora_target_absent(run):
+def lora_target_absent(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job whose train.lora.targets names linears the model lacks: mlp on a MoE model,
     experts on a dense one, shared_expert on a model without a shared expert.
@@ -460,7 +464,7 @@ def lora_target_absent(run):
             )
 
 
-def _routed_expert_lora(run):
+def _routed_expert_lora(run: Run) -> LoraSpec | None:
     """The preset's train.lora where a training job adapts a MoE model's routed experts, else None."""
     spec = run.preset.train.lora
     if run.is_training and spec is not None and run.model.is_moe and "experts" in run.lora_targets.value:
@@ -469,7 +473,7 @@ def _routed_expert_lora(run):
 
 
 @rule("TRN018", Severity.ERROR, "One LoRA adapter per routed expert needs megatron-bridge >= 0.5.0")
-def lora_per_expert_adapters(run):
+def lora_per_expert_adapters(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora targeting experts, one adapter per expert
     (train.lora.expert_adapters per_expert, set or picked by auto), on a megatron-bridge older than 0.5.0.
@@ -508,7 +512,7 @@ def lora_per_expert_adapters(run):
 
 
 @rule("TRN019", Severity.WARNING, "peft cannot load a Qwen3-Next shared expert's LoRA adapter")
-def lora_qwen3_next_shared_expert(run):
+def lora_qwen3_next_shared_expert(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on Qwen3-Next whose LoRA targets (set, or the default) include shared_expert.
 
@@ -545,7 +549,7 @@ def lora_qwen3_next_shared_expert(run):
 
 
 @rule("TRN020", Severity.ERROR, "megatron-bridge does not support LoRA on Qwen3-Next")
-def lora_qwen3_next(run):
+def lora_qwen3_next(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora on a Qwen3-Next model.
 
@@ -573,7 +577,7 @@ def lora_qwen3_next(run):
 
 
 @rule("TRN022", Severity.ERROR, "LoRA needs a base checkpoint (model.path)")
-def lora_needs_base(run):
+def lora_needs_base(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora and no model.path.
 
@@ -600,7 +604,7 @@ def lora_needs_base(run):
 
 
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
-def cuda_graphs_cannot_capture(run):
+def cuda_graphs_cannot_capture(run: Run) -> Iterator[Issue]:
     """
     What it checks: `speed.cuda_graphs: on` in a preset whose run gdnctl cannot capture the layers' graphs for
     (plan/speed.py cuda_graphs_blocker, the same test `auto` makes).
@@ -629,7 +633,7 @@ def cuda_graphs_cannot_capture(run):
 
 
 @rule("TRN023", Severity.WARNING, "CUTLASS grouped GEMM asked for where Transformer Engine does not use it")
-def cutlass_grouped_gemm_not_taken(run):
+def cutlass_grouped_gemm_not_taken(run: Run) -> Iterator[Issue]:
     """
     What it checks: `speed.cutlass_grouped_gemm: on` in a preset whose experts Transformer Engine would not run
     through its CUTLASS grouped GEMM (plan/speed.py cutlass_grouped_gemm_blocker, the same test `auto` makes).
@@ -655,7 +659,7 @@ def cutlass_grouped_gemm_not_taken(run):
 
 
 @rule("TRN024", Severity.ERROR, "Shared expert LoRA adapters need one expert-parallel rank")
-def lora_shared_expert_adapters_need_one_ep_rank(run):
+def lora_shared_expert_adapters_need_one_ep_rank(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lora.expert_adapters: shared on the routed experts with parallel.ep > 1.
 
@@ -692,7 +696,7 @@ def lora_shared_expert_adapters_need_one_ep_rank(run):
 
 
 @rule("TRN025", Severity.WARNING, "LoRA on the routed experts with expert tensor parallel")
-def lora_experts_with_expert_tensor_parallel(run):
+def lora_experts_with_expert_tensor_parallel(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lora with experts among its targets and parallel.etp > 1.
 
