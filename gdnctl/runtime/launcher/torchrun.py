@@ -14,7 +14,9 @@ node alone.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -36,6 +38,21 @@ def failure_sentence(rank: int, exitcode: int, host: str | None, failed: int) ->
     others = f"; {failed - 1} other rank(s) failed too" if failed > 1 else ""
     where = f" on {host}" if host else ""
     return f"gdnctl: the job failed: rank {rank}{where} {how}{others}. The rank's own message, above, says why."
+
+
+def stopped_sentence(host: str, signum: int, under_slurm: bool) -> str:
+    """What an agent that was sent a stop signal says instead of torchrun's SignalException traceback."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = (
+        ": Slurm stops every node's task when the job is cancelled, requeued or at its time limit, and when the "
+        "task of another node fails (a failure above, from that node, then says which rank and why)"
+        if under_slurm
+        else ""
+    )
+    return f"gdnctl: torchrun on {host} got {name} and stopped its ranks{why}."
 
 
 def exit_status(exitcode: int) -> int:
@@ -66,6 +83,7 @@ def with_is_host(rdzv_conf: str, is_host: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     run_dir, argv = split_arguments(list(sys.argv[1:] if argv is None else argv))
@@ -91,13 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as error:
+        # Each node's agent reports the ranks of its own node only: this host is where the rank ran (torch's
+        # ProcessFailure names no host), which across nodes is what tells the failing node's sentence apart.
         rank, failure = error.get_first_failure()
         print(
-            failure_sentence(rank, failure.exitcode, getattr(failure, "hostname", None), len(error.failures)),
+            failure_sentence(rank, failure.exitcode, socket.gethostname(), len(error.failures)),
             file=sys.stderr,
             flush=True,
         )
         return exit_status(failure.exitcode)
+    except SignalException as error:
+        # torchrun stopped its ranks and raised; its traceback would read like a crash of this node.
+        signum = int(error.sigval)
+        print(stopped_sentence(socket.gethostname(), signum, "SLURM_JOB_ID" in os.environ), file=sys.stderr, flush=True)
+        return 128 + signum
     finally:
         if rendezvous is not None:
             rendezvous.close()
