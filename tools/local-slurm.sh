@@ -3,7 +3,7 @@
 # several, each a network namespace of its own.
 #
 # Usage:
-#   tools/local-slurm.sh install          # apt-get slurmctld slurmd slurm-client munge (only if missing)
+#   tools/local-slurm.sh install          # apt-get slurmctld slurmd slurm-client munge iproute2 (if missing)
 #   eval "$(tools/local-slurm.sh start [--nodes N] [DIR])"   # start (or reuse) a cluster; prints export lines
 #   tools/local-slurm.sh status [DIR]     # exit 0 when the cluster is up and every node is usable
 #   tools/local-slurm.sh stop [DIR]       # cancel jobs, stop the daemons and remove what start made
@@ -295,11 +295,12 @@ make_network() {
 cmd_install() {
     need_root
     local p missing=()
-    for p in slurmctld slurmd slurm-client munge; do
+    # iproute2: `ip netns`, veth pairs and the bridge of a cluster of several nodes.
+    for p in slurmctld slurmd slurm-client munge iproute2; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     if [ ${#missing[@]} -eq 0 ]; then
-        log "already installed: slurmctld slurmd slurm-client munge"
+        log "already installed: slurmctld slurmd slurm-client munge iproute2"
         return 0
     fi
     log "installing ${missing[*]} ..."
