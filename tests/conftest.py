@@ -29,7 +29,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # needs it) and no two workers race to start or stop it.
 SHARED_FIXTURE_GROUPS = {
     "local_slurm": "slurm",  # one slurmctld/slurmd pair on fixed loopback ports, one state dir
-    "local_slurm_nodes": "slurm",  # two nodes in network namespaces, beside the one-node cluster
+    # two nodes in network namespaces: their own state dir, ports and network, so beside the one-node cluster on a
+    # worker of their own (tools/local-slurm.sh serializes the clusters' starts and stops, which share munged)
+    "local_slurm_nodes": "slurm-nodes",
     "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
     "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
     "coverage_run": "gloo-coverage",  # one 2-rank torchrun that the comm guard coverage tests read

@@ -17,7 +17,7 @@ import pytest
 
 from tests.slurm_cluster import SCRIPT, cluster_nodes, ensure_local_slurm, slurm_env, stop_local_slurm
 
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-nodes")]
 
 
 def _srun(env: dict[str, str], nodes: int, command: str) -> list[str]:

@@ -52,7 +52,7 @@ readonly MUNGE_SOCKET=$MUNGE_RUN/munge.socket.2
 readonly MUNGE_KEY=/etc/munge/munge.key
 readonly MAX_NODES=4
 readonly HOSTS=/etc/hosts
-readonly HOSTS_LOCK=/run/gdnctl-local-slurm-hosts.lock   # several DIRs' clusters may edit HOSTS at once
+readonly MACHINE_LOCK=/run/gdnctl-local-slurm.lock       # one start or stop at a time on this machine
 
 # Set by parse_args (NODES) and set_layout (TAG, from DIR); SUBNET by choose_subnet (several nodes only).
 NODES=1
@@ -201,27 +201,25 @@ choose_subnet() {
 }
 
 # edit_hosts [LINE...]: remove this cluster's lines from /etc/hosts, then add LINEs, each marked as this
-# cluster's. A new file renamed over the old one, so no reader ever sees it half written; where /etc/hosts is
-# a mount point (a container's), renaming over it fails, and it is written in place instead.
+# cluster's (under take_lock's machine-wide lock, so two clusters never edit it at once). A new file renamed over
+# the old one, so no reader ever sees it half written; where /etc/hosts is a mount point (a container's),
+# renaming over it fails, and it is written in place instead.
 edit_hosts() {
     local marker line tmp
     marker=$(hosts_marker)
     if [ $# -eq 0 ] && ! grep -qF -- "$marker" "$HOSTS" 2>/dev/null; then
         return 0
     fi
-    (
-        flock -w 30 8 || die "timed out waiting for the lock on $HOSTS_LOCK"
-        tmp=$(mktemp "$HOSTS.gdnctl-local-slurm.XXXXXX")
-        grep -vF -- "$marker" "$HOSTS" >"$tmp" || true
-        for line in "$@"; do
-            printf '%s %s(%s)\n' "$line" "$marker" "$DIR" >>"$tmp"
-        done
-        chmod 0644 "$tmp"
-        if ! mv -f "$tmp" "$HOSTS" 2>/dev/null; then
-            cat "$tmp" >"$HOSTS"
-            rm -f "$tmp"
-        fi
-    ) 8>"$HOSTS_LOCK"
+    tmp=$(mktemp "$HOSTS.gdnctl-local-slurm.XXXXXX")
+    grep -vF -- "$marker" "$HOSTS" >"$tmp" || true
+    for line in "$@"; do
+        printf '%s %s(%s)\n' "$line" "$marker" "$DIR" >>"$tmp"
+    done
+    chmod 0644 "$tmp"
+    if ! mv -f "$tmp" "$HOSTS" 2>/dev/null; then
+        cat "$tmp" >"$HOSTS"
+        rm -f "$tmp"
+    fi
 }
 
 # kill_netns NS: end every process in network namespace NS (TERM, then KILL), within 10 s.
@@ -529,8 +527,8 @@ ensure_munge() {
     fi
     log "starting munged"
     # Run as the munge user, like Debian's service (the ownership set up above is for that user).
-    # It daemonizes itself; 9>&- so it does not inherit our lock.
-    runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1 9>&- ||
+    # It daemonizes itself; 9>&- 7>&- so it does not inherit our locks.
+    runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1 9>&- 7>&- ||
         die "munged failed to start; $(tail -n 5 /var/log/munge/munged.log 2>/dev/null)"
     # Remember at once that this munged is ours, so `stop` stops it (and only it), even if the
     # check below fails.
@@ -686,12 +684,16 @@ stop_daemons() {
     fi
 }
 
-# Serialize start/stop on one DIR (parallel test workers may all call start).
+# Serialize start/stop on one DIR (parallel test workers may all call start), then across every DIR: two
+# clusters starting at once would both take the first free ports, or both start munged, and a cluster stopping
+# could stop the munged another is about to use.
 take_lock() {
     local dir=$1
     mkdir -p "$dir"
     exec 9>"$dir/.lock"
     flock -w 120 9 || die "timed out waiting for the lock on $dir/.lock"
+    exec 7>"$MACHINE_LOCK"
+    flock -w 180 7 || die "timed out waiting for the lock on $MACHINE_LOCK (another cluster's start or stop)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -764,7 +766,7 @@ cmd_start() {
     local -a daemon_env=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "SLURM_CONF=$dir/slurm.conf")
     log "starting slurmctld"
     # -i: ignore unreadable state files instead of refusing to start.
-    "${daemon_env[@]}" slurmctld -i -f "$dir/slurm.conf" </dev/null >>"$dir/log/slurmctld.stderr" 2>&1 9>&- || {
+    "${daemon_env[@]}" slurmctld -i -f "$dir/slurm.conf" </dev/null >>"$dir/log/slurmctld.stderr" 2>&1 9>&- 7>&- || {
         log_tail "$dir" >&2
         die "slurmctld failed to start"
     }
@@ -773,7 +775,7 @@ cmd_start() {
         nodes=("$(hostname -s)")
         log "starting slurmd"
         # -N: register under the configured node name even if gethostname() differs from `hostname -s`.
-        "${daemon_env[@]}" slurmd -N "$(hostname -s)" -f "$dir/slurm.conf" </dev/null >>"$dir/log/slurmd.stderr" 2>&1 9>&- || {
+        "${daemon_env[@]}" slurmd -N "$(hostname -s)" -f "$dir/slurm.conf" </dev/null >>"$dir/log/slurmd.stderr" 2>&1 9>&- 7>&- || {
             log_tail "$dir" >&2
             die "slurmd failed to start"
         }
@@ -790,7 +792,7 @@ cmd_start() {
             # slurmd refuses to start without it ("Unable to initialize cgroup plugin").
             nsenter --net="/run/netns/$(netns_name "$i")" unshare --uts -- sh -c 'hostname "$1" && shift && exec "$@"' sh \
                 "$node" "${daemon_env[@]}" slurmd -N "$node" -f "$dir/slurm.conf" \
-                </dev/null >>"$dir/log/slurmd-$node.stderr" 2>&1 9>&- || {
+                </dev/null >>"$dir/log/slurmd-$node.stderr" 2>&1 9>&- 7>&- || {
                 log_tail "$dir" >&2
                 die "slurmd for $node failed to start"
             }
