@@ -245,6 +245,28 @@ def node_failure_sentence(job_id: str, failed: list[tuple[str, str, str]], reque
     )
 
 
+# The sentence each node's launcher prints for its failed rank (gdnctl/runtime/launcher/torchrun.py
+# failure_sentence), and the line that starts each run of the script (a requeued job appends to the same log).
+_FAILED_RANK = re.compile(r"^gdnctl: the job failed: (rank \d+ .+?)\. The rank's own message", re.MULTILINE)
+_RUN_STARTS = re.compile(r"^gdnctl: job \d+ on \d+ node\(s\)", re.MULTILINE)
+_LOG_TAIL_BYTES = 1 << 20
+
+
+def first_failure(log: Path) -> str | None:
+    """The first failed rank that the log's last run names ("rank 1 on NODE exited with code 3"): across nodes
+    the rank that failed first, whose node's task srun's --kill-on-bad-exit then stopped the others for (the job's
+    exit code is srun's, the highest of its tasks': 143 for a stopped one). None when the log names none."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - _LOG_TAIL_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    starts = list(_RUN_STARTS.finditer(text))
+    found = _FAILED_RANK.search(text, starts[-1].start() if starts else 0)
+    return found.group(1) if found else None
+
+
 def follow(
     run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float = POLL_SECONDS
 ) -> SlurmJob:

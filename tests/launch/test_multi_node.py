@@ -41,7 +41,8 @@ def test_the_selftest_runs_one_rank_on_each_node_over_gloo(tmp_path, local_slurm
 def test_a_rank_that_fails_on_the_second_node_is_reported_from_that_node(tmp_path, local_slurm_nodes):
     """The rank on the second node exits 3 as it starts (a sitecustomize on the job's PYTHONPATH that acts only
     there): that node's launcher names the rank, the node and the exit code; the first node's, stopped by srun
-    (--kill-on-bad-exit), says so in a sentence rather than torchrun's traceback; the launch fails."""
+    (--kill-on-bad-exit), says so in a sentence rather than torchrun's traceback; the launch fails, and its last
+    line names that rank."""
     first, second = cluster_nodes(local_slurm_nodes)
     site = tmp_path / "site"
     site.mkdir()
@@ -61,3 +62,5 @@ def test_a_rank_that_fails_on_the_second_node_is_reported_from_that_node(tmp_pat
     assert "test: rank 1 fails on purpose" in log and failed in log, log[-3000:]
     assert f"gdnctl: torchrun on {first.name} got SIGTERM and stopped its ranks: Slurm stops every node's task" in log
     assert "Traceback" not in log, log[-3000:]
+    # The job's exit code is srun's, the highest of its tasks' (the stopped node's 143): the end says what failed.
+    assert f"; the first failure its log names: rank 1 on {second.name} exited with code 3" in done.stderr
