@@ -465,11 +465,14 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # proc_alive PID NAME: PID is a live (not zombie) NAME process. Zombies matter here: PID 1 of a
 # container is often not an init that reaps, so a dead daemon may linger as <defunct> for a while.
+# Builtins only (read, not cat): stop and other_cluster ask this of every process on the machine, and a fork
+# per process made a stop take seconds on a loaded machine.
 proc_alive() {
-    local pid=$1 name=$2 stat
+    local pid=$1 name=$2 comm stat
     [ -n "$pid" ] || return 1
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] || return 1
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    read -r comm 2>/dev/null <"/proc/$pid/comm" || return 1
+    [ "$comm" = "$name" ] || return 1
+    read -r stat 2>/dev/null <"/proc/$pid/stat" || return 1
     stat=${stat##*) }
     [ "${stat%% *}" != Z ]
 }
