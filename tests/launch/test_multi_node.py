@@ -1,16 +1,21 @@
 """The rendered Slurm script, unchanged, across the nodes of the local two-node Slurm (each a network namespace with
 its own address and host name; tests/conftest.py local_slurm_nodes): `gdnctl launch --slurm --wait` of the CPU
-selftest with one rank on each node over gloo, and a rank that fails on the second node, which that node's own
-output reports. The rl jobs across the nodes are in tests/runtime/rl/test_rl_nodes.py."""
+selftest with one rank on each node over gloo, a rank that fails on the second node, which that node's own
+output reports, and a preemption signal, which only the batch shell gets, requeueing the job on both nodes. The rl
+jobs across the nodes are in tests/runtime/rl/test_rl_nodes.py."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.launch.helpers import recorded_calls
 from tests.launch.test_launch import SELFTEST, gdnctl
+from tests.launch.test_requeue import _launch, stand_in
 from tests.slurm_cluster import cluster_nodes, slurm_env
 
 pytestmark = pytest.mark.slurm
@@ -64,3 +69,39 @@ def test_a_rank_that_fails_on_the_second_node_is_reported_from_that_node(tmp_pat
     assert "Traceback" not in log, log[-3000:]
     # The job's exit code is srun's, the highest of its tasks' (the stopped node's 143): the end says what failed.
     assert f"; the first failure its log names: rank 1 on {second.name} exited with code 3" in done.stderr
+
+
+def test_a_preemption_signal_only_the_batch_shell_gets_requeues_the_job_on_both_nodes(tmp_path, local_slurm_nodes):
+    """USR1 goes to the batch shell on the first node alone (--signal=B:USR1); its trap requeues the whole job, and
+    the second start runs on both nodes again, every node's task with the script's environment (the restart
+    count, this run's rendezvous token). launch.python stands in for the launcher: it records its environment on
+    each node, runs until the requeue, and ends at once on the second start."""
+    nodes = cluster_nodes(local_slurm_nodes)
+    env = slurm_env(local_slurm_nodes)
+    run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
+    python = stand_in(bin_dir, finish_on_restart=True)
+    launch = _launch(run_dir, python, env, "launch.slurm.time=00:10:00", *(arg for arg in TWO_NODES if arg != "--set"))
+    job_id = None
+    try:
+        deadline = time.monotonic() + 120
+        while len(recorded_calls(bin_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (job_id,) = (run_dir / ".gdnctl-slurm-jobs").read_text().split()
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+        stdout, stderr = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        if job_id:
+            subprocess.run(["scancel", job_id], env=env, check=False)
+    assert launch.returncode == 0, stdout + stderr
+    assert "gdnctl: preemption signal received, " in stdout and f"requeueing job {job_id}" in stdout
+    calls = [call["env"] for call in recorded_calls(bin_dir)]
+    started = sorted((call["GDNCTL_RESTART_COUNT"], call["SLURMD_NODENAME"]) for call in calls)
+    assert started == sorted((count, node.name) for count in ("0", "1") for node in nodes), started
+    tokens = {
+        count: {call["GDNCTL_RENDEZVOUS_TOKEN"] for call in calls if call["GDNCTL_RESTART_COUNT"] == count}
+        for count in ("0", "1")
+    }
+    # One token for both nodes of a start, another for the next start.
+    assert len(tokens["0"]) == len(tokens["1"]) == 1 and tokens["0"] != tokens["1"], tokens
