@@ -615,7 +615,11 @@ def _start(
         job = launcher.follow(
             run_dir, job, job_name, (lambda text: typer.echo(text, err=True)) if json_output else typer.echo
         )
-        _say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
+        failed = launcher.first_failure(log) if job.state != "COMPLETED" else None
+        _say(
+            f"job {job.job_id} ended {job.state} with exit code {job.exit_code}"
+            + (f"; the first failure its log names: {failed}" if failed else "")
+        )
         exit_code = job.exit_code
         if smoke:
             outcome = smoke_run.read_outcome(run_dir, None)

@@ -477,7 +477,11 @@ class SlurmSpec(_Section):
     mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
     constraint: str | None = None
     exclusive: bool = True
-    requeue: bool = Field(True, description="requeue on preemption (--requeue; USR1 with more than 180 s left)")
+    requeue: bool = Field(
+        True,
+        description="requeue on preemption and node failure (--requeue; USR1 with more than 180 s left); false: "
+        "--no-requeue, whatever the cluster's JobRequeue default",
+    )
     time_limit_requeues: int = Field(
         0,
         ge=0,

@@ -205,10 +205,13 @@ class RlJob:
         """Every rank: the drivers start their engines (or find the launch script's) on the weights dir."""
         self._log_sync_path()
         rollout = self.config.rollout
-        self._log(
-            f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
-            f"({'colocated with' if rollout.colocate else 'beside'} the trainer)"
-        )
+        if rollout.colocate:
+            where = "colocated with the trainer"
+        elif self.engines.external:
+            where = "the Slurm script's rollout step, on nodes of its own"
+        else:
+            where = "beside the trainer"
+        self._log(f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} ({where})")
         with progress(
             f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
             f"({engine_start_steps(self.config)})",

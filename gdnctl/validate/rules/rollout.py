@@ -403,11 +403,15 @@ def rl_rollout_layout_untested(run: Run) -> Iterator[Issue]:
     trainer on four H100s (one NCCL broadcast from trainer rank 0 reaches every engine's worker). The broadcast to
     the workers of one tensor-parallel engine has run on vLLM's CPU build over gloo (tests/runtime/rl/
     test_rl_vllm.py), not on GPUs; colocated engines on two one-rank nodes have run there too, driven by each
-    node's first rank. A rollout step on other nodes reaches trainer rank 0's store by the node's name and NCCL
-    across the network; the tests' local Slurm has one node, so that step has not run.
+    node's first rank. The Slurm script's rollout step on another node has run, unchanged, on two CPU nodes of the
+    tests' local Slurm (network namespaces of one machine; tests/runtime/rl/test_rl_nodes.py): the server found
+    through the run dir by the node's name, the worker joining trainer rank 0's store across the nodes, every sync
+    broadcast over gloo and checked, a requeue resuming on the uninterrupted curve. On GPUs that broadcast is NCCL
+    across the network between nodes, which has not run.
 
     Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s
-    (benchmarks/results/rl-gpu-vllm-2026-11-24.md).
+    (benchmarks/results/rl-gpu-vllm-2026-11-24.md); tests/runtime/rl/test_rl_nodes.py on the two-node local Slurm
+    (CPU).
 
     Fix: try the preset at small scale first.
     """
@@ -428,7 +432,7 @@ def rl_rollout_layout_untested(run: Run) -> Iterator[Issue]:
             (rollout.colocate and p.cluster.nodes > 1, "colocated engines on several nodes"),
             (
                 not rollout.colocate and p.launch.executor == "slurm",
-                "a rollout step on other nodes (the weight broadcast across the network)",
+                "a rollout step on other nodes over NCCL (that step has run on two CPU nodes, over gloo)",
             ),
         )
         if untested

@@ -184,6 +184,21 @@ def test_a_hung_server_is_stopped_after_the_timeout(tmp_path):
     assert process.poll() is not None, "the hung server must be stopped, not left running"
 
 
+def test_a_server_the_address_file_names_by_a_node_name_is_named_with_it(tmp_path):
+    """The Slurm script's rollout step publishes its node's name (rollout_protocol.listen, local=False): the
+    trainer's messages about that server say which node it is on."""
+    process, log = start(tmp_path, "hang")
+    published = address_file(tmp_path)
+    deadline = time.monotonic() + 30
+    while not published.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    host = socket.gethostname()  # resolves on this machine, as a node's name does on its cluster
+    published.write_text(json.dumps({**json.loads(published.read_text()), "host": host}))
+    client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
+    with pytest.raises(RolloutError, match=f"the rollout server on {re.escape(host)} did not answer 'generate'"):
+        client.request("generate", timeout=1)
+
+
 def test_a_server_that_never_comes_up_is_reported(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(5)"])
     with pytest.raises(RolloutError, match="exited with code 5 during 'starting'"):

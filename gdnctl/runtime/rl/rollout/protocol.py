@@ -233,9 +233,14 @@ class RolloutClient:
         deadline = time.monotonic() + timeout
         while True:
             _check_alive(process, "starting", log_path, who=who)
-            connection = _try_connect(published)
-            if connection is not None:
-                return cls(connection, process, log_path, engine if named else None)
+            connected = _try_connect(published)
+            if connected is not None:
+                connection, host = connected
+                client = cls(connection, process, log_path, engine if named else None)
+                if host != LOOPBACK:
+                    # A server on another node (the Slurm script's rollout step): messages say which node.
+                    client.who = f"{client.who} on {host}"
+                return client
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
@@ -353,17 +358,18 @@ def server_name(engine: int | None) -> str:
     return "the rollout server" if engine is None else f"rollout engine {engine}'s server"
 
 
-def _try_connect(path: Path) -> Connection | None:
-    """A connection to the server the address file names; None while there is no file or nobody listens
-    there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
+def _try_connect(path: Path) -> tuple[Connection, str] | None:
+    """A connection to the server the address file names, and its host; None while there is no file or nobody
+    listens there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
     try:
         address = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     try:
-        return Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
+        connection = Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
     except ConnectionRefusedError:
         return None
+    return connection, address["host"]
 
 
 # The rollout server's first line in its log (rollout_server.serve), once it listens.
