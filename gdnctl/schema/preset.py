@@ -433,7 +433,7 @@ class RewardFunctionSpec(_Section):
     @model_validator(mode="after")
     def _default_needs_default(self) -> "RewardFunctionSpec":
         if "default_score" in self.model_fields_set and self.on_error != "default":
-            raise ValueError("default_score applies with on_error: default only; set on_error: default or remove it")
+            raise ValueError("a default_score applies with on_error: default only; set on_error: default or remove it")
         return self
 
 
@@ -492,7 +492,7 @@ RewardSetting = Annotated[
     Discriminator(
         _reward_form,
         custom_error_type="reward_form",
-        custom_error_message="grpo.reward is a shipped reward's name (math_exact, digit_fraction), "
+        custom_error_message="the reward is a shipped reward's name (math_exact, digit_fraction), "
         "{function: 'file.py:name'} or {url: 'http://host:port/path'}",
     ),
 ]
@@ -507,7 +507,10 @@ class GrpoSpec(_Section):
         "({function: ...}) or a reward server ({url: ...}); docs/rl.md says how to write each",
     )
     reward_workers: int = Field(
-        4, ge=1, le=MAX_WORKERS, description="worker processes that call grpo.reward.function, each on one sample"
+        4,
+        ge=1,
+        le=MAX_WORKERS,
+        description="worker processes that call grpo.reward.function, each on one sample (a function's only)",
     )
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
     clip_high: float = Field(
@@ -542,15 +545,6 @@ class GrpoSpec(_Section):
     rollout_correction_cap: float = Field(
         2.0, ge=1, description="the largest weight rollout_correction gives a token (slime's --tis-clip default)"
     )
-
-    @model_validator(mode="after")
-    def _workers_need_a_function(self) -> "GrpoSpec":
-        if "reward_workers" in self.model_fields_set and not isinstance(self.reward, RewardFunctionSpec):
-            raise ValueError(
-                "grpo.reward_workers sizes the worker pool of a reward function (grpo.reward: {function: ...}); "
-                "remove it, or name your function"
-            )
-        return self
 
 
 class EvalSpec(_Section):

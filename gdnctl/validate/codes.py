@@ -131,7 +131,7 @@ CODES: dict[str, str] = {
     "USR003": "user_code_name_missing",
     "USR004": "user_code_signature",
     "USR005": "user_code_replaceable",
-    "USR006": "reward_beside_environment",
+    "USR006": "unused_reward_settings",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

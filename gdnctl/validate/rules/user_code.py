@@ -8,6 +8,7 @@ import ast
 import sys
 
 from gdnctl.files import UnreadableFile
+from gdnctl.schema import RewardFunctionSpec
 from gdnctl.validate.filesystem import replaceable_by_others, trainer_python
 from gdnctl.validate.findings import Issue, Severity, rule
 from gdnctl.validate.user_code import (
@@ -235,27 +236,38 @@ def user_code_replaceable(run):
             )
 
 
-@rule("USR006", Severity.WARNING, "grpo.reward beside an environment, which scores its own episodes")
-def reward_beside_environment(run):
+@rule("USR006", Severity.WARNING, "A reward setting the job does not use")
+def unused_reward_settings(run):
     """
-    What it checks: an rl preset with rollout.environment sets grpo.reward or grpo.reward_workers.
+    What it checks: an rl preset sets grpo.reward or grpo.reward_workers beside rollout.environment, or
+    grpo.reward_workers with a grpo.reward that is not a function.
 
-    Why: an environment ends each episode with its reward (step() returns it), and that is the sample's reward;
-    grpo.reward is not used, and a reward function it names is not started.
+    Why: an environment ends each episode with its reward (step() returns it), and that is the sample's reward:
+    grpo.reward is not used, and a reward function it names is not started. grpo.reward_workers sizes a reward
+    function's worker pool; a shipped reward runs inline and a server has grpo.reward.concurrency.
 
-    Source: gdnctl's runtime/rl/job.py (the scorer is made only without rollout.environment) and
-    runtime/rl/rollout/episodes.py (each sample's reward is its episode's).
+    Source: gdnctl's runtime/rl/job.py (the scorer is made only without rollout.environment),
+    runtime/rl/rollout/episodes.py (each sample's reward is its episode's) and runtime/rl/rewards/scoring.py
+    (make_scorer: only a function's pool has workers).
 
-    Fix: remove grpo.reward (and grpo.reward_workers), and score in the environment's step(); a helper of yours
-    that both use can live beside the environment's file.
+    Fix: remove the setting; with an environment, score in its step() (a helper of yours that both use can live
+    beside the environment's file).
     """
     preset = run.preset
-    if preset.job != "rl" or preset.rollout is None or preset.rollout.environment is None:
+    if preset.job != "rl" or preset.rollout is None:
         return
-    for field in ("reward", "reward_workers"):
-        if field in preset.grpo.model_fields_set:
-            yield Issue(
-                f"grpo.{field}",
-                f"grpo.{field} is set, but rollout.environment scores its own episodes, so it is not used.",
-                f"Remove grpo.{field}; the environment's step() returns each episode's reward.",
-            )
+    grpo = preset.grpo
+    if preset.rollout.environment is not None:
+        for field in ("reward", "reward_workers"):
+            if field in grpo.model_fields_set:
+                yield Issue(
+                    f"grpo.{field}",
+                    f"grpo.{field} is set, but rollout.environment scores its own episodes, so it is not used.",
+                    f"Remove grpo.{field}; the environment's step() returns each episode's reward.",
+                )
+    elif "reward_workers" in grpo.model_fields_set and not isinstance(grpo.reward, RewardFunctionSpec):
+        yield Issue(
+            "grpo.reward_workers",
+            "grpo.reward_workers sizes a reward function's worker pool, and grpo.reward names no function.",
+            "Remove grpo.reward_workers (a server's requests in flight are grpo.reward.concurrency).",
+        )
