@@ -14,8 +14,8 @@ Tokens: the model's turns are kept as sampled (never re-tokenized). What the env
 the text the chat template puts there: the rendering of the conversation with the observations and the next
 assistant turn opened, past its rendering up to the model's turn closed, less the stop token the model already
 wrote (so a model's <|im_end|> is not written twice). That text is encoded and appended, its tokens masked out of
-the loss (Sample.loss_mask) with placeholder log-probs, as verl's tool agent loop does (volcengine/verl,
-verl/experimental/agent_loop/tool_agent_loop.py: response_mask 0 and log-prob 0.0 on the tool's tokens). A
+the loss (Sample.loss_mask) with placeholder log-probs, as verl's tool agent loop masks a tool's tokens (volcengine/
+verl, verl/experimental/agent_loop/tool_agent_loop.py: response_mask 0 on them; docs/sources.md). A
 template that renders a model's earlier turn other than as the text it wrote (one that drops earlier reasoning)
 cannot be continued this way; the sentence says so.
 
