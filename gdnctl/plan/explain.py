@@ -189,9 +189,9 @@ def _reward(run: Run) -> Derived:
         return Derived(
             "reward",
             reward.url,
-            f"a reward server: POSTs of at most {reward.batch_size} samples, {reward.concurrency} in flight, each "
-            f"within {reward.timeout_s:g} s and sent again up to {reward.retries} time(s) with backoff; checked "
-            "once before step 1",
+            f"a reward server: POSTs of at most {reward.batch_size} samples, {reward.concurrency} in flight, a "
+            f"{reward.timeout_s:g} s connection timeout, each sent again up to {reward.retries} time(s) with "
+            "backoff; checked once before step 1",
         )
     return Derived("reward", reward, "a shipped rule (runtime/rl/rewards/shipped.py), run inline on trainer rank 0")
 

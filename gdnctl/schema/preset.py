@@ -442,7 +442,12 @@ class RewardServerSpec(_Section):
     request and the response), with retries and backoff."""
 
     url: str = Field(description="http://HOST:PORT/PATH (or https://) that answers the batch requests")
-    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="seconds one request may take")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="the connection's timeout in seconds: to connect, and to wait for the answer or its next bytes",
+    )
     retries: int = Field(
         3,
         ge=0,

@@ -15,11 +15,12 @@ which the job reports as metrics (`reward/NAME`). Before step 1 the job sends {"
 {"scores": []}, so a server that is down or speaks another protocol stops the job before any GPU is used.
 
 grpo.reward.concurrency requests are in flight at once, each taking whatever samples are waiting (so a batch
-fills while the previous ones are scored). A request that cannot connect, times out (grpo.reward.timeout_s) or is
-answered 429 or 5xx is sent again up to grpo.reward.retries times, after an exponential backoff (half a second,
-doubling, at most 30 s, less a random part of up to half, so that retries from several requests spread out; a
-Retry-After header in seconds is honoured, up to a minute); any other status, an answer that is not the
-protocol's, or the retries running out, stops the job with a sentence. The client is the standard library's
+fills while the previous ones are scored). A request that cannot connect, times out (grpo.reward.timeout_s, the
+socket's timeout: for the connection, and for the answer or each next part of it) or is answered 429 or 5xx is
+sent again up to grpo.reward.retries times, after an exponential backoff (half a second, doubling, at most 30 s,
+less a random part of up to half, so that retries from several requests spread out; a Retry-After header in
+seconds is honoured, up to a minute); any other status, an answer that is not the protocol's, or the retries
+running out, stops the job with a sentence. The client is the standard library's
 http.client: one keep-alive connection per request slot, and no package the trainer's image may lack.
 """
 
