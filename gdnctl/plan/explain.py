@@ -168,7 +168,7 @@ def _reward(run: Run) -> Derived:
             f"the episodes of {spec.class_}",
             f"rollout.environment: at most {spec.max_turns} model turn(s) per episode through the chat template, "
             "the environment's tokens masked out of the loss; each episode's reward is what its step() ends it "
-            "with, in trainer rank 0's process (grpo.reward is not used)",
+            "with; rank 0 runs the episodes (grpo.reward is not used)",
         )
     if isinstance(reward, RewardFunctionSpec):
         cpu = "no CPU limit" if reward.cpu_seconds is None else f"{reward.cpu_seconds:g} CPU s"

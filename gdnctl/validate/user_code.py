@@ -61,7 +61,8 @@ def preset_code(preset) -> list[NamedCode]:
                 "rollout.environment.class",
                 parse_code_reference(preset.rollout.environment.class_),
                 "class",
-                "in trainer rank 0's process, one instance per episode",
+                "in the trainer's processes (each makes the episodes' openings; rank 0 runs the episodes), one "
+                "instance per episode",
             )
         )
     return named

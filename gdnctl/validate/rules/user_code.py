@@ -48,7 +48,8 @@ def user_code_runs(run):
     """
     What it checks: nothing; it names each file of the user's code an rl preset makes the job run: the file of
     grpo.reward.function (run in grpo.reward_workers worker processes beside trainer rank 0) and of
-    rollout.environment.class (run in trainer rank 0's process). A module's file is the one this interpreter
+    rollout.environment.class (run in the trainer's processes: each makes the episodes' opening prompts, rank 0
+    runs the episodes). A module's file is the one this interpreter
     would import.
 
     Why: user code runs only where the preset names it, and with your account and the job's allocation; this says
