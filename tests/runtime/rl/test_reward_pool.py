@@ -101,13 +101,14 @@ def test_a_raise_and_a_nan_fail_their_samples_and_the_worker_goes_on(rewards_fil
 
 
 def test_the_cpu_and_memory_limits_fail_the_call_and_keep_the_worker(rewards_file):
-    pool = FunctionPool(spec(rewards_file, workers=1, timeout_s=20.0, cpu_seconds=1.0, memory_gib=1.0))
+    # The timeout is far off: on a loaded machine the spinning call gets a fraction of a core, and its CPU limit
+    # (SIGXCPU, not the timeout, as the failure says) takes that much longer to reach.
+    pool = FunctionPool(spec(rewards_file, workers=1, timeout_s=300.0, cpu_seconds=1.0, memory_gib=1.0))
     try:
         for response in ("spin", "hog", "ok"):
             pool.submit(request(response))
         spun, hogged, fine = pool.collect()
         assert spun.failure == "it used more than 1 CPU seconds (grpo.reward.cpu_seconds)"
-        assert spun.finished - spun.started < 10  # SIGXCPU at the CPU limit (rounded up to a second), not the timeout
         assert hogged.failure == "it ran out of memory (grpo.reward.memory_gib)"
         assert fine.failure is None and pool.replaced == 0
     finally:
@@ -120,7 +121,7 @@ def test_samples_are_scored_as_they_are_submitted_not_when_collected(rewards_fil
     pool = FunctionPool(spec(rewards_file, workers=1))
     try:
         pool.submit(request("sleep 0.2"))
-        time.sleep(1.0)
+        time.sleep(2.0)
         pool.submit(request("ok"))
         first, second = pool.collect()
         assert first.finished < second.submitted
@@ -168,7 +169,7 @@ def step_rewards(pool, function_spec, records, logs_dir, lines):
 
 def test_on_error_default_scores_failed_samples_with_the_default_counts_and_logs_them(rewards_file, tmp_path):
     records = [PromptRecord("Q:", "1", 4, {"name": "four", "first": 1.0}), PromptRecord("Q:", "2", 9, {"first": 2.0})]
-    function_spec = spec(rewards_file, timeout_s=1.0)
+    function_spec = spec(rewards_file, timeout_s=2.0)
     pool = FunctionPool(function_spec)
     lines: list[str] = []
     try:
@@ -215,8 +216,8 @@ def test_on_error_stop_ends_the_batch_with_a_sentence_naming_the_sample_and_the_
 
 
 def test_one_engines_samples_are_scored_while_another_engine_still_generates(rewards_file, tmp_path):
-    """Two engines answering a second apart (the second answer is held back here): the first engine's samples
-    are scored in that second, as reward_overlap_seconds and the timeline show."""
+    """Two engines answering two seconds apart (the second answer is held back here): the first engine's samples
+    are scored meanwhile, as reward_overlap_seconds and the timeline show."""
     records = [PromptRecord("Q:", "1", line, {"first": 0.0}) for line in (1, 2)]
     function_spec = spec(rewards_file)
     pool = FunctionPool(function_spec)
@@ -224,7 +225,7 @@ def test_one_engines_samples_are_scored_while_another_engine_still_generates(rew
         scoring = step_rewards(pool, function_spec, records, tmp_path, [])
         records, groups = batch(records, [["sleep 0.3", "sleep 0.3"], ["x", "y"]])
         scoring.answered(0, groups[:1])
-        time.sleep(1.0)
+        time.sleep(2.0)
         scoring.answered(1, groups[1:])
         scores, stats = scoring.finish(groups)
     finally:
