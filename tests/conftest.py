@@ -121,6 +121,11 @@ SLOW_MODULES = {
     "tests/runtime/rl/test_updates.py",
     "tests/runtime/rl/test_prompt_check.py",
     "tests/runtime/rl/test_chat_template.py",
+    "tests/runtime/rl/test_rl_user_code.py",
+    # reward worker processes, an HTTP server on loopback with its retries' backoff, episodes over the example's config
+    "tests/runtime/rl/test_reward_pool.py",
+    "tests/runtime/rl/test_reward_server.py",
+    "tests/runtime/rl/test_episodes.py",
     # generated inputs by the thousand (hypothesis)
     "tests/validate/test_fuzz.py",
     "tests/validate/test_hostile_input.py",

@@ -58,9 +58,12 @@ RUNTIME_RANK = {
 # that runs it all on top.
 RL_RANK = {
     "network": 0,
+    "user_code": 0,
     "prompts": 1,
     "algorithm": 1,
     "weights": 1,
+    "rewards": 1,
+    "environments": 1,
     "rollout": 2,
     "policy": 2,
     "evaluation": 3,

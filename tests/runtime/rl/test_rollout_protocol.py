@@ -43,7 +43,8 @@ with listen(Path(sys.argv[1]), local=True, engine=engine, handshake_seconds=floa
         request = connection.recv()
         if request["op"] == "shutdown":
             sys.exit(0)
-        if behaviour == "answer":
+        if behaviour in ("answer", "slow"):
+            time.sleep(2 if behaviour == "slow" else 0)
             connection.send({"echo": request["value"]} if request["op"] == "echo" else {"error": "no such op"})
         elif behaviour == "die":
             sys.exit(3)
@@ -133,6 +134,18 @@ def test_every_engines_answer_comes_back_in_engine_order(tmp_path):
     for engine, client in enumerate(clients):
         client.send("echo", value=engine)
     assert answer_all(clients, "echo", timeout=30) == [{"echo": 0}, {"echo": 1}]
+
+
+def test_each_answer_is_handed_on_as_it_arrives_while_another_engine_still_works(tmp_path):
+    """What lets the rewards of one engine's samples start before the other engines answer."""
+    clients = engines(tmp_path, "slow", "answer")
+    for engine, client in enumerate(clients):
+        client.send("echo", value=engine)
+    arrived: list[tuple[int, dict, float]] = []
+    answers = answer_all(clients, "echo", timeout=30, on_answer=lambda i, a: arrived.append((i, a, time.monotonic())))
+    assert answers == [{"echo": 0}, {"echo": 1}]
+    assert [(index, answer) for index, answer, _ in arrived] == [(1, {"echo": 1}), (0, {"echo": 0})]
+    assert arrived[1][2] - arrived[0][2] > 1.0  # engine 1's answer was handed on while engine 0 slept
 
 
 def test_an_engine_that_dies_is_reported_while_another_still_works(tmp_path):

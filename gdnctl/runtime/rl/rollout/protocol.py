@@ -26,6 +26,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from multiprocessing.connection import (
     AuthenticationError,
     Client,
@@ -327,16 +328,31 @@ class RolloutClient:
             self._process.wait()
 
 
-def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list[dict[str, Any]]:
+def answer_all(
+    clients: list[RolloutClient],
+    op: str,
+    *,
+    timeout: float,
+    on_answer: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Each client's answer to `op`, which was sent to each, in the clients' order, within `timeout` s: a server
     that dies or answers with an error while another is still working is reported then, not once the others are
-    done. At the deadline every server still working is stopped as hung, and the sentence names them all."""
+    done. At the deadline every server still working is stopped as hung, and the sentence names them all.
+    `on_answer(index, answer)` is called as each answer arrives, in arrival order (the rewards of one engine's
+    samples start while the others still generate)."""
     if len(clients) == 1:
-        return [clients[0].answer(op, timeout=timeout)]
+        answers = [clients[0].answer(op, timeout=timeout)]
+        if on_answer is not None:
+            on_answer(0, answers[0])
+        return answers
     deadline = time.monotonic() + timeout
+    delivered: set[int] = set()
     while True:
-        for client in clients:
+        for index, client in enumerate(clients):
             client.check(op)
+            if on_answer is not None and client._early is not None and index not in delivered:
+                delivered.add(index)
+                on_answer(index, client._early)
         pending = [client for client in clients if client._early is None]
         if not pending:
             return [client.answer(op, timeout=0) for client in clients]
