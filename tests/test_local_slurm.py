@@ -7,6 +7,7 @@ started running afterwards (a cluster that was already up is always left running
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -131,19 +132,20 @@ def test_a_second_cluster_picks_ports_the_running_one_does_not_hold(
     assert not set(chosen) & set(running), (chosen, running)
 
 
-def test_ports_the_caller_names_that_are_taken_are_refused_with_a_sentence(
-    local_slurm: dict[str, str], tmp_path: Path
-) -> None:
+def test_ports_the_caller_names_that_are_taken_are_refused_with_a_sentence(local_slurm: dict[str, str]) -> None:
     running = _ports(Path(local_slurm["SLURM_CONF"]).read_text())
     env = {**slurm_env({}), "LOCAL_SLURM_CTLD_PORT": str(running[0]), "LOCAL_SLURM_SLURMD_PORT": str(running[1])}
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "start", str(tmp_path / "other")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    # A short state dir: under an xdist worker pytest's tmp_path can be longer than slurmstepd's socket paths
+    # allow, and start would refuse the path before it ever looks at the ports.
+    with tempfile.TemporaryDirectory(prefix="ls-", dir="/tmp") as state:
+        done = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(Path(state) / "other")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
     assert done.returncode == 1
     assert f"port {running[0]} on 127.0.0.1 is already in use" in done.stderr, done.stderr
     assert "cannot start there" in done.stderr
