@@ -1,6 +1,6 @@
 """Every file format gdnctl reads or writes: the preset (what users write), the engine config (what the
 runtime reads), the communication ops the guard knows, the comm guard's profile files, a smoke run's report,
-and how a local run ended."""
+how a local run ended, and a run dir's manifest as its readers take it."""
 
 from gdnctl.schema import comm_ops
 from gdnctl.schema.comm_profile import (
@@ -28,6 +28,7 @@ from gdnctl.schema.engine import (
     EngineTrain,
 )
 from gdnctl.schema.local_exit import LOCAL_EXIT_FILE, LocalExit
+from gdnctl.schema.manifest import MANIFEST_FILE, RunManifest
 from gdnctl.schema.preset import SBATCH_SAFE, SBATCH_SAFE_TEXT, Preset
 from gdnctl.schema.smoke import SMOKE_DIR, SMOKE_FILE, SmokeCheck, SmokeMeasured, SmokeReport
 
@@ -50,11 +51,13 @@ __all__ = [
     "EngineTrain",
     "LOCAL_EXIT_FILE",
     "LocalExit",
+    "MANIFEST_FILE",
     "PROFILE_FILE_PATTERN",
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
     "Preset",
     "ProfiledOp",
+    "RunManifest",
     "SBATCH_SAFE",
     "SBATCH_SAFE_TEXT",
     "SMOKE_DIR",
