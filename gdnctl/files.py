@@ -38,6 +38,8 @@ MAX_JSON_DEPTH = 64
 # Python's json decodes "\\ud800" into a str holding a lone surrogate; only such an escape can put one there.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# pydantic names the model a dict must fit ("a valid dictionary or instance of ManifestResolved"): gdnctl's own.
+_PYDANTIC_CLASS = re.compile(r" or instance of \w+")
 
 
 class UnreadableFile(Exception):
@@ -109,7 +111,7 @@ def read_json(path: str | Path, limit: int) -> Any:
     return decode_json(read_text(path, limit), str(path))
 
 
-def decode_json(text: str | bytes, where: str) -> Any:
+def decode_json(text: str | bytes, where: str, *, one_line: bool = False) -> Any:
     """The JSON value in `text`, or UnreadableFile with a clause that starts with `where` (a file, or a file and
     line): invalid JSON, bytes that are not UTF-8, nesting deeper than MAX_JSON_DEPTH, an integer too long to
     convert, or a lone surrogate escape."""
@@ -121,9 +123,8 @@ def decode_json(text: str | bytes, where: str) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise UnreadableFile(
-            f"{where} is not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
-        ) from None
+        at = f"column {error.colno}" if one_line else f"line {error.lineno} column {error.colno}"
+        raise UnreadableFile(f"{where} is not valid JSON ({error.msg} at {at})") from None
     except RecursionError:
         raise UnreadableFile(f"{where} nests its JSON deeper than a reader can follow") from None
     except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
@@ -179,7 +180,7 @@ def read_jsonl(path: str | Path, line_limit: int) -> Iterator[tuple[int, Any]]:
                     f"{path} line {number} is longer than {_size(line_limit)}, longer than a record is"
                 )
             if line.strip():  # a blank line (an editor's trailing one, say) holds no record
-                yield number, decode_json(line, f"{path} line {number}")
+                yield number, decode_json(line, f"{path} line {number}", one_line=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -190,20 +191,43 @@ def _adapter(shape: Any):
 
 
 def typed(value: Any, shape: Any, where: str) -> Any:
-    """`value` (decoded JSON or YAML) checked against `shape`, a type (a pydantic model, a TypedDict, dict[str,
-    int] ...), strictly: a number is no string and a string no number. UnreadableFile with a clause that starts with
-    `where` and names the first field that does not fit."""
+    """`value` (decoded JSON or YAML) checked against `shape`, a type (a pydantic model, dict[str, int], a union
+    ...), strictly: a number is no string and a string no number. UnreadableFile with a clause that starts with
+    `where` and names the first field that does not fit and what it should be."""
     from pydantic import ValidationError
 
     try:
         return _adapter(shape).validate_python(value, strict=True)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        field = ".".join(str(part) for part in first["loc"])
-        what = f"its {field}" if field else "its content"
-        raise UnreadableFile(
-            f"{where} does not have the expected shape: {what}: {first['msg'][:1].lower()}{first['msg'][1:]}"
-        ) from None
+        problems = error.errors(include_url=False)
+        # The deepest place is the most precise; a union gives one error per member there: it could be any of them.
+        field = max((_field_path(value, problem) for problem in problems), key=len)
+        said = list(
+            dict.fromkeys(
+                _PYDANTIC_CLASS.sub("", problem["msg"]) for problem in problems if _field_path(value, problem) == field
+            )
+        )
+        what = f"its {'.'.join(field)}" if field else "its content"
+        prefix = "Input should be "
+        if all(message.startswith(prefix) for message in said):
+            told = f"{what} should be {' or '.join(message.removeprefix(prefix) for message in said)}"
+        else:
+            told = f"{what}: {'; '.join(message[:1].lower() + message[1:] for message in said)}"
+        raise UnreadableFile(f"{where} does not have the expected shape: {told}") from None
+
+
+def _field_path(value: Any, problem: dict) -> list[str]:
+    """The place in `value` a pydantic error is about, without the names pydantic gives a union's members."""
+    path, current = [], value
+    for index, part in enumerate(problem["loc"]):
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+            current = current[part]
+        elif not (problem["type"] == "missing" and index == len(problem["loc"]) - 1):
+            continue  # a union member's name (str, list[...], none)
+        path.append(str(part))
+    return path
 
 
 def read_yaml(path: str | Path, limit: int) -> Any:
@@ -221,6 +245,20 @@ def read_yaml(path: str | Path, limit: int) -> Any:
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         # PyYAML's scalar constructors raise plain errors on some malformed scalars (`!!int x`, `0b_`)
         raise UnreadableFile(f"{path} is not valid YAML ({type(error).__name__}: {error})") from None
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it: Linux shows it in /proc/self/status (since 4.7); elsewhere
+    it is set and put back at once, which another thread creating a file just then could see."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: Path, text: str) -> None:

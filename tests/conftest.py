@@ -85,6 +85,7 @@ SLOW_MODULES = {
     "tests/launch/test_launch.py",
     "tests/launch/test_requeue.py",
     "tests/launch/test_run_dir_safety.py",
+    "tests/launch/test_run_dir_readers.py",
     "tests/launch/test_smoke.py",
     "tests/launch/test_stop.py",
     "tests/doctor/test_doctor_cli.py",
@@ -122,6 +123,7 @@ SLOW_MODULES = {
     "tests/validate/test_fuzz.py",
     "tests/validate/test_hostile_input.py",
     "tests/runtime/model/test_config_agreement.py",
+    "tests/test_file_readers.py",
 }
 SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},
