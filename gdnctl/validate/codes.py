@@ -68,6 +68,7 @@ CODES: dict[str, str] = {
     "LCH006": "interpreter_replaceable",
     "LCH007": "local_paths_exist",
     "LCH008": "model_path_on_cluster",
+    "LCH009": "kernel_cache_replaceable",
     "MEM001": "trainer_fits",
     "MEM002": "rollout_weights_fit",
     "MEM003": "colocated_rollout_fits",

@@ -202,6 +202,10 @@ CASES = {
         lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}},
     ),
     "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}}, lambda tmp: _existing_data(tmp)),
+    "LCH009": (
+        lambda tmp: {"launch": {"kernel_cache_dir": str(_world_writable(tmp))}},
+        lambda tmp: {"launch": {"kernel_cache_dir": str(tmp / "cache")}},
+    ),
     "LCH008": (
         {"model": {"path": "/nonexistent/ckpt"}, "launch": {"executor": "slurm"}},
         {"launch": {"executor": "slurm"}},
