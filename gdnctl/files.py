@@ -216,7 +216,7 @@ def typed(value: Any, shape: Any, where: str) -> Any:
         raise UnreadableFile(f"{where} does not have the expected shape: {told}") from None
 
 
-def _field_path(value: Any, problem: dict) -> list[str]:
+def _field_path(value: Any, problem: Any) -> list[str]:
     """The place in `value` a pydantic error is about, without the names pydantic gives a union's members."""
     path, current = [], value
     for index, part in enumerate(problem["loc"]):
