@@ -126,6 +126,7 @@ CODES: dict[str, str] = {
     "TRN023": "cutlass_grouped_gemm_not_taken",
     "TRN024": "lora_shared_expert_adapters_need_one_ep_rank",
     "TRN025": "lora_experts_with_expert_tensor_parallel",
+    "TRN026": "model_path_in_save_dir",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

@@ -226,6 +226,18 @@ CASES = {
         {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.2.0"}},
     ),
     "TRN004": ({"train": {"mtp": True}}, {"train": {"mtp": False}}),
+    "TRN026": (
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "save" / "iter_0000010"))},
+            "train": {"save_dir": str(tmp / "save")},
+            "parallel": {"ep": 8},
+        },
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "base"))},
+            "train": {"save_dir": str(tmp / "save")},
+            "parallel": {"ep": 8},
+        },
+    ),
     "TRN005": (
         lambda tmp: {
             "model": {"id": None, "path": str(write_checkpoint(tmp / "c", num_experts_per_tok=1))},
