@@ -110,6 +110,8 @@ SLOW_MODULES = {
     "tests/runtime/kernels/test_compile_output.py",
     "tests/runtime/model/test_checkpoint_durability.py",
     "tests/runtime/model/test_save_lock.py",
+    "tests/runtime/model/test_resume_choice.py",
+    "tests/runtime/rl/test_checkpoint_full_disk.py",
     "tests/runtime/rl/test_rl_vllm.py",
     "tests/runtime/rl/test_rl_requeue.py",
     "tests/runtime/rl/test_hf_export.py",
