@@ -113,6 +113,7 @@ SLOW_MODULES = {
     "tests/runtime/model/test_resume_choice.py",
     "tests/runtime/rl/test_checkpoint_full_disk.py",
     "tests/runtime/rl/test_rl_vllm.py",
+    "tests/runtime/rl/test_rollout_processes.py",
     "tests/runtime/rl/test_rl_requeue.py",
     "tests/runtime/rl/test_hf_export.py",
     "tests/runtime/rl/test_torch_policy.py",

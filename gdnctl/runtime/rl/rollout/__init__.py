@@ -1,7 +1,8 @@
 """The rollout: vLLM engines in their own environment, and how the trainer reaches them. Where the engines run
 and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), the wire
-between them (`protocol`: stdlib only, shared by both environments) and the server that runs one engine
-(`server`, in vLLM's environment)."""
+between them (`protocol`: stdlib only, shared by both environments), the server that runs one engine (`server`, in
+vLLM's environment) and the process group each spawned server runs in, which ends with the job (`server_group`:
+stdlib only, run as a script by the rollout's interpreter)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -26,5 +27,6 @@ __all__ = [
     "protocol",
     "rollout_dir",
     "server",
+    "server_group",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)
