@@ -1,4 +1,5 @@
-"""Reading the files a preset or a run dir points at, within bounds, and a sentence for an OSError.
+"""Reading the files a preset, a run dir or a job points at, within bounds and of the shape their readers use; a
+sentence for an OSError; names made safe for a terminal (`printable`); the process's umask.
 
 A path gdnctl is given can name a FIFO (opening it blocks until a writer comes), a device (/dev/zero never
 ends) or a file far larger than its format ever is: read as is, each hangs or takes the machine's memory.

@@ -2,10 +2,13 @@
 
 vLLM runs an engine as several processes: the rollout server (the LLM's), its engine core, a worker per GPU and
 multiprocessing's resource tracker, none of which starts a session of its own. Killing the server's pid alone
-(a hung server, one that failed to start, a job that failed) left the others running, reparented to init: about
-1.8 GB of memory on CPU and busy, and on a GPU the GPU. So the trainer starts `python server_group.py COMMAND...`
-(this file, run as a script by rollout.python: the standard library only, whatever gdnctl that environment has) in
-a new session, and this process, the group's leader, starts the server in its group and waits:
+(a hung server, one that failed to start, a job that failed) left the others running, reparented to init (a failed
+CPU rl job left vLLM's resource tracker so; an engine core or a worker left on a GPU keeps the GPU). Nothing else
+ends them: torchrun signals the process group of a rank that still runs, never of one that has exited (torch
+2.13.0, torch/distributed/elastic/multiprocessing/api.py SubprocessContext._close). So the trainer starts
+`python server_group.py PARENT COMMAND...` (this file, run as a script by rollout.python: the standard library
+only, whatever gdnctl that environment has) in a new session, and this process, the group's leader, starts the
+server in its group and waits:
 
 - the server exits: whatever it left in the group is killed, and the leader exits with the server's exit code
   (128 + N for signal N, as a shell reports it);
