@@ -184,7 +184,7 @@ def read_jsonl(path: str | Path, line_limit: int) -> Iterator[tuple[int, Any]]:
                 yield number, decode_json(line, f"{path} line {number}", one_line=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _adapter(shape: Any):
     from pydantic import TypeAdapter
 
@@ -221,14 +221,19 @@ def _field_path(value: Any, problem: Any) -> list[str]:
     """The place in `value` a pydantic error is about, without the names pydantic gives a union's members."""
     path, current = [], value
     for index, part in enumerate(problem["loc"]):
-        if isinstance(current, dict) and part in current:
-            current = current[part]
-        elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+        if _holds(current, part):
             current = current[part]
         elif not (problem["type"] == "missing" and index == len(problem["loc"]) - 1):
             continue  # a union member's name (str, list[...], none)
         path.append(str(part))
     return path
+
+
+def _holds(container: Any, part: Any) -> bool:
+    """Whether `part` names an entry of `container` (a key of a dict, an index of a list)."""
+    if isinstance(container, dict):
+        return part in container
+    return isinstance(container, list) and isinstance(part, int) and 0 <= part < len(container)
 
 
 def read_yaml(path: str | Path, limit: int) -> Any:

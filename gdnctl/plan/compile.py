@@ -16,6 +16,7 @@ from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
     EngineConfig,
+    EngineEnvironment,
     EngineEstimate,
     EngineEval,
     EngineGrpo,
@@ -23,10 +24,18 @@ from gdnctl.schema import (
     EngineLora,
     EngineMetrics,
     EngineParallel,
+    EngineRewardFunction,
+    EngineRewardServer,
     EngineRollout,
     EngineSelftest,
     EngineSpeed,
     EngineTrain,
+    EngineUserCode,
+    GrpoSpec,
+    RewardFunctionSpec,
+    RewardServerSpec,
+    RolloutSpec,
+    parse_code_reference,
 )
 
 
@@ -43,6 +52,39 @@ def _lora(run: Run) -> EngineLora | None:
         target_modules=lora.megatron_target_modules(targets),
         share_expert_adapters=run.lora_expert_adapters.value == "shared",
     )
+
+
+def user_code(field: str, text: str) -> EngineUserCode:
+    """The code a preset's field names (the loader made a file's path absolute)."""
+    reference = parse_code_reference(text)
+    return EngineUserCode(field=field, file=reference.file, module=reference.module, name=reference.name)
+
+
+def _environment(rollout: RolloutSpec) -> EngineEnvironment | None:
+    spec = rollout.environment
+    if spec is None:
+        return None
+    return EngineEnvironment(code=user_code("rollout.environment.class", spec.class_), max_turns=spec.max_turns)
+
+
+def _grpo(grpo: GrpoSpec) -> EngineGrpo:
+    reward: str | EngineRewardFunction | EngineRewardServer
+    if isinstance(grpo.reward, RewardFunctionSpec):
+        spec = grpo.reward
+        reward = EngineRewardFunction(
+            code=user_code("grpo.reward.function", spec.function),
+            workers=grpo.reward_workers,
+            timeout_s=spec.timeout_s,
+            cpu_seconds=spec.cpu_seconds,
+            memory_gib=spec.memory_gib,
+            on_error=spec.on_error,
+            default_score=spec.default_score,
+        )
+    elif isinstance(grpo.reward, RewardServerSpec):
+        reward = EngineRewardServer(**grpo.reward.model_dump())
+    else:
+        reward = grpo.reward
+    return EngineGrpo(reward=reward, **grpo.model_dump(exclude={"reward", "reward_workers"}))
 
 
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
@@ -86,6 +128,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             sleep_between_phases=r.colocate and run.gpu.sm is not None,
             vision_language_class=run.rollout_class.value == "vision-language",
             overlong_prompts=r.overlong_prompts,
+            environment=_environment(r),
         )
     return EngineConfig(
         gdnctl_version=__version__,
@@ -148,7 +191,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             profile_dir=DEFAULT_PROFILE_SUBDIR,
         ),
         rollout=rollout,
-        grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
+        grpo=_grpo(preset.grpo) if rollout is not None else None,
         eval=_eval(run),
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
         metrics=EngineMetrics(

@@ -3,8 +3,11 @@
 One step, for the step's prompts (train.global_batch_size / n_samples_per_prompt of them, from the seeded
 PromptSchedule):
 
-    rank 0: rollout server generates n samples per prompt -> shipped rule-based reward per sample
-            -> group-normalised advantages
+    rank 0: rollout server generates n samples per prompt -> grpo.reward per sample (a shipped rule, the user's
+            function in worker processes, or a reward server; each engine's samples submitted as they arrive:
+            runtime/rl/rewards) -> group-normalised advantages
+            (rollout.environment: n multi-turn episodes per prompt instead, each ending with the environment's
+            reward: runtime/rl/rollout/episodes.py)
     every rank: its share of the samples, in mini-batches of micro-batches -> clipped policy loss (+ KL) against
             the sampling policy's log-probs -> grpo.mini_batches x grpo.epochs optimizer steps (runtime/rl/updates)
     rank 0: HF weights -> rollout server reloads them -> per-parameter checksums compared (weight_sync)
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,11 +33,12 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl.algorithm import Sample, check_step0_gap, get_reward, grpo, updates
+from gdnctl.runtime.rl.algorithm import Sample, check_step0_gap, grpo, updates
 from gdnctl.runtime.rl.evaluation import HeldOutEval
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import PromptSchedule, check_prompts, describe, load_chat_template, load_prompts
-from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, RolloutEngines, rollout_dir
+from gdnctl.runtime.rl.rewards import StepRewards, make_scorer
+from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, Episodes, RolloutEngines, rollout_dir
 from gdnctl.runtime.rl.rollout import server as rollout_server
 from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
 from gdnctl.runtime.rl.weights import sync as weight_sync
@@ -89,6 +93,9 @@ class RlStepStats:
     wake_seconds: float | None = None
     gpu_used_gib_rollout: float | None = None
     gpu_used_gib_train: float | None = None
+    # A reward function's or server's numbers (rewards/scoring.py), an environment's (rollout/episodes.py), and the
+    # extra ones either returned as reward/NAME: merged into the metrics row; none for a shipped reward.
+    extra: dict[str, float] = field(default_factory=dict)
 
     def line(self, total: int, eta: str) -> str:
         return (
@@ -99,7 +106,15 @@ class RlStepStats:
             f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f} | lr {self.lr:.2e}"
             + (f" | clip {self.clip_fraction:.3f}" if self.updates > 1 else "")
             + (f" | kl {self.kl:.4f}" if self.kl is not None else "")
+            + (f" | turns {self.extra['episode_turns']:.2f}" if "episode_turns" in self.extra else "")
+            + (f" | reward failures {self.extra['reward_failures']:g}" if self.extra.get("reward_failures") else "")
         )
+
+    def row(self) -> dict:
+        """The metrics row: every field, with `extra`'s numbers beside them."""
+        values = asdict(self)
+        values.update(values.pop("extra"))
+        return values
 
 
 def engine_start_steps(config: EngineConfig) -> str:
@@ -122,9 +137,14 @@ class RlJob:
         self.chat_template = load_chat_template(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+        # rollout.environment: the user's class starts every episode (loaded here, before any GPU is used).
+        self.episodes = (
+            Episodes(config, self.tokenizer, self.chat_template, self.stop_token_ids) if rollout.environment else None
+        )
+        self.prompt_texts: dict = {}  # a prompt (its messages as tuples) -> its text as the model is given it
         checked = check_prompts(
-            load_prompts(train.data_path),
-            lambda record: self._encode(record.prompt, record.line),
+            load_prompts(train.data_path, **needed_fields(config)),
+            self._encode_record,
             max_model_len=rollout.max_model_len,
             max_response_tokens=rollout.max_response_tokens,
             refuse=rollout.overlong_prompts == "refuse",
@@ -146,16 +166,25 @@ class RlJob:
         self.encoded = checked.encoded  # line -> token ids: every prompt is encoded once, here
         self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
         # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
-        self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
+        self.probe = self.encoded[records[0].line][:PROBE_TOKENS]
         if len(self.probe) < 2:
             raise RlSetupError(
                 f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
                 "tokens; the weight-sync probe scores it, so make it a sentence."
             )
-        self.reward = get_reward(config.grpo.reward)
+        # Rank 0 scores: grpo.reward's worker pool starts (its import checked) or its server is asked once, here,
+        # before the policy takes a GPU. An environment scores its own episodes.
+        self.scorer = make_scorer(config.grpo.reward) if self.rank == 0 and self.episodes is None else None
         self.evaluation = None  # every rank: the engines' drivers generate the held-out samples, rank 0 scores them
         if config.eval is not None:
-            self.evaluation = HeldOutEval(config, lambda record: self._encode(record.prompt, record.line), self._log)
+            self.evaluation = HeldOutEval(
+                config,
+                self._encode_record,
+                self._log,
+                scorer=self.scorer,
+                episodes=self.episodes,
+                prompt_text=lambda record: self._prompt_text(record.prompt, record.line),
+            )
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
         self.save_lock = hold_save_dir(self.save_dir, self.run_dir) if self.save_dir and self.rank == 0 else None
@@ -205,10 +234,13 @@ class RlJob:
         """Every rank: the drivers start their engines (or find the launch script's) on the weights dir."""
         self._log_sync_path()
         rollout = self.config.rollout
-        self._log(
-            f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
-            f"({'colocated with' if rollout.colocate else 'beside'} the trainer)"
-        )
+        if rollout.colocate:
+            where = "colocated with the trainer"
+        elif self.engines.external:
+            where = "the Slurm script's rollout step, on nodes of its own"
+        else:
+            where = "beside the trainer"
+        self._log(f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} ({where})")
         with progress(
             f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
             f"({engine_start_steps(self.config)})",
@@ -349,48 +381,114 @@ class RlJob:
         config, rollout = self.config, self.config.rollout
         records = self.schedule.batch(step).records
         prompts = [self.encoded[record.line] for record in records]
+        sampling = {
+            "max_tokens": rollout.max_response_tokens,
+            "temperature": rollout.temperature,
+            "seed": config.train.seed + step * rollout.prompts_per_step,
+            "stop_token_ids": self.stop_token_ids,
+        }
+        if self.episodes is not None:
+            return self._episodes(step, records, sampling)
+        scoring = self._step_rewards(step, records, "train.data_path", timeline=True) if self.rank == 0 else None
         reply = self.engines.generate(
             prompts,
             n=rollout.n_samples_per_prompt,
-            max_tokens=rollout.max_response_tokens,
-            temperature=rollout.temperature,
-            seed=config.train.seed + step * rollout.prompts_per_step,
-            stop_token_ids=self.stop_token_ids,
+            **sampling,
+            on_samples=None if scoring is None else scoring.answered,
         )
         slept = self.engines.request("sleep") if self.sleeps else None
         if reply is None:
             return None
-        samples = []
-        for group, (record, prompt, outputs) in enumerate(zip(records, prompts, reply["samples"], strict=True)):
-            for output in outputs:
-                text = self.tokenizer.decode(output["tokens"])
-                samples.append(
-                    Sample(
-                        group,
-                        tuple(prompt),
-                        tuple(output["tokens"]),
-                        tuple(output["logprobs"]),
-                        output["finish_reason"],
-                        float(self.reward(text, record.answer)),
-                    )
-                )
+        scores, extra = scoring.finish(reply["samples"])
+        drawn = [
+            (group, prompt, output)
+            for group, (prompt, outputs) in enumerate(zip(prompts, reply["samples"], strict=True))
+            for output in outputs
+        ]
+        samples = [
+            Sample(
+                group, tuple(prompt), tuple(output["tokens"]), tuple(output["logprobs"]), output["finish_reason"], score
+            )
+            for (group, prompt, output), score in zip(drawn, scores, strict=True)
+        ]
+        return self._advantaged(samples, reply["seconds"], reply["gpu_used_bytes"], reply["engines"], slept, extra)
+
+    def _episodes(self, step: int, records, sampling: dict) -> tuple[list[Sample], float, int, dict] | None:
+        """rollout.environment: every prompt's n episodes through the engines (rollout/episodes.py)."""
+        rollout = self.config.rollout
+        ran = self.episodes.run(
+            records,
+            n=rollout.n_samples_per_prompt,
+            generate=self.engines.generate,
+            share=self._share,
+            leader=self.rank == 0,
+            dataset="train.data_path",
+            **sampling,
+        )
+        slept = self.engines.request("sleep") if self.sleeps else None
+        if ran is None:
+            return None
+        samples, seconds, extra = ran
+        return self._advantaged(samples, seconds, None, self.engines.count, slept, extra)
+
+    def _share(self, value):
+        """Rank 0's `value` on every rank (the episodes' next prompts)."""
+        if dist.get_world_size() == 1:
+            return value
+        payload = [value]
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
+
+    def _step_rewards(self, step: int, records, dataset: str, *, timeline: bool) -> StepRewards:
+        """Rank 0: a batch's samples through grpo.reward's scorer, submitted as each engine's answer arrives."""
+        return StepRewards(
+            self.scorer,
+            self.config.grpo.reward,
+            decode=self.tokenizer.decode,
+            records=records,
+            prompt_texts=[self._prompt_text(record.prompt, record.line) for record in records],
+            dataset=dataset,
+            log=self._log,
+            logs_dir=self.run_dir / "logs",
+            step=step + 1,
+            timeline=timeline,
+        )
+
+    def _advantaged(
+        self, samples: list[Sample], seconds: float, gpu_used: int | None, engines: int, slept, extra: dict
+    ) -> tuple[list[Sample], float, int, dict]:
+        """Rank 0: the samples with their advantages, the generation seconds, the tokens the model generated, and
+        the step's other numbers."""
+        config, rollout = self.config, self.config.rollout
         rewards = torch.tensor([s.reward for s in samples])
         advantages = grpo.group_advantages(
             rewards, rollout.n_samples_per_prompt, normalize_std=config.grpo.normalize_std
         )
         samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
-        generated = sum(len(s.response) for s in samples)
+        # The model's tokens: a multi-turn sample's environment tokens were not generated.
+        generated = sum(len(s.response) if s.loss_mask is None else sum(s.loss_mask) for s in samples)
         phases: dict = {}
+        if slept is not None and gpu_used is not None:
+            phases["gpu_used_gib_rollout"] = gpu_used / 2**30
         if slept is not None:
-            phases["gpu_used_gib_rollout"] = reply["gpu_used_bytes"] / 2**30
             phases["sleep_freed_gib"] = slept[0]["freed_bytes"] / 2**30
-        phases["rollout_engines"] = reply["engines"]
-        return samples, reply["seconds"], generated, phases
+        phases["rollout_engines"] = engines
+        phases["extra"] = _flat(extra)
+        return samples, seconds, generated, phases
 
-    def _encode(self, prompt, line: int) -> list[int]:
+    def _encode_record(self, record) -> list[int]:
+        """A record's prompt tokens (an environment's opening, with one); its text is kept for the reward."""
+        if self.episodes is not None:
+            return self.episodes.opening(record, f"{self.config.train.data_path}:{record.line}")[2]
+        return self._encode(record.prompt, record.line)
+
+    def _prompt_text(self, prompt, line: int) -> str:
         """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
-        assistant's turn opened (add_generation_prompt)."""
-        if not isinstance(prompt, str):
+        assistant's turn opened (add_generation_prompt), once per distinct chat."""
+        if isinstance(prompt, str):
+            return prompt
+        key = tuple((message["role"], message["content"]) for message in prompt)
+        if key not in self.prompt_texts:
             if self.chat_template is None:
                 raise RlSetupError(
                     f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
@@ -398,8 +496,11 @@ class RlJob:
                     "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
                     "strings with the template applied."
                 )
-            prompt = self.chat_template.render([dict(message) for message in prompt])
-        ids = self.tokenizer.encode(prompt)
+            self.prompt_texts[key] = self.chat_template.render([dict(message) for message in prompt])
+        return self.prompt_texts[key]
+
+    def _encode(self, prompt, line: int) -> list[int]:
+        ids = self.tokenizer.encode(self._prompt_text(prompt, line))
         if not ids:
             raise RlSetupError(f"{self.config.train.data_path}:{line}: the prompt encodes to no tokens.")
         return ids
@@ -483,7 +584,14 @@ class RlJob:
     def _evaluate(self) -> None:
         """The held-out prompts through the rollout's engines, on the weights just synced; rank 0 writes the
         `eval_reward` row."""
-        row = self.evaluation.run(self.engines.generate, self.tokenizer, self.stop_token_ids, self.step)
+        row = self.evaluation.run(
+            self.engines.generate,
+            self.tokenizer,
+            self.stop_token_ids,
+            self.step,
+            share=self._share,
+            leader=self.rank == 0,
+        )
         if row is None:
             return
         self._log(
@@ -524,6 +632,8 @@ class RlJob:
         """failed: the job is stopping on an error, so the rollout's servers are stopped at once."""
         if self.weight_group is not None:
             self.weight_group.close()
+        if self.scorer is not None:
+            self.scorer.close()
         self.engines.close(failed=failed)
         self.metrics.close()
 
@@ -531,12 +641,26 @@ class RlJob:
         total = self.config.train.train_iters
         pace = (time.perf_counter() - self.started) / max(stats.step - self.first_step, 1)
         print(stats.line(total, eta_text(stats.step, total, pace)), flush=True)
-        self.metrics.log(stats.step, asdict(stats))
+        self.metrics.log(stats.step, stats.row())
         self.reported.append(stats)
 
     def _log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[gdnctl rl] {message}", flush=True)
+
+
+def needed_fields(config: EngineConfig) -> dict[str, bool]:
+    """Which fields every dataset line needs: a prompt unless an environment starts the conversation, an answer
+    for a shipped reward (the user's function, server or environment reads whatever fields it wants)."""
+    environment = config.rollout.environment is not None
+    return {"needs_prompt": not environment, "needs_answer": not environment and isinstance(config.grpo.reward, str)}
+
+
+def _flat(extra: dict) -> dict[str, float]:
+    """A scorer's or the episodes' stats as metrics: their extra numbers as reward/NAME."""
+    flat = {name: value for name, value in extra.items() if name != "reward_metrics"}
+    flat.update({f"reward/{name}": value for name, value in extra.get("reward_metrics", {}).items()})
+    return flat
 
 
 def run(config: EngineConfig, config_path: Path, comm_policy) -> int:

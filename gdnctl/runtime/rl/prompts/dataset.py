@@ -2,10 +2,12 @@
 
 The prompt is a string or a chat (a list of `{"role": ..., "content": ...}` messages, for a chat template);
 the answer is the reference a reward compares against (numbers are taken as their text). Blank lines are
-skipped; anything else that is not such an object is an error naming the file and line. The file is read a line
-at a time through files.read_jsonl, which refuses what no line of a dataset is (bytes that are not UTF-8, JSON
-nested past any record, an integer of thousands of digits, a string holding a lone surrogate that no tokenizer
-takes) with the same sentence.
+skipped; anything else that is not such an object is an error naming the file and line. Every other field of a
+line travels with its record (`fields`: the whole object), for a reward function or an environment of the user's;
+those need no answer (`needs_answer=False`), and an environment, which starts the conversation itself, no prompt
+either (`needs_prompt=False`). The file is read a line at a time through files.read_jsonl, which refuses what no
+line of a dataset is (bytes that are not UTF-8, JSON nested past any record, an integer of thousands of digits, a
+string holding a lone surrogate that no tokenizer takes) with the same sentence.
 
 Order: each epoch is a fresh seeded permutation of the records, cut into rollout batches of
 `prompts_per_step`. The few records left over at an epoch's end are skipped for that epoch only (the next
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,10 @@ class PromptDatasetError(GdnctlError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    prompt: Prompt
-    answer: str
+    prompt: Prompt | None  # None only where the dataset needs none (an environment starts the conversation)
+    answer: str  # "" where the dataset needs none and the line has none
     line: int  # 1-based line in the file, for messages about this record
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)  # the line's whole JSON object
 
 
 @dataclass(frozen=True)
@@ -73,13 +76,22 @@ def _parse_answer(value: Any, where: str, key: str) -> str:
     raise PromptDatasetError(f"{where}: '{key}' must be a string or a number, not {type(value).__name__}.")
 
 
-def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: str = "answer") -> list[PromptRecord]:
-    """Every record of the jsonl file at `path`, in file order; PromptDatasetError on the first bad line."""
+def load_prompts(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    needs_prompt: bool = True,
+    needs_answer: bool = True,
+) -> list[PromptRecord]:
+    """Every record of the jsonl file at `path`, in file order; PromptDatasetError on the first bad line. A field
+    the job does not need may be missing; where it is there, it is read as a needed one is."""
     path = Path(path)
     records = []
+    needed = [key for key, need in ((prompt_key, needs_prompt), (answer_key, needs_answer)) if need]
     try:
         for number, item in read_jsonl(path, MAX_RECORD_BYTES):
-            records.append(_record(item, f"{path} line {number}", number, prompt_key, answer_key))
+            records.append(_record(item, f"{path} line {number}", number, prompt_key, answer_key, needed))
     except UnreadableFile as error:
         raise PromptDatasetError(
             f"The prompt dataset {error}; point train.data_path at a UTF-8 jsonl file of one JSON object a line."
@@ -89,10 +101,10 @@ def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
     return records
 
 
-def _record(item: Any, where: str, number: int, prompt_key: str, answer_key: str) -> PromptRecord:
+def _record(item: Any, where: str, number: int, prompt_key: str, answer_key: str, needed: list[str]) -> PromptRecord:
     if not isinstance(item, dict):
         raise PromptDatasetError(f"{where}: expected a JSON object, got {type(item).__name__}.")
-    missing = [key for key in (prompt_key, answer_key) if key not in item]
+    missing = [key for key in needed if key not in item]
     if missing:
         fields = ", ".join(map(repr, item)) or "none"
         raise PromptDatasetError(
@@ -100,7 +112,10 @@ def _record(item: Any, where: str, number: int, prompt_key: str, answer_key: str
             "prompt/answer field names to the ones it uses."
         )
     return PromptRecord(
-        _parse_prompt(item[prompt_key], where, prompt_key), _parse_answer(item[answer_key], where, answer_key), number
+        _parse_prompt(item[prompt_key], where, prompt_key) if prompt_key in item else None,
+        _parse_answer(item[answer_key], where, answer_key) if answer_key in item else "",
+        number,
+        item,
     )
 
 

@@ -1,12 +1,15 @@
 """The rollout: vLLM engines in their own environment, and how the trainer reaches them. Where the engines run
 and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), the wire
-between them (`protocol`: stdlib only, shared by both environments), the server that runs one engine (`server`, in
-vLLM's environment) and the process group each spawned server runs in, which ends with the job (`server_group`:
-stdlib only, run as a script by the rollout's interpreter)."""
+between them (`protocol`: stdlib only, shared by both environments), the server that runs one engine (`server`,
+in vLLM's environment), the process group each spawned server runs in, which ends with the job (`server_group`:
+stdlib only, run as a script by the rollout's interpreter), and multi-turn episodes with the user's environment
+through the engines (`episodes`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
+    "EpisodeError": "episodes",
+    "Episodes": "episodes",
     "RolloutEngines": "engines",
     "EXTERNAL": "protocol",
     "LOCAL": "protocol",
@@ -17,6 +20,8 @@ _HOMES = {
 }
 __all__ = [
     "EXTERNAL",
+    "EpisodeError",
+    "Episodes",
     "LOCAL",
     "ROLLOUT_ENV",
     "RolloutClient",
@@ -24,6 +29,7 @@ __all__ = [
     "RolloutError",
     "engine_layout",
     "engines",
+    "episodes",
     "protocol",
     "rollout_dir",
     "server",
