@@ -443,11 +443,12 @@ def render(
             }
         )
         return
-    typer.echo(f"rendered {rendered.run_dir}")
+    typer.echo(printable(f"rendered {rendered.run_dir}"))
     for name in sorted([*rendered.files, "manifest.json"]):
         typer.echo(f"  {name}")
     command = next_step(rendered, preset, set_ or [], templates)
-    typer.echo(f"run it: {command}   (or: bash {shlex.quote(str(rendered.run_dir / 'launch_local.sh'))})")
+    script = shlex.quote(str(rendered.run_dir / "launch_local.sh"))
+    typer.echo(printable(f"run it: {command}   (or: bash {script})"))
 
 
 SmokeOpt = Annotated[
@@ -569,7 +570,9 @@ def launch(
 
 
 def _say(text: str) -> None:
-    typer.echo(f"gdnctl: {text}", err=True)
+    # What gdnctl says of a run dir names its path, anybody's text (a directory another user made, listed by
+    # `gdnctl runs`): nothing in it reaches the terminal as a control (click strips ESC only off a terminal).
+    typer.echo(f"gdnctl: {printable(text, keep_newlines=True)}", err=True)
 
 
 def _say_findings(result) -> None:
@@ -612,7 +615,8 @@ def _start(
         "smoke": None,
     }
     if not json_output:
-        typer.echo(f"submitted job {job.job_id}{what}{' to resume the run' if resumed else ''}; log: {log}")
+        resuming = " to resume the run" if resumed else ""
+        typer.echo(printable(f"submitted job {job.job_id}{what}{resuming}; log: {log}"))
     exit_code = 0
     if wait:
         job = launcher.follow(run_dir, job, job_name, lambda text: typer.echo(text, nl=False, err=json_output))
@@ -634,8 +638,10 @@ def _start(
     elif not json_output:
         quoted = shlex.quote(str(run_dir))
         typer.echo(
-            f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
-            f"{quoted} (or scancel {job.job_id})"
+            printable(
+                f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
+                f"{quoted} (or scancel {job.job_id})"
+            )
         )
     if json_output:
         _emit_json(data)
@@ -740,9 +746,9 @@ def cancel(run_dir: RunDirArg) -> None:
 
     cancelled = runs.cancel(run_dir)
     if cancelled:
-        typer.echo(f"cancelled Slurm job {', '.join(cancelled)} of {run_dir}")
+        typer.echo(printable(f"cancelled Slurm job {', '.join(cancelled)} of {run_dir}"))
     else:
-        typer.echo(f"no job of {run_dir} was still queued or running; nothing to cancel")
+        typer.echo(printable(f"no job of {run_dir} was still queued or running; nothing to cancel"))
 
 
 @app.command("runs")

@@ -148,12 +148,33 @@ def test_runs_writes_hostile_names_out_as_escapes(rendered, tmp_path):
     assert b"\x1b" not in on_a_terminal("runs", str(runs_root))
 
 
-def on_a_terminal(*args: str) -> bytes:
-    """What `gdnctl ARGS` writes to stdout when stdout is a terminal (a pseudo-terminal here)."""
+def test_what_gdnctl_says_of_a_hostile_run_dir_reaches_a_terminal_as_escapes(tmp_path):
+    """render, then resume, of a run dir whose name holds escape sequences (one another user made, listed by
+    `gdnctl runs`): what they say of it, on stdout and stderr, is written out, not acted on by the terminal."""
+    job = tmp_path / "bin" / "job"  # stands in for the job's python: answers launch's check, then ends at once
+    job.parent.mkdir()
+    job.write_text(f'#!/usr/bin/env bash\nif [[ ${{1-}} == -c ]]; then exec {sys.executable} "$@"; fi\nexit 0\n')
+    job.chmod(0o755)
+    hostile = tmp_path / "evil\x1b]0;owned\x07\x1b[2J"
+    said = on_a_terminal("render", SELFTEST, "-o", str(hostile), "--set", f"launch.python={job}", stderr=True)
+    said += on_a_terminal("resume", str(hostile), "--local", stderr=True)
+    assert b"\x1b" not in said and b"\x07" not in said, said
+    text = said.decode()
+    assert f"rendered {tmp_path}/evil\\x1b]0;owned\\x07\\x1b[2J" in text, text
+    assert f"gdnctl: resuming {tmp_path}/evil\\x1b]0;owned\\x07\\x1b[2J (local)" in text, text
+
+
+def on_a_terminal(*args: str, stderr: bool = False) -> bytes:
+    """What `gdnctl ARGS` writes to stdout (and with `stderr`, to stderr too) when it is a terminal (a
+    pseudo-terminal here)."""
     import pty
 
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gdnctl", *args], stdout=follower, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gdnctl", *args],
+        stdout=follower,
+        stderr=follower if stderr else subprocess.PIPE,
+    )
     os.close(follower)
     output = b""
     while True:
@@ -165,7 +186,7 @@ def on_a_terminal(*args: str) -> bytes:
             break
         output += chunk
     os.close(leader)
-    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, output if stderr else proc.stderr.read()
     return output
 
 
