@@ -592,6 +592,7 @@ def _start(
     from gdnctl.launch import smoke as smoke_run
     from gdnctl.launch import submit as launcher
 
+    runs.check_path_is_text(run_dir)  # launch's; resume checks it before it says anything
     if executor == "local":
         result = smoke_run.launch_local(
             run_dir, smoke=smoke, then_run=then_run, say=_say, stdout=sys.stderr if json_output else None
@@ -671,6 +672,7 @@ def resume(
     from gdnctl.launch import interpreter, runs
     from gdnctl.launch import submit as launcher
 
+    runs.check_path_is_text(run_dir)
     runs.check_as_rendered(run_dir)
     current = runs.status(run_dir)
     if current.state == "running" or (current.job_ids and launcher.unfinished_jobs(current.job_ids)):

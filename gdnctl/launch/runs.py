@@ -126,6 +126,21 @@ def check_as_rendered(run_dir: Path) -> None:
         )
 
 
+def check_path_is_text(run_dir: Path) -> None:
+    """Refuse (NotARunDir) to start a job in a run dir whose path is not UTF-8 text (a name of bytes another
+    system wrote, as `cp -r` or an archive keeps it): the job's libraries take paths as text, and TensorBoard's
+    event writer stopped the first step there with UnicodeEncodeError."""
+    path = str(run_dir.absolute())
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotARunDir(
+            f"the run dir {printable(path)} has a path that is not UTF-8 text, where the job's libraries cannot "
+            "write (TensorBoard's event writer fails at the first step); rename it, or the directory holding it, "
+            "to a UTF-8 name (mv), then run it again."
+        ) from None
+
+
 def status(run_dir: Path) -> RunStatus:
     found = manifest(run_dir)
     executor, job_name = run_dirs.launch_facts(found)

@@ -164,6 +164,16 @@ def test_what_gdnctl_says_of_a_hostile_run_dir_reaches_a_terminal_as_escapes(tmp
     assert f"gdnctl: resuming {tmp_path}/evil\\x1b]0;owned\\x07\\x1b[2J (local)" in text, text
 
 
+def test_no_job_starts_in_a_run_dir_whose_path_is_not_text(rendered, tmp_path):
+    """Bytes that are not UTF-8 in a run dir's name: `status` names it, but a job there would stop at its first
+    step (TensorBoard's writer takes paths as text), so `resume` refuses with a sentence before it starts one."""
+    undecodable = copy_of(rendered, Path(os.fsdecode(bytes(tmp_path) + b"/latin1-\xe9")))
+    proc = gdnctl("resume", str(undecodable), "--local")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "latin1-\\udce9 has a path that is not UTF-8 text" in proc.stderr and "rename it" in proc.stderr
+    assert not list((undecodable / "logs").glob("local-*.out"))  # no job started
+
+
 def on_a_terminal(*args: str, stderr: bool = False) -> bytes:
     """What `gdnctl ARGS` writes to stdout (and with `stderr`, to stderr too) when it is a terminal (a
     pseudo-terminal here)."""
