@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from gdnctl import __version__
 from gdnctl.errors import GdnctlError
-from gdnctl.files import os_error_sentence
+from gdnctl.files import os_error_sentence, printable
 
 # sysexits' EX_SOFTWARE: a bug in gdnctl. Never 1 (the preset has errors) or 2 (unreadable input, bad arguments),
 # so a script can tell a crash from an invalid preset.
@@ -94,7 +94,8 @@ def _report_error(err: GdnctlError, as_json: bool) -> None:
         from gdnctl.validate import format_findings
 
         typer.echo(format_findings(result.findings, False), err=True)
-    typer.echo(f"gdnctl: {err}", err=True)
+    # A sentence may quote a path or a name that is anybody's text: nothing in it reaches the terminal as a control.
+    typer.echo(f"gdnctl: {printable(str(err), keep_newlines=True)}", err=True)
     if as_json:
         data = result.to_json() if result is not None else {"ok": False}
         _emit_json({**data, "ok": False, "error": str(err), "exit_code": err.exit_code})
@@ -442,11 +443,12 @@ def render(
             }
         )
         return
-    typer.echo(f"rendered {rendered.run_dir}")
+    typer.echo(printable(f"rendered {rendered.run_dir}"))
     for name in sorted([*rendered.files, "manifest.json"]):
         typer.echo(f"  {name}")
     command = next_step(rendered, preset, set_ or [], templates)
-    typer.echo(f"run it: {command}   (or: bash {shlex.quote(str(rendered.run_dir / 'launch_local.sh'))})")
+    script = shlex.quote(str(rendered.run_dir / "launch_local.sh"))
+    typer.echo(printable(f"run it: {command}   (or: bash {script})"))
 
 
 SmokeOpt = Annotated[
@@ -568,7 +570,9 @@ def launch(
 
 
 def _say(text: str) -> None:
-    typer.echo(f"gdnctl: {text}", err=True)
+    # What gdnctl says of a run dir names its path, anybody's text (a directory another user made, listed by
+    # `gdnctl runs`): nothing in it reaches the terminal as a control (click strips ESC only off a terminal).
+    typer.echo(f"gdnctl: {printable(text, keep_newlines=True)}", err=True)
 
 
 def _say_findings(result) -> None:
@@ -588,6 +592,7 @@ def _start(
     from gdnctl.launch import smoke as smoke_run
     from gdnctl.launch import submit as launcher
 
+    runs.check_path_is_text(run_dir)  # launch's; resume checks it before it says anything
     if executor == "local":
         result = smoke_run.launch_local(
             run_dir, smoke=smoke, then_run=then_run, say=_say, stdout=sys.stderr if json_output else None
@@ -596,6 +601,8 @@ def _start(
             _emit_json({**result.to_json(), "run_dir": str(run_dir), "executor": "local"})
         raise typer.Exit(result.exit_code)
     mode = smoke_run.SMOKE_THEN_RUN_ARGS if then_run else smoke_run.SMOKE_ARGS if smoke else ()
+    if smoke:
+        smoke_run.forget_verdict(run_dir)
     job = launcher.submit(run_dir, mode)
     job_name = runs.launch_facts(run_dir)[1]
     log = runs.slurm_log(run_dir, job_name, job.job_id)
@@ -609,12 +616,11 @@ def _start(
         "smoke": None,
     }
     if not json_output:
-        typer.echo(f"submitted job {job.job_id}{what}{' to resume the run' if resumed else ''}; log: {log}")
+        resuming = " to resume the run" if resumed else ""
+        typer.echo(printable(f"submitted job {job.job_id}{what}{resuming}; log: {log}"))
     exit_code = 0
     if wait:
-        job = launcher.follow(
-            run_dir, job, job_name, (lambda text: typer.echo(text, err=True)) if json_output else typer.echo
-        )
+        job = launcher.follow(run_dir, job, job_name, lambda text: typer.echo(text, nl=False, err=json_output))
         failed = launcher.first_failure(log) if job.state != "COMPLETED" else None
         _say(
             f"job {job.job_id} ended {job.state} with exit code {job.exit_code}"
@@ -622,7 +628,9 @@ def _start(
         )
         exit_code = job.exit_code
         if smoke:
-            outcome = smoke_run.read_outcome(run_dir, None)
+            # --smoke alone: the job is the smoke run, so its exit code is the smoke's. With --then-run it is the
+            # job's after a green smoke, or the smoke's: the report (this job's: forget_verdict) says which.
+            outcome = smoke_run.read_outcome(run_dir, None if then_run else job.exit_code)
             _say(outcome.verdict())
             data["smoke"] = outcome.to_json()
             if not outcome.green:
@@ -631,8 +639,10 @@ def _start(
     elif not json_output:
         quoted = shlex.quote(str(run_dir))
         typer.echo(
-            f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
-            f"{quoted} (or scancel {job.job_id})"
+            printable(
+                f"follow it: gdnctl status {quoted}; gdnctl logs {quoted} --follow; stop it: gdnctl cancel "
+                f"{quoted} (or scancel {job.job_id})"
+            )
         )
     if json_output:
         _emit_json(data)
@@ -657,10 +667,13 @@ def resume(
     json_output: JsonOpt = False,
 ) -> None:
     """Run a run dir again as it is, continuing from its latest checkpoint (train.save_dir): the engine.yaml and
-    scripts it holds are not re-rendered, and nothing in it is replaced. Refused while its job still runs."""
+    scripts it holds are not re-rendered, and nothing in it is replaced. Refused while its job still runs, and
+    when its engine.yaml or scripts differ from what gdnctl rendered (manifest.json's sha256)."""
     from gdnctl.launch import interpreter, runs
     from gdnctl.launch import submit as launcher
 
+    runs.check_path_is_text(run_dir)
+    runs.check_as_rendered(run_dir)
     current = runs.status(run_dir)
     if current.state == "running" or (current.job_ids and launcher.unfinished_jobs(current.job_ids)):
         _fail(
@@ -704,9 +717,9 @@ def status(run_dir: RunDirArg, json_output: JsonOpt = False) -> None:
         return
     typer.echo(found.line())
     if found.log is not None:
-        typer.echo(f"  log: {found.log}")
+        typer.echo(f"  log: {printable(str(found.log))}")
     if found.note:
-        typer.echo(f"  {found.note}")
+        typer.echo(f"  {printable(found.note)}")
 
 
 @app.command()
@@ -718,39 +731,13 @@ def logs(
 ) -> None:
     """Print the log of a run dir's latest job: its Slurm job's logs/NAME-JOBID.out, or a local run's
     logs/local-*.out."""
-    import time
-
     from gdnctl.launch import runs
-    from gdnctl.launch import submit as launcher
 
-    if follow:  # a queued Slurm job has no log yet: wait for it to start (or end) rather than give up
-        while True:
-            found = runs.status(run_dir)
-            if (
-                (found.log is not None and found.log.is_file())
-                or not found.job_ids
-                or found.state in ("unknown", *launcher.TERMINAL_STATES)
-            ):
-                break
-            time.sleep(launcher.POLL_SECONDS)
-    path = runs.log_path(run_dir)
-    offset = 0
-    while True:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read()
-        offset += len(chunk)
-        if chunk:
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
-        if not follow:
-            return
-        if runs.status(run_dir).state in ("ended", "unknown", *launcher.TERMINAL_STATES):
-            with path.open("rb") as handle:  # what the job wrote between the last read and its end
-                handle.seek(offset)
-                sys.stdout.write(handle.read().decode(errors="replace"))
-            return
-        time.sleep(launcher.POLL_SECONDS)
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    runs.print_log(run_dir, write, follow=follow)
 
 
 @app.command()
@@ -761,9 +748,9 @@ def cancel(run_dir: RunDirArg) -> None:
 
     cancelled = runs.cancel(run_dir)
     if cancelled:
-        typer.echo(f"cancelled Slurm job {', '.join(cancelled)} of {run_dir}")
+        typer.echo(printable(f"cancelled Slurm job {', '.join(cancelled)} of {run_dir}"))
     else:
-        typer.echo(f"no job of {run_dir} was still queued or running; nothing to cancel")
+        typer.echo(printable(f"no job of {run_dir} was still queued or running; nothing to cancel"))
 
 
 @app.command("runs")
@@ -774,7 +761,7 @@ def runs_command(
     """List the run dirs under runs/ (where `gdnctl launch` writes them), oldest first, with each job's state."""
     from gdnctl.launch import runs
 
-    found = [runs.status(path) for path in runs.find_runs(root)]
+    found = [runs.listed_status(path) for path in runs.find_runs(root)]
     if json_output:
         _emit_json([item.to_json() for item in found])
         return
@@ -782,6 +769,8 @@ def runs_command(
         typer.echo(f"no run dirs under {root}; `gdnctl launch PRESET` makes one there")
     for item in found:
         typer.echo(item.line())
+        if item.state == "unknown" and item.note:
+            typer.echo(f"  {printable(item.note)}")
 
 
 @app.command()

@@ -88,6 +88,7 @@ SLOW_MODULES = {
     "tests/launch/test_launch.py",
     "tests/launch/test_requeue.py",
     "tests/launch/test_run_dir_safety.py",
+    "tests/launch/test_run_dir_readers.py",
     "tests/launch/test_smoke.py",
     "tests/launch/test_stop.py",
     "tests/doctor/test_doctor_cli.py",
@@ -112,7 +113,10 @@ SLOW_MODULES = {
     "tests/runtime/kernels/test_compile_output.py",
     "tests/runtime/model/test_checkpoint_durability.py",
     "tests/runtime/model/test_save_lock.py",
+    "tests/runtime/model/test_resume_choice.py",
+    "tests/runtime/rl/test_checkpoint_full_disk.py",
     "tests/runtime/rl/test_rl_vllm.py",
+    "tests/runtime/rl/test_rollout_processes.py",
     "tests/runtime/rl/test_rl_requeue.py",
     "tests/runtime/rl/test_hf_export.py",
     "tests/runtime/rl/test_torch_policy.py",
@@ -130,6 +134,7 @@ SLOW_MODULES = {
     "tests/validate/test_fuzz.py",
     "tests/validate/test_hostile_input.py",
     "tests/runtime/model/test_config_agreement.py",
+    "tests/test_file_readers.py",
 }
 SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},

@@ -424,6 +424,14 @@ def check_kernel_cache(facts: MachineFacts, run=None) -> Check:
             f"{cache.path} is not writable",
             "point launch.kernel_cache_dir (TILELANG_CACHE_DIR) at a writable shared directory",
         )
+    if cache.replaceable is not None:
+        return Check(
+            "kernel_cache",
+            Status.WARN,
+            f"{cache.path}: another user could write code into it, which jobs load: {cache.replaceable}",
+            "point launch.kernel_cache_dir at a directory only you (or root, or a group you trust) can write, such "
+            "as ~/.cache/gdnctl/tilelang; never one under /tmp (LCH009, `gdnctl rules LCH009`)",
+        )
     if cache.entries == 0:
         # A warning only for a backend that shows compile progress (FlashQLA: 2.5-6 min per shape from a cold
         # cache on an H100); prewarm fills the cache for the others as well.

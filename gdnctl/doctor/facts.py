@@ -93,6 +93,9 @@ class KernelCacheFact:
     exists: bool
     writable: bool
     entries: int  # compiled kernels found (files under the cache dir, gdnctl's compile log aside)
+    # Why another user could write code into it that a job then loads (gdnctl/validate/filesystem.py
+    # cache_replaceable: validate's LCH009); None: only you, root or a group you trust can.
+    replaceable: str | None = None
 
 
 @dataclass(frozen=True)

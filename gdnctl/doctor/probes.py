@@ -28,7 +28,7 @@ from gdnctl.doctor.facts import (
 from gdnctl.knowledge import FLASHQLA
 from gdnctl.plan import DEFAULT_KERNEL_CACHE
 from gdnctl.runtime.kernels import cached_kernel_files
-from gdnctl.validate import replaceable_by_others
+from gdnctl.validate import cache_replaceable, replaceable_by_others
 
 IMPORT_TIMEOUT_S = 120
 
@@ -105,10 +105,13 @@ def _flash_qla_import_error() -> str | None:
 
 def _kernel_cache(path: str) -> KernelCacheFact:
     directory = Path(os.path.expanduser(path))
+    replaceable = cache_replaceable(str(directory))
     if not directory.exists():
         parent = next((p for p in directory.parents if p.exists()), Path("/"))
-        return KernelCacheFact(str(directory), False, os.access(parent, os.W_OK), 0)
-    return KernelCacheFact(str(directory), True, os.access(directory, os.W_OK), cached_kernel_files(directory))
+        return KernelCacheFact(str(directory), False, os.access(parent, os.W_OK), 0, replaceable)
+    return KernelCacheFact(
+        str(directory), True, os.access(directory, os.W_OK), cached_kernel_files(directory), replaceable
+    )
 
 
 # vLLM's version, and whether gdnctl's runtime is found beside it, on the probe's last line.

@@ -7,7 +7,8 @@ from anywhere (`portable`)."""
 
 from gdnctl.launch import comm_report, interpreter, local_inputs, prewarm, runs, smoke, submit
 from gdnctl.launch.portable import portable_text
-from gdnctl.launch.render import RenderedRun, next_step, render, slurm_job_name
+from gdnctl.launch.render import RenderedRun, next_step, render
+from gdnctl.launch.run_dir import slurm_job_name
 from gdnctl.launch.submit import default_run_dir
 
 __all__ = [

@@ -14,7 +14,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import tempfile
@@ -30,7 +29,7 @@ from gdnctl.files import write_text
 from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch import submit
 from gdnctl.launch.interpreter import job_python
-from gdnctl.launch.run_dir import RunDirNotEmpty
+from gdnctl.launch.run_dir import RunDirNotEmpty, slurm_job_name
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
@@ -86,10 +85,6 @@ def template_environment(directory: Path) -> jinja2.Environment:
     env.filters["sbatch"] = _sbatch
     env.filters["comment"] = _comment
     return env
-
-
-def slurm_job_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "gdnctl"
 
 
 @dataclass
@@ -229,7 +224,8 @@ def _replace(rendered: RenderedRun, manifest: dict) -> list[str]:
     listed = run_dirs.listed_files(manifest)
     with run_dirs.hold(run_dir):
         recorded = run_dirs.recorded_slurm_jobs(run_dir)
-        unfinished = submit.unfinished_jobs(recorded) if recorded else []
+        known = submit.confirm_jobs(run_dir, run_dirs.launch_facts(manifest)[1], recorded) if recorded else []
+        unfinished = [(job.job_id, job.state) for job in known if job.state not in submit.TERMINAL_STATES]
         if unfinished:
             jobs = ", ".join(f"{job_id} ({state})" for job_id, state in unfinished)
             raise run_dirs.RunDirInUse(
@@ -266,12 +262,12 @@ def _use_as_rendered(rendered: RenderedRun) -> None:
     exactly what this launch renders. A run dir a job has used (its outputs, its lock, a Slurm job) is resumed
     with `gdnctl resume`, which says what it does; nothing here replaces a file of it."""
     run_dir = rendered.run_dir
-    manifest = run_dirs.read_manifest(run_dir)
-    if manifest is None:
+    try:
+        manifest = run_dirs.load_manifest(run_dir)
+    except run_dirs.NotGdnctlsManifest as error:
         raise RunDirNotEmpty(
-            f"{run_dir} is not empty and not a gdnctl run dir (no manifest.json of gdnctl's in it); "
-            "choose another run dir."
-        )
+            f"{run_dir} is not empty and not a gdnctl run dir ({error}); choose another run dir."
+        ) from None
     listed = run_dirs.listed_files(manifest)
     used = run_dirs.job_traces(run_dir, listed)
     if used:
@@ -283,9 +279,7 @@ def _use_as_rendered(rendered: RenderedRun) -> None:
     differ = [
         name
         for name, text in rendered.files.items()
-        if not (run_dir / name).is_file()
-        or (run_dir / name).is_symlink()
-        or run_dirs.sha256((run_dir / name).read_bytes()) != run_dirs.sha256(text.encode())
+        if run_dirs.file_sha256(run_dir / name) != run_dirs.sha256(text.encode())
     ]
     if differ:
         verb = "differs" if len(differ) == 1 else "differ"
@@ -338,12 +332,13 @@ def write(rendered: RenderedRun, force: bool = False, exclusive: bool = False, a
             )
         # Only a directory gdnctl rendered, and in it only what gdnctl wrote: `-o .` in a source tree must never
         # take the tree with it, and a job's checkpoints, logs and W&B runs stay where they are.
-        manifest = run_dirs.read_manifest(run_dir)
-        if manifest is None:
+        try:
+            manifest = run_dirs.load_manifest(run_dir)
+        except run_dirs.NotGdnctlsManifest as error:
             raise RunDirNotEmpty(
-                f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it), so "
-                "--force will not write into it; choose another run dir, or empty it yourself."
-            )
+                f"{run_dir} is not a gdnctl run dir ({error}), so --force will not write into it; choose "
+                "another run dir, or empty it yourself."
+            ) from None
         return _replace(rendered, manifest)
     _create(rendered)
     return []

@@ -11,7 +11,9 @@ can ask squeue whether the job has ended: a queued job would read the new engine
 job ends, `gdnctl launch` records how in LOCAL_EXIT_FILE (schema/local_exit.py) for `gdnctl status`.
 
 Nothing here follows a symbolic link: a run dir given as a link, and a link planted as the lock file or the job
-record, are refused with a sentence naming the path.
+record, are refused with a sentence naming the path. Nothing here blocks or takes the machine's memory either:
+what gdnctl reads back (the manifest, the job record, the local exit record, the listed files it hashes) goes
+through files.py's bounded reads, which refuse a FIFO, a device or a file larger than gdnctl ever writes there.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterator
@@ -30,9 +32,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gdnctl.errors import GdnctlError
-from gdnctl.schema import LOCAL_EXIT_FILE, LocalExit
+from gdnctl.files import MIB, UnreadableFile, read_json, read_regular, typed
+from gdnctl.schema import LOCAL_EXIT_FILE, MANIFEST_FILE, LocalExit, RunManifest
 
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 RENDERED = ("engine.yaml", "launch_local.sh", "launch_slurm.sbatch", MANIFEST)
 LOGS = "logs"
 LOCK_FILE = ".gdnctl-run.lock"  # not save_lock's .gdnctl-lock: a save_dir may be the run dir itself
@@ -40,6 +43,11 @@ SLURM_JOBS_FILE = ".gdnctl-slurm-jobs"
 BOOKKEEPING = (LOCK_FILE, SLURM_JOBS_FILE, LOCAL_EXIT_FILE)
 # A local exit record is a few hundred bytes; one past this is not gdnctl's.
 MAX_LOCAL_EXIT_BYTES = 64 * 1024
+# A manifest holds the resolved preset and its findings (tens of KiB); the scripts and engine.yaml a few KiB; the
+# job record a line per submission. Past these, what is there is not gdnctl's.
+MAX_MANIFEST_BYTES = 16 * MIB
+MAX_RENDERED_BYTES = 16 * MIB
+MAX_SLURM_JOBS_BYTES = 1 * MIB
 
 
 class RunDirNotEmpty(GdnctlError):
@@ -68,9 +76,10 @@ def refuse_link(path: Path) -> None:
 
 
 def _open(path: Path, flags: int) -> int:
-    """os.open without following a link at `path`; a link, or anything but a regular file, is refused."""
+    """os.open without following a link at `path` and without blocking (a FIFO there would wait for its other end);
+    a link, or anything but a regular file, is refused."""
     try:
-        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise RunDirNotEmpty(
@@ -86,18 +95,56 @@ def _open(path: Path, flags: int) -> int:
     return descriptor
 
 
-def read_manifest(run_dir: Path) -> dict | None:
-    """The manifest.json that gdnctl writes into every run dir it renders; None where there is none of gdnctl's."""
+class NotGdnctlsManifest(GdnctlError):
+    """What is at RUN_DIR/manifest.json is not a manifest gdnctl wrote: one clause saying why."""
+
+
+def load_manifest(run_dir: Path) -> dict:
+    """The manifest.json that gdnctl writes into every run dir it renders, with the fields its readers use of the
+    types they use them as (schema/manifest.py); NotGdnctlsManifest saying why otherwise."""
     path = run_dir / MANIFEST
     if path.is_symlink():  # a link is not a manifest gdnctl wrote, whatever it points to
+        raise NotGdnctlsManifest(f"{path} is a symbolic link")
+    if not os.path.lexists(path):
+        raise NotGdnctlsManifest(f"{path} does not exist")
+    try:
+        manifest = read_json(path, MAX_MANIFEST_BYTES)
+        typed(manifest, RunManifest, str(path))
+    except UnreadableFile as error:
+        raise NotGdnctlsManifest(str(error)) from None
+    return manifest
+
+
+def slurm_job_name(name: str) -> str:
+    """The Slurm job name of a preset's name: the scripts' #SBATCH --job-name and the logs' logs/NAME-JOBID.out."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "gdnctl"
+
+
+def launch_facts(manifest: dict) -> tuple[str, str]:
+    """(executor, Slurm job name) of a manifest load_manifest checked; run dirs rendered before the manifest
+    recorded them: local, and the name made from the preset's."""
+    launch = manifest.get("launch") or {}
+    name = str((manifest.get("resolved") or {}).get("name") or "gdnctl")
+    return str(launch.get("executor") or "local"), str(launch.get("job_name") or slurm_job_name(name))
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    """load_manifest's manifest; None where there is none of gdnctl's."""
+    try:
+        return load_manifest(run_dir)
+    except NotGdnctlsManifest:
+        return None
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a rendered file at `path`, read within bounds and without following a link; None where there is
+    no regular file of a rendered file's size (a link, a FIFO, a directory, something else)."""
+    if path.is_symlink():
         return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return sha256(read_regular(path, MAX_RENDERED_BYTES))
+    except UnreadableFile:
         return None
-    if isinstance(manifest, dict) and {"gdnctl_version", "engine_config_sha256"} <= manifest.keys():
-        return manifest
-    return None
 
 
 def manifest_files(files: dict[str, str]) -> list[dict]:
@@ -125,12 +172,24 @@ def edited_files(run_dir: Path, listed: dict[str, str | None], new: dict[str, st
     edited = []
     for name, recorded in listed.items():
         path = run_dir / name
-        if recorded is None or path.is_symlink() or not path.is_file():
+        if recorded is None or not os.path.lexists(path):
             continue
-        current = sha256(path.read_bytes())
+        current = file_sha256(path)
+        if current is None:  # a link or no regular file: replaced by a rename, never written through
+            continue
         if current != recorded and (name not in new or current != sha256(new[name].encode())):
             edited.append(name)
     return edited
+
+
+def differing_files(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
+    """The listed files that are not as gdnctl wrote them: missing, replaced by a link or something else than a
+    file, or of another sha256 than the manifest records (manifest.json itself records none)."""
+    return [
+        name
+        for name, recorded in listed.items()
+        if name != MANIFEST and (recorded is None or file_sha256(run_dir / name) != recorded)
+    ]
 
 
 def kept_entries(run_dir: Path, listed: dict[str, str | None]) -> list[str]:
@@ -210,11 +269,22 @@ def record_slurm_job(run_dir: Path, job_id: str) -> None:
 
 
 def recorded_slurm_jobs(run_dir: Path) -> list[str]:
-    """The Slurm job ids submitted from this run dir, oldest first."""
-    if not os.path.lexists(run_dir / SLURM_JOBS_FILE):
+    """The Slurm job ids submitted from this run dir, oldest first; RunDirNotEmpty for a record that is not one
+    gdnctl wrote (a link, a FIFO, a directory, a file larger than any record)."""
+    path = run_dir / SLURM_JOBS_FILE
+    if not os.path.lexists(path):
         return []
-    with os.fdopen(_open(run_dir / SLURM_JOBS_FILE, os.O_RDONLY)) as handle:
-        return [job_id for job_id in dict.fromkeys(handle.read().split()) if job_id.isdigit()]
+    if path.is_symlink():
+        raise RunDirNotEmpty(
+            f"{path} is a symbolic link, not the record of Slurm jobs gdnctl keeps there; remove it (rm {path})."
+        )
+    try:
+        text = read_regular(path, MAX_SLURM_JOBS_BYTES).decode(errors="replace")
+    except UnreadableFile as error:
+        raise RunDirNotEmpty(
+            f"{error}, not the record of Slurm jobs gdnctl keeps there; remove it (rm -r {path})."
+        ) from None
+    return [job_id for job_id in dict.fromkeys(text.split()) if job_id.isdigit() and len(job_id) <= 20]
 
 
 def record_local_exit(run_dir: Path, record: LocalExit) -> None:
@@ -260,17 +330,9 @@ def read_local_exit(run_dir: Path) -> LocalExit | None:
     """How the run dir's latest local run ended; None where none was recorded, or what is there is not a record
     gdnctl wrote (a link, another kind of file, or text that does not parse as one)."""
     path = run_dir / LOCAL_EXIT_FILE
-    if not os.path.lexists(path):
+    if not os.path.lexists(path) or path.is_symlink():
         return None
     try:
-        descriptor = _open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted at the name must not block status
-    except RunDirNotEmpty:
-        return None
-    with os.fdopen(descriptor, "rb") as handle:
-        text = handle.read(MAX_LOCAL_EXIT_BYTES + 1)
-    if len(text) > MAX_LOCAL_EXIT_BYTES:
-        return None
-    try:
-        return LocalExit.model_validate_json(text)
-    except ValidationError:
+        return LocalExit.model_validate_json(read_regular(path, MAX_LOCAL_EXIT_BYTES))
+    except (UnreadableFile, ValidationError):
         return None

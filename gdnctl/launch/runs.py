@@ -5,19 +5,27 @@ job name), the Slurm job ids `launch --slurm` records, the lock launch_local.sh 
 the latest local run ended (.gdnctl-local-exit.json, which `gdnctl launch` writes as it ends), and the logs in
 logs/ (a Slurm job's logs/JOB_NAME-JOBID.out, a local run's logs/local-*.out). Slurm itself answers for a Slurm
 job's state; a job slurmctld has forgotten is reported as such.
+
+A recorded Slurm job id is only acted on (its state reported, its log followed, the job cancelled) once Slurm
+confirms that the job was submitted from this run dir under its job name (submit.confirm_jobs): a run dir copied
+with `cp -r` carries the original's ids, and a cluster whose ids started over gives them to other jobs.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import printable
 from gdnctl.launch import run_dir as run_dirs
 from gdnctl.launch import submit
-from gdnctl.launch.render import slurm_job_name
+from gdnctl.launch.log_tail import LogTail
 from gdnctl.schema import LocalExit
 
 
@@ -56,12 +64,14 @@ class RunStatus:
         }
 
     def line(self) -> str:
+        """One line for the terminal: the run dir's path and its preset's name are anybody's text, so what a
+        terminal would act on in them (escape sequences, a carriage return) is written out as escapes."""
         if self.local_exit is not None:
             ended = self.local_exit.describe()
         else:
             ended = f", exit code {self.exit_code}" if self.exit_code is not None else ""
         job = f" (Slurm job {self.job_ids[-1]})" if self.job_ids else ""
-        return f"{self.run_dir}: {self.name} ({self.job}, {self.executor}) {self.state}{job}{ended}"
+        return printable(f"{self.run_dir}: {self.name} ({self.job}, {self.executor}) {self.state}{job}{ended}")
 
 
 def manifest(run_dir: Path) -> dict:
@@ -71,28 +81,25 @@ def manifest(run_dir: Path) -> dict:
             f"{run_dir} is not a directory; pass a run dir that `gdnctl render` or `gdnctl launch` "
             "wrote (gdnctl runs lists those under runs/)."
         )
-    found = run_dirs.read_manifest(run_dir)
-    if found is None:
+    try:
+        return run_dirs.load_manifest(run_dir)
+    except run_dirs.NotGdnctlsManifest as error:
         raise NotARunDir(
-            f"{run_dir} is not a gdnctl run dir (no manifest.json of gdnctl's in it); pass a run dir "
-            "that `gdnctl render` or `gdnctl launch` wrote (gdnctl runs lists those under runs/)."
-        )
-    return found
+            f"{run_dir} is not a gdnctl run dir ({error}); pass a run dir that `gdnctl render` or "
+            "`gdnctl launch` wrote (gdnctl runs lists those under runs/), or render it again."
+        ) from None
 
 
 def launch_facts(run_dir: Path) -> tuple[str, str]:
     """(executor, Slurm job name) of a run dir, from its manifest."""
-    return _launch(manifest(run_dir))
+    return run_dirs.launch_facts(manifest(run_dir))
 
 
-def _launch(found: dict) -> tuple[str, str]:
-    """(executor, Slurm job name); run dirs rendered before the manifest recorded them: local, and the name."""
-    launch = found.get("launch")
-    if not isinstance(launch, dict):
-        launch = {}
-    resolved = found.get("resolved")
-    name = str((resolved.get("name") if isinstance(resolved, dict) else None) or "gdnctl")
-    return str(launch.get("executor") or "local"), str(launch.get("job_name") or slurm_job_name(name))
+def own_slurm_jobs(run_dir: Path, job_name: str) -> tuple[list[str], list[submit.KnownJob]]:
+    """The Slurm job ids the run dir records, and those of them slurmctld knows, each confirmed to be this run
+    dir's (submit.ForeignSlurmJob otherwise)."""
+    job_ids = run_dirs.recorded_slurm_jobs(run_dir)
+    return job_ids, (submit.confirm_jobs(run_dir, job_name, job_ids) if job_ids else [])
 
 
 def slurm_log(run_dir: Path, job_name: str, job_id: str) -> Path:
@@ -104,12 +111,42 @@ def latest_local_log(run_dir: Path) -> Path | None:
     return logs[-1] if logs else None
 
 
+def check_as_rendered(run_dir: Path) -> None:
+    """Refuse (NotARunDir) a run dir whose engine.yaml or scripts are not what gdnctl rendered there: `resume` runs
+    them as they are, and an edit could bring back what validate refuses (an environment variable LCH002 forbids
+    in engine.yaml's env, another rollout.python) with nothing checking it."""
+    differ = run_dirs.differing_files(run_dir, run_dirs.listed_files(manifest(run_dir)))
+    if differ:
+        named = ", ".join(str(run_dir / name) for name in differ)
+        raise NotARunDir(
+            f"{named} {'is' if len(differ) == 1 else 'are'} not what gdnctl rendered (manifest.json records "
+            "another sha256, or none), and resume would run it as it is; restore it, or move your copy out of "
+            "the run dir and render it again (gdnctl render PRESET -o RUN_DIR --force, which validates the preset "
+            "and keeps the checkpoints, logs and metrics there), then resume."
+        )
+
+
+def check_path_is_text(run_dir: Path) -> None:
+    """Refuse (NotARunDir) to start a job in a run dir whose path is not UTF-8 text (a name of bytes another
+    system wrote, as `cp -r` or an archive keeps it): the job's libraries take paths as text, and TensorBoard's
+    event writer stopped the first step there with UnicodeEncodeError."""
+    path = str(run_dir.absolute())
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotARunDir(
+            f"the run dir {printable(path)} has a path that is not UTF-8 text, where the job's libraries cannot "
+            "write (TensorBoard's event writer fails at the first step); rename it, or the directory holding it, "
+            "to a UTF-8 name (mv), then run it again."
+        ) from None
+
+
 def status(run_dir: Path) -> RunStatus:
     found = manifest(run_dir)
-    executor, job_name = _launch(found)
+    executor, job_name = run_dirs.launch_facts(found)
     resolved = found.get("resolved") or {}
     result = RunStatus(run_dir, str(resolved.get("name", "?")), str(resolved.get("job", "?")), executor, "rendered")
-    result.job_ids = run_dirs.recorded_slurm_jobs(run_dir)
+    result.job_ids, _ = own_slurm_jobs(run_dir, job_name)
     if result.job_ids:
         job_id = result.job_ids[-1]
         result.executor = "slurm"
@@ -142,7 +179,7 @@ def status(run_dir: Path) -> RunStatus:
 def log_path(run_dir: Path) -> Path:
     """The log of the run dir's latest job, or NotARunDir saying why there is none."""
     found = status(run_dir)
-    if found.log is None or not found.log.is_file():
+    if found.log is None or not os.path.lexists(found.log):
         if found.job_ids:
             raise NotARunDir(
                 f"Slurm job {found.job_ids[-1]} of {run_dir} has not written its log {found.log} yet "
@@ -154,11 +191,33 @@ def log_path(run_dir: Path) -> Path:
     return found.log
 
 
+def print_log(run_dir: Path, write: Callable[[str], None], *, follow: bool, poll: float = submit.POLL_SECONDS) -> None:
+    """Hand `write` the log of the run dir's latest job a chunk at a time (log_tail.py); with `follow`, wait for a
+    queued Slurm job's log to appear and keep going as it grows, until the job ends."""
+    if follow:  # a queued Slurm job has no log yet: wait for it to start (or end) rather than give up
+        while True:
+            found = status(run_dir)
+            if (
+                (found.log is not None and os.path.lexists(found.log))
+                or not found.job_ids
+                or found.state in ("unknown", *submit.TERMINAL_STATES)
+            ):
+                break
+            time.sleep(poll)
+    tail = LogTail(log_path(run_dir))
+    tail.drain(write, final=not follow)
+    while follow:
+        ended = status(run_dir).state in ("ended", "unknown", *submit.TERMINAL_STATES)
+        tail.drain(write, final=ended)  # after the end: what the job wrote between the last read and its end
+        if ended:
+            return
+        time.sleep(poll)
+
+
 def cancel(run_dir: Path) -> list[str]:
     """scancel every job recorded in the run dir that has not ended; returns their ids. A local job is stopped
     where it runs (Ctrl-C, or a signal to its gdnctl), so it gets a sentence saying so."""
-    manifest(run_dir)
-    job_ids = run_dirs.recorded_slurm_jobs(run_dir)
+    job_ids, known = own_slurm_jobs(run_dir, launch_facts(run_dir)[1])
     if not job_ids:
         if run_dirs.locked(run_dir):
             raise NotARunDir(
@@ -166,7 +225,7 @@ def cancel(run_dir: Path) -> list[str]:
                 "press Ctrl-C there, or send it SIGTERM (it stops every process of the job)."
             )
         raise NotARunDir(f"{run_dir} has no Slurm job to cancel (none was submitted from it).")
-    unfinished = [job_id for job_id, _ in submit.unfinished_jobs(job_ids)]
+    unfinished = [job.job_id for job in known if job.state not in submit.TERMINAL_STATES]
     if unfinished:
         scancel = shutil.which("scancel")
         if scancel is None:
@@ -189,3 +248,17 @@ def find_runs(root: Path) -> list[Path]:
         for entry in root.iterdir()
         if entry.is_dir() and not entry.is_symlink() and run_dirs.read_manifest(entry) is not None
     )
+
+
+def listed_status(run_dir: Path) -> RunStatus:
+    """status() for `gdnctl runs`, where one run dir that cannot say (a record gdnctl did not write, a job that is
+    not its own, squeue not answering) is listed with the sentence instead of ending the listing."""
+    try:
+        return status(run_dir)
+    except GdnctlError as error:
+        found = run_dirs.read_manifest(run_dir) or {}
+        executor, _ = run_dirs.launch_facts(found) if found else ("?", "")
+        resolved = found.get("resolved") or {}
+        return RunStatus(
+            run_dir, str(resolved.get("name", "?")), str(resolved.get("job", "?")), executor, "unknown", note=str(error)
+        )

@@ -4,11 +4,15 @@ and start the job only after a green smoke.
 The runtime decides every check and prints their lines (rank 0, in the job's output); this side reads smoke.json
 to decide whether the job may start and what to say about it. A smoke run that ended without writing smoke.json
 (a rank killed, a crash before the checks) is a failed smoke, whatever its exit code.
+
+A verdict belongs to the run that wrote it: gdnctl removes an earlier smoke.json before it starts a smoke run
+(forget_verdict), here or on Slurm, so a run that fails before the runtime gets to it is never judged by the
+last one's report. A smoke run whose exit code is known and not 0 is never green, whatever its report says.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,8 @@ from typing import IO
 
 from pydantic import ValidationError
 
+from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, read_json
 from gdnctl.launch import submit
 from gdnctl.schema import SMOKE_FILE, SmokeReport
 
@@ -59,14 +65,42 @@ class SmokeOutcome:
         }
 
 
+# A report is a few KiB: a line per check.
+MAX_SMOKE_REPORT_BYTES = 1024**2
+
+
+class SmokeVerdictInTheWay(GdnctlError):
+    pass
+
+
+def forget_verdict(run_dir: Path) -> None:
+    """Remove an earlier smoke run's RUN_DIR/smoke.json before a new one starts (a link there is removed, not
+    followed); something else than a file at the name is refused with a sentence."""
+    path = run_dir / SMOKE_FILE
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        raise SmokeVerdictInTheWay(
+            f"{path} cannot be removed ({error.strerror}), and the smoke run writes its verdicts there: remove it "
+            f"(rm -r {path}) and launch again."
+        ) from None
+
+
 def read_outcome(run_dir: Path, exit_code: int | None) -> SmokeOutcome:
     path = run_dir / SMOKE_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return SmokeOutcome(path, None, exit_code)
     try:
-        return SmokeOutcome(path, SmokeReport.model_validate(json.loads(path.read_text())), exit_code)
-    except (OSError, ValueError, ValidationError) as error:
-        return SmokeOutcome(path, None, exit_code, f"{path.name} is not a smoke report: {type(error).__name__}")
+        if path.is_symlink():
+            raise UnreadableFile(f"{path} is a symbolic link, which the smoke run never writes")
+        document = read_json(path, MAX_SMOKE_REPORT_BYTES)
+        return SmokeOutcome(path, SmokeReport.model_validate(document), exit_code)
+    except UnreadableFile as error:
+        return SmokeOutcome(path, None, exit_code, f"{path.name} is not a smoke report: {error}")
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "its content"
+        return SmokeOutcome(path, None, exit_code, f"{path.name} is not a smoke report: {field}: {first['msg']}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +130,7 @@ def launch_local(
     `say` gets the sentences between the two; `stdout` the runs' own output (default: this process's stdout)."""
     outcome = None
     if smoke:
+        forget_verdict(run_dir)
         outcome = read_outcome(run_dir, submit.run_local(run_dir, SMOKE_ARGS, stdout))
         say(outcome.verdict())
         if not then_run:

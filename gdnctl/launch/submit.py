@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
@@ -17,6 +18,7 @@ from typing import IO
 
 from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
+from gdnctl.launch.log_tail import LogTail
 from gdnctl.launch.process_tree import JobStopped, run_job, stop_requests
 from gdnctl.schema import LOCAL_EXIT_FILE, LocalExit
 
@@ -147,9 +149,24 @@ def submit(run_dir: Path, args: tuple[str, ...] = ()) -> SlurmJob:
     return SlurmJob(job_id)
 
 
-def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
-    """(job id, state) of each of `job_ids` that squeue still knows and that has not ended (pending, running,
-    suspended, requeued ...): a job that may still read its run dir."""
+@dataclass(frozen=True)
+class KnownJob:
+    """A Slurm job as squeue reports it: what says whose it is (its name and working directory) and its state."""
+
+    job_id: str
+    state: str
+    name: str
+    work_dir: str
+
+    def belongs_to(self, run_dir: Path, job_name: str) -> bool:
+        """Whether this job was submitted from `run_dir` (sbatch runs in the run dir: launch_slurm.sbatch's cwd)
+        under the run dir's job name."""
+        return self.name == job_name and os.path.realpath(self.work_dir) == os.path.realpath(run_dir)
+
+
+def known_jobs(job_ids: list[str]) -> list[KnownJob]:
+    """Each of `job_ids` that slurmctld still knows (pending, running or ended a short while ago), from squeue; a
+    job it has forgotten (ended long ago) is left out."""
     squeue = shutil.which("squeue")
     if squeue is None:
         raise SubmitError(
@@ -157,10 +174,11 @@ def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
             "PATH to tell whether they have ended; run this where the Slurm client is installed, or "
             "choose another run dir."
         )
-    unfinished = []
+    known = []
     for job_id in job_ids:
+        # The working directory last: it is the one field that may hold the separator.
         proc = subprocess.run(
-            [squeue, "--noheader", "--states=all", "--format=%T", "--jobs", job_id],
+            [squeue, "--noheader", "--states=all", "--format=%T|%j|%Z", "--jobs", job_id],
             capture_output=True,
             text=True,
             check=False,
@@ -174,10 +192,39 @@ def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
                 f"ended ({reason[-1] if reason else f'exit {proc.returncode}'}); try again when "
                 "slurmctld answers, or choose another run dir."
             )
-        state = proc.stdout.strip().split()
-        if state and state[0] not in TERMINAL_STATES:
-            unfinished.append((job_id, state[0]))
-    return unfinished
+        line = proc.stdout.strip().splitlines()
+        fields = line[0].split("|", 2) if line else []
+        if len(fields) == 3:
+            known.append(KnownJob(job_id, *fields))
+    return known
+
+
+def unfinished_jobs(job_ids: list[str]) -> list[tuple[str, str]]:
+    """(job id, state) of each of `job_ids` that squeue still knows and that has not ended (pending, running,
+    suspended, requeued ...): a job that may still read its run dir."""
+    return [(job.job_id, job.state) for job in known_jobs(job_ids) if job.state not in TERMINAL_STATES]
+
+
+class ForeignSlurmJob(SubmitError):
+    """A job id the run dir records names a job submitted from elsewhere (a copied run dir, a new cluster)."""
+
+
+def confirm_jobs(run_dir: Path, job_name: str, job_ids: list[str]) -> list[KnownJob]:
+    """The jobs of `job_ids` slurmctld knows, once it confirms that each was submitted from `run_dir` under
+    `job_name`: ForeignSlurmJob otherwise, before anything acts on it. The ids a run dir records are only what
+    `gdnctl launch --slurm` wrote there, and a copied run dir carries the original's ids, as a cluster whose ids
+    started over at 1 hands them to other jobs."""
+    known = known_jobs(job_ids)
+    for job in known:
+        if not job.belongs_to(run_dir, job_name):
+            raise ForeignSlurmJob(
+                f"Slurm job {job.job_id}, recorded in {run_dir / run_dirs.SLURM_JOBS_FILE}, is not this run "
+                f"dir's: it is {job.name!r} ({job.state}), submitted from {job.work_dir}, where this run dir's "
+                f"jobs are {job_name!r} submitted from {os.path.realpath(run_dir)} (the record was copied with "
+                f"the run dir, or Slurm's job ids started over); gdnctl leaves that job alone: remove the line "
+                f"{job.job_id} from {run_dir / run_dirs.SLURM_JOBS_FILE} and run this again."
+            )
+    return known
 
 
 def job_status(job_id: str) -> tuple[str | None, int | None]:
@@ -271,7 +318,8 @@ def first_failure(log: Path) -> str | None:
 def follow(
     run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float = POLL_SECONDS
 ) -> SlurmJob:
-    """Tail the job's log until it ends; the job's exit code lands in `job.exit_code`. SIGTERM, SIGINT or
+    """Tail the job's log until it ends, handing `echo` its text as it comes (whole characters, not whole lines);
+    the job's exit code lands in `job.exit_code`. SIGTERM, SIGINT or
     SIGHUP stop the following, not the job (it belongs to Slurm now), and raise JobStopped saying so."""
     with stop_requests() as received:
         return _follow(run_dir, job, job_name, echo, poll, received)
@@ -281,18 +329,11 @@ def _follow(
     run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float, received: list[int]
 ) -> SlurmJob:
     log = run_dir / "logs" / f"{job_name}-{job.job_id}.out"
-    offset = 0
+    tail = LogTail(log)
 
-    def drain() -> None:
-        nonlocal offset
-        if not log.exists():
-            return
-        with log.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read()
-        offset += len(chunk)
-        if chunk:
-            echo(chunk.decode(errors="replace").rstrip("\n"))
+    def drain(final: bool = False) -> None:
+        if os.path.lexists(log):
+            tail.drain(echo, final=final)
 
     last_state = None
     nodes = None  # the nodes of the job's current run: which of them failed, if it stops running
@@ -319,7 +360,7 @@ def _follow(
                     print(f"gdnctl: {sentence}", file=sys.stderr)
                 nodes = None
         if state in TERMINAL_STATES:
-            drain()
+            drain(final=True)
             job.state = state
             job.exit_code = exit_code if exit_code is not None else 1
             if state != "COMPLETED" and job.exit_code == 0:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from gdnctl.errors import GdnctlError
-from gdnctl.files import UnreadableFile, read_text
+from gdnctl.files import UnreadableFile, printable, read_text
 from gdnctl.schema import ENGINE_CONFIG_VERSION, EngineConfig
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -232,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         # checkpoint files) shows on that rank only. The other ranks name themselves; rank 0's line stays plain.
         rank = os.environ.get("RANK", "0")
         # One write with its newline: the ranks share the terminal or log, and print's separate write of the
-        # newline let another rank's line land in the middle of this one.
-        sys.stderr.write(f"gdnctl runtime{'' if rank == '0' else f' (rank {rank})'}: {error}\n")
+        # newline let another rank's line land in the middle of this one. A sentence may quote a name a file gave
+        # (a tensor's file in an index, a checkpoint's name): nothing in it reaches a terminal as a control.
+        sys.stderr.write(f"gdnctl runtime{'' if rank == '0' else f' (rank {rank})'}: {printable(str(error))}\n")
         sys.stderr.flush()
         return error.exit_code
 

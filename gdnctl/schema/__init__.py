@@ -1,6 +1,6 @@
 """Every file format gdnctl reads or writes: the preset (what users write), the engine config (what the
 runtime reads), the communication ops the guard knows, the comm guard's profile files, a smoke run's report,
-and how a local run ended."""
+how a local run ended, and a run dir's manifest as its readers take it."""
 
 from gdnctl.schema import comm_ops
 from gdnctl.schema.comm_profile import (
@@ -32,6 +32,7 @@ from gdnctl.schema.engine import (
     EngineUserCode,
 )
 from gdnctl.schema.local_exit import LOCAL_EXIT_FILE, LocalExit
+from gdnctl.schema.manifest import MANIFEST_FILE, RunManifest
 from gdnctl.schema.preset import (
     REWARD_TAGS,
     SBATCH_SAFE,
@@ -72,6 +73,7 @@ __all__ = [
     "EngineUserCode",
     "LOCAL_EXIT_FILE",
     "LocalExit",
+    "MANIFEST_FILE",
     "PROFILE_FILE_PATTERN",
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
@@ -80,6 +82,7 @@ __all__ = [
     "Preset",
     "RolloutSpec",
     "ProfiledOp",
+    "RunManifest",
     "REWARD_TAGS",
     "RewardFunctionSpec",
     "RewardServerSpec",

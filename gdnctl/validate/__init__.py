@@ -3,7 +3,7 @@
 Importing the package registers every rule and load code (`RULES`)."""
 
 from gdnctl.validate import codes
-from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others, trainer_python
+from gdnctl.validate.filesystem import cache_replaceable, preset_interpreters, replaceable_by_others, trainer_python
 from gdnctl.validate.findings import RULES, Finding, RuleInfo, Severity
 from gdnctl.validate.loader import LoadedPreset, load_preset, resolve_preset_path
 from gdnctl.validate.pipeline import PresetHasErrors, ValidationResult, validate
@@ -26,6 +26,7 @@ __all__ = [
     "RuleInfo",
     "Severity",
     "ValidationResult",
+    "cache_replaceable",
     "codes",
     "format_derived",
     "format_findings",

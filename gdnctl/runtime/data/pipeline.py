@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from gdnctl.errors import GdnctlError
-from gdnctl.files import UnreadableFile, read_json, read_text
+from gdnctl.files import MIB, UnreadableFile, read_json, read_jsonl, read_text
 from gdnctl.runtime.data.context_parallel import context_parallel_positions
 from gdnctl.runtime.data.layout import IGNORE_INDEX, BshdBatch, ThdBatch, TokenSequence, pack, to_bshd
 
@@ -84,6 +83,8 @@ PACKING_WINDOW = 16
 # is read of them, so a device or a wrong file is refused rather than read into memory.
 MAX_TOKENIZER_BYTES = 1024**3
 MAX_TOKENIZER_CONFIG_BYTES = 64 * 1024**2
+# One record of the training data: a document's text or token ids, a long one some MiB. Past this a line is no record.
+MAX_RECORD_BYTES = 256 * MIB
 
 
 class DataError(GdnctlError):
@@ -229,29 +230,10 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
     try:
-        with path.open("rb") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():  # a blank line (an editor's trailing one, say) holds no record
-                    yield f"{path} line {number}", _json_record(line, f"{path} line {number}")
-    except OSError as error:
-        raise DataError(
-            f"data file {path} cannot be read ({error.strerror or error}); check the file and its permissions."
-        ) from None
-
-
-def _json_record(line: bytes, where: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(
-            f"{where} is not valid JSON ({error.msg} at column {error.colno}); write one JSON object per line."
-        ) from None
-    except UnicodeDecodeError:
-        raise DataError(f"{where} is not UTF-8 text; write the file as UTF-8.") from None
-    except RecursionError:
-        raise DataError(f"{where} nests its JSON deeper than a reader can follow; write flat records.") from None
-    except ValueError as error:  # an integer of more than 4,300 digits
-        raise DataError(f"{where} is not usable JSON ({error}); write token ids as ordinary integers.") from None
+        for number, record in read_jsonl(path, MAX_RECORD_BYTES):
+            yield f"{path} line {number}", record
+    except UnreadableFile as error:
+        raise DataError(f"{error}; write one JSON object per line, as UTF-8.") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:

@@ -56,9 +56,11 @@ from gdnctl.runtime.model.checkpoint_layout import (  # noqa: F401 (re-exported:
     STATE_FILE,
     CheckpointError,
     Files,
+    check_source_outside_save_dir,
     checkpoint_name,
     optimizer_file,
     read_object,
+    refuse_overwriting_source,
 )
 from gdnctl.runtime.model.durable_files import make_directory, write_file, write_json, write_safetensors
 from gdnctl.runtime.model.hf_weights import (

@@ -3,7 +3,9 @@ readers raise, and the bounded JSON read they share."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from gdnctl.errors import GdnctlError
@@ -49,6 +51,34 @@ def read_object(path: Path, limit: int) -> dict:
     if not isinstance(document, dict):
         raise CheckpointError(f"{path} is not a JSON object; {RESTORE}.")
     return document
+
+
+def check_source_outside_save_dir(model_path: str | None, save_dir: str | None) -> None:
+    """CheckpointError, before the job starts, when model.path lies in train.save_dir: a save there
+    (save_dir/iter_N) would replace the very checkpoint the job starts from, and a resume, which reads model.path
+    again (the rl job's KL reference, a LoRA run's base), would read the job's own weights as the original's."""
+    if not model_path or not save_dir:
+        return
+    source, saves = Path(os.path.realpath(model_path)), Path(os.path.realpath(save_dir))
+    if source == saves or source.is_relative_to(saves):
+        raise CheckpointError(
+            f"model.path {model_path} is inside train.save_dir {save_dir}, where this job's saves would replace "
+            "the checkpoint it starts from (and a resume, which reads model.path again, would take the job's own "
+            "weights for it); copy that checkpoint out of the save dir and point model.path at the copy, or give "
+            "this run another train.save_dir."
+        )
+
+
+def refuse_overwriting_source(directory: Path, sources: Iterable[Path | None]) -> None:
+    """CheckpointError before a save writes into `directory` when it is a directory the job reads weights from
+    (model.path, the checkpoint it resumed from): a save renames its new files over the ones there."""
+    target = os.path.realpath(directory)
+    for source in sources:
+        if source is not None and os.path.realpath(source) == target:
+            raise CheckpointError(
+                f"a save into {directory} would replace the checkpoint this job reads its weights from ({source}); "
+                "point model.path at a checkpoint outside train.save_dir, or give this run another train.save_dir."
+            )
 
 
 def checkpoint_name(iteration: int) -> str:

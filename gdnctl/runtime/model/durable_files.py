@@ -1,16 +1,30 @@
 """Durable writes: every file of a checkpoint under its real name is whole and on disk (a temporary name, fsync,
-rename, fsync of the directory), and the checksums a resume checks them against."""
+rename, fsync of the directory), and the checksums a resume checks them against.
+
+A write that fails leaves nothing behind under either name: the temporary file is removed, and the name keeps
+what it held (for `latest`, the last complete checkpoint). A full disk or quota is one sentence naming the directory
+and its free space, whichever writer met it: safetensors reports it as a SafetensorError, torch.save as a
+RuntimeError ("unexpected pos ..." from its zip writer), plain writes as OSError 28 or 122.
+
+Every file of a checkpoint follows the process's umask (0644 under the usual 022), as the directories do:
+safetensors' own writer creates its file 0600, which would keep a team from reading, or serving, each other's
+weights.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from gdnctl.files import current_umask
 from gdnctl.runtime.model.checkpoint_layout import CHECKSUM, STATE_CHECKSUM, CheckpointError
 
 
@@ -22,12 +36,63 @@ def write_file(path: Path, write: Callable[[Path], object], durable: bool = True
     next save of the same file rather than left behind."""
     temporary = path.with_name(f".{path.name}.tmp")
     _claim_temporary(temporary)
-    write(temporary)
-    record = _sync_and_describe(temporary) if durable else {"size": temporary.stat().st_size}
+    try:
+        with _full_disk_is_a_sentence(path.parent):
+            write(temporary)
+            os.chmod(temporary, FILE_MODE & ~current_umask())
+            record = _sync_and_describe(temporary) if durable else {"size": temporary.stat().st_size}
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
     if durable:
         _fsync_directory(path.parent)
     return record
+
+
+# What a new file gets before the umask (open(2)'s and Python's default for files).
+FILE_MODE = 0o666
+# How each writer says that a write found the disk (or the quota) full. torch.save's zip writer says only that a
+# write came up short ("unexpected pos 704 vs 598"), which is a full disk when the disk has (next to) no room left.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_MESSAGES = re.compile(r"No space left on device|Disk quota exceeded|os error (28|122)\b")
+_SHORT_WRITE = re.compile(r"unexpected pos \d+ vs \d+")
+_NO_ROOM_BYTES = 16 * 1024**2
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _full_disk(error: BaseException, directory: Path) -> bool:
+    for link in (error, error.__cause__, error.__context__):
+        if isinstance(link, OSError) and link.errno in _FULL_ERRNOS:
+            return True
+        if link is not None and _FULL_MESSAGES.search(str(link)):
+            return True
+    free = _free_bytes(directory)
+    return bool(_SHORT_WRITE.search(str(error))) and free is not None and free < _NO_ROOM_BYTES
+
+
+@contextmanager
+def _full_disk_is_a_sentence(directory: Path) -> Iterator[None]:
+    """CheckpointError naming `directory` and its free space for a write that found the disk or quota full."""
+    try:
+        yield
+    except Exception as error:
+        if not _full_disk(error, directory):
+            raise
+        free_bytes = _free_bytes(directory)
+        free = f"{free_bytes / 1024**2:,.1f} MiB free there" if free_bytes is not None else "its free space unknown"
+        raise CheckpointError(
+            f"the disk holding {directory} is full (or the quota there is used up; {free}), so this checkpoint "
+            "could not be written; its partial files were removed and save_dir/latest still names the last "
+            "complete checkpoint. Free space there, or point train.save_dir at a filesystem with room, and resume."
+        ) from None
 
 
 def _claim_temporary(temporary: Path) -> None:
@@ -72,7 +137,8 @@ def make_directory(directory: Path) -> None:
     """mkdir -p, each new directory's entry fsynced in its parent (a checkpoint whose directory entry is lost
     in a crash would take its files with it)."""
     created = [path for path in (directory, *directory.parents) if not path.exists()]
-    directory.mkdir(parents=True, exist_ok=True)
+    with _full_disk_is_a_sentence(next((path for path in directory.parents if path.exists()), Path("/"))):
+        directory.mkdir(parents=True, exist_ok=True)
     for path in created:
         _fsync_directory(path.parent)
 

@@ -24,6 +24,7 @@ MoE's MTP layer holds all its experts), and the bytes cannot change on the way.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
@@ -31,7 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, conlist
+
 from gdnctl.errors import GdnctlError
+from gdnctl.files import UnreadableFile, decode_json, open_regular, typed
 from gdnctl.runtime.model.hf_weights import canonical_hf_name
 
 PASSTHROUGH_FILE = "passthrough.safetensors"
@@ -41,6 +45,8 @@ PASSTHROUGH_FILE = "passthrough.safetensors"
 _NEVER_CARRIED = ("lm_head.weight",)
 _COPY_CHUNK_BYTES = 64 << 20
 _HEADER_ALIGNMENT = 8  # the safetensors writer pads its header with spaces to a multiple of 8 bytes
+# safetensors refuses a header longer than this (its MAX_HEADER_SIZE, 100,000,000 bytes).
+MAX_HEADER_BYTES = 100_000_000
 # The source was read when the run loaded its weights; a save that finds it different cannot carry it over.
 _CHANGED = (
     "The checkpoint the run loaded its weights from (model.path, or the checkpoint it resumed from) was "
@@ -126,14 +132,33 @@ class _Piece:
     shape: list[int]
 
 
+class _TensorEntry(BaseModel):
+    """A tensor's entry in a safetensors header, as the copy uses it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    dtype: str
+    shape: list[int]
+    data_offsets: conlist(NonNegativeInt, min_length=2, max_length=2)  # type: ignore[valid-type]
+
+
 def _read_header(path: Path) -> tuple[int, dict]:
-    """(where the tensor data starts, the JSON header) of a safetensors file."""
-    with path.open("rb") as handle:
-        try:
-            length = struct.unpack("<Q", handle.read(8))[0]
-            header = json.loads(handle.read(length))
-        except (struct.error, ValueError):
-            raise SourceCheckpointError(f"{path} has no readable safetensors header any more. {_CHANGED}") from None
+    """(where the tensor data starts, the JSON header) of a safetensors file: the length within the file and
+    safetensors' own bound, the header decoded as files.decode_json does and each tensor's entry checked."""
+    try:
+        with os.fdopen(open_regular(path)[0], "rb") as handle:  # a FIFO at the name would block a plain open
+            prefix = handle.read(8)
+            length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+            if length is None or length > min(MAX_HEADER_BYTES, os.fstat(handle.fileno()).st_size - 8):
+                raise UnreadableFile(f"{path} has no safetensors header of a possible length")
+            header = decode_json(handle.read(length), str(path))
+        if not isinstance(header, dict):
+            raise UnreadableFile(f"{path}'s safetensors header is not a JSON object")
+        tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+        typed(tensors, dict[str, _TensorEntry], f"{path}'s safetensors header")
+    except (OSError, UnreadableFile) as error:
+        reason = error if isinstance(error, UnreadableFile) else f"{path} cannot be read ({error.strerror})"
+        raise SourceCheckpointError(f"{reason}. {_CHANGED}") from None
     return 8 + length, header
 
 
@@ -141,6 +166,8 @@ def _piece(name: str, path: Path, data_start: int, header: dict) -> _Piece:
     if name not in header:
         raise SourceCheckpointError(f"{path} no longer holds the tensor {name} that its index names. {_CHANGED}")
     begin, end = header[name]["data_offsets"]
+    if end < begin:
+        raise SourceCheckpointError(f"{path} gives {name} data offsets that end before they start. {_CHANGED}")
     return _Piece(name, path, data_start + begin, end - begin, header[name]["dtype"], header[name]["shape"])
 
 

@@ -1,26 +1,56 @@
 """Choosing the checkpoint to resume from: the one save_dir/latest names when every file it recorded is there with
-its size and checksum, else the newest older one that is."""
+its size and checksum, else the newest older one that is.
+
+`latest` and each candidate's trainer_state.json were written by an earlier run, perhaps of another gdnctl, and may
+have been edited, truncated or replaced since: both are read through files.py's bounded reads and
+trainer_state.json is checked against _TrainerState (files.typed) before anything is taken from it. `latest` must
+name a checkpoint directory of the save dir itself (iter_N): a path elsewhere (`../other/iter_N`, an absolute
+one, a link leading out) would resume another run's weights and optimizer state as this one's.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
 
+from gdnctl.files import UnreadableFile, read_json, read_text, typed
 from gdnctl.runtime.model.checkpoint_layout import (
     CHECKPOINT_NAME,
     CHECKSUM,
     LATEST,
+    MAX_STATE_BYTES,
     STATE_CHECKSUM,
     STATE_FILE,
     CheckpointError,
 )
 from gdnctl.runtime.model.durable_files import document_checksum, file_checksum
+
+# `latest` holds one checkpoint's name and a newline.
+MAX_LATEST_BYTES = 4096
+
+
+# The field names below are checkpoint_layout's CHECKSUM and STATE_CHECKSUM.
+class _RecordedFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    size: int = Field(ge=0)
+    sha256: str
+
+
+class _TrainerState(BaseModel):
+    """What a resume takes from trainer_state.json (training_state.save_training_state writes it): the files and
+    its own checksum. The other keys (iteration, consumed samples) are read_training_state's."""
+
+    model_config = ConfigDict(extra="allow")
+
+    files: dict[str, _RecordedFile]
+    state_sha256: str
 
 
 @dataclass(frozen=True)
@@ -42,6 +72,8 @@ def latest_checkpoint(save_dir: Path) -> Path | None:
     trainer_state.json; the files are then checked by all ranks, each taking every world-size-th file (so the
     checkpoint is read once, in parallel), and the findings gathered to all."""
     candidates = _from_rank_zero(partial(_candidates, save_dir))
+    if isinstance(candidates, str):  # raised on every rank: each waits for this answer
+        raise CheckpointError(candidates)
     rejected: list[str] = []
     for directory in candidates:
         expected = _from_rank_zero(partial(_expected_files, directory))
@@ -72,17 +104,29 @@ def _iteration(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _candidates(save_dir: Path) -> list[Path]:
-    """The checkpoint `latest` names, then the older ones, newest first."""
+def _candidates(save_dir: Path) -> list[Path] | str:
+    """The checkpoint `latest` names, then the older ones, newest first; or the sentence saying why `latest`
+    cannot be followed."""
     marker = save_dir / LATEST
-    if not marker.exists():
+    if not marker.exists() and not marker.is_symlink():
         return []
-    named = save_dir / marker.read_text(errors="replace").strip()
+    fix = f"write the name of a checkpoint directory of {save_dir} (iter_N) into it, or delete it to start the run over"
+    try:
+        name = read_text(marker, MAX_LATEST_BYTES).strip()
+    except UnreadableFile as error:
+        return f"{error}; {fix}."
+    named = save_dir / name
+    if CHECKPOINT_NAME.fullmatch(name) is None or named.is_symlink():
+        return (
+            f"{marker} names {name!r}, which is not a checkpoint directory of {save_dir} itself (iter_N), and a "
+            f"resume takes only this save dir's own checkpoints; {fix}."
+        )
     newest = _iteration(named.name)
     older = {
         iteration: path
         for path in save_dir.iterdir()
         if path.is_dir()
+        and not path.is_symlink()
         and path != named
         and (iteration := _iteration(path.name)) is not None
         and (newest is None or iteration < newest)
@@ -95,19 +139,29 @@ def _expected_files(directory: Path) -> list[_Expected] | str:
     if not directory.is_dir():
         return f"missing ({directory} does not exist)"
     path = directory / STATE_FILE
-    if not path.is_file():
+    if not path.exists():
         return f"incomplete ({STATE_FILE} is missing)"
     try:
-        state = json.loads(path.read_bytes())
-    except ValueError:
-        return f"corrupt ({STATE_FILE} is not valid JSON)"
-    if not isinstance(state, dict):
-        return f"corrupt ({STATE_FILE} is not a JSON object)"
-    if STATE_CHECKSUM not in state:
-        return f"corrupt ({STATE_FILE} records no checksum of its own)"
-    if state.get(STATE_CHECKSUM) != document_checksum(state):
+        state = read_json(path, MAX_STATE_BYTES)
+        if not isinstance(state, dict):
+            return f"corrupt ({STATE_FILE} is not a JSON object)"
+        if STATE_CHECKSUM not in state:
+            return f"corrupt ({STATE_FILE} records no checksum of its own)"
+        recorded = typed(state, _TrainerState, STATE_FILE)
+    except UnreadableFile as error:
+        return f"corrupt ({str(error).replace(str(path), STATE_FILE, 1)})"
+    if recorded.state_sha256 != document_checksum(state):
         return f"corrupt ({STATE_FILE} differs from its recorded checksum)"
-    return [_Expected(name, record["size"], record[CHECKSUM]) for name, record in state["files"].items()]
+    outside = next((name for name in recorded.files if not _inside_checkpoint(name)), None)
+    if outside is not None:
+        return f"corrupt ({STATE_FILE} records a file {outside!r} outside the checkpoint directory)"
+    return [_Expected(name, record.size, record.sha256) for name, record in recorded.files.items()]
+
+
+def _inside_checkpoint(name: str) -> bool:
+    """Whether a recorded file name is a relative path that stays inside the checkpoint (optimizer/rank-N.pt is)."""
+    parts = PurePosixPath(name).parts
+    return bool(parts) and not PurePosixPath(name).is_absolute() and ".." not in parts and "\0" not in name
 
 
 def _first_problem(directory: Path, expected: list[_Expected]) -> str | None:

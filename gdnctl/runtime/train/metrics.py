@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import tempfile
 import threading
 import time
 import uuid
@@ -22,13 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.errors import GdnctlError
-from gdnctl.files import replace_text
+from gdnctl.files import MIB, UnreadableFile, current_umask, decode_json, open_regular, read_text, replace_text
 from gdnctl.schema import EngineConfig
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 WANDB_RUN_ID_FILE = "run_id"
+# A metrics record is a line of some hundred bytes, a W&B run id twelve characters: past these, what is there is
+# not gdnctl's.
+MAX_RECORD_BYTES = 16 * MIB
+MAX_RUN_ID_BYTES = 4096
+# What gdnctl writes (12 hex digits) and W&B takes: W&B refuses ids holding / \ # ? % :.
+WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class MetricsSetupError(GdnctlError):
@@ -83,8 +92,18 @@ def progress(label: str, say, every: float = PROGRESS_EVERY_S):
 def wandb_run_id(run_dir: Path) -> str:
     """The W&B run id of this run dir: read back on a restart, made (and kept) on the first start."""
     path = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
-    if path.is_file():
-        kept = path.read_text().strip()
+    if os.path.lexists(path):
+        try:
+            kept = read_text(path, MAX_RUN_ID_BYTES).strip()
+        except UnreadableFile as error:
+            raise MetricsSetupError(
+                f"{error}, not the W&B run id gdnctl keeps there; remove it (rm -r {path}) to start a new W&B run."
+            ) from None
+        if kept and WANDB_RUN_ID.fullmatch(kept) is None:
+            raise MetricsSetupError(
+                f"{path} holds {kept[:80]!r}, not a W&B run id (letters, digits, - and _); remove it (rm {path}) "
+                "to start a new W&B run."
+            )
         if kept:
             return kept
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,17 +135,52 @@ class MetricsLog:
         """The job continues after `step`: forget what an earlier start logged for later steps."""
         if not self.enabled or step <= 0:
             return
-        if self.path.is_file():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and _logged_step(json.loads(line)) <= step
-            ]
-            replace_text(self.path, "".join(line + "\n" for line in kept))
+        if os.path.lexists(self.path):
+            self._keep_records_up_to(step)
         from torch.utils.tensorboard import SummaryWriter
 
         self._tensorboard.close()
         self._tensorboard = SummaryWriter(log_dir=self._tensorboard_dir, purge_step=step + 1)
+
+    def _keep_records_up_to(self, step: int) -> None:
+        """Rewrite metrics.jsonl with the records of steps up to `step`, a line at a time (a long run's file is
+        large). A line that is no JSON (the last one, cut short when the earlier start was killed mid-write) is
+        dropped with a word; what is not a regular file, or a line longer than any record, is a sentence."""
+        fix = f"move it out of the way (mv {self.path} {self.path}.old) and resume again"
+        try:
+            descriptor, _ = open_regular(self.path)
+        except UnreadableFile as error:
+            raise MetricsSetupError(f"{error}; {fix}.") from None
+        dropped = []
+        output, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, "rb") as lines, os.fdopen(output, "wb") as kept:
+                os.fchmod(kept.fileno(), 0o666 & ~current_umask())
+                for number, line in enumerate(iter(lambda: lines.readline(MAX_RECORD_BYTES + 1), b""), start=1):
+                    if len(line) > MAX_RECORD_BYTES:
+                        raise MetricsSetupError(
+                            f"{self.path} line {number} is longer than any record gdnctl writes; {fix}."
+                        )
+                    if not line.strip():
+                        continue
+                    try:
+                        record = decode_json(line, f"{self.path} line {number}", one_line=True)
+                    except UnreadableFile:
+                        dropped.append(number)
+                        continue
+                    logged = _logged_step(record)
+                    if logged is None or logged <= step:
+                        kept.write(line if line.endswith(b"\n") else line + b"\n")
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        if dropped:
+            print(
+                f"gdnctl: {self.path} line {dropped[0]}{f' and {len(dropped) - 1} more' if len(dropped) > 1 else ''} "
+                "held no JSON record (a write the earlier start did not finish) and was dropped",
+                flush=True,
+            )
 
     def log(self, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -154,9 +208,11 @@ class MetricsLog:
             self._wandb = None
 
 
-def _logged_step(record: dict) -> int:
-    """The step a metrics.jsonl record belongs to: rl and selftest records say `step`, the trainer's `iteration`."""
-    return int(record.get("step", record.get("iteration", 0)))
+def _logged_step(record: Any) -> int | None:
+    """The step a metrics.jsonl record belongs to: rl and selftest records say `step`, the trainer's `iteration`;
+    None for a line that names no step (not a record of a step: kept as it is)."""
+    value = record.get("step", record.get("iteration")) if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _start_wandb(config: EngineConfig, run_dir: Path):

@@ -249,6 +249,7 @@ class Trainer:
         self.gdn_layers = install_kernel_on_layers(model, self.kernel)
         self.startup.mark("model build")
         self.resume_dir = None
+        checkpoint.check_source_outside_save_dir(config.model.path, train.save_dir)
         if train.save_dir and self.rank == 0:
             # One running job per checkpoint directory (held until this process ends).
             self.save_lock = hold_save_dir(Path(train.save_dir), self.run_dir)
@@ -715,6 +716,8 @@ class Trainer:
     def save(self, save_dir: Path) -> None:
         name = checkpoint.checkpoint_name(self.iteration)
         directory = save_dir / name
+        model_path = self.config.model.path
+        checkpoint.refuse_overwriting_source(directory, (Path(model_path) if model_path else None, self.resume_dir))
         start = time.perf_counter()
         state = {"iteration": self.iteration, "consumed_samples": self.consumed_samples}
         if self.config.train.lora is None:

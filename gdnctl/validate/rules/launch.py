@@ -9,8 +9,8 @@ import typing
 from collections.abc import Iterator
 
 from gdnctl.knowledge import slurm
-from gdnctl.plan import Run
-from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others
+from gdnctl.plan import DEFAULT_KERNEL_CACHE, Run
+from gdnctl.validate.filesystem import cache_replaceable, preset_interpreters, replaceable_by_others
 from gdnctl.validate.findings import Issue, Severity, rule
 from gdnctl.validate.sbatch import exported, extra_options
 
@@ -347,6 +347,49 @@ def interpreter_replaceable(run: Run) -> Iterator[Issue]:
                 f"Install the environment in a directory only you (or root) can write, such as "
                 f"~/.cache/gdnctl/, and point {field} at its interpreter.",
             )
+
+
+@rule("LCH009", Severity.WARNING, "A kernel cache another user could write code into")
+def kernel_cache_replaceable(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: launch.kernel_cache_dir (default ~/.cache/gdnctl/tilelang) and the caches the job keeps under
+    it (TILELANG_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and, for rl, VLLM_CACHE_ROOT), on the
+    machine that validates: no directory on the way, nor the cache, is owned by a user other than you or root,
+    the cache is not writable by every user (sticky or not), no directory on the way is writable by every user
+    unless sticky with the next entry already there (a cache not yet created under /tmp can be created by anyone),
+    and nothing inside it belongs to another user or is writable by every user. Links are followed.
+
+    Why: the job loads code from these caches without asking: TileLang and Triton load the shared objects they
+    compiled, inductor imports its cached Python modules (a line appended to one ran in the next process that used
+    it), and vLLM's compile cache holds pickles. Whoever can write there runs their code in your job, with your
+    files, credentials and allocation, as LCH006 says of an interpreter.
+
+    Source: the sticky bit's rule (unlink(2) and rename(2), EPERM; path_resolution(7)); gdnctl's kernel cache
+    variables (plan/decisions.py kernel_cache_env); inductor executing a cached module (torch 2.13.0
+    torch/_inductor/codecache.py PyCodeCache.load_by_key_path) and a run in which a line appended to one ran
+    (docs/sources.md "Code another user could replace").
+
+    Fix: point launch.kernel_cache_dir at a directory that only you (or root, or a group you trust, with the
+    directory group-writable but not writable by every user) can write, such as the default
+    ~/.cache/gdnctl/tilelang, or a shared filesystem's directory owned by you or your team's account; never a
+    directory under /tmp or another one every user can write.
+    """
+    preset = run.preset
+    directory = os.path.expanduser(preset.launch.kernel_cache_dir or DEFAULT_KERNEL_CACHE).rstrip("/") or "/"
+    caches = [
+        name
+        for name, value, _ in run.kernel_cache_environment(directory)
+        if value == directory or value.startswith(f"{directory}/")
+    ]
+    problem = cache_replaceable(directory)
+    if problem is not None:
+        yield Issue(
+            "launch.kernel_cache_dir",
+            f"the kernel cache {directory} could be written by another user, whose code the job would then load "
+            f"({', '.join(caches)} point there): {problem}.",
+            "Point launch.kernel_cache_dir at a directory only you (or root, or a group you trust) can write, such "
+            "as ~/.cache/gdnctl/tilelang; never one under /tmp.",
+        )
 
 
 @rule("LCH007", Severity.WARNING, "A local file the local executor needs is not on this machine")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from gdnctl.knowledge import lora, stack, versions
 from gdnctl.plan import Run
@@ -721,4 +723,41 @@ def lora_experts_with_expert_tensor_parallel(run: Run) -> Iterator[Issue]:
             "splits an expert's gate-and-up adapter into gate and up as if expert tensor parallel were 1 when it "
             "saves and merges it; this layout has not run with gdnctl.",
             "Set parallel.etp: 1, or leave experts out of train.lora.targets.",
+        )
+
+
+@rule("TRN026", Severity.ERROR, "model.path inside train.save_dir")
+def model_path_in_save_dir(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: model.path is train.save_dir or a directory inside it (links followed, on the machine that
+    validates), such as a checkpoint of an earlier run in that save dir (SAVE_DIR/iter_K).
+
+    Why: the job's saves go to SAVE_DIR/iter_N, each file written under a temporary name and renamed over the one
+    there, so the save at step K replaces the checkpoint the job started from (run with the CPU rl policy: a save
+    onto model.path's directory replaced its model.safetensors, trainer_state.json and optimizer state). A resume
+    reads model.path again (the rl job's KL reference, a LoRA run's base, the weights a run from it starts with),
+    and would then take the job's own weights for the original's. The runtime refuses the
+    same at start and before any save (runtime/model/checkpoint_layout.py check_source_outside_save_dir,
+    refuse_overwriting_source), for a run dir rendered before this rule.
+
+    Source: gdnctl's checkpoint writer (runtime/model/durable_files.py write_file: os.replace over the file at the
+    name) and the readers of model.path on a resume (runtime/rl/policy/torch_policy.py, runtime/train/trainer.py).
+
+    Fix: copy the checkpoint out of the save dir and point model.path at the copy, or give this run another
+    train.save_dir. To continue the earlier run itself, resume its run dir (gdnctl resume RUN_DIR), which starts
+    from save_dir/latest with its own model.path.
+    """
+    preset = run.preset
+    source, saves = preset.model.path, preset.train.save_dir
+    if not source or not saves:
+        return
+    source_path, saves_path = Path(os.path.realpath(source)), Path(os.path.realpath(saves))
+    if source_path == saves_path or source_path.is_relative_to(saves_path):
+        yield Issue(
+            "model.path",
+            f"model.path {source} is inside train.save_dir {saves}, where this job's saves would replace the "
+            "checkpoint it starts from (and a resume, which reads model.path again, would take the job's own "
+            "weights for it).",
+            "Copy the checkpoint out of the save dir and point model.path at the copy, or give this run another "
+            "train.save_dir; to continue the earlier run, `gdnctl resume` its run dir.",
         )

@@ -47,14 +47,22 @@ def test_field_names_are_configurable(tmp_path):
 @pytest.mark.parametrize(
     "bad_line, message",
     [
-        ('{"prompt": "x", "answer": ', r"bad\.jsonl:2: not valid JSON"),
-        ('["x", "1"]', r"bad\.jsonl:2: expected a JSON object, got list\."),
-        ('{"question": "x", "answer": "1"}', r"bad\.jsonl:2: no 'prompt' field \(it has 'question', 'answer'\)"),
-        ('{"prompt": "x"}', r"bad\.jsonl:2: no 'answer' field"),
-        ('{"prompt": "  ", "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be a non-empty string"),
-        ('{"prompt": [{"role": "user"}], "answer": "1"}', r"bad\.jsonl:2: 'prompt' must be .* messages"),
-        ('{"prompt": "x", "answer": true}', r"bad\.jsonl:2: 'answer' must be a string or a number, not bool\."),
-        ('{"prompt": "x", "answer": null}', r"bad\.jsonl:2: 'answer' must be a string or a number, not NoneType\."),
+        ('{"prompt": "x", "answer": ', r"bad\.jsonl line 2 is not valid JSON"),
+        ('["x", "1"]', r"bad\.jsonl line 2: expected a JSON object, got list\."),
+        ('{"question": "x", "answer": "1"}', r"bad\.jsonl line 2: no 'prompt' field \(it has 'question', 'answer'\)"),
+        ('{"prompt": "x"}', r"bad\.jsonl line 2: no 'answer' field"),
+        ('{"prompt": "  ", "answer": "1"}', r"bad\.jsonl line 2: 'prompt' must be a non-empty string"),
+        ('{"prompt": [{"role": "user"}], "answer": "1"}', r"bad\.jsonl line 2: 'prompt' must be .* messages"),
+        ('{"prompt": "x", "answer": true}', r"bad\.jsonl line 2: 'answer' must be a string or a number, not bool\."),
+        (
+            '{"prompt": "x", "answer": null}',
+            r"bad\.jsonl line 2: 'answer' must be a string or a number, not NoneType\.",
+        ),
+        (
+            '{"prompt": "x", "answer": ' + "7" * 5001 + "}",
+            r"bad\.jsonl line 2 is not usable JSON \(it holds an integer",
+        ),
+        ('{"prompt": "x\\ud800", "answer": "1"}', r"bad\.jsonl line 2 holds a lone surrogate escape \(\\ud800\)"),
     ],
 )
 def test_bad_lines_are_reported_with_file_and_line(tmp_path, bad_line, message):
@@ -73,7 +81,7 @@ def test_every_field_travels_with_its_record_and_only_the_needed_ones_are_requir
     )
     with pytest.raises(PromptDatasetError, match="no 'answer' field"):
         load_prompts(path)
-    with pytest.raises(PromptDatasetError, match=r"tasks.jsonl:2: no 'prompt' field"):
+    with pytest.raises(PromptDatasetError, match=r"tasks.jsonl line 2: no 'prompt' field"):
         load_prompts(path, needs_answer=False)
     first, second = load_prompts(path, needs_prompt=False, needs_answer=False)
     assert first.prompt == "Write f." and first.answer == "" and first.fields["tests"] == ["assert f() == 1"]
@@ -81,10 +89,10 @@ def test_every_field_travels_with_its_record_and_only_the_needed_ones_are_requir
 
 
 def test_missing_unreadable_and_empty_files(tmp_path):
-    with pytest.raises(PromptDatasetError, match=r"Cannot read the prompt dataset .*missing\.jsonl"):
+    with pytest.raises(PromptDatasetError, match=r"The prompt dataset .*missing\.jsonl does not exist"):
         load_prompts(tmp_path / "missing.jsonl")
     (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9", "answer": "1"}\n')
-    with pytest.raises(PromptDatasetError, match=r"Cannot read the prompt dataset .*latin1\.jsonl"):
+    with pytest.raises(PromptDatasetError, match=r"The prompt dataset .*latin1\.jsonl line 1 is not UTF-8 text"):
         load_prompts(tmp_path / "latin1.jsonl")
     with pytest.raises(PromptDatasetError, match=r"empty\.jsonl has no records"):
         load_prompts(write_jsonl(tmp_path / "empty.jsonl", ["", "  "]))

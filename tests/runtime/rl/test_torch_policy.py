@@ -157,6 +157,44 @@ def test_a_resumed_policy_keeps_the_first_start_as_its_kl_reference(engine, gloo
         torch.testing.assert_close(reference[name], tensor, rtol=0, atol=0)
 
 
+def _digests(directory: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_no_save_replaces_the_checkpoint_the_policy_started_from(engine, gloo, tmp_path: Path):
+    """A checkpoint of an earlier run's save dir as model.path: a fresh start in that save dir is refused before
+    anything is written, and a save that would land on it (the step of its name) is refused too."""
+    from gdnctl.runtime.model.checkpoint import CheckpointError
+    from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
+
+    save_dir = tmp_path / "save"
+    earlier = TorchPolicy(_with_kl(engine, save_dir=str(save_dir)))
+    earlier.train_step([rl_batch.build_batch(samples(), pad_id=256)], engine.grpo)
+    earlier.save(save_dir, 1)
+    source = save_dir / "iter_0000001"
+    (save_dir / "latest").unlink()  # a fresh start in the same save dir
+    before = _digests(source)
+    inside = _with_kl(engine, save_dir=str(save_dir)).model_copy(
+        update={"model": engine.model.model_copy(update={"path": str(source)})}
+    )
+    with pytest.raises(CheckpointError, match=f"model.path {source} is inside train.save_dir {save_dir}"):
+        TorchPolicy(inside)
+    elsewhere = _with_kl(engine, save_dir=str(tmp_path / "other")).model_copy(
+        update={"model": engine.model.model_copy(update={"path": str(source)})}
+    )
+    policy = TorchPolicy(elsewhere)
+    policy.train_step([rl_batch.build_batch(samples(), pad_id=256)], engine.grpo)
+    with pytest.raises(CheckpointError, match="would replace the checkpoint this job reads its weights from"):
+        policy.save(save_dir, 1)  # save_dir/iter_0000001 is its model.path
+    assert _digests(source) == before
+
+
 def test_moe_experts_leave_per_expert_and_come_back_fused(engine, gloo, tmp_path: Path):
     """transformers keeps experts fused; the export names them per expert (as checkpoints and vLLM do), and a
     policy loaded from that export holds the same weights."""

@@ -54,7 +54,9 @@ class TorchPolicy:
             # The KL anchor is the policy as the job first started (model.path, else the seeded init), also
             # after a resume: a frozen copy taken before the checkpoint's weights are loaded.
             self.reference = copy.deepcopy(model).to(self.device).requires_grad_(False)
+        checkpoint.check_source_outside_save_dir(config.model.path, config.train.save_dir)
         resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
+        self.reads = (initial, resume)  # the checkpoints its weights come from, which no save may replace
         if resume is not None:
             _load(model, resume)
         # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
@@ -226,6 +228,7 @@ class TorchPolicy:
         source checkpoint, each rank's optimizer state, trainer_state.json); `latest` moves to it once every rank
         has written."""
         directory = save_dir / checkpoint.checkpoint_name(step)
+        checkpoint.refuse_overwriting_source(directory, self.reads)
         written = checkpoint.save_tensors(self.hf_tensors(), directory, self.source) if dist.get_rank() == 0 else {}
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": step}, written)
         dist.barrier()

@@ -5,6 +5,9 @@ templates) or, since transformers 4.43, as a `chat_template.jinja` file beside i
 sandboxed jinja2 environment (trim_blocks, lstrip_blocks, the loopcontrols extension), a `raise_exception`
 global and a `tojson` filter; the same here, so rl prompts given as chats become the text the model was trained
 on. The rendered text still holds the special tokens as text; tokenizers turns them into their ids.
+
+Both files come with the tokenizer, from wherever it was downloaded: they are read through files.py's bounded
+reads, and tokenizer_config.json's chat_template is checked for its two shapes (files.typed) before it is used.
 """
 
 from __future__ import annotations
@@ -12,11 +15,30 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import MIB, UnreadableFile, read_json, read_text, typed
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
+# Qwen3.5's tokenizer_config.json is 20 KiB and its template 8 KiB; some tokenizers list their whole added
+# vocabulary in the config (a few MiB).
+MAX_TEMPLATE_BYTES = 4 * MIB
+MAX_CONFIG_BYTES = 64 * MIB
+
+
+class _NamedTemplate(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    template: str
+
+
+# What the config's chat_template may be: one template, or named ones (transformers' two forms); absent or null.
+_ChatTemplateField = str | list[_NamedTemplate] | None
 
 
 class ChatTemplateError(GdnctlError):
@@ -52,17 +74,22 @@ def load_chat_template(tokenizer_path: str | Path) -> ChatTemplate | None:
     directory = Path(tokenizer_path)
     directory = directory if directory.is_dir() else directory.parent
     template_file = directory / TEMPLATE_FILE
-    if template_file.is_file():
-        return ChatTemplate(str(template_file), template_file.read_text(encoding="utf-8"))
+    if template_file.exists():
+        try:
+            return ChatTemplate(str(template_file), read_text(template_file, MAX_TEMPLATE_BYTES))
+        except UnreadableFile as error:
+            raise ChatTemplateError(f"{error}; fix it or remove it to use {CONFIG_FILE}'s chat_template.") from None
     config_file = directory / CONFIG_FILE
-    if not config_file.is_file():
+    if not config_file.exists():
         return None
+    fix = "fix it to read its chat_template, or put the template in chat_template.jinja beside it"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ChatTemplateError(f"{config_file} is not valid JSON; fix it to read its chat_template.") from None
-    template = config.get("chat_template") if isinstance(config, dict) else None
+        config: Any = read_json(config_file, MAX_CONFIG_BYTES)
+        if not isinstance(config, dict):
+            raise UnreadableFile(f"{config_file} is not a JSON object")
+        template = typed(config.get("chat_template"), _ChatTemplateField, f"{config_file}'s chat_template")
+    except UnreadableFile as error:
+        raise ChatTemplateError(f"{error}; {fix}.") from None
     if isinstance(template, list):  # named templates: the default one serves plain chats
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
-        template = named.get("default")
-    return ChatTemplate(str(config_file), template) if isinstance(template, str) and template else None
+        template = next((entry.template for entry in template if entry.name == "default"), None)
+    return ChatTemplate(str(config_file), template) if template else None

@@ -5,7 +5,9 @@ the answer is the reference a reward compares against (numbers are taken as thei
 skipped; anything else that is not such an object is an error naming the file and line. Every other field of a
 line travels with its record (`fields`: the whole object), for a reward function or an environment of the user's;
 those need no answer (`needs_answer=False`), and an environment, which starts the conversation itself, no prompt
-either (`needs_prompt=False`).
+either (`needs_prompt=False`). The file is read a line at a time through files.read_jsonl, which refuses what no
+line of a dataset is (bytes that are not UTF-8, JSON nested past any record, an integer of thousands of digits, a
+string holding a lone surrogate that no tokenizer takes) with the same sentence.
 
 Order: each epoch is a fresh seeded permutation of the records, cut into rollout batches of
 `prompts_per_step`. The few records left over at an epoch's end are skipped for that epoch only (the next
@@ -15,7 +17,6 @@ permutation puts other records last), so no batch repeats a prompt. Step s is th
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from gdnctl.errors import GdnctlError
+from gdnctl.files import MIB, UnreadableFile, read_jsonl
 
 Prompt = str | tuple[dict[str, str], ...]
+# A record is a prompt and its answer: a few KiB, a long chat some hundreds. Past this a line is no record.
+MAX_RECORD_BYTES = 64 * MIB
 
 
 class PromptDatasetError(GdnctlError):
@@ -83,40 +87,36 @@ def load_prompts(
     """Every record of the jsonl file at `path`, in file order; PromptDatasetError on the first bad line. A field
     the job does not need may be missing; where it is there, it is read as a needed one is."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise PromptDatasetError(f"Cannot read the prompt dataset {path} ({error}).") from None
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise PromptDatasetError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
-        if not isinstance(item, dict):
-            raise PromptDatasetError(f"{where}: expected a JSON object, got {type(item).__name__}.")
-        needed = [key for key, need in ((prompt_key, needs_prompt), (answer_key, needs_answer)) if need]
-        missing = [key for key in needed if key not in item]
-        if missing:
-            fields = ", ".join(map(repr, item)) or "none"
-            raise PromptDatasetError(
-                f"{where}: no '{missing[0]}' field (it has {fields}); set the dataset's "
-                "prompt/answer field names to the ones it uses."
-            )
-        records.append(
-            PromptRecord(
-                _parse_prompt(item[prompt_key], where, prompt_key) if prompt_key in item else None,
-                _parse_answer(item[answer_key], where, answer_key) if answer_key in item else "",
-                number,
-                item,
-            )
-        )
+    needed = [key for key, need in ((prompt_key, needs_prompt), (answer_key, needs_answer)) if need]
+    try:
+        for number, item in read_jsonl(path, MAX_RECORD_BYTES):
+            records.append(_record(item, f"{path} line {number}", number, prompt_key, answer_key, needed))
+    except UnreadableFile as error:
+        raise PromptDatasetError(
+            f"The prompt dataset {error}; point train.data_path at a UTF-8 jsonl file of one JSON object a line."
+        ) from None
     if not records:
         raise PromptDatasetError(f"The prompt dataset {path} has no records; it needs one JSON object per line.")
     return records
+
+
+def _record(item: Any, where: str, number: int, prompt_key: str, answer_key: str, needed: list[str]) -> PromptRecord:
+    if not isinstance(item, dict):
+        raise PromptDatasetError(f"{where}: expected a JSON object, got {type(item).__name__}.")
+    missing = [key for key in needed if key not in item]
+    if missing:
+        fields = ", ".join(map(repr, item)) or "none"
+        raise PromptDatasetError(
+            f"{where}: no '{missing[0]}' field (it has {fields}); set the dataset's "
+            "prompt/answer field names to the ones it uses."
+        )
+    return PromptRecord(
+        _parse_prompt(item[prompt_key], where, prompt_key) if prompt_key in item else None,
+        _parse_answer(item[answer_key], where, answer_key) if answer_key in item else "",
+        number,
+        item,
+    )
 
 
 class PromptSchedule:

@@ -1,7 +1,9 @@
 """The rollout: vLLM engines in their own environment, and how the trainer reaches them. Where the engines run
 and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), the wire
 between them (`protocol`: stdlib only, shared by both environments), the server that runs one engine (`server`,
-in vLLM's environment), and multi-turn episodes with the user's environment through the engines (`episodes`)."""
+in vLLM's environment), the process group each spawned server runs in, which ends with the job (`server_group`:
+stdlib only, run as a script by the rollout's interpreter), and multi-turn episodes with the user's environment
+through the engines (`episodes`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -31,5 +33,6 @@ __all__ = [
     "protocol",
     "rollout_dir",
     "server",
+    "server_group",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl.rollout import engine_layout
+from gdnctl.runtime.rl.rollout import engine_layout, server_group
 from gdnctl.runtime.rl.rollout.protocol import (
     EXTERNAL,
     LOCAL,
@@ -71,7 +71,8 @@ class RolloutEngines:
             spawn=not self.external,
         )
         self.clients: dict[int, RolloutClient] = {}
-        self._processes: dict[int, subprocess.Popen] = {}  # every server this rank spawned, connected or not
+        # Every server this rank spawned, connected or not: each the leader of its engine's process group.
+        self._processes: dict[int, server_group.ServerProcess] = {}
         self.started = False
 
     @property
@@ -134,7 +135,11 @@ class RolloutEngines:
         self._say(f"starting rollout engine {slot.engine}{on}: {' '.join(command)} (log: {log_path})")
         with log_path.open("ab") as log:
             try:
-                return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.run_dir)
+                # In a process group of its own, under a leader that ends it with this rank (rollout/server_group.py):
+                # every process of the engine ends when the job gives up on it, or when the job ends.
+                return server_group.spawn(
+                    command, python, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.run_dir
+                )
             except OSError as error:
                 raise RolloutEngineError(
                     f"rollout.python {python} cannot be started ({error.strerror}); set "
@@ -250,16 +255,16 @@ class RolloutEngines:
 
     def close(self, failed: bool = False) -> None:
         """Ask every server to exit, then wait for them together (a server busy with a request exits once it is
-        done, within a minute); after a failure, stop them at once. Servers that never connected are stopped."""
+        done, within a minute); after a failure, stop them at once. Servers that never connected are stopped. Each
+        server's whole process group ends here, whatever the server left of its engine (vLLM's engine core, its
+        workers, the resource tracker), also when the server itself exited or was killed before."""
         for client in self.clients.values():
             client.shutdown()
         deadline = time.monotonic() + (0.0 if failed else SHUTDOWN_SECONDS)
         for client in self.clients.values():
             client.wait(deadline - time.monotonic())
         for process in self._processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            process.end()
         self.clients.clear()
         self._processes.clear()
 
