@@ -16,12 +16,14 @@ from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
     EngineConfig,
+    EngineDynamicSampling,
     EngineEstimate,
     EngineEval,
     EngineGrpo,
     EngineKernels,
     EngineLora,
     EngineMetrics,
+    EngineOverlong,
     EngineParallel,
     EngineRollout,
     EngineSelftest,
@@ -42,6 +44,18 @@ def _lora(run: Run) -> EngineLora | None:
         targets=list(targets),
         target_modules=lora.megatron_target_modules(targets),
         share_expert_adapters=run.lora_expert_adapters.value == "shared",
+    )
+
+
+def _grpo(run: Run) -> EngineGrpo:
+    g = run.preset.grpo
+    return EngineGrpo(
+        **g.model_dump(exclude={"rollout_correction", "dynamic_sampling", "overlong"}),
+        rollout_correction=run.importance_weight.value,
+        dynamic_sampling=None
+        if g.dynamic_sampling is None
+        else EngineDynamicSampling(**g.dynamic_sampling.model_dump()),
+        overlong=None if g.overlong is None else EngineOverlong(**g.overlong.model_dump()),
     )
 
 
@@ -86,6 +100,11 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             sleep_between_phases=r.colocate and run.gpu.sm is not None,
             vision_language_class=run.rollout_class.value == "vision-language",
             overlong_prompts=r.overlong_prompts,
+            max_staleness=r.max_staleness,
+            partial=r.partial,
+            max_engine_restarts=run.engine_restarts.value,
+            engine_restarts_reason=run.engine_restarts.reason,
+            stall_timeout_s=r.stall_timeout_s,
         )
     return EngineConfig(
         gdnctl_version=__version__,
@@ -129,7 +148,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             data_path=t.data_path,
             tokenizer_path=preset.model.tokenizer or preset.model.path,
             save_dir=t.save_dir,
-            save_interval=t.save_interval,
+            save_interval=run.save_interval.value,
             skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
         kernels=EngineKernels(
@@ -148,7 +167,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             profile_dir=DEFAULT_PROFILE_SUBDIR,
         ),
         rollout=rollout,
-        grpo=EngineGrpo(**preset.grpo.model_dump()) if rollout is not None else None,
+        grpo=_grpo(run) if rollout is not None else None,
         eval=_eval(run),
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
         metrics=EngineMetrics(

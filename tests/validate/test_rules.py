@@ -307,6 +307,19 @@ CASES = {
         {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 8192}},
         {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 1024}},
     ),
+    "RLT018": ({"rollout": {"n_samples_per_prompt": 1}}, {"rollout": {"n_samples_per_prompt": 2}}),
+    "RLT019": (
+        {"rollout": {"max_staleness": 1}},
+        {"rollout": {"max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}},
+    ),
+    "RLT020": (
+        {"rollout": {"partial": True}},
+        {"rollout": {"partial": True, "max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}},
+    ),
+    "RLT021": (
+        {"grpo": {"overlong": {"buffer_tokens": 1024}}, "rollout": {"max_response_tokens": 1024}},
+        {"grpo": {"overlong": {"buffer_tokens": 256}}, "rollout": {"max_response_tokens": 1024}},
+    ),
     "TRN015": (
         {
             "job": "selftest",
