@@ -1,10 +1,11 @@
 """The rl job: GRPO over vLLM rollouts. The loop (`job`) trains a `Policy` (`policy/`: torch on CPU, Megatron on
-GPUs) on the samples of the rollout's engines (`rollout/`), scores and turns them into losses (`algorithm/`), and
-syncs and checks the weights after every step (`weights/`); `prompts/` is the dataset, `evaluation` the held-out
-check, `network` where a process listens for a peer on another node.
+GPUs) on the samples of the rollout's engines (`rollout/`), which `feed` sends out and scores as they finish, turns
+them into losses (`algorithm/`), and syncs and checks the weights after every step (`weights/`); `prompts/` is the
+dataset, `evaluation` the held-out check, `network` where a process listens for a peer on another node.
 
 Inside rl the parts are ranked as the runtime's subpackages are (RL_RANK in tests/test_architecture.py): network
-at the bottom; prompts, algorithm and weights above it; rollout and policy above those; evaluation above them; job on top."""
+at the bottom; prompts, algorithm and weights above it; rollout and policy above those; evaluation and feed above
+them; job on top."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -26,6 +27,7 @@ __all__ = [
     "TorchPolicy",
     "algorithm",
     "evaluation",
+    "feed",
     "job",
     "make_policy",
     "network",

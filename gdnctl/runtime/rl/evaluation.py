@@ -4,7 +4,7 @@ each held-out prompt; their mean reward and pass@k go to metrics.jsonl (an `eval
 A response passes when its reward is the shipped rewards' full mark (1.0: math_exact's right answer, all of
 digit_fraction's characters digits); pass@k is the share of prompts with at least one passing response among their
 k = samples_per_prompt (the unbiased estimator of Chen et al. 2021 at n = k). Every evaluation samples with the same
-seed, so two evaluations differ by the weights alone.
+seeds (one per response, algorithm/sampling.py), so two evaluations differ by the weights alone.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from gdnctl.runtime.rl.algorithm import get_reward
+from gdnctl.runtime.rl.algorithm import get_reward, sampling
 from gdnctl.runtime.rl.prompts import PromptRecord, check_prompts, describe, load_prompts
 from gdnctl.schema import EngineConfig
 
@@ -66,12 +66,16 @@ class HeldOutEval:
         metrics row's values on rank 0, None on the other ranks."""
         spec = self.spec
         started = time.perf_counter()
+        seed = self.config.train.seed + EVAL_SEED_OFFSET
         reply = generate(
             self.prompts,
             n=spec.samples_per_prompt,
             max_tokens=spec.max_response_tokens,
             temperature=spec.temperature,
-            seed=self.config.train.seed + EVAL_SEED_OFFSET,
+            seeds=[
+                [sampling.sample_seed(seed, prompt, sample) for sample in range(spec.samples_per_prompt)]
+                for prompt in range(len(self.prompts))
+            ],
             stop_token_ids=stop_token_ids,
         )
         if reply is None:

@@ -1,6 +1,8 @@
 """The learning rule, torch-only and engine-free: samples and their training rows (`batch`), GRPO's advantages,
 losses, KL and log-probs (`grpo`), the shipped rewards (`rewards`), PPO's mini-batches and epochs over a rollout
-batch (`updates`), and the step-0 check that trainer and rollout score the same policy (`logprob_gap`)."""
+batch (`updates`), the step-0 check that trainer and rollout score the same policy (`logprob_gap`), the samples'
+seeds, DAPO's over-long penalty and the staleness bound (`sampling`), and one step's batch as its samples arrive,
+with dynamic sampling (`step_batch`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -11,18 +13,26 @@ _HOMES = {
     "get_reward": "rewards",
     "LogprobGapError": "logprob_gap",
     "check_step0_gap": "logprob_gap",
+    "Request": "step_batch",
+    "StepBatch": "step_batch",
+    "StepStats": "step_batch",
 }
 __all__ = [
     "LogprobGapError",
     "REWARDS",
+    "Request",
     "RlBatch",
     "Sample",
+    "StepBatch",
+    "StepStats",
     "batch",
     "check_step0_gap",
     "get_reward",
     "grpo",
     "logprob_gap",
     "rewards",
+    "sampling",
+    "step_batch",
     "updates",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -1,7 +1,8 @@
 """The rollout: vLLM engines in their own environment, and how the trainer reaches them. Where the engines run
-and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), the wire
-between them (`protocol`: stdlib only, shared by both environments) and the server that runs one engine
-(`server`, in vLLM's environment)."""
+and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), trainer rank
+0's stream of requests to them and their restarts (`stream`), the wire between them (`protocol`: stdlib only, shared
+by both environments; its docstring is the contract an engine fills), the server that runs one engine (`server`, in
+vLLM's environment) and the engine itself, on vLLM's asynchronous engine (`vllm_engine`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -13,18 +14,24 @@ _HOMES = {
     "RolloutClient": "protocol",
     "RolloutError": "protocol",
     "rollout_dir": "protocol",
+    "Outgoing": "stream",
+    "RolloutStream": "stream",
 }
 __all__ = [
     "EXTERNAL",
     "LOCAL",
+    "Outgoing",
     "ROLLOUT_ENV",
     "RolloutClient",
     "RolloutEngines",
     "RolloutError",
+    "RolloutStream",
     "engine_layout",
     "engines",
     "protocol",
     "rollout_dir",
     "server",
+    "stream",
+    "vllm_engine",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

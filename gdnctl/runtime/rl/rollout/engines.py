@@ -3,7 +3,11 @@
 Every rank holds a RolloutEngines; the ranks rollout/engine_layout.py names as drivers spawn (or find) their engines'
 servers and talk to them, the others hold none. Every operation here is collective: all ranks call it, the
 drivers send their engines the request, and the answers come together on rank 0 in engine order (a gather only
-when some engine's driver is not rank 0: colocated engines on other nodes).
+when some engine's driver is not rank 0: colocated engines on other nodes). `restart` is the one exception: the
+driver of an engine that failed starts it again on its own (rollout/stream.py).
+
+Trainer rank 0 may talk to its engines from two threads (the rollout stream's, and the loop's for syncs, the
+held-out evaluation and sleep): `lock` makes each operation, and a sync that spans several, whole.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +77,8 @@ class RolloutEngines:
         self.clients: dict[int, RolloutClient] = {}
         self._processes: dict[int, subprocess.Popen] = {}  # every server this rank spawned, connected or not
         self.started = False
+        self.lock = threading.RLock()
+        self.restarted = 0  # engines started again after a failure, over the job (the broadcast group rejoins)
 
     @property
     def gathers(self) -> bool:
@@ -84,25 +91,50 @@ class RolloutEngines:
         return engine_layout.visible_devices(torch.cuda.device_count())
 
     # --- start --------------------------------------------------------------------------------------------
-    def start(self, model: str) -> list[dict] | None:
-        """Start every engine on the HF checkpoint directory `model`: the drivers spawn their servers (unless the
-        launch script did), connect, and have them build their engines at once. Rank 0 gets the answers."""
-        timeout = self.config.rollout.timeout_s
+    def start(self, model: str, version: int) -> list[dict] | None:
+        """Start every engine on the HF checkpoint directory `model`, weight version `version`: the drivers spawn
+        their servers (unless the launch script did), connect, and have them build their engines at once. Rank 0
+        gets the answers."""
         if not self.external:
             for slot in self.slots:
                 self._processes[slot.engine] = self._spawn(slot)
         for slot in self.slots:
-            process = self._processes.get(slot.engine)
-            self.clients[slot.engine] = RolloutClient.connect(
-                self.run_dir,
-                timeout=timeout,
-                engine=slot.engine,
-                process=process,
-                named=self.count > 1,
-                log_path=None if process is None else rollout_log(self.run_dir, slot.engine),
-            )
+            self.clients[slot.engine] = self._connect(slot)
         self.started = True
-        return self.request("start", model=model)
+        return self.request("start", model=model, version=version)
+
+    def _connect(self, slot: engine_layout.EngineSlot) -> RolloutClient:
+        process = self._processes.get(slot.engine)
+        return RolloutClient.connect(
+            self.run_dir,
+            timeout=self.config.rollout.timeout_s,
+            engine=slot.engine,
+            process=process,
+            named=self.count > 1,
+            log_path=None if process is None else rollout_log(self.run_dir, slot.engine),
+        )
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether this rank spawned its servers, so it can start one again."""
+        return not self.external
+
+    def restart(self, engine: int, model: str, version: int) -> dict:
+        """This driver's engine `engine` failed: stop what is left of its server, start a new one on the HF
+        checkpoint directory `model` (weight version `version`) and wait for its engine. Not collective."""
+        with self.lock:
+            old = self.clients.pop(engine, None)
+            if old is not None:
+                old.kill()
+            process = self._processes.pop(engine, None)
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+            slot = next(slot for slot in self.slots if slot.engine == engine)
+            self._processes[engine] = self._spawn(slot)
+            client = self.clients[engine] = self._connect(slot)
+            self.restarted += 1
+            return client.request("start", timeout=self.config.rollout.timeout_s, model=model, version=version)
 
     def _spawn(self, slot: engine_layout.EngineSlot) -> subprocess.Popen:
         address_file(self.run_dir, slot.engine).unlink(missing_ok=True)
@@ -149,16 +181,17 @@ class RolloutEngines:
     def request_each(self, op: str, fields: dict[int, dict]) -> list[dict] | None:
         """Engine k runs `op` with fields[k] (engines this rank drives that fields leaves out are skipped), all at
         once; rank 0 gets {engine: answer} merged over the drivers, in engine order."""
-        mine = {engine: fields[engine] for engine in self.clients if engine in fields}
-        for engine, engine_fields in mine.items():
-            self.clients[engine].send(op, **engine_fields)
-        answers = dict(
-            zip(
-                mine,
-                answer_all([self.clients[engine] for engine in mine], op, timeout=self.config.rollout.timeout_s),
-                strict=True,
+        with self.lock:
+            mine = {engine: fields[engine] for engine in self.clients if engine in fields}
+            for engine, engine_fields in mine.items():
+                self.clients[engine].send(op, **engine_fields)
+            answers = dict(
+                zip(
+                    mine,
+                    answer_all([self.clients[engine] for engine in mine], op, timeout=self.config.rollout.timeout_s),
+                    strict=True,
+                )
             )
-        )
         return self._on_rank_0(answers)
 
     def send(self, op: str, **fields: Any) -> None:
@@ -193,19 +226,19 @@ class RolloutEngines:
         n: int,
         max_tokens: int,
         temperature: float,
-        seed: int,
+        seeds: list[list[int]],
         stop_token_ids: list[int],
     ) -> dict | None:
-        """Every engine samples its share of `prompts` (engine_layout.shares), each prompt seeded by its place in
-        the whole list, so the draw does not depend on how many engines there are. Rank 0 gets the samples in
-        prompt order, the slowest engine's seconds, and engine 0's GPU memory in use."""
+        """Every engine samples its share of `prompts` (engine_layout.shares), sample j of prompt i seeded
+        seeds[i][j], so the draw does not depend on how many engines there are. Rank 0 gets the samples in prompt
+        order, the slowest engine's seconds, and engine 0's GPU memory in use."""
         fields = {
             engine: {
                 "prompts": prompts[share.start : share.stop],
                 "n": n,
                 "max_tokens": max_tokens,
                 "temperature": temperature,
-                "seed": seed + share.start,
+                "seeds": seeds[share.start : share.stop],
                 "stop_token_ids": stop_token_ids,
             }
             for engine, share in enumerate(engine_layout.shares(len(prompts), self.count))
