@@ -345,8 +345,9 @@ class RolloutSpec(_Section):
         600.0,
         gt=0,
         le=MAX_TIMEOUT_S,
-        description="seconds a rollout request may take before the rollout server is declared "
-        "hung and the job fails (at most a week)",
+        description="seconds a rollout server may take to start, to take a weight sync or to answer the held-out "
+        "evaluation's batch before it is declared hung and the job fails (at most a week); the samples' "
+        "generation has a deadline of its own, stall_timeout_s",
     )
     probe_tolerance: float = Field(
         0.1,

@@ -25,7 +25,8 @@ answered in the order they came, one at a time; a sample's generation goes on be
                                              once ({accepted, version}): the samples come by collect
     collect      {wait_s}                    the requests finished since the last collect, waiting up to wait_s for
                                              one: {finished: [{id, tokens, logprobs, versions, finish_reason,
-                                             continued}], in_flight, stalled_s, version}. logprobs: each token's,
+                                             continued}], in_flight, progress: {id: tokens so far} of the running
+                                             ones, stalled_s, version}. logprobs: each token's,
                                              after temperature (the distribution sampled); versions: the weight
                                              version that generated each token; continued: how often a weight
                                              update stopped and continued it; stalled_s: how long the engine has had
@@ -325,20 +326,20 @@ class RolloutClient:
         if self._early is None and self._connection.poll(0):
             self._early = self._receive(op)
 
-    def answer(self, op: str, *, timeout: float) -> dict[str, Any]:
-        """The answer to the request `op` sent last, within `timeout` seconds."""
+    def answer(self, op: str, *, timeout: float, setting: str = "rollout.timeout_s") -> dict[str, Any]:
+        """The answer to the request `op` sent last, within `timeout` seconds (the preset's `setting`)."""
         if self._early is not None:
             reply, self._early = self._early, None
             return reply
         deadline = time.monotonic() + timeout
-        while not self._connection.poll(POLL_SECONDS):
+        while not self._connection.poll(min(POLL_SECONDS, timeout)):
             _check_alive(self._process, op, self._log_path, who=self.who)
             if time.monotonic() > deadline:
                 self.kill()
                 raise RolloutError(
                     f"{self.who} did not answer '{op}' within {timeout:g} s "
-                    "(rollout.timeout_s), so it was stopped as hung; "
-                    f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow."
+                    f"({setting}), so it was stopped as hung; "
+                    f"{_see_log(self._log_path)}or raise {setting} if '{op}' is just slow."
                 )
         return self._receive(op)
 

@@ -12,11 +12,12 @@ weights directory, which holds the current weights when the syncs go through it 
 first ones otherwise; one restarted behind the current version gets no request until the loop syncs the current
 weights again (`behind`).
 
-Failures. An engine has failed when its server exits or breaks the connection, answers an error, does not answer a
-`collect` within rollout.stall_timeout_s, or answers that it has had requests in flight without producing a token for
-that long. Its server is stopped (what is left of it) and started again on the weights directory, and every request
-it had in flight is sent again, from the start, with its own seed, up to rollout.max_engine_restarts over the job;
-one more failure fails the job with its sentence.
+Failures. Every engine is asked for its finished samples several times a second, idle ones too. An engine has
+failed when its server exits or breaks the connection, answers an error, does not answer a `collect` within
+rollout.stall_timeout_s, or answers that it has had requests in flight without producing a token for that long. Its
+server is stopped (what is left of it) and started again on the weights directory, and every request it had in
+flight is sent again, from the start, with its own seed, up to rollout.max_engine_restarts over the job; one more
+failure fails the job with its sentence.
 """
 
 from __future__ import annotations
@@ -126,24 +127,26 @@ class RolloutStream:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self._poll():
-                    self._wake.wait(POLL_SECONDS)
-                    self._wake.clear()
+                self._poll()
         except BaseException as error:  # noqa: BLE001 - handed to the loop's thread (check)
             self._error = error
 
-    def _poll(self) -> bool:
-        """Send what is pending, collect what finished; False when nothing is in flight anywhere."""
+    def _poll(self) -> None:
+        """Send what is pending, then collect from every engine (waiting up to POLL_SECONDS for a sample): an idle
+        engine is asked too, so one that died or hung between steps is found before the loop's next sync needs it."""
         finished: list[tuple[Outgoing, dict]] = []
         with self.engines.lock:
             self._route()
-            busy = [engine for engine, flight in self._flight.items() if flight]
-            self._clock(bool(busy))
-            if not busy:
-                return False
-            for engine in busy:
-                self.engines.clients[engine].send("collect", wait_s=POLL_SECONDS)  # the engines wait together
-            for engine in busy:
+            self._clock(any(self._flight.values()))
+            engines = []
+            for engine in list(self._flight):
+                try:
+                    self.engines.clients[engine].send("collect", wait_s=POLL_SECONDS)  # the engines wait together
+                except RolloutError as error:
+                    self._failed(engine, str(error))
+                    continue
+                engines.append(engine)
+            for engine in engines:
                 reply, failure = self._answer(engine)
                 if failure is not None:
                     self._failed(engine, failure)
@@ -155,13 +158,15 @@ class RolloutStream:
                             finished.append((outgoing, result))
         for outgoing, result in finished:
             self._on_finished(outgoing.key, result)
-        return True
+        if not engines:
+            self._wake.wait(POLL_SECONDS)
+            self._wake.clear()
 
     def _answer(self, engine: int) -> tuple[dict | None, str | None]:
         """An engine's answer to `collect`, or why the engine counts as failed."""
         client = self.engines.clients[engine]
         try:
-            reply = client.answer("collect", timeout=self.stall_timeout_s)
+            reply = client.answer("collect", timeout=self.stall_timeout_s, setting="rollout.stall_timeout_s")
         except RolloutError as error:
             return None, str(error)
         if reply["stalled_s"] > self.stall_timeout_s:
@@ -188,7 +193,8 @@ class RolloutStream:
         for engine, batch in sends.items():
             client = self.engines.clients[engine]
             try:
-                client.request("submit", timeout=self.stall_timeout_s, requests=[o.request for o in batch])
+                client.send("submit", requests=[o.request for o in batch])
+                client.answer("submit", timeout=self.stall_timeout_s, setting="rollout.stall_timeout_s")
             except RolloutError as error:
                 with self._guard:
                     self._pending.extendleft(reversed(batch))

@@ -186,8 +186,9 @@ class VllmEngine:
         return {"accepted": len(requests), "version": self.version}
 
     async def collect(self, wait_s: float = 0.0) -> dict[str, Any]:
-        """The requests finished since the last collect (waiting up to `wait_s` for one), how many are in flight, and
-        for how long the engine has had requests in flight without producing a token."""
+        """The requests finished since the last collect (waiting up to `wait_s` for one), how many are in flight and
+        the tokens each running one has so far, and for how long the engine has had requests in flight without
+        producing a token."""
         if not self._finished and wait_s > 0 and self._failure is None:
             self._arrived.clear()
             try:
@@ -200,6 +201,7 @@ class VllmEngine:
         return {
             "finished": finished,
             "in_flight": in_flight,
+            "progress": {stream.id: len(stream.tokens) for stream in self._streams.values()},
             "stalled_s": time.monotonic() - self._last_progress if self._streams else 0.0,
             "version": self.version,
         }
