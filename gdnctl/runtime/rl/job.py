@@ -330,6 +330,10 @@ class RlJob:
             # The trainer's activations and cached blocks go back to the GPU before vLLM wakes into its share.
             torch.cuda.empty_cache()
             dist.barrier()
+        if self.stream is not None and not self.config.rollout.partial:
+            # The update waits for the requests in flight to finish on the old weights (each sample is one version's),
+            # watched by the stream for progress rather than held to one deadline inside the reload request.
+            self.stream.drain()
         with self.engines.lock:  # the rollout stream waits while the engines take the weights
             synced = self._sync(step)
         if self.stream is not None:

@@ -165,3 +165,27 @@ def test_dynamic_sampling_drops_uniform_groups_and_overlong_shaping_penalises_an
     assert all(s["sampling_rounds"] >= 2 for s in steps if s["dropped_groups"])  # a drop draws a further round
     assert all(s["overlong_penalty"] < 0 for s in steps)
     assert all(s["masked_samples"] >= s["truncated_samples"] > 0 for s in steps)
+
+
+@needs_vllm
+def test_a_partial_rollout_continues_the_next_steps_responses_across_the_update(tmp_path):
+    """Long responses and a small batch, so the next step's generation outlasts the update: at the sync the engine
+    stops its requests in flight and continues them under the new weights, and the step that trains them has
+    samples whose tokens came from two versions, none older than the bound."""
+    done = launch(
+        tmp_path / "run",
+        *SEPARATE,
+        "rollout.max_staleness=1",
+        "rollout.partial=true",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=4",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.max_response_tokens=200",
+        "train.train_iters=3",
+        "eval=null",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = metrics(tmp_path / "run")
+    assert sum(s["continued_samples"] for s in steps) > 0, [s["continued_samples"] for s in steps]
+    assert all(s["staleness_max"] <= 1 for s in steps)
+    assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps)

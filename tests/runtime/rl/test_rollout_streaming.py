@@ -65,7 +65,7 @@ def test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_a
             [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env=vllm_env(processes=True),
+            env=vllm_env(),
         )
     client = RolloutClient.connect(run_dir, timeout=600, process=server, log_path=log)
     length = 200  # no stop token: every response runs to its length

@@ -80,6 +80,7 @@ class RolloutStream:
         self.behind: set[int] = set()  # engines restarted on weights older than their requests need
         self._busy_since: float | None = None
         self.busy_seconds = 0.0  # wall time with requests in flight on some engine
+        self._holding = False  # drain: no request goes out until the next sync
 
     # --- the loop's side --------------------------------------------------------------------------------------
     def start(self, version: int) -> None:
@@ -93,23 +94,32 @@ class RolloutStream:
         self._wake.set()
 
     def synced(self, version: int) -> None:
-        """Every engine serves weight version `version` now (the loop synced them all)."""
+        """Every engine serves weight version `version` now (the loop synced them all); requests flow again."""
         with self._guard:
             self.current = version
             for engine in self._version:
                 self._version[engine] = version
             self.behind.clear()
+            self._holding = False
         self._wake.set()
+
+    def drain(self) -> None:
+        """Before a weight update that waits for the requests in flight: hold new ones back until `synced`, and
+        return once every engine has finished what it has, its progress still watched (a stall or a death still
+        restarts the engine and sends its requests again)."""
+        with self._guard:
+            self._holding = True
+        while True:
+            self.check()
+            with self._guard:
+                if not any(self._flight.values()):
+                    return
+            time.sleep(POLL_SECONDS / 2)
 
     def check(self) -> None:
         """Raise, on the loop's thread, what ended the stream's."""
         if self._error is not None:
             raise self._error
-
-    @property
-    def idle(self) -> bool:
-        with self._guard:
-            return not self._pending and not any(self._flight.values())
 
     def busy(self) -> float:
         """Seconds with requests in flight so far, the current stretch included."""
@@ -180,6 +190,8 @@ class RolloutStream:
         """Hand the pending requests to the engines that may generate them, the least loaded first."""
         sends: dict[int, list[Outgoing]] = {}
         with self._guard:
+            if self._holding:
+                return
             kept: deque[Outgoing] = deque()
             while self._pending:
                 outgoing = self._pending.popleft()
