@@ -9,6 +9,8 @@ What it runs
   writes (gdnctl/runtime/model/checkpoint.py hf_text_config) through megatron-bridge 0.6.2's AutoBridge provider,
   trained by `megatron.bridge.training.pretrain.pretrain` + `gpt_step.forward_step` on Megatron-Bridge's mock GPT
   data (every token slot is a real token: no padding), NullTokenizer of the model's vocabulary (no hub access).
+  With --tokens-from ENGINE_YAML the mock dataset hands out the rows gdnctl's trainer trains for that engine config
+  instead of Megatron-Core's mock documents (peer_compare/token_stream.py), so both loops train one token stream.
   Megatron-Bridge prints its own per-iteration line ("elapsed time per iteration (ms)", "throughput per GPU
   (TFLOP/s/GPU)", counted by megatron/bridge/training/utils/flop_utils.py over GBS x seq_length tokens); this
   script also times each train step itself and ends with one `PEER_SUMMARY {json}` line.
@@ -34,8 +36,13 @@ megatron-bridge 0.6.2):
   torchrun --nproc_per_node=2 benchmarks/megatron_bridge_loop.py --gbs 8      # 2 GPUs, DP2
   python3 benchmarks/megatron_bridge_loop.py --gdn-kernel flashqla           # gdnctl's kernel adapter
   Add --dry-run to build and print the configuration without training.
-  `python3 benchmarks/trainer_throughput.py compare` runs gdnctl's launch and this loop back to back on the same GPU and
-  prints the ratio (gdnctl counts only real tokens; this loop's mock rows are all real tokens).
+  `python3 benchmarks/trainer_throughput.py compare` runs gdnctl's launch and this loop in alternating rounds on the
+  same GPU, with gdnctl's environment switches and token stream, and prints the ratio per round (gdnctl counts only
+  real tokens; this loop's rows are all real tokens).
+
+Steps counted: the medians and peaks of the summary start SETTLE_STEPS (2) steps after the step the CUDA graphs are
+  captured before (peer_compare/steps.py): step 6 in tuned mode, whose graphs are captured after 3 eager steps, and
+  step 3 without graphs. --skip changes it; the summary records the graph warm-up it ran with.
 
 Missing packages: megatron-bridge's training modules import `nvidia_resiliency_ext`, `modelopt`, `megatron.energon`
   and `datasets` at module level, only for features this run does not use (in-process restart, distillation,
@@ -59,6 +66,9 @@ import sys
 import time
 import traceback
 import types
+
+from peer_compare.plan import speed_environment
+from peer_compare.steps import first_steady_step
 
 # --------------------------------------------------------------------------------------------------------------------
 # The proxy: gdnctl's hf_text_config("gdnctl/qwen3.5-35b-a3b-proxy"), written out (keeps this file standalone).
@@ -94,6 +104,9 @@ PROXY_HF_TEXT_CONFIG = {
 }
 H100_DENSE_BF16_TFLOPS = 989.0
 TUNED_CUDA_GRAPH_MODULES = ["attn", "moe_router", "moe_preprocess"]
+# Eager steps before the tuned recipe captures its graphs (model.cuda_graph_warmup_steps): they are captured before
+# step 4 (megatron-bridge 0.6 training/train.py: when `step - start_iteration == cuda_graph_warmup_steps`).
+TUNED_CUDA_GRAPH_WARMUP_STEPS = 3
 # Optional packages megatron-bridge's training modules import at module level (checked against 0.6.2):
 #   training/pretrain.py: nvidia_resiliency_ext.inprocess.CallWrapper (in-process restart)
 #   training/gpt_step.py, train.py, eval.py, checkpointing.py, post_training/distillation.py: modelopt
@@ -147,7 +160,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--skip",
         type=int,
         default=None,
-        help="first steps left out of the medians (default 3; tuned with CUDA graphs: warm-up + 3)",
+        help="first steps left out of the medians and peaks (default: up to two steps after the CUDA-graph "
+        "capture, 5 in tuned mode; 2 without graphs)",
     )
     p.add_argument("--mbs", type=int, default=1, help="micro-batch size (gdnctl preset: 1)")
     p.add_argument("--gbs", type=int, default=4, help="global batch size in sequences (gdnctl preset: 4)")
@@ -211,6 +225,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="SECTION.KEY=VALUE",
         help="override any ConfigContainer field, e.g. model.moe_router_fusion=True (repeatable, applied last)",
     )
+    p.add_argument(
+        "--tokens-from",
+        default=None,
+        metavar="ENGINE_YAML",
+        help="train the rows gdnctl's trainer trains for this engine config (gdnctl render's engine.yaml; packing "
+        "concat, layout bshd) instead of Megatron-Core's mock documents (gdnctl importable)",
+    )
     p.add_argument("--peak-tflops", type=float, default=H100_DENSE_BF16_TFLOPS, help="for MFU (H100 bf16: 989)")
     p.add_argument("--out", default=None, help="write the summary JSON here")
     p.add_argument("--no-stubs", action="store_true", help="do not stand in for missing optional packages")
@@ -220,6 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         fail(f"--gbs {args.gbs} is not a multiple of --mbs {args.mbs}")
     if args.layers % 4:
         fail("--layers must be a multiple of 4 (full_attention_interval 4)")
+    if args.tokens_from and not os.path.isfile(args.tokens_from):
+        fail(f"--tokens-from {args.tokens_from}: no such file; pass the engine.yaml `gdnctl render` wrote")
     resolve_mode_defaults(args)
     return args
 
@@ -236,7 +259,7 @@ def resolve_mode_defaults(args: argparse.Namespace) -> None:
         args.cuda_graph_modules = ",".join(TUNED_CUDA_GRAPH_MODULES) if tuned else "none"
     args.graph_modules = [] if args.cuda_graph_modules in ("", "none") else args.cuda_graph_modules.split(",")
     if args.skip is None:
-        args.skip = (3 + 3) if args.graph_modules else 3  # cuda_graph_warmup_steps 3, capture, then steady
+        args.skip = first_steady_step(TUNED_CUDA_GRAPH_WARMUP_STEPS if args.graph_modules else None) - 1
     if args.steps <= args.skip:
         fail(f"--steps {args.steps} leaves nothing after the {args.skip} warm-up steps; raise --steps")
 
@@ -462,7 +485,7 @@ def build_config(args: argparse.Namespace):
     if args.graph_modules:
         model.cuda_graph_impl = "transformer_engine"
         set_cuda_graph_modules(model, args.graph_modules)
-        model.cuda_graph_warmup_steps = 3
+        model.cuda_graph_warmup_steps = TUNED_CUDA_GRAPH_WARMUP_STEPS
         model.use_te_rng_tracker = True
     else:
         model.cuda_graph_impl = "none"
@@ -588,6 +611,7 @@ REPORTED_OPTIONS = [
     "recompute_modules",
     "cuda_graph_impl",
     "cuda_graph_modules",
+    "cuda_graph_warmup_steps",
     "use_te_rng_tracker",
     "use_transformer_engine_op_fuser",
     "expert_model_parallel_size",
@@ -703,6 +727,14 @@ def make_callback(args, holder: dict):
     return StepTimer()
 
 
+def graph_warmup_steps(cfg) -> int | None:
+    """The eager steps before this run captured its CUDA graphs, from its resolved configuration; None without
+    graphs."""
+    if cfg is None or getattr(cfg.model, "cuda_graph_impl", "none") in (None, "none"):
+        return None
+    return int(cfg.model.cuda_graph_warmup_steps)
+
+
 def summarise(args, holder, tee, stubbed, wgrad_note) -> dict:
     steps = holder.get("steps", [])
     cfg = holder.get("cfg")
@@ -745,6 +777,12 @@ def summarise(args, holder, tee, stubbed, wgrad_note) -> dict:
         },
         "flops_per_token": flops_per_token(cfg, args) if cfg is not None else None,
         "options": describe(cfg) if cfg is not None else None,
+        "graph_warmup_steps": graph_warmup_steps(cfg),
+        "token_stream": (
+            f"gdnctl's rows for {args.tokens_from}" if args.tokens_from else "Megatron-Core's mock documents"
+        ),
+        # the variables the step's speed can depend on, as this process had them (its recipe's own included)
+        "environment": speed_environment(dict(os.environ)),
         "gdn_kernel": args.gdn_kernel,
         "torch_compile": args.torch_compile,
         "wgrad_fusion": wgrad_note,
@@ -828,6 +866,11 @@ def main(argv=None) -> int:
         # The megatron-core wheel ships helpers_cpp prebuilt but no Makefile, so the runtime `make` step fails;
         # the prebuilt extension is what the mock dataset uses.
         _mb_init.compile_helpers = lambda: None
+        if args.tokens_from:
+            from peer_compare.token_stream import serve_gdnctl_rows
+
+            serve_gdnctl_rows(args.tokens_from, args.seq)
+            log(f"token stream: the rows gdnctl's trainer trains for {args.tokens_from}")
 
         pretrain(cfg, forward_step, callbacks=[make_callback(args, holder)])
     except SystemExit:

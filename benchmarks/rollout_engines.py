@@ -51,7 +51,8 @@ PROMPTS = 64  # every prompt of the toy dataset, each step
 # Heavier steps than the preset's: enough sequences per engine that generation, not the request's round trip or
 # a decode step's fixed cost, takes a step's rollout time. A tiny model's decode step costs about the same at any
 # batch, so halving each engine's batch barely shortens it: on two H100s 256 sequences a step gave two engines
-# 1.43x one engine's tokens/s, 1024 gave 1.72x (BENCHMARKS.md). --samples and --model make the step heavier.
+# 1.43x one engine's tokens/s, 1024 gave 1.72x
+# (results/rollout-engines-h100-2026-11-26.md). --samples and --model make the step heavier.
 DEFAULT_SAMPLES = 16
 
 

@@ -9,8 +9,9 @@ of 40 and 32 experts instead of 256.
     python benchmarks/trainer_throughput.py interleaved --gpus 2 [--rounds 4] [--variants ...] [--out results.json]
     python benchmarks/trainer_throughput.py profile --backend fla [--steps 4] --out profile-fla.json
     python benchmarks/trainer_throughput.py context-parallel --gpus 2 --set cluster.gpu=h200 [--seq-length 32768]
-    python benchmarks/trainer_throughput.py compare [--gpus 1] [--peer-mode tuned] [--kernels fla,flashqla]
-        [--peer-kernels fla] [--out ...]
+    python benchmarks/trainer_throughput.py compare [--kernels fla,flashqla] [--rounds 3] [--steps 30] [--gpus 1]
+        [--peer-mode tuned] [--campaign DIR] [--peer-cache-dir DIR] [--cross-kernel] [--json] [--out ...]
+    python benchmarks/trainer_throughput.py report --campaign DIR [--cross-kernel] [--json] [--out ...]
     python benchmarks/trainer_throughput.py speed-options [--steps 10] [--with-torch-compile] [--out results.json]
     python benchmarks/trainer_throughput.py memory [--steps 3] [--out results.json]
     python benchmarks/trainer_throughput.py lora [--steps 10] [--lora-rank 32] [--out results.json]
@@ -20,12 +21,17 @@ settings so they win, e.g. `--set cluster.gpu=h200 --set cluster.gpus_per_node=2
 `gdnctl explain`'s estimates get the same overrides. (The proxy's CP=1 arm at 32k needs an H200: on an H100
 validate refuses it, MEM001 115.7 GiB.)
 
-`compare` runs gdnctl's launch of the proxy with its defaults, then Megatron-Bridge's own training loop
-(benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs with the same global batch,
-sequence length (once per --peer-kernels entry, default the --kernels): step time, real tokens/s, TFLOPS/GPU and
-MFU on real tokens, peak memory, and gdnctl's ratio to each, over all measured steps and over their last half (a loop
-still speeding up shows there); for gdnctl also its first step and the wall time from the launch to the end of the
-first step.
+`compare` runs gdnctl's launch of the proxy with its defaults beside Megatron-Bridge's own training loop
+(benchmarks/megatron_bridge_loop.py, --peer-mode tuned or matched) on the same GPUs and shape, like for like
+(benchmarks/peer_compare/ says how): the same GDN kernel on both sides, every environment switch gdnctl's launch sets
+given to the peer too, one token stream, each side's steady window from two steps after its own CUDA-graph capture
+(medians and memory peaks alike), one FLOPs count for both TFLOPS columns, and the arms alternating, gdnctl then the
+peer on each kernel, over --rounds rounds. It prints each round's tokens/s, TFLOPS/GPU, MFU and ratio, the median and
+spread of the ratio, the steady allocated and reserved peaks and `gdnctl explain`'s estimate; --cross-kernel adds
+gdnctl on FlashQLA against the peer on FLA, labelled as not like for like. Everything it measured goes into the
+--campaign directory (default runs/compare-DATE-TIME): campaign.json, each arm's step log and console log, gdnctl's
+run dirs. `report --campaign DIR` recomputes the whole comparison from such a directory, through the same code.
+benchmarks/device/fair_compare.sh runs the campaign detached on a lent GPU host.
 `memory` runs the proxy in this process and attributes what stays allocated between steps to the code that
 allocated it (torch's allocator history). `speed-options` runs the proxy with the speed options as `auto` decides
 them, with each one off alone, and with all off (Megatron-Core's unfused paths): what each option saves, and every
@@ -68,6 +74,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from peer_compare.plan import DEFAULT_ROUNDS, KERNELS
+from peer_compare.report import report_directory as compare_report
+from peer_compare.report import table as compare_table
+from peer_compare.runner import CampaignRun, RenderFailed
 
 from gdnctl.knowledge.gdn_backends import GDN_BACKENDS
 
@@ -134,117 +144,25 @@ def builders(args, work: Path) -> dict:
     return results
 
 
-PEER_SCRIPT = Path(__file__).with_name("megatron_bridge_loop.py")
-
-
-def late_half(step_seconds: list[float]) -> float:
-    """The median of the last half of the measured steps: a loop that is still speeding up (the allocator, the
-    garbage collector, the host's clocks) shows it here against the median over all of them."""
-    return statistics.median(step_seconds[len(step_seconds) // 2 :])
-
-
 def compare(args, work: Path) -> dict:
-    """gdnctl's launch of the proxy once per --kernels GDN kernel, then Megatron-Bridge's own loop at the same shape
-    once per --peer-kernels kernel (PEER_GDN_ENV), back to back; a ratio for every pair, over all measured steps and
-    over their last half."""
-    sets = [f"train.train_iters={args.steps}", f"cluster.gpus_per_node={args.gpus}", *args.set]
-    results: dict = {}
-
-    def keep() -> None:
-        """What has run so far, written after every arm: a later arm that fails or runs out of time loses only
-        itself."""
-        if args.out:
-            args.out.write_text(json.dumps(results, indent=1))
-
-    for kernel in args.kernels:
-        started = time.time()
-        steps = launch(work / f"gdnctl-{kernel}", [f"kernels.gdn_backend={kernel}", *sets])
-        ours = summarise(steps, work / f"gdnctl-{kernel}")
-        measured = steps[WARMUP_STEPS:]
-        ours["mfu"] = statistics.median(s["mfu"] for s in measured if s["mfu"] is not None)
-        ours["launch_to_first_step_s"] = round(steps[0]["time"] - started, 1)
-        ours["padding_share"] = statistics.median(s.get("padding_share", 0.0) for s in measured)
-        ours["late_step_s"] = late_half([s["seconds"] for s in measured])
-        ours["late_tokens_per_s"] = ours["tokens_per_s"] * ours["step_s"] / ours["late_step_s"]
-        results[f"gdnctl_{kernel}"] = ours
-        keep()
-    engine = yaml.safe_load((work / f"gdnctl-{args.kernels[0]}" / "engine.yaml").read_text())
-    for peer_kernel in args.peer_kernels or args.kernels:
-        peer = run_peer(args, engine, work / f"megatron-bridge-{peer_kernel}", peer_kernel)
-        results[f"megatron_bridge_{peer_kernel}"] = peer
-        for kernel in args.kernels:
-            ours = results[f"gdnctl_{kernel}"]
-            pair = kernel if kernel == peer_kernel else f"{kernel}_vs_peer_{peer_kernel}"
-            results[f"tokens_per_s_ratio_{pair}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
-            results[f"late_tokens_per_s_ratio_{pair}"] = ours["late_tokens_per_s"] / peer["late_tokens_per_s"]
-            results[f"peak_memory_ratio_{pair}"] = ours["peak_memory_gib"] / peer["peak_memory_gib"]
-        keep()
-    return results
+    """The like-for-like campaign (peer_compare/runner.py), then its report from what it recorded."""
+    directory = args.campaign or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    args.preset = PRESET
+    try:
+        CampaignRun(args, directory, explain_memory).run()
+    except RenderFailed as error:
+        raise SystemExit(f"compare: the preset does not render, so no arm ran:\n{error}") from None
+    return compare_report(directory, cross_kernel=args.cross_kernel)
 
 
-# FLA 0.6.0 hands its chunk_gated_delta_rule to FlashQLA whenever flash_qla imports on a Hopper GPU
-# (fla/ops/gated_delta_rule/backends/flash_qla.py, FLA_FLASH_QLA defaults on), and Megatron-Core calls FLA's public
-# function: on a stack with flash_qla installed, Megatron-Bridge's loop trains with FlashQLA's fused kernels. So each
-# gdnctl kernel is compared with the peer running the same one: FLA's Triton kernels with FLA_FLASH_QLA=0, FlashQLA
-# through FLA's own dispatch.
-PEER_GDN_ENV = {"fla": {"FLA_FLASH_QLA": "0"}, "flashqla": {"FLA_FLASH_QLA": "1"}}
-
-
-def run_peer(args, engine: dict, work: Path, kernel: str) -> dict:
-    """Megatron-Bridge's own loop at the engine config's shape, its GDN layers on `kernel`."""
-    work.mkdir(parents=True, exist_ok=True)
-    train = engine["train"]
-    peer_out = work / "summary.json"
-    command = (
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.gpus}"]
-        if args.gpus > 1
-        else [sys.executable]
-    ) + [
-        str(PEER_SCRIPT),
-        "--mode",
-        args.peer_mode,
-        "--steps",
-        str(args.steps),
-        "--skip",
-        str(WARMUP_STEPS),
-        "--gbs",
-        str(train["global_batch_size"]),
-        "--seq",
-        str(train["seq_length"]),
-        "--mbs",
-        str(train["micro_batch_size"]),
-        "--ep",
-        str(engine["parallel"]["ep"]),
-        "--peak-tflops",
-        str(engine["metrics"]["peak_bf16_tflops"]),
-        "--out",
-        str(peer_out),
-    ]
-    env = {**os.environ, **PEER_GDN_ENV[kernel]}
-    print(f"$ {' '.join(f'{k}={v}' for k, v in PEER_GDN_ENV[kernel].items())} {shlex.join(command)}", flush=True)
-    proc = subprocess.run(command, text=True, capture_output=True, check=False, env=env)
-    (work / "megatron-bridge.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"Megatron-Bridge's loop failed (exit {proc.returncode}); see {work / 'megatron-bridge.log'}:"
-            f"\n{proc.stderr[-3000:]}"
-        )
-    timer = json.loads(peer_out.read_text())["train_step_timer"]
-    measured = [step["seconds"] for step in timer["per_step"] if step["step"] > WARMUP_STEPS]
-    late_step = late_half(measured)
-    return {
-        "mode": args.peer_mode,
-        "gdn_kernel": kernel,
-        "env": PEER_GDN_ENV[kernel],
-        "step_s": timer["median_step_s"],
-        "tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus,
-        "tflops_per_gpu": timer["median_tflops_per_gpu"],
-        "mfu": timer["mfu"],
-        "peak_memory_gib": timer["max_peak_memory_gib"],
-        "peak_reserved_gib": timer.get("max_peak_reserved_gib"),
-        "late_step_s": late_step,
-        "late_tokens_per_s": timer["median_tokens_per_s_per_gpu"] * args.gpus * timer["median_step_s"] / late_step,
-    }
+def report(args, work: Path) -> dict:
+    """A campaign recorded earlier, recomputed from its directory alone."""
+    if args.campaign is None:
+        raise SystemExit("report: pass --campaign DIR, the directory `compare` recorded")
+    try:
+        return compare_report(args.campaign, cross_kernel=args.cross_kernel)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"report: {error}") from None
 
 
 # The speed options (gdnctl/plan/speed.py) and the value that turns each one off.
@@ -507,7 +425,6 @@ def interleaved(args, work: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"interleaved run failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    import yaml
 
     train = yaml.safe_load((run_dir / "engine.yaml").read_text())["train"]
     # The preset's bshd layout pads every row to seq_length, so each step computes the same tokens whatever the
@@ -789,7 +706,9 @@ def _annotate_gdn_calls() -> set[str]:
     call = GdnKernel.__call__
 
     def annotated(kernel, q, k, v, g, beta, **options):
-        seen.update(name for name, tensor in zip(GDN_INPUTS, (q, k, v, g, beta)) if not tensor.is_contiguous())
+        seen.update(
+            name for name, tensor in zip(GDN_INPUTS, (q, k, v, g, beta), strict=True) if not tensor.is_contiguous()
+        )
         with torch.profiler.record_function(GDN_RANGE):
             return call(kernel, q, k, v, g, beta, **options)
 
@@ -828,12 +747,12 @@ DEFAULT_VARIANTS = [
 
 
 def _kernel_list(text: str) -> list[str]:
-    """--kernels / --peer-kernels: GDN kernels both gdnctl and Megatron-Bridge's loop can run, checked before any
-    launch spends GPU time."""
+    """--kernels: GDN kernels both gdnctl and Megatron-Bridge's loop can run, checked before any launch spends GPU
+    time."""
     kernels = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [kernel for kernel in kernels if kernel not in PEER_GDN_ENV]
-    if not kernels or unknown:
-        raise argparse.ArgumentTypeError(f"{text!r}: name GDN kernels from {', '.join(PEER_GDN_ENV)}, comma-separated")
+    unknown = [kernel for kernel in kernels if kernel not in KERNELS]
+    if not kernels or unknown or len(set(kernels)) != len(kernels):
+        raise argparse.ArgumentTypeError(f"{text!r}: name GDN kernels from {', '.join(KERNELS)}, comma-separated")
     return kernels
 
 
@@ -844,7 +763,7 @@ def _variant_list(text: str) -> list[Variant]:
     return variants
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "what",
@@ -855,15 +774,20 @@ def main() -> None:
             "profile",
             "context-parallel",
             "compare",
+            "report",
             "speed-options",
             "memory",
             "lora",
             "rank",
         ),
-        help="rank: one torchrun rank of `interleaved` (started by it)",
+        help="rank: one torchrun rank of `interleaved` (started by it); report: a recorded `compare` campaign",
     )
     parser.add_argument(
-        "--steps", type=int, default=8, help="kernels, builders, profile, context-parallel, lora: steps per run"
+        "--steps",
+        type=int,
+        default=None,
+        help="kernels, builders, profile, context-parallel, lora: steps per run (default 8); compare: steps per arm "
+        "(default 30)",
     )
     parser.add_argument(
         "--gpus",
@@ -881,15 +805,41 @@ def main() -> None:
     parser.add_argument(
         "--kernels",
         type=_kernel_list,
-        default=["fla"],
-        help="compare: GDN kernels (fla,flashqla): gdnctl's launch on each",
+        default=["fla", "flashqla"],
+        help="compare: GDN kernels (default fla,flashqla): gdnctl's launch on each, paired with the peer on the same",
     )
     parser.add_argument(
-        "--peer-kernels",
-        type=_kernel_list,
+        "--campaign",
+        type=Path,
+        metavar="DIR",
+        help="compare: where the campaign's record goes (default runs/compare-DATE-TIME); report: the one to read",
+    )
+    parser.add_argument(
+        "--peer-cache-dir",
+        type=Path,
+        default=Path("~/.cache/gdnctl/megatron-bridge-peer").expanduser(),
+        help="compare: the peer's own kernel cache, laid out as gdnctl's (default "
+        "~/.cache/gdnctl/megatron-bridge-peer)",
+    )
+    parser.add_argument(
+        "--cross-kernel",
+        action="store_true",
+        help="compare, report: add gdnctl on FlashQLA against the peer on FLA, labelled as not like for like",
+    )
+    parser.add_argument(
+        "--arm-timeout-s",
+        type=float,
+        default=900.0,
+        help="compare: an arm still running after this is stopped and reported failed (default 900)",
+    )
+    parser.add_argument(
+        "--stop-after-s",
+        type=float,
         default=None,
-        help="compare: the GDN kernels Megatron-Bridge's loop runs, each compared with every gdnctl run "
-        "(default: the --kernels)",
+        help="compare: start no new pair of arms once the campaign has run this long (its record says which did not)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="compare, report: print the result as one JSON object, not the table"
     )
     parser.add_argument(
         "--options",
@@ -902,7 +852,12 @@ def main() -> None:
     )
     parser.add_argument("--seq-length", type=int, default=32768, help="context-parallel: tokens per sequence")
     parser.add_argument("--lora-rank", type=int, default=32, help="lora: the adapters' rank (alpha the same)")
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved: measured steps per variant")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"interleaved: measured steps per variant (default 4); compare: rounds of arms (default {DEFAULT_ROUNDS})",
+    )
     parser.add_argument("--backend", default="flashqla", help="profile: GDN kernel")
     parser.add_argument(
         "--variants",
@@ -933,9 +888,27 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here (default: a temporary dir)")
-    args = parser.parse_args()
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, with each mode's own defaults where the mode was silent."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    compare_like = args.what in ("compare", "report")
     if args.gpus is None:
-        args.gpus = 1 if args.what == "compare" else 2
+        args.gpus = 1 if compare_like else 2
+    if args.steps is None:
+        args.steps = 30 if compare_like else 8
+    if args.rounds is None:
+        args.rounds = DEFAULT_ROUNDS if compare_like else 4
+    if args.what == "compare" and (args.rounds < 1 or args.steps < 1):
+        parser.error("--rounds and --steps must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.what == "rank":
         rank(args)
         return
@@ -949,12 +922,16 @@ def main() -> None:
             "profile": profile,
             "context-parallel": context_parallel,
             "compare": compare,
+            "report": report,
             "speed-options": speed_options,
             "memory": memory,
             "lora": lora,
         }[args.what](args, work)
     text = json.dumps(results, indent=1)
-    print(text)
+    if args.what in ("compare", "report") and not args.json:
+        print(compare_table(results))
+    else:
+        print(text)
     if args.out:
         args.out.write_text(text)
 

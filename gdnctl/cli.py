@@ -9,7 +9,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
@@ -138,7 +138,7 @@ PresetArg = Annotated[
     str, typer.Argument(help="Preset YAML file, or the name of a shipped preset.", autocompletion=_complete_preset)
 ]
 SetOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option(
         "--set",
         metavar="KEY=VALUE",
@@ -284,7 +284,7 @@ def _memory_json(estimate) -> dict | None:
 
 @app.command()
 def rules(
-    code: Annotated[Optional[str], typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
+    code: Annotated[str | None, typer.Argument(help="A rule code, e.g. HEAD002.")] = None,
     json_output: JsonOpt = False,
     markdown: Annotated[
         bool,
@@ -361,11 +361,11 @@ def schema() -> None:
 
 
 RunDirOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--run-dir", "-o", help="Run dir to write (default: runs/NAME-TIMESTAMP-XXXX, a new one)."),
 ]
 TemplatesOpt = Annotated[
-    Optional[Path], typer.Option("--templates", help="Directory with your own copies of gdnctl's templates.")
+    Path | None, typer.Option("--templates", help="Directory with your own copies of gdnctl's templates.")
 ]
 ForceOpt = Annotated[
     bool,
@@ -379,10 +379,10 @@ ForceOpt = Annotated[
 
 def _render(
     preset: str,
-    run_dir: Optional[Path],
+    run_dir: Path | None,
     overrides: list[str],
     force: bool,
-    templates: Optional[Path],
+    templates: Path | None,
     dry_run: bool = False,
     before_write=None,
     as_is: bool = False,
@@ -476,7 +476,7 @@ def launch(
     preset: PresetArg,
     set_: SetOpt = None,
     slurm: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option(
             "--slurm/--local", help="Submit with sbatch, or run here (default: the preset's launch.executor)."
         ),
@@ -615,7 +615,11 @@ def _start(
         job = launcher.follow(
             run_dir, job, job_name, (lambda text: typer.echo(text, err=True)) if json_output else typer.echo
         )
-        _say(f"job {job.job_id} ended {job.state} with exit code {job.exit_code}")
+        failed = launcher.first_failure(log) if job.state != "COMPLETED" else None
+        _say(
+            f"job {job.job_id} ended {job.state} with exit code {job.exit_code}"
+            + (f"; the first failure its log names: {failed}" if failed else "")
+        )
         exit_code = job.exit_code
         if smoke:
             outcome = smoke_run.read_outcome(run_dir, None)
@@ -644,7 +648,7 @@ RunDirArg = Annotated[
 def resume(
     run_dir: RunDirArg,
     slurm: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--slurm/--local", help="Submit with sbatch, or run here (default: how it was launched)."),
     ] = None,
     wait: Annotated[
@@ -782,7 +786,7 @@ def runs_command(
 
 @app.command()
 def doctor(
-    preset: Annotated[Optional[str], typer.Argument(help="Also check this preset against the machine.")] = None,
+    preset: Annotated[str | None, typer.Argument(help="Also check this preset against the machine.")] = None,
     set_: SetOpt = None,
     json_output: Annotated[
         bool,
@@ -809,13 +813,13 @@ def doctor(
             "--bench", help="Time the GDN kernel backends at those shapes, each against the default one (GPU)."
         ),
     ] = False,
-    chart: Annotated[Optional[Path], typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", help="With --bench: save a PNG chart.")] = None,
     facts_file: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--facts", help="Judge facts saved with --save-facts instead of probing this machine."),
     ] = None,
     save_facts: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--save-facts",
             help="Write the probed machine "
@@ -863,7 +867,7 @@ def doctor(
 
 # --backend's values are the kernel backends' table (gdnctl/knowledge/gdn_backends.py), read only when the option is
 # given or completed: importing gdnctl.knowledge (pydantic) would slow every `gdnctl --help` and completion.
-def _known_gdn_backend(value: Optional[str]) -> Optional[str]:
+def _known_gdn_backend(value: str | None) -> str | None:
     if value is None:
         return None
     from gdnctl.knowledge import GDN_BACKENDS
@@ -884,14 +888,14 @@ def prewarm(
     preset: PresetArg,
     set_: SetOpt = None,
     cache_dir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--cache-dir", help="Kernel cache to fill (default: the preset's launch.kernel_cache_dir)."),
     ] = None,
     verify: Annotated[
         bool, typer.Option("--verify/--no-verify", help="Time a first call in a fresh process afterwards.")
     ] = True,
     backend: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--backend",
             metavar="<name>",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.slurm_cluster import ensure_local_slurm, local_slurm_running, stop_local_slurm
+from tests.slurm_cluster import NODES_DIR, ensure_local_slurm, local_slurm_running, stop_local_slurm
 
 # Hypothesis profiles (HYPOTHESIS_PROFILE picks one; .ci/run sets ci). Tests keep their own max_examples.
 # ci: derandomized, so every CI run tries the same examples and a failure reproduces from its commit alone;
@@ -29,6 +29,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # needs it) and no two workers race to start or stop it.
 SHARED_FIXTURE_GROUPS = {
     "local_slurm": "slurm",  # one slurmctld/slurmd pair on fixed loopback ports, one state dir
+    # two nodes in network namespaces: their own state dir, ports and network, so beside the one-node cluster on a
+    # worker of their own (tools/local-slurm.sh serializes the clusters' starts and stops, which share munged)
+    "local_slurm_nodes": "slurm-nodes",
     "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
     "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
     "coverage_run": "gloo-coverage",  # one 2-rank torchrun that the comm guard coverage tests read
@@ -120,6 +123,11 @@ SLOW_MODULES = {
     "tests/runtime/rl/test_updates.py",
     "tests/runtime/rl/test_prompt_check.py",
     "tests/runtime/rl/test_chat_template.py",
+    "tests/runtime/rl/test_rl_user_code.py",
+    # reward worker processes, an HTTP server on loopback with its retries' backoff, episodes over the example's config
+    "tests/runtime/rl/test_reward_pool.py",
+    "tests/runtime/rl/test_reward_server.py",
+    "tests/runtime/rl/test_episodes.py",
     # generated inputs by the thousand (hypothesis)
     "tests/validate/test_fuzz.py",
     "tests/validate/test_hostile_input.py",
@@ -164,6 +172,12 @@ SLOW_TESTS = {  # module path -> test function names (every parametrization)
         "test_save_hf_from_random_weights_writes_the_text_only_class_and_nothing_else",
     },
     "tests/test_gpu_suite_benchmark.py": {"test_the_result_names_each_workers_time_and_the_outcomes"},
+    "tests/test_trainer_throughput_benchmark.py": {  # a campaign, megatron-core's dataset, the script in subprocesses
+        "test_a_campaign_here_reports_each_failed_arm_with_its_log_and_keeps_the_record",
+        "test_the_peer_trains_the_rows_gdnctls_trainer_trains",
+        "test_the_device_scripts_poll_reports_a_recorded_campaign_and_packs_it",
+        "test_compare_refuses_a_kernel_name_it_cannot_run_before_any_launch",
+    },
     "tests/runtime/rl/test_grpo.py": {"test_toy_policy_learns_the_rewarded_answer"},
 }
 
@@ -234,15 +248,36 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 
 @contextlib.contextmanager
-def _slurm_users(shared: Path) -> Iterator[dict]:
+def _slurm_users(shared: Path, cluster: str) -> Iterator[dict]:
     """The pytest processes of this run that hold the cluster, and whether the run started it, in a file every
     xdist worker sees, read and written under an exclusive lock."""
-    with open(shared / "local-slurm-users.lock", "a+") as lock:
+    with open(shared / f"{cluster}-users.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        record = shared / "local-slurm-users.json"
+        record = shared / f"{cluster}-users.json"
         state = json.loads(record.read_text()) if record.exists() else {"users": 0, "started_here": False}
         yield state
         record.write_text(json.dumps(state))
+
+
+def _held_cluster(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, cluster: str, state_dir: str | None, nodes: int
+) -> Iterator[dict[str, str]]:
+    """Start (or reuse) a local cluster for as long as a worker of this run needs it; the env to submit with."""
+    if os.environ.get("GDNCTL_SLURM_TESTS") == "0":
+        pytest.skip("GDNCTL_SLURM_TESTS=0")
+    # The run's own temporary root: the workers' basetemps are its children, a run without xdist uses its own.
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    with _slurm_users(shared, cluster) as state:
+        if state["users"] == 0 and not state["started_here"]:
+            state["started_here"] = not local_slurm_running(state_dir)
+        env = ensure_local_slurm(state_dir, nodes=nodes)
+        state["users"] += 1
+    yield env
+    with _slurm_users(shared, cluster) as state:
+        state["users"] -= 1
+        if state["users"] == 0 and state["started_here"] and os.environ.get("GDNCTL_KEEP_SLURM") != "1":
+            stop_local_slurm(state_dir)
+            state["started_here"] = False
 
 
 @pytest.fixture(scope="session")
@@ -254,21 +289,15 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Ite
     slurm controller"). GDNCTL_SLURM_TESTS=0 skips the tests that need it; GDNCTL_KEEP_SLURM=1 leaves a cluster
     this run started running afterwards (one that was already up is always left running).
     """
-    if os.environ.get("GDNCTL_SLURM_TESTS") == "0":
-        pytest.skip("GDNCTL_SLURM_TESTS=0")
-    # The run's own temporary root: the workers' basetemps are its children, a run without xdist uses its own.
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    with _slurm_users(shared) as state:
-        if state["users"] == 0 and not state["started_here"]:
-            state["started_here"] = not local_slurm_running()
-        env = ensure_local_slurm()
-        state["users"] += 1
-    yield env
-    with _slurm_users(shared) as state:
-        state["users"] -= 1
-        if state["users"] == 0 and state["started_here"] and os.environ.get("GDNCTL_KEEP_SLURM") != "1":
-            stop_local_slurm()
-            state["started_here"] = False
+    yield from _held_cluster(tmp_path_factory, worker_id, "local-slurm", None, nodes=1)
+
+
+@pytest.fixture(scope="session")
+def local_slurm_nodes(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[dict[str, str]]:
+    """A real two-node Slurm cluster (tools/local-slurm.sh start --nodes 2 in tests/slurm_cluster.py NODES_DIR):
+    each node a network namespace with its own address and host name, on this machine's file system; the env to
+    submit with. Held and stopped as local_slurm is, beside it (its own ports, state dir and network)."""
+    yield from _held_cluster(tmp_path_factory, worker_id, "local-slurm-nodes", NODES_DIR, nodes=2)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
-"""Start, reuse and stop the throw-away single-node Slurm cluster of ``tools/local-slurm.sh``.
+"""Start, reuse and stop the throw-away Slurm clusters of ``tools/local-slurm.sh``: one node on loopback, or
+several, each a network namespace with an address and a host name of its own.
 
-Tests use it through a fixture::
+Tests use them through fixtures (tests/conftest.py ``local_slurm``, ``local_slurm_nodes``)::
 
     env = ensure_local_slurm()          # {"SLURM_CONF": ..., "LOCAL_SLURM_DIR": ...}
     subprocess.run(["sbatch", "--wait", script], env=slurm_env(env))
+    env = ensure_local_slurm(NODES_DIR, nodes=2)
+    cluster_nodes(env)                  # [Node(name, address, namespace), ...]
 
 The cluster has no accounting (``sacct`` fails), so a finished job's exit code is read with
 :func:`job_exit_code` (``scontrol show job`` while the job is still known to slurmctld, i.e. for
@@ -21,11 +24,14 @@ import re
 import shlex
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "local-slurm.sh"
 
 INSTALL_TIMEOUT_S = 600
+# The state dir of the two-node cluster (tests/conftest.py local_slurm_nodes), beside the one-node cluster's.
+NODES_DIR = "/tmp/gdnctl-local-slurm-nodes"
 START_TIMEOUT_S = 120  # the script itself gives the node 30 s to become idle
 
 
@@ -91,8 +97,10 @@ def local_slurm_running(state_dir: str | os.PathLike[str] | None = None) -> bool
     return _run_script("status", *_state_dir(state_dir), timeout=60).returncode == 0
 
 
-def ensure_local_slurm(state_dir: str | os.PathLike[str] | None = None, *, install: bool = True) -> dict[str, str]:
-    """Install (if missing) and start (or reuse) the local cluster; return the env vars to use.
+def ensure_local_slurm(
+    state_dir: str | os.PathLike[str] | None = None, *, install: bool = True, nodes: int = 1
+) -> dict[str, str]:
+    """Install (if missing) and start (or reuse) the local cluster of `nodes` nodes; return the env vars to use.
 
     Raises RuntimeError with the script's error and the daemons' log tails on failure.
     """
@@ -104,7 +112,9 @@ def ensure_local_slurm(state_dir: str | os.PathLike[str] | None = None, *, insta
         proc = _run_script("install", timeout=INSTALL_TIMEOUT_S)
         if proc.returncode != 0:
             raise RuntimeError(f"{SCRIPT.name} install failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
-    proc = _run_script("start", *_state_dir(state_dir), timeout=START_TIMEOUT_S)
+    proc = _run_script(
+        "start", *(["--nodes", str(nodes)] if nodes != 1 else []), *_state_dir(state_dir), timeout=START_TIMEOUT_S
+    )
     env = _parse_exports(proc.stdout)
     if proc.returncode != 0 or "SLURM_CONF" not in env:
         sd = os.fspath(state_dir) if state_dir is not None else None
@@ -121,6 +131,28 @@ def stop_local_slurm(state_dir: str | os.PathLike[str] | None = None) -> None:
     proc = _run_script("stop", *_state_dir(state_dir), timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"{SCRIPT.name} stop failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of the local cluster: its Slurm (and host) name, its address, and its network namespace (None for the
+    one-node cluster's, which runs on this host)."""
+
+    name: str
+    address: str
+    namespace: str | None
+
+
+def cluster_nodes(env: dict[str, str]) -> list[Node]:
+    """The nodes of the cluster `env` names (tools/local-slurm.sh nodes), in order."""
+    proc = _run_script("nodes", env["LOCAL_SLURM_DIR"], timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{SCRIPT.name} nodes failed: {proc.stderr.strip()}")
+    nodes = []
+    for line in proc.stdout.splitlines():
+        name, address, namespace = line.split()
+        nodes.append(Node(name, address, None if namespace == "-" else namespace))
+    return nodes
 
 
 def slurm_env(env: dict[str, str]) -> dict[str, str]:

@@ -58,9 +58,12 @@ RUNTIME_RANK = {
 # that runs it all on top.
 RL_RANK = {
     "network": 0,
+    "user_code": 0,
     "prompts": 1,
     "algorithm": 1,
     "weights": 1,
+    "rewards": 1,
+    "environments": 1,
     "rollout": 2,
     "policy": 2,
     "evaluation": 3,
@@ -282,10 +285,10 @@ def deep_import_violations(modules: dict[str, Path]) -> list[str]:
                 if owner == "gdnctl":
                     continue  # the base modules and the version: for everyone
                 if name == owner or name.startswith(owner + "."):
-                    if name != owner and imp.names and modules[name].name != "__init__.py":
-                        # a module importing its own package's __init__ goes round in a circle
-                        if not all(f"{owner}.{n}" in modules for n in imp.names):
-                            problems.append(f"{where}: import siblings directly, not through {owner}")
+                    # a module importing its own package's __init__ goes round in a circle
+                    through_own_init = name != owner and imp.names and modules[name].name != "__init__.py"
+                    if through_own_init and not all(f"{owner}.{n}" in modules for n in imp.names):
+                        problems.append(f"{where}: import siblings directly, not through {owner}")
                     continue
                 exported = package_exports(owner, modules)
                 if exported is None:
@@ -421,3 +424,45 @@ def test_every_lazy_runtime_name_is_defined_where_its_package_says(package):
             assert name in _top_level_names(folder / f"{home}.py"), (package, name, home)
     for name in set(module.__all__) - set(homes):
         assert (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file(), (package, name)
+
+
+# --- the map: ARCHITECTURE.md (and the README's layout) name every part the code has ---------------------------
+MAP = (PACKAGE_DIR.parent / "ARCHITECTURE.md").read_text()
+README = (PACKAGE_DIR.parent / "README.md").read_text()
+LAYER_PACKAGES = ("knowledge", "schema", "plan", "validate", "launch", "doctor")
+
+
+def _layer_row(package: str) -> str:
+    return next(line for line in MAP.splitlines() if line.startswith("| ") and f"`{package}/`" in line)
+
+
+@pytest.mark.parametrize("package", LAYER_PACKAGES)
+def test_the_map_names_every_module_of_a_layer(package):
+    row = _layer_row(package)
+    modules = sorted(
+        path.stem if path.is_file() else path.name
+        for path in (PACKAGE_DIR / package).iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()
+    )
+    missing = [name for name in modules if f"`{name}`" not in row and f"`{name}/`" not in row]
+    assert missing == [], f"ARCHITECTURE.md's {package}/ row does not name {missing}"
+
+
+def test_the_map_and_the_readme_name_every_runtime_subpackage():
+    subpackages = sorted(p.name for p in (PACKAGE_DIR / "runtime").iterdir() if (p / "__init__.py").is_file())
+    assert set(subpackages) <= set(RUNTIME_RANK), "give every runtime subpackage a rank"
+    for text, where in ((MAP, "ARCHITECTURE.md"), (README, "README.md")):
+        missing = [name for name in subpackages if f"`{name}/`" not in text]
+        assert missing == [], f"{where} does not name runtime/{missing}"
+
+
+def test_the_map_names_every_room_of_rl():
+    rooms = sorted(
+        path.stem if path.is_file() else f"{path.name}/"
+        for path in (PACKAGE_DIR / "runtime" / "rl").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()
+    )
+    table = [line for line in MAP.splitlines() if line.startswith("| ") and "rl part" not in line]
+    missing = [room for room in rooms if not any(f"`{room}`" in line or f"`{room}.py`" in line for line in table)]
+    assert missing == [], f"ARCHITECTURE.md's rl table does not name {missing}"
+    assert set(RL_RANK) == {room.rstrip("/") for room in rooms}, "give every rl room a rank in RL_RANK"

@@ -36,7 +36,11 @@ FORBIDDEN = {
 
 def _doc_files() -> list[Path]:
     names = ["README.md", "BENCHMARKS.md", "ARCHITECTURE.md", "CONTRIBUTING.md"]
-    return [ROOT / n for n in names if (ROOT / n).exists()] + sorted((ROOT / "docs").glob("*.md"))
+    return (
+        [ROOT / n for n in names if (ROOT / n).exists()]
+        + sorted((ROOT / "docs").glob("*.md"))
+        + sorted((ROOT / "benchmarks" / "results").rglob("*.md"))
+    )
 
 
 def _help_texts() -> dict[str, str]:
@@ -189,3 +193,84 @@ def test_the_readme_states_the_python_versions_that_pyproject_and_doctor_hold():
     floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert floor.startswith(">=") and f"Python >= {floor.removeprefix('>=')}" in readme
     assert f"the GPU trainer's pinned stack needs {MEGATRON_PYTHON}" in readme
+
+
+# --- where measured figures are cited -----------------------------------------------------------------------------
+# A campaign's file under benchmarks/results/ is cited by its path, which never changes; BENCHMARKS.md's sections are
+# not cited by title (a title is rewritten when a campaign is superseded).
+RESULTS = ROOT / "benchmarks" / "results"
+CITED_CAMPAIGN = re.compile(r"results/([A-Za-z0-9._-]+\.md)")
+SECTION_TITLE_CITATION = re.compile(r"BENCHMARKS\.md,?\s+\"")
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _repository_texts() -> dict[str, str]:
+    paths = [
+        p for part in ("gdnctl", "tests", "benchmarks", "docs", "templates", "tools") for p in (ROOT / part).rglob("*")
+    ]
+    paths += [ROOT / name for name in ("README.md", "BENCHMARKS.md", "ARCHITECTURE.md", "CONTRIBUTING.md")]
+    texts = {}
+    for path in paths:
+        if (
+            path.is_file()
+            and path.suffix in {".py", ".md", ".sh", ".j2", ".yaml", ".toml"}
+            and "__pycache__" not in path.parts
+        ):
+            texts[str(path.relative_to(ROOT))] = path.read_text(errors="replace")
+    return texts
+
+
+def test_every_cited_benchmark_campaign_exists():
+    missing = [
+        f"{where}: {match.group(1)}"
+        for where, text in _repository_texts().items()
+        for match in CITED_CAMPAIGN.finditer(text)
+        if not (RESULTS / match.group(1)).is_file()
+    ]
+    assert missing == []
+
+
+def test_nothing_cites_a_benchmarks_section_by_its_title():
+    found = [
+        f"{where}:{text.count(chr(10), 0, match.start()) + 1}"
+        for where, text in _repository_texts().items()
+        if where != "tests/test_docs.py"
+        for match in SECTION_TITLE_CITATION.finditer(text)
+    ]
+    assert found == [], "cite the campaign's file under benchmarks/results/ instead"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown page: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_the_benchmark_pages_links_resolve():
+    pages = [
+        ROOT / "BENCHMARKS.md",
+        ROOT / "README.md",
+        *sorted(RESULTS.rglob("*.md")),
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
+    broken = []
+    for page in pages:
+        for match in MARKDOWN_LINK.finditer(page.read_text()):
+            target = match.group(1)
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists() or (anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_each_campaign_file_names_its_date():
+    undated = [
+        page.name
+        for page in RESULTS.glob("*.md")
+        if page.name != "README.md"
+        and not (re.search(r"\d{4}-\d{2}-\d{2}", page.name) and re.search(r"\d{4}-\d{2}-\d{2}", page.read_text()))
+    ]
+    assert undated == []

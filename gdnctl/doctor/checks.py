@@ -13,6 +13,7 @@ from gdnctl.knowledge import (
     GPUS,
     KERNEL_DISTRIBUTIONS,
     GdnBackend,
+    model_families,
     sm_label,
     stack,
     versions,
@@ -201,7 +202,7 @@ def check_tilelang(facts: MachineFacts, run=None) -> Check:
             version or "not installed",
             f"pip install 'tilelang>={stack.FLASHQLA_MIN_TILELANG}'",
         )
-    return Check("tilelang", Status.OK, version)
+    return Check("tilelang", Status.OK, str(version))
 
 
 def fla_dispatches_to_flashqla(facts: MachineFacts) -> bool:
@@ -213,7 +214,7 @@ def fla_dispatches_to_flashqla(facts: MachineFacts) -> bool:
         _installed(facts, FLASHQLA) is not None
         and facts.flash_qla_import_error is None
         and gpu is not None
-        and gpu.sm in FLASHQLA.gpus - {(12, 1)}
+        and gpu.sm in (FLASHQLA.gpus or frozenset()) - {(12, 1)}
         and not pinned
         and facts.env.get("FLA_DISABLE_BACKEND_DISPATCH") != "1"
     )
@@ -278,7 +279,7 @@ def check_bridge(facts: MachineFacts, run=None) -> Check:
                 "runtime.transformer_engine: none for gdnctl's TE-free builder",
             )
         return Check("megatron_bridge", Status.SKIP, "not installed")
-    features = stack.features_of(bridge, stack.BRIDGE_QWEN35_FEATURES)
+    features = stack.features_of(bridge, model_families.bridge_features() + stack.BRIDGE_FEATURES)
     return Check("megatron_bridge", Status.OK, f"{bridge} ({', '.join(features) or 'no Qwen3.5 bridges'})")
 
 

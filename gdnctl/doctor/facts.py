@@ -124,11 +124,11 @@ class MachineFacts:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: object) -> "MachineFacts":
+    def from_json(cls, data: object) -> MachineFacts:
         return _adapter().validate_python(data)
 
     @classmethod
-    def load(cls, path: Path) -> "MachineFacts":
+    def load(cls, path: Path) -> MachineFacts:
         """Facts saved with --save-facts, every field of its type (strictly: a number is no version, an env value
         is text); FactsFileError with the field otherwise."""
         fix = "save them again with `gdnctl doctor --save-facts FILE`"

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from gdnctl.doctor.checks import Check, Status
 from gdnctl.doctor.facts import MachineFacts
@@ -152,7 +151,7 @@ def bench(run, facts: MachineFacts, progress=None) -> list[dict]:
                 for k, v in inputs.items()
             }
 
-            def forward():
+            def forward(kernel=kernel, leaves=leaves):  # this backend's kernel and inputs, bound now
                 return kernel(
                     leaves["q"],
                     leaves["k"],
@@ -180,7 +179,9 @@ def format_bench(rows: list[dict]) -> str:
     widths = [9] * len(GDN_BACKENDS) + [6] * len(CHALLENGERS)
 
     def line(first: str, cells: list[str]) -> str:
-        return " ".join([f"{first:<24}", *(f"{cell:>{width}}" for cell, width in zip(cells, widths * len(MODES)))])
+        return " ".join(
+            [f"{first:<24}", *(f"{cell:>{width}}" for cell, width in zip(cells, widths * len(MODES), strict=False))]
+        )
 
     headings = [
         heading

@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from gdnctl.doctor.facts import (
@@ -149,7 +150,7 @@ def rollout_env(python: str) -> RolloutEnvFact:
 
 
 def gather(
-    kernel_cache_dir: str | None = None, rollout_python: str | None = None, interpreters: list[tuple[str, str]] = ()
+    kernel_cache_dir: str | None = None, rollout_python: str | None = None, interpreters: Sequence[tuple[str, str]] = ()
 ) -> MachineFacts:
     """`interpreters`: (field, command) of the interpreters a preset makes gdnctl run, judged for who could
     replace them."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import typer
 
@@ -101,7 +101,7 @@ def doctor_report(
     checks = machine_checks.run_checks(facts, run)
     doctor = DoctorResult(facts, checks, preset)
     if kernels or bench:
-        if run is None:
+        if run is None or preset is None:
             raise GdnctlError("--kernels and --bench need a PRESET: they run at its per-rank GDN shapes.")
         preset_args = shlex.join([preset, *(word for override in overrides for word in ("--set", override))])
         _run_kernels(doctor, run, preset_args, kernels=kernels, bench=bench, chart=chart, progress=progress)

@@ -1,11 +1,11 @@
-"""What gdnctl knows about the world, with sources: the model architectures (catalog and checkpoint config.json),
-GPUs, the software stack's versions and thresholds, sbatch's options, model FLOPs and the GDN kernel shapes a
-rank calls, the GDN kernel backends and the LoRA targets.
+"""What gdnctl knows about the world, with sources: the model architectures (catalog and checkpoint config.json)
+and their families, GPUs, the software stack's versions and thresholds, sbatch's options, model FLOPs and the GDN
+kernel shapes a rank calls, the GDN kernel backends and the LoRA targets.
 
 The bottom layer: plain data and pure functions, importing nothing of gdnctl's but the base modules.
 """
 
-from gdnctl.knowledge import catalog, flops, hardware, lora, slurm, stack, versions
+from gdnctl.knowledge import catalog, flops, hardware, lora, model_families, slurm, stack, versions
 from gdnctl.knowledge.catalog import HF_CONFIG_KEYS, ROPE_KEYS, ModelNotFound
 from gdnctl.knowledge.gdn_backends import (
     DEFAULT_GDN_BACKEND,
@@ -22,6 +22,7 @@ from gdnctl.knowledge.lora import DEFAULT_TARGETS as DEFAULT_LORA_TARGETS
 from gdnctl.knowledge.lora import TARGETS as LORA_TARGETS
 from gdnctl.knowledge.lora import LoraTargetName
 from gdnctl.knowledge.model_arch import ModelArch
+from gdnctl.knowledge.model_families import MODEL_FAMILIES, ModelFamily, family_of
 from gdnctl.knowledge.stack import DEFAULT_STACK
 
 __all__ = [
@@ -37,19 +38,23 @@ __all__ = [
     "HF_CONFIG_KEYS",
     "KERNEL_DISTRIBUTIONS",
     "LORA_TARGETS",
+    "MODEL_FAMILIES",
     "ROPE_KEYS",
     "GdnBackend",
     "GdnBackendName",
     "GpuSpec",
     "LoraTargetName",
     "ModelArch",
+    "ModelFamily",
     "ModelNotFound",
     "RankShape",
     "catalog",
+    "family_of",
     "flops",
     "hardware",
     "kernel_heads",
     "lora",
+    "model_families",
     "per_rank_shapes",
     "slurm",
     "sm_label",

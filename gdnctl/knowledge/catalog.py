@@ -11,6 +11,7 @@ import yaml
 
 from gdnctl.files import UnreadableFile, read_json
 from gdnctl.knowledge.model_arch import ModelArch
+from gdnctl.knowledge.model_families import family_of, known_model_types
 
 _CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 
@@ -163,6 +164,11 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     except (ValueError, ArithmeticError) as err:
         # a hand-edited or hostile config.json (a count of 0): a sentence, no trace
         raise ModelNotFound(f"{config_file} has values gdnctl cannot use ({type(err).__name__}: {err}).") from None
+    if family_of(fields["model_type"]) is None:
+        raise ModelNotFound(
+            f"{config_file} names model_type {fields['model_type']!r}, which is not a Gated DeltaNet family gdnctl "
+            f"runs ({known_model_types()}): model.path must be a Qwen3.5 or Qwen3-Next checkpoint."
+        )
     missing = [name for name in _REQUIRED if fields.get(name) is None]
     if missing:
         raise ModelNotFound(

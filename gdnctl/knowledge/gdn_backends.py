@@ -85,7 +85,7 @@ FLA = GdnBackend(
     "FLA's own Triton kernels",
     cache_variable="TRITON_CACHE_DIR",
     shows_compile_progress=False,
-    # 98.5 s at the 35B-A3B proxy's shape (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call").
+    # 98.5 s at the 35B-A3B proxy's shape (benchmarks/results/kernel-compile-prewarm-h100-2026-11-24.md).
     cold_compile="about 1.5-2 min per shape on an H100 from a cold cache",
 )
 

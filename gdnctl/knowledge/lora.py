@@ -154,10 +154,10 @@ TARGETS: dict[str, LoraTarget] = {
         ),
     )
 }
-# Qwen3-Next's HF GDN input projection packs the same rows per key head into two linears (hf_weights.py);
-# megatron-bridge's adapter export splits a GDN in_proj adapter only into Qwen3.5's four (peft_bridge.py
-# _is_gdn_in_proj_split, lines 263-271), so gdnctl splits it by its own rule (runtime/model/lora_adapters.py).
-QWEN3_NEXT_GDN_IN = ("in_proj_qkvz", "in_proj_ba")
+# gdn_in's HF modules are the family's (model_families.GDN_IN_MODULES): Qwen3-Next packs the same rows per key head
+# into two linears (hf_weights.py), and megatron-bridge's adapter export splits a GDN in_proj adapter only into
+# Qwen3.5's four (peft_bridge.py _is_gdn_in_proj_split, lines 263-271), so gdnctl splits it by its own rule
+# (runtime/model/lora_adapters.py).
 
 # megatron-bridge's Qwen3.5 LoRA recipes' coverage (LoRA() defaults): every linear but the GDN layers'.
 DEFAULT_TARGETS: tuple[LoraTargetName, ...] = ("attention_qkv", "attention_out", "mlp", "shared_expert", "experts")
@@ -177,8 +177,8 @@ def has_target(model: ModelArch, name: str) -> bool:
 
 def hf_modules(model: ModelArch, name: str) -> tuple[str, ...]:
     """The HF modules (last names) a target adapts in this model's transformers class."""
-    if name == "gdn_in" and model.is_qwen3_next:
-        return QWEN3_NEXT_GDN_IN
+    if name == "gdn_in":
+        return model.family.gdn_in_modules
     return TARGETS[name].hf_modules
 
 

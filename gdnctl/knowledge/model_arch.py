@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gdnctl.knowledge.model_families import ModelFamily, family_of, known_model_types
 
 # A size or count of the architecture: at least 1 (the rules and the memory estimate divide by them) and within
 # int32, as Megatron-Core and the kernels index them. A checkpoint's config.json outside this is refused (PRE003).
@@ -65,14 +67,22 @@ class ModelArch(BaseModel):
             )
         return self.num_experts, self.num_experts_per_tok, self.moe_ffn_hidden_size
 
-    @property
-    def is_qwen35(self) -> bool:
-        return self.model_type.startswith("qwen3_5")
+    @field_validator("model_type")
+    @classmethod
+    def _a_known_family(cls, model_type: str) -> str:
+        if family_of(model_type) is None:
+            raise ValueError(
+                f"model_type {model_type!r} is not a Gated DeltaNet family gdnctl runs ({known_model_types()})"
+            )
+        return model_type
 
     @property
-    def is_qwen3_next(self) -> bool:
-        """Qwen3-Next: Qwen3.5-MoE's layers, with the GDN input projections packed per key head in HF."""
-        return self.model_type == "qwen3_next"
+    def family(self) -> ModelFamily:
+        """What gdnctl knows of the model's family (knowledge/model_families.py), from its model_type."""
+        family = family_of(self.model_type)
+        if family is None:  # only a model_copy can get here: construction refuses it
+            raise ValueError(f"model_type {self.model_type!r} is not a family gdnctl runs ({known_model_types()})")
+        return family
 
     @property
     def text_only(self) -> bool:

@@ -52,18 +52,16 @@ MCORE_GDN_FEATURES: tuple[tuple[str, str], ...] = (
 TE_CUTLASS_GROUPED_GEMM = "2.8.0"
 
 # --- Megatron-Bridge ------------------------------------------------------------------------------------
-BRIDGE_QWEN35_VL = "0.4.0"  # Qwen35VLBridge / Qwen35VLMoEBridge
-BRIDGE_QWEN35_TEXT = "0.5.0"  # Qwen35Bridge / Qwen35MoEBridge (text-only classes)
-BRIDGE_QWEN35_TP_ABOVE_KV_HEADS = "0.5.0"  # 0.4.x's Qwen3.5 providers refuse TP > query groups (PR #3238)
+# Which release bridges which model family (and takes TP above its KV heads) is the family's entry in
+# model_families.py.
 BRIDGE_MTP_SEQUENCE_PARALLEL_FIX = "0.5.0"  # MTP shadow-embedding bug with SP (PR #3143)
 BRIDGE_MTP_CONTEXT_PARALLEL_FIX = "0.6.0"  # MTP + CP shape fix
 # LoRA(share_expert_adapters=False): one adapter per grouped (TE grouped-GEMM) expert, GroupedExpertLinearAdapter
 # (PR #3408, commit 747caeb). Before it every grouped expert of an EP rank shares one adapter (peft/lora.py 0.4.2),
 # which no Hugging Face adapter layout holds.
 BRIDGE_LORA_PER_EXPERT = "0.5.0"
-BRIDGE_QWEN35_FEATURES: tuple[tuple[str, str], ...] = (
-    (BRIDGE_QWEN35_VL, "Qwen3.5 VL"),
-    (BRIDGE_QWEN35_TEXT, "Qwen3.5 text"),
+# What doctor reports of a megatron-bridge beyond its model families' bridges (model_families.bridge_features).
+BRIDGE_FEATURES: tuple[tuple[str, str], ...] = (
     (BRIDGE_MTP_SEQUENCE_PARALLEL_FIX, "MTP+SP fix"),
     (BRIDGE_MTP_CONTEXT_PARALLEL_FIX, "MTP+CP fix"),
 )
@@ -110,23 +108,10 @@ FLA_HOPPER_GUARD = "0.5.0"  # first FLA that refuses the broken combination inst
 # commit because "released 0.5.1 fails on SM100".
 FLA_BLACKWELL_BACKWARD_FIX = "0.5.2"
 
-# --- transformers (the trainer side) ---------------------------------------------------------------------
-# First transformers release that registers each HF model_type (with its text-only class): qwen3_next in 4.57.0
-# (release notes "v4.57.0: Qwen3-Next, ..."; 4.56.2 lacks models/qwen3_next; PyPI yanked 4.57.0 for a setup error,
-# so 4.57.1 is the first that installs); qwen3_5 and qwen3_5_moe (their *_text configs, Qwen3_5ForCausalLM and
-# Qwen3_5MoeForCausalLM too) in 5.2.0 (models/qwen3_5* absent from 5.1.0's wheel, present in 5.2.0's). verl #5937
-# is the failure: "model type qwen3_5 but Transformers does not recognize this architecture".
-TRANSFORMERS_MODEL_TYPE_SINCE: dict[str, str] = {
-    "qwen3_next": "4.57.0",
-    "qwen3_5": "5.2.0",
-    "qwen3_5_moe": "5.2.0",
-}
+# --- transformers and vLLM by model family ----------------------------------------------------------------
+# The first release with each model family's classes is the family's entry in model_families.py.
 
 # --- vLLM ------------------------------------------------------------------------------------------------
-VLLM_QWEN35_TEXT_ONLY = "0.27.0"  # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM
-# Before that, gdnctl serves Qwen3.5 as the vision-language class with no vision tower; run from this release
-# (tests/gpu/test_rl_vllm_gpu.py on an H100).
-VLLM_QWEN35_VISION_LANGUAGE_CHECKED = "0.26.0"
 # `--gdn-prefill-backend` choices by the first vLLM release that offers them; no flag before 0.18.0.
 VLLM_GDN_PREFILL_BACKENDS_SINCE: dict[str, str] = {
     "flashinfer": "0.18.0",
@@ -175,7 +160,7 @@ KNOWN_PINS: dict[tuple[str, str], Pins] = {
 
 # Versions probed to find whether two specifiers admit a common release.
 _PROBE_VERSIONS = {
-    "transformers": [f"5.{m}.{p}" for m in range(0, 25) for p in range(0, 4)],
+    "transformers": [f"5.{m}.{p}" for m in range(25) for p in range(4)],
     "flashinfer-python": ["0.6.8.post1", "0.7.2.post1"],
     "torch": ["2.11.0", "2.12.0", "2.13.0", "2.14.0"],
 }

@@ -217,7 +217,7 @@ def _merge_op(op: str, per_rank: list[ProfiledOp], threshold_mib: float) -> OpVe
         verdict, reason = KEEP_CHECKED, "one call per rank and group: no steady-state sample"
     elif steady_drop_mib >= threshold_mib:
         verdict, reason = KEEP_CHECKED, f"steady-state free-memory drop {steady_drop_mib:.1f} MiB"
-    elif steady_allocator_mib >= threshold_mib:
+    elif steady_allocator_mib is not None and steady_allocator_mib >= threshold_mib:
         verdict, reason = KEEP_CHECKED, f"steady-state allocator growth {steady_allocator_mib:.1f} MiB"
     else:
         verdict, reason = SKIP_SAFE, f"steady state below {threshold_mib:g} MiB"

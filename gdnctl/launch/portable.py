@@ -43,7 +43,8 @@ def portable_text(source: Path) -> tuple[str, list[str]]:
     for field, written, absolute in _relative_paths(raw, load_preset(source).data):
         key = re.escape(field.rsplit(".", 1)[-1])
         pattern = re.compile(rf"(\b{key}:\s*)({re.escape(written)})(?=\s*(?:[,}}#]|$))", re.MULTILINE)
-        text, count = pattern.subn(lambda match: match.group(1) + json.dumps(absolute), text, count=1)
+        replacement = json.dumps(absolute)
+        text, count = pattern.subn(lambda match: match.group(1) + replacement, text, count=1)  # noqa: B023 - used now
         if count:
             changed.append(field)
     return text, changed

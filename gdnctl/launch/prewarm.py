@@ -1,7 +1,7 @@
 """`gdnctl prewarm`: compile the GDN kernels a preset's ranks will call, into the shared kernel cache.
 
 FlashQLA's TileLang kernels compile on first use (minutes per head configuration on an H100), FLA's Triton kernels
-too (98.5 s at the 35B-A3B proxy's shape, BENCHMARKS.md "Kernels: compile time, prewarm and the first call");
+too (98.5 s at the 35B-A3B proxy's shape, benchmarks/results/kernel-compile-prewarm-h100-2026-11-24.md);
 without a warm cache every rank of every job pays that at start-up. Prewarm runs forward and backward once per
 per-rank shape with the backend the preset trains with (kernels.gdn_backend, or --backend), its compiler cache
 pointing where the rendered scripts point it (plan.kernel_cache_env: TileLang in the kernel cache directory, Triton
@@ -15,9 +15,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import GDN_BACKENDS, RankShape

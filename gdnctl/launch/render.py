@@ -34,7 +34,7 @@ from gdnctl.launch.run_dir import RunDirNotEmpty
 from gdnctl.plan import DEFAULT_KERNEL_CACHE, compile_engine_config
 from gdnctl.resources import templates_dir
 from gdnctl.schema import SBATCH_SAFE, SBATCH_SAFE_TEXT
-from gdnctl.validate import PresetHasErrors, ValidationResult, validate
+from gdnctl.validate import PresetHasErrors, ValidationResult, preset_code, validate
 
 TEMPLATES = {"launch_local.sh": "launch_local.sh.j2", "launch_slurm.sbatch": "launch_slurm.sbatch.j2"}
 
@@ -156,6 +156,8 @@ def build(result: ValidationResult, run_dir: Path, templates: Path | None = None
         "trainer_nodes": trainer_nodes,
         "rollout_step": rollout_step,
         "slurm": preset.launch.slurm.model_dump(),
+        # The files of the user's code the job imports (USR001 names them): the scripts check they are there.
+        "user_code": [(named.field, named.reference.file) for named in preset_code(preset) if named.reference.file],
     }
     jinja = template_environment(templates or templates_dir())
     files = {"engine.yaml": engine_yaml}

@@ -87,8 +87,11 @@ def launch_facts(run_dir: Path) -> tuple[str, str]:
 
 def _launch(found: dict) -> tuple[str, str]:
     """(executor, Slurm job name); run dirs rendered before the manifest recorded them: local, and the name."""
-    launch = found.get("launch") if isinstance(found.get("launch"), dict) else {}
-    name = str((found.get("resolved") or {}).get("name") or "gdnctl")
+    launch = found.get("launch")
+    if not isinstance(launch, dict):
+        launch = {}
+    resolved = found.get("resolved")
+    name = str((resolved.get("name") if isinstance(resolved, dict) else None) or "gdnctl")
     return str(launch.get("executor") or "local"), str(launch.get("job_name") or slurm_job_name(name))
 
 

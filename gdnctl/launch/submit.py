@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from gdnctl.errors import GdnctlError
 from gdnctl.launch import run_dir as run_dirs
@@ -40,14 +41,14 @@ class SubmitError(GdnctlError):
 def default_run_dir(name: str, root: Path = Path("runs")) -> Path:
     """runs/NAME-YYYYMMDD-HHMMSS-XXXX: readable, sorted by time, and apart for launches in the same second (the
     four random hex digits; render also creates the run dir exclusively and draws again on a collision)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "run"
     return root / f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
 def local_log(run_dir: Path, args: tuple[str, ...] = ()) -> Path:
     """logs/local-YYYYMMDD-HHMMSS[-smoke].out: where a local run's output is copied (`gdnctl logs` reads it)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return run_dir / run_dirs.LOGS / f"local-{stamp}{'-smoke' if args else ''}.out"
 
 
@@ -90,7 +91,7 @@ def _record_exit(run_dir: Path, exit_code: int, signal_name: str | None, *, smok
         signal=signal_name,
         stopped=stopped,
         smoke=smoke,
-        ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ended_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     try:
         run_dirs.record_local_exit(run_dir, record)
@@ -194,6 +195,79 @@ def job_status(job_id: str) -> tuple[str | None, int | None]:
     return (state.group(1) if state else None), exit_code
 
 
+def job_nodes(job_id: str) -> str | None:
+    """The Slurm host list (`node-[1-2]`) a job runs on; None while it has none (pending, or forgotten)."""
+    proc = subprocess.run(
+        [_require("scontrol"), "-o", "show", "job", job_id], capture_output=True, text=True, check=False
+    )
+    found = re.search(r"\bNodeList=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    return found.group(1) if found and found.group(1) != "(null)" else None
+
+
+# sinfo's long state names of a node Slurm holds failed: down, failing or drained (after "Kill task failed", say);
+# a trailing `*` means the node does not answer, whatever its state.
+_FAILED_NODE_STATES = ("down", "fail", "drain")
+
+
+def failed_nodes(nodelist: str) -> list[tuple[str, str, str]]:
+    """(node, state, Slurm's reason) of each node of `nodelist` that Slurm holds failed now."""
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return []
+    proc = subprocess.run(
+        [sinfo, "--noheader", "--Node", f"--nodes={nodelist}", "--format=%N|%T|%E"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    failed = []
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        name, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        if state.endswith("*") or state.startswith(_FAILED_NODE_STATES):
+            failed.append((name, state, reason.strip()))
+    return list(dict.fromkeys(failed))
+
+
+def node_failure_sentence(job_id: str, failed: list[tuple[str, str, str]], requeued: bool, run_dir: Path) -> str:
+    """What a node failure did to the job, naming the node(s)."""
+    nodes = "; ".join(
+        f"{name} ({reason or 'no reason given'}; Slurm holds it {state})" for name, state, reason in failed
+    )
+    what = f"node{'s' if len(failed) > 1 else ''} {nodes} of job {job_id} failed"
+    if requeued:
+        return (
+            f"{what}; Slurm requeued the job (--requeue), which starts again from its last checkpoint once it "
+            f"has nodes (gdnctl cancel {run_dir} stops it)."
+        )
+    return (
+        f"{what}, so Slurm ended the job on every node; what it saved stays in train.save_dir, and "
+        f"`gdnctl resume {run_dir} --slurm` runs it again from its last checkpoint."
+    )
+
+
+# The sentence each node's launcher prints for its failed rank (gdnctl/runtime/launcher/torchrun.py
+# failure_sentence), and the line that starts each run of the script (a requeued job appends to the same log).
+_FAILED_RANK = re.compile(r"^gdnctl: the job failed: (rank \d+ .+?)\. The rank's own message", re.MULTILINE)
+_RUN_STARTS = re.compile(r"^gdnctl: job \d+ on \d+ node\(s\)", re.MULTILINE)
+_LOG_TAIL_BYTES = 1 << 20
+
+
+def first_failure(log: Path) -> str | None:
+    """The first failed rank that the log's last run names ("rank 1 on NODE exited with code 3"): across nodes
+    the rank that failed first, whose node's task srun's --kill-on-bad-exit then stopped the others for (the job's
+    exit code is srun's, the highest of its tasks': 143 for a stopped one). None when the log names none."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - _LOG_TAIL_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    starts = list(_RUN_STARTS.finditer(text))
+    found = _FAILED_RANK.search(text, starts[-1].start() if starts else 0)
+    return found.group(1) if found else None
+
+
 def follow(
     run_dir: Path, job: SlurmJob, job_name: str, echo: Callable[[str], None], poll: float = POLL_SECONDS
 ) -> SlurmJob:
@@ -221,6 +295,7 @@ def _follow(
             echo(chunk.decode(errors="replace").rstrip("\n"))
 
     last_state = None
+    nodes = None  # the nodes of the job's current run: which of them failed, if it stops running
     while True:
         if received:
             name = signal.Signals(received[0]).name
@@ -234,6 +309,15 @@ def _follow(
         if state != last_state and state is not None:
             print(f"gdnctl: job {job.job_id} is {state}", file=sys.stderr)
             last_state = state
+            if state == "RUNNING":
+                nodes = job_nodes(job.job_id)
+            elif nodes is not None and state in ("NODE_FAIL", "PENDING", "REQUEUED"):
+                # A node lost mid-job: Slurm ends the job NODE_FAIL, or requeues it (--requeue).
+                failed = failed_nodes(nodes)
+                if failed:
+                    sentence = node_failure_sentence(job.job_id, failed, state != "NODE_FAIL", run_dir)
+                    print(f"gdnctl: {sentence}", file=sys.stderr)
+                nodes = None
         if state in TERMINAL_STATES:
             drain()
             job.state = state

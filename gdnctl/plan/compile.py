@@ -17,6 +17,7 @@ from gdnctl.schema import (
     EngineComm,
     EngineConfig,
     EngineDynamicSampling,
+    EngineEnvironment,
     EngineEstimate,
     EngineEval,
     EngineGrpo,
@@ -25,10 +26,17 @@ from gdnctl.schema import (
     EngineMetrics,
     EngineOverlong,
     EngineParallel,
+    EngineRewardFunction,
+    EngineRewardServer,
     EngineRollout,
     EngineSelftest,
     EngineSpeed,
     EngineTrain,
+    EngineUserCode,
+    RewardFunctionSpec,
+    RewardServerSpec,
+    RolloutSpec,
+    parse_code_reference,
 )
 
 
@@ -47,15 +55,45 @@ def _lora(run: Run) -> EngineLora | None:
     )
 
 
+def user_code(field: str, text: str) -> EngineUserCode:
+    """The code a preset's field names (the loader made a file's path absolute)."""
+    reference = parse_code_reference(text)
+    return EngineUserCode(field=field, file=reference.file, module=reference.module, name=reference.name)
+
+
+def _environment(rollout: RolloutSpec) -> EngineEnvironment | None:
+    spec = rollout.environment
+    if spec is None:
+        return None
+    return EngineEnvironment(code=user_code("rollout.environment.class", spec.class_), max_turns=spec.max_turns)
+
+
 def _grpo(run: Run) -> EngineGrpo:
-    g = run.preset.grpo
+    grpo = run.preset.grpo
+    reward: str | EngineRewardFunction | EngineRewardServer
+    if isinstance(grpo.reward, RewardFunctionSpec):
+        spec = grpo.reward
+        reward = EngineRewardFunction(
+            code=user_code("grpo.reward.function", spec.function),
+            workers=grpo.reward_workers,
+            timeout_s=spec.timeout_s,
+            cpu_seconds=spec.cpu_seconds,
+            memory_gib=spec.memory_gib,
+            on_error=spec.on_error,
+            default_score=spec.default_score,
+        )
+    elif isinstance(grpo.reward, RewardServerSpec):
+        reward = EngineRewardServer(**grpo.reward.model_dump())
+    else:
+        reward = grpo.reward
     return EngineGrpo(
-        **g.model_dump(exclude={"rollout_correction", "dynamic_sampling", "overlong"}),
+        reward=reward,
+        **grpo.model_dump(exclude={"reward", "reward_workers", "rollout_correction", "dynamic_sampling", "overlong"}),
         rollout_correction=run.importance_weight.value,
         dynamic_sampling=None
-        if g.dynamic_sampling is None
-        else EngineDynamicSampling(**g.dynamic_sampling.model_dump()),
-        overlong=None if g.overlong is None else EngineOverlong(**g.overlong.model_dump()),
+        if grpo.dynamic_sampling is None
+        else EngineDynamicSampling(**grpo.dynamic_sampling.model_dump()),
+        overlong=None if grpo.overlong is None else EngineOverlong(**grpo.overlong.model_dump()),
     )
 
 
@@ -105,6 +143,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             max_engine_restarts=run.engine_restarts.value,
             engine_restarts_reason=run.engine_restarts.reason,
             stall_timeout_s=r.stall_timeout_s,
+            environment=_environment(r),
         )
     return EngineConfig(
         gdnctl_version=__version__,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdnctl.knowledge import GDN_BACKENDS, GpuSpec, ModelArch, lora, stack, versions
-from gdnctl.schema import Preset
+from gdnctl.schema import Preset, RolloutSpec
 
 # Where TileLang's compiled FlashQLA kernels go when launch.kernel_cache_dir is unset: one cache per user, shared
 # by every run and filled once by `gdnctl prewarm` (on clusters, put it on a shared filesystem).
@@ -21,7 +21,7 @@ DEFAULT_KERNEL_CACHE = "~/.cache/gdnctl/tilelang"
 def kernel_cache_env(kernel_cache_dir: str, *, rollout: bool = False) -> list[tuple[str, str, str]]:
     """The compiler caches the trainer fills on first use, all under the one kernel cache directory so that a job
     (or `gdnctl prewarm`) fills them once for every later job: (variable, value, what it holds). Measured on the
-    35B-A3B proxy on an H100 (BENCHMARKS.md, "Kernels: compile time, prewarm and the first call"): FLA's first call
+    35B-A3B proxy on an H100 (benchmarks/results/kernel-compile-prewarm-h100-2026-11-24.md): FLA's first call
     98.5 s cold, 1.7 s with a warm Triton cache; step 1 48.9 s cold, 14.5 s with warm Triton and inductor caches.
     With Triton's autotuning results cached as well (TRITON_CACHE_AUTOTUNING, Triton's own knob; 6 autotuning runs
     in the first process, 0 in the next), the proxy's step 1 went from 14.0 s to 9.6 s, torch.compile off. Without
@@ -154,13 +154,13 @@ def torch_compile(preset: Preset, software: dict[str, str | None], gpu: GpuSpec)
 
     Megatron-Core decorates its elementwise glue with torch.compile (megatron/core/jit.py `jit_fuser`, megatron-core
     0.19.2): the GDN output gate and norm, the g/beta gate, SwiGLU, the attention output gate. Eager, each is a chain
-    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows; BENCHMARKS.md
-    "Trainer: where the step goes"): elementwise kernels took 170 ms of GPU time a step eager and 50 ms compiled;
-    the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s eager, 0.766
-    s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. With the defaults on one H100 (FlashQLA,
-    concatenated full rows, attention and GDN blocks graphed; BENCHMARKS.md "torch.compile off, Dynamo's caching
-    precompile, torch's attention"): 0.686 s a step compiled against 0.768 s eager, the reserved peak 53.81 GiB
-    against 55.19 GiB, step 1 about 4 s longer (Dynamo's tracing of 14 graphs: the inductor cache spares only
+    of fp32 kernels. Profiled on the 35B-A3B proxy (one H200, megatron-bridge builder, filled rows;
+    benchmarks/results/step-profile-h200-2026-11-26.md): elementwise kernels took 170 ms of GPU time a step eager and
+    50 ms compiled; the step 0.821 s against 0.776 s without the router graphs, and within the noise with them (0.758 s
+    eager, 0.766 s compiled); the peak 1.25 GiB lower either way; step 1 about 3 s longer. With the defaults on one
+    H100 (FlashQLA, concatenated full rows, attention and GDN blocks graphed;
+    benchmarks/results/startup-h100-2026-11-27.md): 0.686 s a step compiled against 0.768 s eager, the reserved peak
+    53.81 GiB against 55.19 GiB, step 1 about 4 s longer (Dynamo's tracing of 14 graphs: the inductor cache spares only
     the code generation, and torch 2.11's caching precompile, which would spare the tracing, fails in AOTAutograd's
     cache). Megatron-Bridge's own loop compiles them too. auto stays where that was measured: one row shape every
     step (a new shape recompiles)."""
@@ -198,7 +198,7 @@ TE_PACKED_ATTENTION_MAX_HEAD_DIM = 128
 
 def attention(preset: Preset, model: ModelArch, software: dict[str, str | None]) -> Decision:
     """The full-attention layers' core attention: Transformer Engine's, or torch's SDPA and varlen FlashAttention.
-    Rests on benchmarks/attention_check.py run on an H100 (BENCHMARKS.md, "Packed rows trained on NaN")."""
+    Rests on benchmarks/attention_check.py run on an H100 (benchmarks/results/packed-rows-nan-h100-2026-11-25.md)."""
     requested = preset.kernels.attention
     if model_builder(software).value == "te-free":
         return Decision(
@@ -313,14 +313,14 @@ def rollout_weight_transport(preset: Preset, gpu: GpuSpec, software: dict[str, s
     requested = rollout.weight_sync
     if requested == "disk":
         return Decision("disk", "set in the preset (rollout.weight_sync: disk)")
-    transport = requested if requested != "auto" else _in_memory_transport(preset, gpu)
+    transport = requested if requested != "auto" else _in_memory_transport(rollout, gpu)
     if transport is None:
         return Decision(
             "disk",
             "no GPU: vLLM's CPU build reloads from the safetensors directory (rollout."
             "weight_sync: broadcast sends the weights over gloo instead)",
         )
-    blocker = _in_memory_blocker(transport, preset, gpu, software)
+    blocker = _in_memory_blocker(transport, preset, rollout, gpu, software)
     if blocker is not None:
         return Decision("disk", blocker)
     why = _IN_MEMORY_WHY[transport]
@@ -335,32 +335,34 @@ _IN_MEMORY_WHY = {
 }
 
 
-def _in_memory_transport(preset: Preset, gpu: GpuSpec) -> str | None:
+def _in_memory_transport(rollout: RolloutSpec, gpu: GpuSpec) -> str | None:
     """What `rollout.weight_sync: auto` picks before the blockers: CUDA IPC on the shared GPUs of a colocated
     rollout, a broadcast to the GPUs of a separate one, and the directory on CPU (the tests' default there)."""
     if gpu.sm is None:
         return None
-    return "cuda_ipc" if preset.rollout.colocate else "broadcast"
+    return "cuda_ipc" if rollout.colocate else "broadcast"
 
 
-def _in_memory_blocker(transport: str, preset: Preset, gpu: GpuSpec, software: dict[str, str | None]) -> str | None:
-    """Why `transport` cannot serve this run, or None when it can."""
+def _in_memory_blocker(
+    transport: str, preset: Preset, rollout: RolloutSpec, gpu: GpuSpec, software: dict[str, str | None]
+) -> str | None:
+    """Why `transport` cannot serve this run (its rollout section `rollout`), or None when it can."""
     p = preset.parallel
     if transport == "cuda_ipc":
         if gpu.sm is None:
             return "no GPU: vLLM's CPU build reloads from the safetensors directory"
-        if not preset.rollout.colocate:
+        if not rollout.colocate:
             return (
                 "separate placement (rollout.colocate: false): CUDA IPC shares memory within a GPU; "
                 "rollout.weight_sync: broadcast reaches separate rollout GPUs"
             )
-    elif gpu.sm is not None and preset.rollout.colocate:
+    elif gpu.sm is not None and rollout.colocate:
         # ProcessGroupNCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected").
         return (
             "colocated on GPUs: the vLLM workers share the trainer's GPUs, and NCCL refuses two ranks of one "
             "group on one GPU; rollout.weight_sync: cuda_ipc serves colocated runs"
         )
-    elif preset.rollout.colocate and preset.cluster.nodes > 1:
+    elif rollout.colocate and preset.cluster.nodes > 1:
         # runtime/rl/rollout/engine_layout.py: each node's first rank drives its node's engines; rank 0 sends the
         # buckets.
         return (
@@ -381,15 +383,17 @@ def rollout_class(preset: Preset, model, software: dict[str, str | None]) -> Dec
     vision-language class with its vision tower skipped (vLLM builds no tower when every modality's
     limit_mm_per_prompt is 0: `_mark_tower_model` in vllm/model_executor/models/interfaces.py, 0.26.0)."""
     vllm = software.get("vllm")
-    if preset.job != "rl" or model.is_qwen3_next or not versions.below(vllm, stack.VLLM_QWEN35_TEXT_ONLY):
+    family = model.family
+    since = family.vllm_text_class_since
+    if preset.job != "rl" or since is None or not versions.below(vllm, since):
         return Decision(
             "text",
-            "the text-only class" + ("" if model.is_qwen3_next else f" (vLLM {vllm} registers Qwen3_5ForCausalLM)"),
+            "the text-only class" + ("" if since is None else f" (vLLM {vllm} registers {family.text_class})"),
         )
     return Decision(
         "vision-language",
-        f"vLLM {vllm} registers only the vision-language Qwen3.5 classes (the "
-        f"text-only ones arrive in {stack.VLLM_QWEN35_TEXT_ONLY}): the weight sync "
+        f"vLLM {vllm} registers only the vision-language {family.label} classes (the "
+        f"text-only ones arrive in {since}): the weight sync "
         "names the language model as that class does and the engine builds no "
         "vision tower (limit_mm_per_prompt 0 for images and videos)",
     )
@@ -485,7 +489,7 @@ def lora_expert_adapters(preset: Preset) -> Decision:
     each grouped linear's tokens per expert to the host (`expert_splits.tolist()`, a device synchronisation) and
     loops over the experts in Python, for the gate-and-up and the down projection of every MoE layer, forward and
     backward; the shared one is a single ParallelLinearAdapter. On the 35B-A3B proxy (one H100, rank 32,
-    BENCHMARKS.md "Trainer: LoRA against full fine-tuning") the step took 0.551 s shared, 1.074 s per expert and
+    benchmarks/results/lora-h100-2026-11-27.md) the step took 0.551 s shared, 1.074 s per expert and
     0.667 s fine-tuning every weight, with the same losses to four digits over 8 steps. With expert parallel a
     shared adapter is refused (TRN024: Megatron-Core's expert optimizer would count every EP rank's copy in the
     gradient norm), so auto keeps one per expert there."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gdnctl.knowledge import GDN_BACKENDS
 from gdnctl.plan import memory
 from gdnctl.plan.run import Run
+from gdnctl.schema import RewardFunctionSpec, RewardServerSpec
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def derived_values(run: Run) -> list[Derived]:
         out.append(Derived("rollout_gpus", run.rollout_gpus.value, run.rollout_gpus.reason))
         out.append(Derived("rollout_engines", run.rollout_engines.value, run.rollout_engines.reason))
         out.append(Derived("weight_sync", run.weight_export.value, run.weight_export.reason))
+        out.append(_reward(run))
         out.extend(_ppo(run))
         if preset.rollout is not None:
             r = preset.rollout
@@ -124,7 +126,7 @@ def derived_values(run: Run) -> list[Derived]:
                     "the trainer steps, and wakes for the weight sync",
                 )
             )
-        if not m.is_qwen3_next:
+        if m.family.vllm_text_class_since is not None:  # the family has a class to choose
             out.append(Derived("rollout_class", run.rollout_class.value, run.rollout_class.reason))
     for name, value, reason in run.environment:
         out.append(Derived(f"env.{name}", value, reason))
@@ -161,6 +163,44 @@ def _lora(run: Run) -> list[Derived]:
             "a full HF checkpoint (runtime/model/lora_checkpoint.py)",
         ),
     ]
+
+
+def _reward(run: Run) -> Derived:
+    """What scores the samples, and where the user's code of it runs (docs/rl.md, "Your own task")."""
+    rollout, reward = run.preset.rollout, run.preset.grpo.reward
+    if rollout is not None and rollout.environment is not None:
+        spec = rollout.environment
+        return Derived(
+            "reward",
+            f"the episodes of {spec.class_}",
+            f"rollout.environment: at most {spec.max_turns} model turn(s) per episode through the chat template, "
+            "the environment's tokens masked out of the loss; each episode's reward is what its step() ends it "
+            "with; rank 0 runs the episodes (grpo.reward is not used)",
+        )
+    if isinstance(reward, RewardFunctionSpec):
+        cpu = "no CPU limit" if reward.cpu_seconds is None else f"{reward.cpu_seconds:g} CPU s"
+        memory = "no memory limit" if reward.memory_gib is None else f"{reward.memory_gib:g} GiB of address space"
+        failed = (
+            "stops the job with a sentence"
+            if reward.on_error == "stop"
+            else f"scores {reward.default_score:g}, counted and logged"
+        )
+        return Derived(
+            "reward",
+            reward.function,
+            f"in {run.preset.grpo.reward_workers} worker process(es) beside trainer rank 0, each sample as it "
+            f"arrives; a call may take {reward.timeout_s:g} s, {cpu} and {memory}; a failed call {failed} "
+            "(grpo.reward.on_error)",
+        )
+    if isinstance(reward, RewardServerSpec):
+        return Derived(
+            "reward",
+            reward.url,
+            f"a reward server: POSTs of at most {reward.batch_size} samples, {reward.concurrency} in flight, a "
+            f"{reward.timeout_s:g} s connection timeout, each sent again up to {reward.retries} time(s) with "
+            "backoff; checked once before step 1",
+        )
+    return Derived("reward", reward, "a shipped rule (runtime/rl/rewards/shipped.py), run inline on trainer rank 0")
 
 
 def _ppo(run: Run) -> list[Derived]:

@@ -2,7 +2,8 @@
 
 Each option changes how a step is computed, not what it computes (gradients reduced in bf16 are the one that
 rounds differently, and jobs that need exact accumulation keep fp32). Each is an `explain` line with its reason,
-and BENCHMARKS.md shows the step time of the 35B-A3B proxy with each one on and off.
+and benchmarks/results/speed-options-h100-2026-11-25.md and filled-rows-h200-2026-11-26.md show the step time of
+the 35B-A3B proxy with each one on and off.
 
 Where the options come from: Megatron-Bridge's MoE performance recipes turn on the same fusions, bf16 gradient
 reduction and manual garbage collection (megatron-bridge 0.6.2, `recipes/.../perf_recipes/_common.py`
@@ -41,9 +42,11 @@ _WHAT = {
     "cutlass_grouped_gemm": "the experts' grouped GEMMs run as one CUTLASS kernel on Hopper instead of cuBLAS "
     "(Transformer Engine's NVTE_USE_CUTLASS_GROUPED_GEMM=1): {measured}",
 }
-# What CUTLASS's grouped GEMM measured on gdnctl's trainer (BENCHMARKS.md, "CUTLASS grouped GEMM on and off").
+# What CUTLASS's grouped GEMM measured on gdnctl's trainer (benchmarks/results/cutlass-grouped-gemm-h100-2026-11-27.md;
+# the pair in step-profile-h200-2026-11-26.md).
 CUTLASS_GROUPED_GEMM_MEASURED = (
-    "the 35B-A3B proxy's step 0.679 -> 0.641 s on an H100 (5.6% faster, losses the same to bf16 rounding)"
+    "the 35B-A3B proxy's step 0.679 -> 0.641 s in one sequence of launches on a shared H100 (5.6% faster, losses "
+    "the same to bf16 rounding; 2% in an earlier pair on two H200s)"
 )
 # The variable gdnctl's launch scripts export for the option, and the multiple its GEMMs' K must be for CUTLASS.
 CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
@@ -128,7 +131,7 @@ def _auto(name: str, preset: Preset, model: ModelArch, te_free: bool) -> Decisio
 
 def _auto_overlap_grad_reduce(dp: int | None) -> Decision:
     """Off: measured on gdnctl's own trainer, it gained nothing. Two launches of the 35B-A3B proxy at DP2 on two H100s
-    of one NVLink host (BENCHMARKS.md, "Trainer: beside Megatron-Bridge's own loop") gave 83,072 tokens/s with the
+    of one NVLink host (benchmarks/results/multi-gpu-h100-2026-11-26.md) gave 83,072 tokens/s with the
     overlap against 84,654 without (0.98x): the reduce-scatter of one step's bf16 gradients is short beside its
     backward pass there, and DP2 already reaches 1.98x one GPU. Megatron-Bridge's recipes turn it on (with 128 MiB
     buckets, and the parameter all-gather overlapped too) whenever data parallel > 1 (megatron-bridge 0.6.2

@@ -8,8 +8,9 @@ it and imports that module on first access (PEP 562).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 
 def lazy_attributes(package: str, homes: dict[str, str]) -> Callable[[str], Any]:

@@ -1,7 +1,7 @@
 """The `selftest` job: prove on this cluster, before a real job, that the runtime's pieces behave.
 
 Every rank runs every check; rank 0 prints one line per check (`selftest: <check> ok|FAIL|skipped ...`,
-FAIL when any rank failed) and a summary. The checks:
+FAIL when any rank failed), the host each rank ran on, and a summary. The checks:
 
 - the comm guard under the engine config's policy, with every op checked and the clear path forced, and
   with every op skipped: each collective gives the same result as with the guard uninstalled, checked ops
@@ -18,6 +18,7 @@ import importlib
 import json
 import math
 import random
+import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -382,7 +383,26 @@ class _Checks:
 
 def run(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> int:
     """Run every check on every rank; return 0 when all ranks passed them all, else 1."""
-    return _report(check_all(config, policy, run_dir))
+    results = check_all(config, policy, run_dir)
+    hosts: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    return _report(results, hosts)
+
+
+def hosts_line(hosts: list[str]) -> str:
+    """Where the ranks ran, each run of consecutive ranks on one host as one entry: `ranks 0-7 on a, rank 8 on b`.
+    Across nodes it is the first thing to read: a job whose ranks all sit on one host did not span its nodes."""
+    groups: list[tuple[int, int, str]] = []
+    for rank, host in enumerate(hosts):
+        if groups and groups[-1][2] == host:
+            groups[-1] = (groups[-1][0], rank, host)
+        else:
+            groups.append((rank, rank, host))
+    where = ", ".join(
+        f"rank {first} on {host}" if first == last else f"ranks {first}-{last} on {host}"
+        for first, last, host in groups
+    )
+    return f"selftest: where the ranks ran: {where}"
 
 
 def check_all(config: EngineConfig, policy: CommGuardPolicy, run_dir: Path) -> list[CheckResult]:
@@ -653,8 +673,9 @@ def _merged(checks: _Checks) -> list[CheckResult]:
     return merged
 
 
-def _report(results: list[CheckResult]) -> int:
+def _report(results: list[CheckResult], hosts: list[str]) -> int:
     lines = [f"selftest: {result.name} {result.status} ({result.detail})" for result in results]
+    lines.append(hosts_line(hosts))
     failed = sum(result.status == "FAIL" for result in results)
     skipped = sum(result.status == "skipped" for result in results)
     summary = (

@@ -14,13 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 16  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 17  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
 # 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm;
-# 15: train.lora.share_expert_adapters; 16: rollout.max_staleness, partial, max_engine_restarts (decided, with
-# engine_restarts_reason) and stall_timeout_s, grpo.dynamic_sampling and overlong
+# 15: train.lora.share_expert_adapters; 16: grpo.reward as a function or a server, rollout.environment;
+# 17: rollout.max_staleness, partial, max_engine_restarts (decided, with engine_restarts_reason) and
+# stall_timeout_s, grpo.dynamic_sampling and overlong
 
 
 class _Frozen(BaseModel):
@@ -125,6 +126,26 @@ class EngineSpeed(_Frozen):
     reasons: dict[str, str] = {}
 
 
+class EngineUserCode(_Frozen):
+    """Code of the user's that the job runs (schema/user_code.py): a file's path or a module, and the name in it."""
+
+    field: str  # the preset's field that names it, for messages
+    file: str | None  # absolute path of a .py file
+    module: str | None  # an importable module, when not a file
+    name: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.file or self.module}:{self.name}"
+
+
+class EngineEnvironment(_Frozen):
+    """rollout.environment: the class whose instances run one multi-turn episode each (runtime/rl/environments)."""
+
+    code: EngineUserCode
+    max_turns: int
+
+
 class EngineRollout(_Frozen):
     engine: str
     tp: int
@@ -164,6 +185,8 @@ class EngineRollout(_Frozen):
     max_engine_restarts: int = 0
     engine_restarts_reason: str = ""
     stall_timeout_s: float = 300.0
+    # Multi-turn episodes with the user's environment; None: one model turn per prompt.
+    environment: EngineEnvironment | None = None
 
 
 class EngineDynamicSampling(_Frozen):
@@ -176,8 +199,33 @@ class EngineOverlong(_Frozen):
     mask_truncated: bool
 
 
+class EngineRewardFunction(_Frozen):
+    """grpo.reward: {function: ...}, called in `workers` processes with these limits (runtime/rl/rewards/pool.py)."""
+
+    kind: Literal["function"] = "function"
+    code: EngineUserCode
+    workers: int
+    timeout_s: float
+    cpu_seconds: float | None
+    memory_gib: float | None
+    on_error: Literal["stop", "default"]
+    default_score: float
+
+
+class EngineRewardServer(_Frozen):
+    """grpo.reward: {url: ...} (runtime/rl/rewards/http_client.py)."""
+
+    kind: Literal["server"] = "server"
+    url: str
+    timeout_s: float
+    retries: int
+    concurrency: int
+    batch_size: int
+
+
 class EngineGrpo(_Frozen):
-    reward: str
+    # A shipped reward's name (runtime/rl/rewards/shipped.py), the user's function, or a reward server.
+    reward: str | EngineRewardFunction | EngineRewardServer
     clip_low: float
     clip_high: float
     kl_coef: float
@@ -262,6 +310,6 @@ class EngineConfig(_Frozen):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "EngineConfig":
+    def from_file(cls, path: str | Path) -> EngineConfig:
         data = yaml.safe_load(Path(path).read_text())
         return cls.model_validate(data)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from types import UnionType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from gdnctl.knowledge import (
     DEFAULT_GDN_BACKEND,
@@ -23,6 +24,7 @@ from gdnctl.knowledge import (
     versions,
 )
 from gdnctl.schema import comm_ops
+from gdnctl.schema.user_code import parse_code_reference
 
 JobKind = Literal["rl", "sft", "pretrain", "selftest"]
 # Both patterns are used with `fullmatch`: `$` with `match` would let a trailing newline through.
@@ -49,6 +51,9 @@ MAX_GPU_MEMORY_GIB = 4_096.0  # 4 TiB: past any one accelerator's memory (MEM002
 MAX_STALENESS = 1_000  # weight versions a sample may lag: past any useful off-policy bound
 MAX_ENGINE_RESTARTS = 1_000
 MAX_SAMPLING_ROUNDS = 1_000
+MAX_HOST_MEMORY_GIB = 65_536.0  # 64 TiB: past any one host's memory
+MAX_WORKERS = 4_096  # processes or connections a reward keeps busy at once
+MAX_TURNS = 1_000  # model turns in one episode
 
 
 def _number_as_text(value: object, kinds: type | UnionType) -> object:
@@ -81,7 +86,7 @@ class ModelSpec(_Section):
     tokenizer: str | None = Field(None, description="Tokenizer dir (default: model.path)")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if self.id is None and self.path is None:
             raise ValueError("set model.id (a catalog id) or model.path (a checkpoint dir with config.json)")
         return self
@@ -300,6 +305,25 @@ class CommSpec(_Section):
         return tuple(ops)
 
 
+def _code_reference(value: str) -> str:
+    parse_code_reference(value)  # raises the sentence
+    return value
+
+
+class EnvironmentSpec(_Section):
+    """A multi-turn environment of the user's (runtime/rl/environments/contract.py): it starts each episode from a
+    dataset record and answers every model turn with observations or the episode's reward."""
+
+    class_: str = Field(
+        alias="class",
+        description='"path/to/env.py:Env" (relative to this preset) or "package.module:Env": the class whose '
+        "instances run one episode each",
+    )
+    max_turns: int = Field(4, ge=1, le=MAX_TURNS, description=f"model turns in one episode, at most {MAX_TURNS:,}")
+
+    _reference = field_validator("class_")(_code_reference)
+
+
 class RolloutSpec(_Section):
     engine: Literal["vllm"] = "vllm"
     tp: int = Field(1, ge=1, le=MAX_GPUS, description=f"vLLM tensor parallel size per engine, at most {MAX_GPUS:,}")
@@ -364,6 +388,11 @@ class RolloutSpec(_Section):
         description="prompts longer than max_model_len - max_response_tokens, found when every prompt is "
         "encoded before step 1: drop leaves them out and names their count and first lines; "
         "refuse stops the job before step 1",
+    )
+    environment: EnvironmentSpec | None = Field(
+        None,
+        description="multi-turn episodes with an environment of yours (tools, feedback); null: one model turn "
+        "per prompt, scored by grpo.reward",
     )
     max_step0_logprob_gap: float | None = Field(
         0.05,
@@ -435,11 +464,129 @@ class OverlongSpec(_Section):
     )
 
 
+# The shipped rule-based rewards (runtime/rl/rewards/shipped.py holds them, one entry each).
+ShippedReward = Literal["math_exact", "digit_fraction"]
+
+
+class RewardFunctionSpec(_Section):
+    """A reward function of the user's, called once per sample in a pool of worker processes
+    (runtime/rl/rewards/pool.py) as score(prompt=..., response=..., response_ids=..., record=...)."""
+
+    function: str = Field(
+        description='"path/to/rewards.py:score" (relative to this preset) or "package.module:score"',
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="seconds one call may take; past them the worker is killed, replaced and the call failed",
+    )
+    cpu_seconds: float | None = Field(
+        60.0, gt=0, le=MAX_TIMEOUT_S, description="CPU seconds one call may use (RLIMIT_CPU); null: no limit"
+    )
+    memory_gib: float | None = Field(
+        4.0,
+        gt=0,
+        le=MAX_HOST_MEMORY_GIB,
+        description="address space of each worker process in GiB (RLIMIT_AS: virtual memory, so the "
+        "libraries the function imports count); null: no limit",
+    )
+    on_error: Literal["stop", "default"] = Field(
+        "stop",
+        description="a call that raises, times out, passes a limit or returns a non-finite score: stop the job "
+        "with a sentence naming the sample and the function, or give the sample default_score, count it "
+        "in the step's reward_failures and log it with the sample",
+    )
+    default_score: float = Field(0.0, description="the score a failed call gives its sample (on_error: default)")
+
+    _reference = field_validator("function")(_code_reference)
+
+    @model_validator(mode="after")
+    def _default_needs_default(self) -> RewardFunctionSpec:
+        if "default_score" in self.model_fields_set and self.on_error != "default":
+            raise ValueError("a default_score applies with on_error: default only; set on_error: default or remove it")
+        return self
+
+
+class RewardServerSpec(_Section):
+    """A reward server of the user's: batches of samples POSTed as JSON (runtime/rl/rewards/http_client.py has the
+    request and the response), with retries and backoff."""
+
+    url: str = Field(description="http://HOST:PORT/PATH (or https://) that answers the batch requests")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="the connection's timeout in seconds: to connect, and to wait for the answer or its next bytes",
+    )
+    retries: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="attempts after the first for a request that fails to connect, times out "
+        "or is answered 429 or 5xx, with exponential backoff",
+    )
+    concurrency: int = Field(4, ge=1, le=MAX_WORKERS, description="requests in flight at once")
+    batch_size: int = Field(32, ge=1, le=MAX_SEQUENCES, description="most samples in one request")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.isprintable() or " " in value:
+            raise ValueError("the url must be one line without spaces")
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"'{value}' is not an http:// or https:// url with a host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("a user or password in the url would be written into the run dir; leave them out")
+        try:
+            parts.port  # noqa: B018 - a port out of range or not a number raises here
+        except ValueError as error:
+            raise ValueError(f"the url's port is not valid ({error})") from None
+        return value
+
+
+# The tags pydantic puts into an error's location for grpo.reward's three forms; the loader leaves them out of
+# the field path it reports.
+REWARD_TAGS = ("shipped reward", "reward function", "reward server")
+
+
+def _reward_form(value: Any) -> str | None:
+    if isinstance(value, str):
+        return REWARD_TAGS[0]
+    if isinstance(value, RewardServerSpec) or (isinstance(value, dict) and "url" in value):
+        return REWARD_TAGS[2]
+    if isinstance(value, (RewardFunctionSpec, dict)):
+        return REWARD_TAGS[1]
+    return None
+
+
+RewardSetting = Annotated[
+    Annotated[ShippedReward, Tag(REWARD_TAGS[0])]
+    | Annotated[RewardFunctionSpec, Tag(REWARD_TAGS[1])]
+    | Annotated[RewardServerSpec, Tag(REWARD_TAGS[2])],
+    Discriminator(
+        _reward_form,
+        custom_error_type="reward_form",
+        custom_error_message="the reward is a shipped reward's name (math_exact, digit_fraction), "
+        "{function: 'file.py:name'} or {url: 'http://host:port/path'}",
+    ),
+]
+
+
 class GrpoSpec(_Section):
     """The rl job's objective: GRPO with group-normalised outcome rewards and a clipped policy loss."""
 
-    reward: Literal["math_exact", "digit_fraction"] = Field(
-        "math_exact", description="shipped rule-based reward (gdnctl.runtime.rl.algorithm.rewards)"
+    reward: RewardSetting = Field(
+        "math_exact",
+        description="a shipped rule-based reward (math_exact, digit_fraction), a function of yours "
+        "({function: ...}) or a reward server ({url: ...}); docs/rl.md says how to write each",
+    )
+    reward_workers: int = Field(
+        4,
+        ge=1,
+        le=MAX_WORKERS,
+        description="worker processes that call grpo.reward.function, each on one sample (a function's only)",
     )
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip (1 - clip_low)")
     clip_high: float = Field(
@@ -559,7 +706,11 @@ class SlurmSpec(_Section):
     mem: str | None = Field(None, description="memory per node, e.g. 0 (all) or 500G")
     constraint: str | None = None
     exclusive: bool = True
-    requeue: bool = Field(True, description="requeue on preemption (--requeue; USR1 with more than 180 s left)")
+    requeue: bool = Field(
+        True,
+        description="requeue on preemption and node failure (--requeue; USR1 with more than 180 s left); false: "
+        "--no-requeue, whatever the cluster's JobRequeue default",
+    )
     time_limit_requeues: int = Field(
         0,
         ge=0,

@@ -54,7 +54,7 @@ class SmokeReport(_Frozen):
     measured: SmokeMeasured
 
     @model_validator(mode="after")
-    def _green_means_no_failure(self) -> "SmokeReport":
+    def _green_means_no_failure(self) -> SmokeReport:
         if self.green != all(check.status != "FAIL" for check in self.checks):
             raise ValueError("green must be true exactly when no check has status FAIL")
         return self

@@ -16,6 +16,7 @@ from gdnctl.validate.report import (
     format_rule_table,
     summary_line,
 )
+from gdnctl.validate.user_code import preset_code
 
 __all__ = [
     "Finding",
@@ -33,6 +34,7 @@ __all__ = [
     "format_rule_list",
     "format_rule_table",
     "load_preset",
+    "preset_code",
     "preset_interpreters",
     "replaceable_by_others",
     "resolve_preset_path",

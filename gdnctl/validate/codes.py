@@ -24,6 +24,7 @@ PREFIXES: dict[str, str] = {
     "PRE": "preset",
     "RLT": "rollout",
     "TRN": "train",
+    "USR": "user_code",
 }
 
 # Code -> the rule's name (the check function's name, or the load code's name).
@@ -129,6 +130,12 @@ CODES: dict[str, str] = {
     "TRN023": "cutlass_grouped_gemm_not_taken",
     "TRN024": "lora_shared_expert_adapters_need_one_ep_rank",
     "TRN025": "lora_experts_with_expert_tensor_parallel",
+    "USR001": "user_code_runs",
+    "USR002": "user_code_missing",
+    "USR003": "user_code_name_missing",
+    "USR004": "user_code_signature",
+    "USR005": "user_code_replaceable",
+    "USR006": "unused_reward_settings",
 }
 
 # Code -> why it is no longer given out and what replaced it. Never reuse one of these.

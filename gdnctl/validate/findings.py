@@ -8,9 +8,10 @@ documentation (`gdnctl rules CODE`): What it checks / Why / Source / Fix, ruff-s
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gdnctl.validate import codes
 
@@ -68,7 +69,7 @@ class RuleInfo:
     concern: str
     doc: str
     # None for codes reported while loading the preset (schema errors), before any rule can run.
-    check: Callable[["Run"], Iterable[Issue]] | None
+    check: Callable[[Run], Iterable[Issue]] | None
 
     @property
     def source(self) -> str:
@@ -78,7 +79,7 @@ class RuleInfo:
                 return " ".join(paragraph.removeprefix("Source:").split())
         return ""
 
-    def run(self, run: "Run") -> Iterator[Finding]:
+    def run(self, run: Run) -> Iterator[Finding]:
         assert self.check is not None
         for issue in self.check(run):
             yield Finding(self.code, issue.severity or self.severity, issue.path, issue.message, issue.hint)
@@ -90,7 +91,7 @@ RULES: dict[str, RuleInfo] = {}
 def rule(code: str, severity: Severity, summary: str):
     """Register a rule function under a stable code."""
 
-    def register(check: Callable[["Run"], Iterable[Issue]]):
+    def register(check: Callable[[Run], Iterable[Issue]]):
         if code in RULES:
             raise RuntimeError(f"rule code {code} registered twice")
         concern = check.__module__.rsplit(".", 1)[-1]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from gdnctl.errors import PresetLoadError
 from gdnctl.resources import presets_dir
-from gdnctl.schema import Preset
+from gdnctl.schema import REWARD_TAGS, Preset, RewardFunctionSpec, RewardServerSpec
 from gdnctl.validate.findings import Finding, Severity, register_load_code
 
 UNKNOWN_KEY = register_load_code(
@@ -450,7 +450,28 @@ PATH_FIELDS = (
 INTERPRETER_FIELDS = (("launch", "python"), ("rollout", "python"))
 
 
+# Code a preset names as "file.py:name" (schema/user_code.py): a file's path is made absolute as PATH_FIELDS' are, but
+# lexically (os.path.abspath), so that validate judges the path as written, links and all (USR005); a module's name
+# stays as written.
+CODE_FIELDS = (("grpo", "reward", "function"), ("rollout", "environment", "class"))
+_CODE_FILE = re.compile(r"(?P<file>.+\.py):(?P<name>[^:]*)")
+
+
+def _absolute_code_paths(data: dict, base: Path) -> None:
+    for section, mapping, key in CODE_FIELDS:
+        parent = data.get(section)
+        node = parent.get(mapping) if isinstance(parent, dict) else None
+        if not isinstance(node, dict):
+            continue
+        value = node.get(key)
+        match = _CODE_FILE.fullmatch(value) if isinstance(value, str) and "\0" not in value else None
+        if match:
+            path = _expand_user(Path(match["file"]))
+            node[key] = f"{os.path.abspath(base / path)}:{match['name']}"
+
+
 def _absolute_paths(data: dict, base: Path) -> None:
+    _absolute_code_paths(data, base)
     for section, key in PATH_FIELDS + INTERPRETER_FIELDS:
         node = data.get(section)
         # A path with a NUL byte stays as written: the OS cannot take it, and the schema refuses it.
@@ -577,6 +598,10 @@ def apply_overrides(data: dict, overrides: list[str], positions: dict[tuple, str
         node[keys[-1]] = value
         if keys in PATH_FIELDS + INTERPRETER_FIELDS:
             _absolute_paths({keys[0]: node}, Path.cwd())
+        elif keys[0] in {field[0] for field in CODE_FIELDS} and any(
+            keys == field[: len(keys)] for field in CODE_FIELDS
+        ):
+            _absolute_code_paths({keys[0]: data[keys[0]]}, Path.cwd())
         positions[keys] = SET_SOURCE
     return data
 
@@ -592,13 +617,27 @@ def _model_class(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _keys(model: type[BaseModel]) -> dict[str, str]:
+    """A model's keys as a preset spells them (an alias, such as `class`, where the field has one) -> the field."""
+    return {info.alias or name: name for name, info in model.model_fields.items()}
+
+
+# grpo.reward's tagged forms (pydantic puts the tag into an error's location) -> the model of each mapping form.
+_TAGGED_MODELS: dict[str, type[BaseModel]] = {REWARD_TAGS[1]: RewardFunctionSpec, REWARD_TAGS[2]: RewardServerSpec}
+
+
 def _fields_at(loc: tuple) -> list[str]:
+    """The keys of the mapping at `loc` (pydantic's location, union tags included)."""
     model: type[BaseModel] | None = Preset
     for part in loc:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
+        if part in _TAGGED_MODELS:
+            model = _TAGGED_MODELS[part]
+            continue
+        keys = _keys(model) if model is not None else {}
+        if model is None or not isinstance(part, str) or part not in keys:
             return []
-        model = _model_class(model.model_fields[part].annotation)
-    return list(model.model_fields) if model else []
+        model = _model_class(model.model_fields[keys[part]].annotation)
+    return list(_keys(model)) if model else []
 
 
 # Keys that left the schema -> what replaced them (PRE001's hint), so an old preset says what to do instead.
@@ -633,12 +672,14 @@ def _shown(value: Any) -> str:
 def _schema_findings(err: ValidationError, sources: SourceMap) -> list[Finding]:
     findings = []
     for item in err.errors():
-        loc = tuple(p for p in item["loc"] if p not in ("function-after[_one_source(), ModelSpec]",))
+        # Leave out what pydantic adds to a location that is no field: a validator's name, the tag of a union's form.
+        tagged = tuple(p for p in item["loc"] if p != "function-after[_one_source(), ModelSpec]")
+        loc = tuple(p for p in tagged if p not in REWARD_TAGS)
         path = dotted(loc)
         location = sources.locate(loc)
         if item["type"] == "extra_forbidden":
             key = str(loc[-1])
-            siblings = _fields_at(loc[:-1])
+            siblings = _fields_at(tagged[:-1])
             close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.5)
             parent = dotted(loc[:-1]) if loc[:-1] else "the top level"
             message = f"'{key}' is not a key of {parent}."

@@ -44,7 +44,7 @@ def summary_line(preset: str, errors: int, warnings: int, notes: int, colour: bo
     return _style(text, colour, fg="red" if failed else "green", bold=True)
 
 
-def format_derived(items: list["Derived"]) -> str:
+def format_derived(items: list[Derived]) -> str:
     width = max(len(item.name) for item in items)
     lines = []
     for item in items:
@@ -54,7 +54,7 @@ def format_derived(items: list["Derived"]) -> str:
     return "\n".join(lines)
 
 
-def format_memory(estimate: "MemoryEstimate") -> str:
+def format_memory(estimate: MemoryEstimate) -> str:
     lines = [f"  {'component':<12} {'GiB':>8}  note"]
     for row in estimate.rows:
         lines.append(f"  {row.name:<12} {row.gib:>8.1f}  {row.note}")

@@ -93,10 +93,10 @@ def test_bridge_loss_falls(precision_curves):
 @pytest.mark.xdist_group("bridge-precision")
 def test_fp8_tracks_bf16(precision_curves):
     bf16, fp8 = ([step["loss"] for step in precision_curves[p]] for p in ("bf16", "fp8"))
-    worst = max(abs(a - b) / b for a, b in zip(fp8, bf16))
+    worst = max(abs(a - b) / b for a, b in zip(fp8, bf16, strict=True))
     _record("bridge_fp8_vs_bf16", {"max_relative_difference": worst})
     assert fp8[-1] < 0.5 * fp8[0], fp8
-    assert worst < FP8_TOLERANCE, list(zip(bf16, fp8))
+    assert worst < FP8_TOLERANCE, list(zip(bf16, fp8, strict=True))
 
 
 def test_bridge_resume_continues_the_run(tmp_path, data_file):
@@ -109,4 +109,4 @@ def test_bridge_resume_continues_the_run(tmp_path, data_file):
     assert [step["iteration"] for step in resumed] == [4, 5, 6]
     expected, got = [step["loss"] for step in whole[3:]], [step["loss"] for step in resumed]
     _record("bridge_resume", {"uninterrupted": expected, "resumed": got})
-    assert all(abs(a - b) / b < 0.01 for a, b in zip(got, expected)), (expected, got)
+    assert all(abs(a - b) / b < 0.01 for a, b in zip(got, expected, strict=True)), (expected, got)

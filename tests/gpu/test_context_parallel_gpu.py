@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="needs megatron-bridge"),
 ]
 # bf16 over 20 steps: CP=2 sums attention and the GDN recurrence's inputs in another order (chunked attention,
-# all-to-all); measured on 2 GPUs, see BENCHMARKS.md.
+# all-to-all); measured on 2 GPUs, see benchmarks/results/trains-right-2026-11-24.md.
 CP_TOLERANCE = 0.02  # max |cp2 - cp1| / cp1 per step
 
 

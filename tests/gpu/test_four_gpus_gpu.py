@@ -47,7 +47,7 @@ PROXY_SETS = ("kernels.gdn_backend=fla", "kernels.torch_compile=false", "cluster
 # Two runs of one model in bf16 that differ only in how a sum is split over ranks (CP's chunked attention and
 # all-to-all, EP's token dispatch): the same bound as the kernels' and CP's curves. TP 4 splits every GEMM's
 # reduction four ways and all-gathers QKV, and its curve wanders further from TP 1's while tracking it: 0.039 at
-# most over 20 steps on four H100s (step 11; the last step 0.8%), BENCHMARKS.md.
+# most over 20 steps on four H100s (step 11; the last step 0.8%), benchmarks/results/four-gpus-h100-2026-11-26.md.
 CURVE_TOLERANCE = 0.02  # max |a - b| / a per step
 TP_CURVE_TOLERANCE = 0.05
 

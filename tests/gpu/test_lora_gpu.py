@@ -273,8 +273,9 @@ def test_vllm_serving_the_merged_export_gives_the_trained_models_log_probs(runs,
     serves them (Qwen3.5's vision-language class before vLLM 0.27: checkpoint.rollout_source), served by vLLM:
     each probe token's log-prob is the trained model's (base + adapters, in the trainer's process), to bf16
     rounding: the policy that trains is the one that generates."""
-    from gdnctl.knowledge import stack, versions
+    from gdnctl.knowledge import versions
     from gdnctl.knowledge.catalog import from_catalog
+    from gdnctl.knowledge.model_families import QWEN3_5
     from gdnctl.runtime.model.checkpoint import HFReader, rollout_source, save_tensors
     from tests.gpu.vllm_logprobs_check import RESULT_PREFIX
 
@@ -282,7 +283,7 @@ def test_vllm_serving_the_merged_export_gives_the_trained_models_log_probs(runs,
     version = subprocess.run(
         [VLLM_PYTHON, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    vision_language = versions.below(version, stack.VLLM_QWEN35_TEXT_ONLY)
+    vision_language = versions.below(version, QWEN3_5.vllm_text_class_since)
     merged, served = HFReader(runs.checkpoint(STEPS)), tmp_path / "served"
     tensors = ((name, merged.get(name)) for name in merged.locations)
     save_tensors(tensors, served, rollout_source(from_catalog(runs.model), vision_language))

@@ -68,7 +68,7 @@ def test_megatron_policy_matches_the_torch_policy(check_result):
     assert megatron_loss == pytest.approx(torch_loss, rel=0.02, abs=1e-3)
     # This step's gradient is a difference of large terms (advantages of both signs over large logits), so bf16 alone
     # moves it: on an H100 the transformers class in bf16 had a grad norm 6.5% above its fp32 self (23.13 vs 21.71)
-    # and Megatron 8.2% (23.49), both builders alike (BENCHMARKS.md, "Trainer: what trains right"). Megatron must
+    # and Megatron 8.2% (23.49), both builders alike (benchmarks/results/trains-right-2026-11-24.md). Megatron must
     # sit near the bf16 reference, and no farther from fp32 than twice what bf16 costs the reference itself.
     megatron_norm, fp32_norm, bf16_norm = result["grad_norm"]
     assert megatron_norm == pytest.approx(bf16_norm, rel=0.05)

@@ -49,7 +49,7 @@ pytestmark = [
     pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON is not set (no GPU vLLM environment)"),
 ]
 # Two engines at a time under pytest -n: the tests split over two workers, about the same time each on an H100
-# (BENCHMARKS.md, "Rollout: the learning signal").
+# (benchmarks/results/rollout-learning-signal-2026-11-25.md).
 FIRST_WORKER = pytest.mark.xdist_group("gpu-vllm-1")
 SECOND_WORKER = pytest.mark.xdist_group("gpu-vllm-2")
 

@@ -209,9 +209,9 @@ def test_fla_and_flashqla_curves_agree(curves):
     if "flashqla" not in curves:
         pytest.skip("flash-qla is not installed")
     fla, flashqla = ([step["loss"] for step in curves[b]] for b in ("fla", "flashqla"))
-    worst = max(abs(a - b) / b for a, b in zip(flashqla, fla))
+    worst = max(abs(a - b) / b for a, b in zip(flashqla, fla, strict=True))
     _record("curve_agreement", {"max_relative_difference": worst})
-    assert worst < CURVE_TOLERANCE, list(zip(fla, flashqla))
+    assert worst < CURVE_TOLERANCE, list(zip(fla, flashqla, strict=True))
 
 
 def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
@@ -226,7 +226,7 @@ def test_resume_from_the_hf_checkpoint_continues_the_run(tmp_path, data_file):
     expected = [step["loss"] for step in whole[3:]]
     got = [step["loss"] for step in resumed]
     _record("resume", {"uninterrupted": expected, "resumed": got})
-    assert all(abs(a - b) / b < 0.01 for a, b in zip(got, expected)), (expected, got)
+    assert all(abs(a - b) / b < 0.01 for a, b in zip(got, expected, strict=True)), (expected, got)
     config = json.loads((partial_dir / "iter_0000006" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5ForCausalLM"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import venv
@@ -156,7 +157,7 @@ def test_a_failed_rank_ends_in_one_sentence_not_torchruns_traceback(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "gdnctl runtime: the engine config says device cuda" in proc.stderr
     assert "set cluster.gpu: cpu" in proc.stderr
-    assert "gdnctl: the job failed: rank 0 exited with code 2." in proc.stderr
+    assert f"gdnctl: the job failed: rank 0 on {socket.gethostname()} exited with code 2." in proc.stderr
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 

@@ -20,7 +20,7 @@ from gdnctl.schema import Preset
 
 RUNTIME = Path(__file__).resolve().parents[2] / "gdnctl" / "runtime"
 SECTIONS = sorted(Preset.model_fields)
-DOTTED = re.compile(r"(?<![\w./-])(%s)\.([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)" % "|".join(SECTIONS))
+DOTTED = re.compile(r"(?<![\w./-])({})\.([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)".format("|".join(SECTIONS)))
 # Words a message puts after a bare key to tell the user to set it ("render the preset with device: cpu").
 BARE_KEY = re.compile(r"(?:preset with|[Ss]et) ([a-z_]+): ")
 # Dotted names that are not preset fields and say so by their form: files (metrics.jsonl, model.safetensors, a

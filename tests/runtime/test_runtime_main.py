@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 import yaml
@@ -20,12 +21,23 @@ def test_selftest_passes_on_two_gloo_ranks(tmp_path):
     assert completed.returncode == 0, completed.stdout + completed.stderr
     lines = [line for line in completed.stdout.splitlines() if line.startswith("selftest: ")]
     assert lines[-1] == f"selftest: passed: 7 ok, 0 failed, 0 skipped on {WORLD_SIZE} ranks (gloo)"
-    assert len(lines) == 8 and all(" ok (" in line for line in lines[:-1]), lines
+    assert lines[-2] == f"selftest: where the ranks ran: ranks 0-{WORLD_SIZE - 1} on {socket.gethostname()}"
+    assert len(lines) == 9 and all(" ok (" in line for line in lines[:-2]), lines
     assert any(
         line.startswith("selftest: gdn kernel backend ok (flashqla unavailable (expected on CPU)") for line in lines
     )
     for rank in range(WORLD_SIZE):
         assert (tmp_path / "comm_profile" / f"comm_profile_rank{rank}.json").is_file()
+
+
+def test_the_hosts_line_gives_each_run_of_ranks_on_one_host_once():
+    from gdnctl.runtime.selftest import hosts_line
+
+    assert hosts_line(["a", "b"]) == "selftest: where the ranks ran: rank 0 on a, rank 1 on b"
+    assert (
+        hosts_line(["a", "a", "b", "b", "a"])
+        == "selftest: where the ranks ran: ranks 0-1 on a, ranks 2-3 on b, rank 4 on a"
+    )
 
 
 def test_an_unknown_skip_op_stops_every_rank_with_one_sentence(tmp_path):

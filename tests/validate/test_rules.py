@@ -32,6 +32,31 @@ def _text_only(tmp_path, **extra):
     return {"model": {"id": None, "path": str(path)}, "parallel": {"ep": 8, "tp": 2}}
 
 
+REWARD_FILE = "def score(prompt, response, response_ids, record):\n    return 1.0\n"
+ENV_FILE = (
+    "class Env:\n"
+    "    def __init__(self, record):\n        self.record = record\n"
+    "    def start(self):\n        return 'hi'\n"
+    "    def step(self, response):\n        return 1.0\n"
+)
+
+
+def _code(directory, text: str, name: str = "code.py"):
+    """A file of the user's code in `directory` (made if need be)."""
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text(text)
+    return directory / name
+
+
+def _reward(tmp, text: str = REWARD_FILE, name: str = "score", directory=None):
+    return {"grpo": {"reward": {"function": f"{_code(directory or tmp / 'mine', text)}:{name}"}}}
+
+
+def _environment(tmp, text: str = ENV_FILE, **grpo):
+    changes: dict = {"rollout": {"environment": {"class": f"{_code(tmp / 'mine', text, 'env.py')}:Env"}}}
+    return {**changes, "grpo": grpo} if grpo else changes
+
+
 # code -> (changes that trip it, changes that do not). A callable gets tmp_path.
 CASES = {
     "PAR001": ({"cluster": {"gpus_per_node": 7}}, {}),
@@ -202,6 +227,15 @@ CASES = {
         lambda tmp: {"rollout": {"python": str(tmp / "venv/bin/python")}},
     ),
     "LCH007": ({"train": {"data_path": "/nonexistent/prompts.jsonl"}}, lambda tmp: _existing_data(tmp)),
+    "USR001": (lambda tmp: _reward(tmp), {}),
+    "USR002": ({"grpo": {"reward": {"function": "/nonexistent/rewards.py:score"}}}, lambda tmp: _reward(tmp)),
+    "USR003": (lambda tmp: _reward(tmp, name="scroe"), lambda tmp: _reward(tmp)),
+    "USR004": (
+        lambda tmp: _reward(tmp, "def score(prompt, response):\n    return 1.0\n"),
+        lambda tmp: _reward(tmp, "def score(response, **rest):\n    return 1.0\n"),
+    ),
+    "USR005": (lambda tmp: _reward(tmp, directory=_world_writable(tmp)), lambda tmp: _reward(tmp)),
+    "USR006": (lambda tmp: _environment(tmp, reward="math_exact"), lambda tmp: _environment(tmp)),
     "LCH008": (
         {"model": {"path": "/nonexistent/ckpt"}, "launch": {"executor": "slurm"}},
         {"launch": {"executor": "slurm"}},
@@ -363,6 +397,16 @@ def test_rule_stays_quiet(code, tmp_path):
     assert code not in found, found.get(code)
 
 
+def test_off_policy_steps_are_refused_with_an_environment_whose_episodes_cannot_overlap(tmp_path):
+    separate = {"max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}
+    changes = _environment(tmp_path)
+    changes["rollout"].update(separate)
+    (finding,) = codes(_changes(changes, tmp_path))["RLT019"]
+    assert "rollout.environment's episodes" in finding.message and finding.path == "rollout.max_staleness"
+    changes["rollout"]["max_staleness"] = 0
+    assert "RLT019" not in codes(_changes(changes, tmp_path))
+
+
 def test_concatenated_rows_are_full_so_micro_batches_of_several_warn_of_no_padding_but_cut_sft_examples():
     """LAY005 is about padded rows; concatenated rows have none. LAY012 names concat's cross-example attention."""
     concat = {"job": "pretrain", "train": {"packing": "concat", "layout": "bshd", "micro_batch_size": 2}}
@@ -385,7 +429,7 @@ def test_tp_above_the_kv_heads_is_refused_only_by_the_versions_that_refuse_it():
     core = codes({**tp4, "runtime": {"megatron_core": "0.15.0"}})["HEAD002"][0].message
     assert "megatron-core 0.15.0 refuses that" in core
     bridge = codes({**tp4, "runtime": {"megatron_bridge": "0.4.1"}})["HEAD002"][0].message
-    assert "megatron-bridge 0.4.1's Qwen3.5 provider refuses that" in bridge
+    assert "megatron-bridge 0.4.1's Qwen3.5-MoE provider refuses that" in bridge
     # The TE-free builder does not go through the bridge's provider.
     assert "HEAD002" not in codes({**tp4, "runtime": {"megatron_bridge": "0.4.1", "transformer_engine": "none"}})
 

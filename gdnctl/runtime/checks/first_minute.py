@@ -9,7 +9,7 @@ estimate, not a failure of this job.
 Where CUDA graphs cover the attention and GDN blocks, their activations live in the graphs' private memory pools,
 which CUDA's allocated peak does not count and its reserved peak does: on the 35B-A3B proxy (one H100) the allocated
 peak fell from 49.3-50.9 GiB to 44.09 GiB once those graphs were captured, the reserved one stayed at 53.7 GiB
-(BENCHMARKS.md, "Trainer: beside Megatron-Bridge's own loop, concatenated rows"). There the check reads the reserved
+(benchmarks/results/trainer-vs-megatron-bridge-h100-2026-11-26.md). There the check reads the reserved
 peak, which the trainer passes (`reads_reserved`).
 """
 

@@ -51,7 +51,7 @@ class ExplainedMemory:
         return self.total_gib - self.overhead_gib
 
     @classmethod
-    def of(cls, estimate: EngineEstimate) -> "ExplainedMemory | None":
+    def of(cls, estimate: EngineEstimate) -> ExplainedMemory | None:
         if estimate.peak_memory_gib is None:
             return None
         return cls(estimate.peak_memory_gib, estimate.overhead_gib or 0.0)

@@ -10,6 +10,7 @@ _HOMES = {
     "read_documents": "pipeline",
     "sequence_padding_multiple": "pipeline",
     "synthetic_documents": "pipeline",
+    "training_documents": "pipeline",
     "IGNORE_INDEX": "layout",
     "BshdBatch": "layout",
     "ThdBatch": "layout",
@@ -32,5 +33,6 @@ __all__ = [
     "sequence_padding_multiple",
     "synthetic_documents",
     "to_bshd",
+    "training_documents",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

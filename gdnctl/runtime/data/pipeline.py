@@ -375,6 +375,22 @@ def synthetic_documents(
     ]
 
 
+# Synthetic documents: lengths log-uniform between these fractions of seq_length.
+SYNTHETIC_LENGTH_FRACTIONS = (0.125, 1.0)
+
+
+def training_documents(config: EngineConfig) -> list[Document]:
+    """The documents a job trains: train.data_path's, or where it has none the synthetic ones of the job's seed (its
+    vocabulary, lengths from an eighth of seq_length to all of it). benchmarks/megatron_bridge_loop.py feeds the same
+    rows to Megatron-Bridge's loop, so that the two loops train one token stream."""
+    train, arch = config.train, config.model
+    if train.data_path:
+        return read_documents(train.data_path, vocab_size=arch.vocab_size, tokenizer_path=train.tokenizer_path)
+    low, high = (max(2, int(train.seq_length * f)) for f in SYNTHETIC_LENGTH_FRACTIONS)
+    count = max(64, 4 * train.global_batch_size)
+    return synthetic_documents(count, vocab_size=arch.vocab_size, min_length=low, max_length=high + 1, seed=train.seed)
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One forward/backward's input, 2-D as Megatron's GPTModel takes it: THD is one packed row ([1, T]

@@ -29,7 +29,8 @@ from gdnctl.runtime.kernels.compile_log import (
 
 Progress = Callable[[str], None]
 
-# FlashQLA's forward+backward kernels per head/length configuration on an H100, cold cache (BENCHMARKS.md, "Kernels").
+# FlashQLA's forward+backward kernels per head/length configuration on an H100, cold cache
+# (benchmarks/results/kernel-compile-prewarm-h100-2026-11-24.md).
 COLD_MINUTES_PER_SHAPE = (2.5, 6.0)
 # TileLang kernels one forward+backward call of flash-qla 0.1.3 compiles on Hopper and SM100
 # (flash_qla/ops/gated_delta_rule/chunk): chunk_local_cumsum forward and reversed (for dg), kkt_solve,

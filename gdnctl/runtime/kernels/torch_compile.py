@@ -4,11 +4,11 @@ Megatron-Core decorates its fused elementwise functions with torch.compile (mega
 GDN gate, norm and g/beta functions, the attention output gate, the fused cross entropy), Transformer Engine
 compiles its ops fuser, and FLA its l2norm. No cache on disk spares dynamo's tracing of them in each new process,
 and a new shape recompiles them. The plan decides (plan/decisions.py torch_compile). The measurements behind it:
-on an H200 with the megatron-bridge builder and filled rows (BENCHMARKS.md, "Trainer: where the step goes"),
+on an H200 with the megatron-bridge builder and filled rows (benchmarks/results/step-profile-h200-2026-11-26.md),
 compiled, the 35B-A3B proxy's elementwise kernels took 50 ms of GPU time a step instead of 170 ms, the step 0.776 s
 instead of 0.821 s and the peak 49.59 GiB instead of 50.84 GiB, for about 3 s more of step 1 with warm caches. On
-the TE-free builder (an H100, BENCHMARKS.md "Trainer: step 1 and memory") compiling only lengthened step 1 (the tiny
-preset's 5.06 s against 1.10 s eager).
+the TE-free builder (an H100, benchmarks/results/step1-memory-h100-2026-11-24.md) compiling only lengthened step 1
+(the tiny preset's 5.06 s against 1.10 s eager).
 
 force_eager is torch's own switch (torch.compiler.set_stance): it acts at call time, so it holds for functions
 decorated before this runs, and it stays in this process: the rollout server's vLLM compiles as it chooses.

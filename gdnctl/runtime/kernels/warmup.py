@@ -7,8 +7,8 @@ The trainer calls each per-rank shape once before step 1 (so TileLang's compile 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from gdnctl.knowledge import RankShape
 

@@ -355,10 +355,12 @@ def hf_vision_language_config(arch: ModelArch) -> dict:
     """config.json of Qwen3.5's vision-language class around the text config (vision_config left to the class's
     defaults)."""
     text = hf_text_config(arch)
-    moe = arch.is_moe
+    family = arch.family
+    if family.vision_language_class is None:
+        raise ValueError(f"{family.label} has no vision-language class")
     return {
-        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5_moe" if moe else "qwen3_5",
+        "architectures": [family.vision_language_class],
+        "model_type": family.name,
         "text_config": {key: value for key, value in text.items() if key != "architectures"},
         "tie_word_embeddings": arch.tie_word_embeddings,
         "torch_dtype": "bfloat16",
@@ -397,7 +399,6 @@ def hf_text_config(arch: ModelArch) -> dict:
     Qwen3-Next has only the one class, Qwen3NextForCausalLM, which shares Qwen3.5's config keys)."""
     from gdnctl.knowledge import HF_CONFIG_KEYS, ROPE_KEYS
 
-    moe = arch.is_moe
     # The keys the catalog reads from a config.json, written back from the architecture (dense models have no
     # expert fields, MoE models no dense intermediate size: those are None and left out).
     config = {
@@ -405,15 +406,10 @@ def hf_text_config(arch: ModelArch) -> dict:
         for key, field in HF_CONFIG_KEYS.items()
         if key not in ROPE_KEYS and getattr(arch, field) is not None
     }
-    if arch.is_qwen3_next:
-        architecture, model_type = "Qwen3NextForCausalLM", arch.model_type
-    else:
-        architecture = "Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"
-        model_type = "qwen3_5_moe_text" if moe else "qwen3_5_text"
     config.update(
         {
-            "architectures": [architecture],
-            "model_type": model_type,
+            "architectures": [arch.family.text_class],
+            "model_type": arch.family.text_model_type,
             "hidden_act": "silu",
             "tie_word_embeddings": arch.tie_word_embeddings,
             "attention_bias": False,
@@ -431,7 +427,7 @@ def hf_text_config(arch: ModelArch) -> dict:
             "torch_dtype": "bfloat16",
         }
     )
-    if moe:
+    if arch.is_moe:
         config.update(
             shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or 0,
             norm_topk_prob=True,

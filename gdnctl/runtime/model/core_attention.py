@@ -20,6 +20,7 @@ document.
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -105,7 +106,7 @@ class TorchCoreAttention(MegatronModule):
             )
         bounds = cu_seqlens.tolist()
         outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):
+        for start, end in itertools.pairwise(bounds):
             # [t, heads, d] -> [1, heads, t, d]
             q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)

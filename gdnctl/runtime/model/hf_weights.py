@@ -157,7 +157,7 @@ def _gdn_rules(arch: ModelArch, hf: str, mg: str) -> dict[str, Rule]:
     qkv, z, b, a = (f"{hf}.in_proj_{part}.weight" for part in ("qkv", "z", "b", "a"))
     in_proj = [(qkv, key_dim), (qkv, key_dim), (qkv, value_dim), (z, value_dim), (b, heads), (a, heads)]
     in_proj_rule = _sections((qkv, z, b, a), in_proj)
-    if arch.is_qwen3_next:
+    if arch.family.gdn_in_projection == "per_key_head":
         in_proj_rule = _next_in_proj(arch, hf, in_proj_rule)
     conv = f"{hf}.conv1d.weight"
     return {

@@ -47,7 +47,7 @@ def load_optimizer_state(optimizer, states: list[dict]) -> None:
             f"the checkpoint has {len(states)} optimizer states but this run builds "
             f"{len(subs)}; resume with the parallel settings the checkpoint was saved with."
         )
-    for sub, entry in zip(subs, states):
+    for sub, entry in zip(subs, states, strict=True):
         sub.load_state_dict(entry["state_dict"])
         _unshare_step_counters(sub)
         if "param_state" in entry:

@@ -9,10 +9,12 @@ while the trainer trains (on engines of their own: validate's RLT019). A step's 
 (the schedule's prompts, each sample's seed), so a job resumed at step s opens steps s .. s + N again: the batches
 that were in flight are generated anew, none trained twice or skipped.
 
-Scoring. `on_finished` runs as each sample finishes (on the rollout stream's thread, rollout/stream.py): the job's
-`reward_of(record, tokens)` gives the task's reward, one call per sample; grpo.overlong's penalty is added and its
-truncated samples masked; then the step's StepBatch (algorithm/step_batch.py) takes it, which may draw further
-prompts (dynamic sampling) or send a stale sample's request again.
+Scoring. `on_finished` runs as each sample finishes (on the rollout stream's thread, rollout/stream.py): the step's
+scoring (the job's `scoring(step, record_of)`, grpo.reward's StepRewards: rewards/scoring.py) gives the task's
+reward, one `score` call per sample, and its `finish_scored` the step's reward stats once the batch is whole;
+grpo.overlong's penalty is added and its truncated samples masked; then the step's StepBatch
+(algorithm/step_batch.py) takes it, which may draw further prompts (dynamic sampling) or send a stale sample's
+request again.
 
 Where trainer rank 0 does not drive every engine (colocated engines on several nodes), the loop sends each round's
 requests through the collective `generate` instead (RlJob._collective_batch) and hands the results here the same way.
@@ -23,7 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gdnctl.runtime.rl.algorithm import Request, Sample, StepBatch, StepStats, sampling
 from gdnctl.runtime.rl.prompts import PromptRecord, PromptSchedule
@@ -51,6 +54,7 @@ class ReadyBatch:
     staleness_mean: float  # weight versions the trained samples lag the step's policy (by their oldest token)
     staleness_max: int
     continued: int  # samples a weight update stopped and continued (rollout.partial)
+    extra: dict[str, Any] = field(default_factory=dict)  # the reward's stats (StepRewards.finish_scored)
 
 
 class RolloutFeed:
@@ -59,18 +63,22 @@ class RolloutFeed:
         config: EngineConfig,
         schedule: PromptSchedule,
         encoded: dict[int, list[int]],
-        reward_of: Callable[[PromptRecord, list[int]], float],
+        scoring: Callable[[int, Callable[[int], PromptRecord]], Any],
         submit: Callable[[list[Outgoing]], None],
         *,
         stop_token_ids: list[int],
         first_step: int,
+        score_lock: threading.Lock,
     ) -> None:
-        """encoded: prompt line -> token ids; reward_of: the job's task reward of one sample; submit: hands
-        requests to the engines (the rollout stream's submit, or the collective path's outbox)."""
+        """encoded: prompt line -> token ids; scoring(step, record_of): the step's scorer, whose score(slot, index,
+        result) is one sample's task reward, record_of(slot) the record of the step's prompt in that slot; submit:
+        hands requests to the engines (the rollout stream's submit, or the collective path's outbox); score_lock:
+        held while a sample is scored (the held-out evaluation shares the scorer)."""
         self.config = config
         rollout, grpo = config.rollout, config.grpo
         self.schedule, self.encoded = schedule, encoded
-        self.reward_of, self.submit = reward_of, submit
+        self.scoring, self.submit, self.score_lock = scoring, submit, score_lock
+        self._scorings: dict[int, Any] = {}
         self.stop_token_ids = stop_token_ids
         self.total = config.train.train_iters
         self.max_staleness = rollout.max_staleness
@@ -102,6 +110,7 @@ class RolloutFeed:
                     max_staleness=self.max_staleness,
                     draw=self.schedule.draw,
                 )
+                self._scorings[step] = self.scoring(step, self._batches[step].record_of)
                 self._began[step] = time.monotonic()
                 self._generated[step] = 0
                 self.opened += 1
@@ -137,9 +146,9 @@ class RolloutFeed:
             batch = self._batches.get(request.step)
         if batch is None:  # a step already trained (a request sent again after its batch was taken)
             return
-        record = batch.groups[request.slot].record
         tokens = list(result["tokens"])
-        reward = float(self.reward_of(record, tokens))  # the task's reward, one call per sample
+        with self.score_lock:  # the task's reward, one call per sample
+            reward = float(self._scorings[request.step].score(request.slot, request.index, result))
         trained = True
         if self.overlong is not None:
             reward += sampling.overlong_penalty(
@@ -194,6 +203,8 @@ class RolloutFeed:
 
     def _take(self, step: int) -> ReadyBatch:
         batch = self._batches.pop(step)
+        with self.score_lock:
+            extra = self._scorings.pop(step).finish_scored()
         samples, stats = batch.samples(normalize_std=self.config.grpo.normalize_std)
         rewards = batch.round_zero_rewards()
         mean = sum(rewards) / len(rewards)
@@ -227,4 +238,5 @@ class RolloutFeed:
             staleness_mean=sum(lags) / len(lags) if lags else 0.0,
             staleness_max=max(lags, default=0),
             continued=sum(len(set(s.versions)) > 1 for s in samples),
+            extra=extra,
         )

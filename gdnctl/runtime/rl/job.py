@@ -5,8 +5,11 @@ One step s (train.global_batch_size / n_samples_per_prompt prompts from the seed
 
     rank 0: the rollout feed (runtime/rl/feed.py) has sent step s's prompts to the engines, one request per sample,
             once weight version s - rollout.max_staleness was on them; each sample is scored the moment it
-            finishes (RlJob.reward_of), and the step's batch is whole when every group is (dynamic sampling may
-            draw more) -> group-normalised advantages
+            finishes (grpo.reward: a shipped rule, the user's function in worker processes, or a reward server,
+            one call per sample: runtime/rl/rewards), and the step's batch is whole when every group is (dynamic
+            sampling may draw more) -> group-normalised advantages
+            (rollout.environment: n multi-turn episodes per prompt instead, each ending with the environment's
+            reward, through the collective generate after the step before it: runtime/rl/rollout/episodes.py)
     every rank: its share of the samples, in mini-batches of micro-batches -> clipped policy loss (+ KL) against
             the policy's own log-probs at the start of the update, weighted by the importance of the engine's
             (always off-policy) -> grpo.mini_batches x grpo.epochs optimizer steps (algorithm/updates.py)
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,19 +44,19 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl.algorithm import Sample, check_step0_gap, get_reward, updates
+from gdnctl.runtime.rl.algorithm import Sample, StepStats, check_step0_gap, grpo, updates
 from gdnctl.runtime.rl.evaluation import HeldOutEval
 from gdnctl.runtime.rl.feed import ReadyBatch, RolloutFeed
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import (
-    PromptRecord,
     PromptSchedule,
     check_prompts,
     describe,
     load_chat_template,
     load_prompts,
 )
-from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, RolloutEngines, RolloutStream, rollout_dir
+from gdnctl.runtime.rl.rewards import StepRewards, make_scorer
+from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, Episodes, RolloutEngines, RolloutStream, rollout_dir
 from gdnctl.runtime.rl.rollout import server as rollout_server
 from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
 from gdnctl.runtime.rl.weights import sync as weight_sync
@@ -133,6 +137,9 @@ class RlStepStats:
     continued_samples: int = 0
     engine_restarts: int = 0  # over the job so far
     prompts_digest: str = ""  # the trained prompts' lines, hashed: which batch this step trained
+    # A reward function's or server's numbers (rewards/scoring.py), an environment's (rollout/episodes.py), and the
+    # extra ones either returned as reward/NAME: merged into the metrics row; none for a shipped reward.
+    extra: dict[str, float] = field(default_factory=dict)
 
     def line(self, total: int, eta: str) -> str:
         return (
@@ -146,7 +153,15 @@ class RlStepStats:
             + (f" | stale {self.staleness_mean:.2f}" if self.staleness_max else "")
             + (f" | dropped {self.dropped_groups} in {self.sampling_rounds} rounds" if self.dropped_groups else "")
             + (f" | engine restarts {self.engine_restarts}" if self.engine_restarts else "")
+            + (f" | turns {self.extra['episode_turns']:.2f}" if "episode_turns" in self.extra else "")
+            + (f" | reward failures {self.extra['reward_failures']:g}" if self.extra.get("reward_failures") else "")
         )
+
+    def row(self) -> dict:
+        """The metrics row: every field, with `extra`'s numbers beside them."""
+        values = asdict(self)
+        values.update(values.pop("extra"))
+        return values
 
 
 def prompts_digest(lines: tuple[int, ...]) -> str:
@@ -174,9 +189,14 @@ class RlJob:
         self.chat_template = load_chat_template(train.tokenizer_path)
         self.stop_token_ids = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
         self.pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+        # rollout.environment: the user's class starts every episode (loaded here, before any GPU is used).
+        self.episodes = (
+            Episodes(config, self.tokenizer, self.chat_template, self.stop_token_ids) if rollout.environment else None
+        )
+        self.prompt_texts: dict = {}  # a prompt (its messages as tuples) -> its text as the model is given it
         checked = check_prompts(
-            load_prompts(train.data_path),
-            lambda record: self._encode(record.prompt, record.line),
+            load_prompts(train.data_path, **needed_fields(config)),
+            self._encode_record,
             max_model_len=rollout.max_model_len,
             max_response_tokens=rollout.max_response_tokens,
             refuse=rollout.overlong_prompts == "refuse",
@@ -198,16 +218,25 @@ class RlJob:
         self.encoded = checked.encoded  # line -> token ids: every prompt is encoded once, here
         self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
         # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
-        self.probe = self._encode(records[0].prompt, records[0].line)[:PROBE_TOKENS]
+        self.probe = self.encoded[records[0].line][:PROBE_TOKENS]
         if len(self.probe) < 2:
             raise RlSetupError(
                 f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
                 "tokens; the weight-sync probe scores it, so make it a sentence."
             )
-        self.reward = get_reward(config.grpo.reward)
+        # Rank 0 scores: grpo.reward's worker pool starts (its import checked) or its server is asked once, here,
+        # before the policy takes a GPU. An environment scores its own episodes.
+        self.scorer = make_scorer(config.grpo.reward) if self.rank == 0 and self.episodes is None else None
         self.evaluation = None  # every rank: the engines' drivers generate the held-out samples, rank 0 scores them
         if config.eval is not None:
-            self.evaluation = HeldOutEval(config, lambda record: self._encode(record.prompt, record.line), self._log)
+            self.evaluation = HeldOutEval(
+                config,
+                self._encode_record,
+                self._log,
+                scorer=self.scorer,
+                episodes=self.episodes,
+                prompt_text=lambda record: self._prompt_text(record.prompt, record.line),
+            )
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
         self.save_lock = hold_save_dir(self.save_dir, self.run_dir) if self.save_dir and self.rank == 0 else None
@@ -246,21 +275,20 @@ class RlJob:
         self._outbox: list = []
         self.stream: RolloutStream | None = None
         self.feed: RolloutFeed | None = None
-        if self.rank == 0:
+        # Held while a sample is scored on the stream's thread and while the held-out evaluation (which shares the
+        # scorer) runs on the loop's.
+        self.score_lock = threading.Lock()
+        if self.rank == 0 and self.episodes is None:  # an environment's episodes go through the collective generate
             self.feed = RolloutFeed(
                 config,
                 self.schedule,
                 self.encoded,
-                self.reward_of,
+                self._scoring,
                 self._outbox.extend if self.engines.gathers else self._stream_submit,
                 stop_token_ids=self.stop_token_ids,
                 first_step=self.step,
+                score_lock=self.score_lock,
             )
-
-    def reward_of(self, record: PromptRecord, tokens: list[int]) -> float:
-        """The task's reward of one sample: called once per sample, on rank 0, as the sample finishes (on the
-        rollout stream's thread while the trainer trains)."""
-        return float(self.reward(self.tokenizer.decode(tokens), record.answer))
 
     def _stream_submit(self, outgoing: list) -> None:
         self.stream.submit(outgoing)
@@ -278,7 +306,7 @@ class RlJob:
                 f"weight sync checked: {checked.checked} of {checked.total} parameters match{unchecked}; "
                 f"probe log-probs within {gap:.4f} nats/token"
             )
-        if self.rank == 0 and not self.engines.gathers:
+        if self.feed is not None and not self.engines.gathers:
             rollout = self.config.rollout
             self.stream = RolloutStream(
                 self.engines,
@@ -295,10 +323,13 @@ class RlJob:
         """Every rank: the drivers start their engines (or find the launch script's) on the weights dir."""
         self._log_sync_path()
         rollout = self.config.rollout
-        self._log(
-            f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} "
-            f"({'colocated with' if rollout.colocate else 'beside'} the trainer)"
-        )
+        if rollout.colocate:
+            where = "colocated with the trainer"
+        elif self.engines.external:
+            where = "the Slurm script's rollout step, on nodes of its own"
+        else:
+            where = "beside the trainer"
+        self._log(f"rollout engines: {self.engines.count} of rollout.tp {rollout.tp} ({where})")
         with progress(
             f"starting the rollout's vLLM engine{'s' if self.engines.count > 1 else ''} "
             f"({engine_start_steps(self.config)})",
@@ -453,6 +484,8 @@ class RlJob:
         """Every rank: step `step`'s batch and the seconds the trainer waited for it. Rank 0 waits for the feed (the
         other ranks for rank 0); a restarted engine behind the current weights has them synced again first."""
         began = time.monotonic()
+        if self.episodes is not None:
+            return self._episode_batch(step), time.monotonic() - began
         if self.engines.gathers:
             return self._collective_batch(step), time.monotonic() - began
         while True:
@@ -495,10 +528,95 @@ class RlJob:
         dist.broadcast_object_list(payload, src=0)
         return payload[0]
 
-    def _encode(self, prompt, line: int) -> list[int]:
+    def _episode_batch(self, step: int) -> ReadyBatch:
+        """rollout.environment: every prompt's n episodes through the engines (rollout/episodes.py), on every rank (the
+        engines' drivers generate), after the sync that ended the step before: on-policy (validate's RLT019)."""
+        config, rollout = self.config, self.config.rollout
+        records = self.schedule.batch(step).records
+        began = time.monotonic()
+        ran = self.episodes.run(
+            records,
+            n=rollout.n_samples_per_prompt,
+            generate=self.engines.generate,
+            share=self._share,
+            leader=self.rank == 0,
+            dataset="train.data_path",
+            max_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature,
+            seed=config.train.seed + step * rollout.prompts_per_step,
+            stop_token_ids=self.stop_token_ids,
+        )
+        payload: list = [None]
+        if ran is not None:  # rank 0
+            samples, _, extra = ran
+            rewards = torch.tensor([s.reward for s in samples])
+            advantages = grpo.group_advantages(
+                rewards, rollout.n_samples_per_prompt, normalize_std=config.grpo.normalize_std
+            )
+            samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
+            payload[0] = ReadyBatch(
+                samples=samples,
+                stats=StepStats(
+                    rounds=1,
+                    dropped_groups=0,
+                    filler_groups=0,
+                    stale_regenerated=0,
+                    prompt_lines=tuple(record.line for record in records),
+                ),
+                reward_mean=float(rewards.mean()),
+                reward_std=float(rewards.std(correction=0)),
+                # The model's tokens: a multi-turn sample's environment tokens were not generated.
+                generated_tokens=sum(len(s.response) if s.loss_mask is None else sum(s.loss_mask) for s in samples),
+                began=began,
+                ended=time.monotonic(),
+                truncated=sum(s.finish_reason == "length" for s in samples),
+                masked=0,
+                overlong_penalty=0.0,
+                staleness_mean=0.0,
+                staleness_max=0,
+                continued=0,
+                extra=extra,
+            )
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
+
+    def _share(self, value):
+        """Rank 0's `value` on every rank (the episodes' next prompts)."""
+        if dist.get_world_size() == 1:
+            return value
+        payload = [value]
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
+
+    def _scoring(self, step: int, record_of) -> StepRewards:
+        """Rank 0: step `step`'s samples through grpo.reward's scorer, one `score` call per sample as it finishes
+        (the feed's); record_of(slot) is the record of the step's prompt in that slot."""
+        return StepRewards(
+            self.scorer,
+            self.config.grpo.reward,
+            decode=self.tokenizer.decode,
+            records=_Slots(record_of),
+            prompt_texts=_Slots(lambda slot: self._prompt_text(record_of(slot).prompt, record_of(slot).line)),
+            dataset="train.data_path",
+            log=self._log,
+            logs_dir=self.run_dir / "logs",
+            step=step + 1,
+            timeline=True,
+        )
+
+    def _encode_record(self, record) -> list[int]:
+        """A record's prompt tokens (an environment's opening, with one); its text is kept for the reward."""
+        if self.episodes is not None:
+            return self.episodes.opening(record, f"{self.config.train.data_path}:{record.line}")[2]
+        return self._encode(record.prompt, record.line)
+
+    def _prompt_text(self, prompt, line: int) -> str:
         """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
-        assistant's turn opened (add_generation_prompt)."""
-        if not isinstance(prompt, str):
+        assistant's turn opened (add_generation_prompt), once per distinct chat."""
+        if isinstance(prompt, str):
+            return prompt
+        key = tuple((message["role"], message["content"]) for message in prompt)
+        if key not in self.prompt_texts:
             if self.chat_template is None:
                 raise RlSetupError(
                     f"{self.config.train.data_path}:{line} is a chat prompt, but the tokenizer at "
@@ -506,8 +624,11 @@ class RlJob:
                     "tokenizer_config.json, or chat_template.jinja); add one, or give prompts as "
                     "strings with the template applied."
                 )
-            prompt = self.chat_template.render([dict(message) for message in prompt])
-        ids = self.tokenizer.encode(prompt)
+            self.prompt_texts[key] = self.chat_template.render([dict(message) for message in prompt])
+        return self.prompt_texts[key]
+
+    def _encode(self, prompt, line: int) -> list[int]:
+        ids = self.tokenizer.encode(self._prompt_text(prompt, line))
         if not ids:
             raise RlSetupError(f"{self.config.train.data_path}:{line}: the prompt encodes to no tokens.")
         return ids
@@ -515,7 +636,7 @@ class RlJob:
     def train(self) -> None:
         config = self.config
         total = config.train.train_iters
-        if self.rank == 0:
+        if self.feed is not None:
             self.feed.open_through(self.step)
         while self.step < total:
             ready, waited = self._next_batch(self.step)
@@ -544,7 +665,7 @@ class RlJob:
             synced = self.sync(self.step)
             sync_seconds = time.perf_counter() - began
             sync_ended = time.monotonic()
-            if self.rank == 0:
+            if self.feed is not None:
                 self.feed.open_through(self.step)
             if synced is not None:
                 self._report(
@@ -639,6 +760,7 @@ class RlJob:
             continued_samples=ready.continued,
             engine_restarts=self.stream.restarts if self.stream is not None else 0,
             prompts_digest=prompts_digest(ready.stats.prompt_lines),
+            extra=_flat(ready.extra),
             **phases,
         )
 
@@ -652,7 +774,15 @@ class RlJob:
     def _evaluate(self) -> None:
         """The held-out prompts through the rollout's engines, on the weights just synced; rank 0 writes the
         `eval_reward` row."""
-        row = self.evaluation.run(self.engines.generate, self.tokenizer, self.stop_token_ids, self.step)
+        with self.score_lock:  # the scorer is the training's, which the stream's thread may be using
+            row = self.evaluation.run(
+                self.engines.generate,
+                self.tokenizer,
+                self.stop_token_ids,
+                self.step,
+                share=self._share,
+                leader=self.rank == 0,
+            )
         if row is None:
             return
         self._log(
@@ -694,6 +824,8 @@ class RlJob:
             self.stream.stop()
         if self.weight_group is not None:
             self.weight_group.close()
+        if self.scorer is not None:
+            self.scorer.close()
         self.engines.close(failed=failed)
         self.metrics.close()
 
@@ -701,12 +833,36 @@ class RlJob:
         total = self.config.train.train_iters
         pace = (time.perf_counter() - self.started) / max(stats.step - self.first_step, 1)
         print(stats.line(total, eta_text(stats.step, total, pace)), flush=True)
-        self.metrics.log(stats.step, asdict(stats))
+        self.metrics.log(stats.step, stats.row())
         self.reported.append(stats)
 
     def _log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[gdnctl rl] {message}", flush=True)
+
+
+def needed_fields(config: EngineConfig) -> dict[str, bool]:
+    """Which fields every dataset line needs: a prompt unless an environment starts the conversation, an answer
+    for a shipped reward (the user's function, server or environment reads whatever fields it wants)."""
+    environment = config.rollout.environment is not None
+    return {"needs_prompt": not environment, "needs_answer": not environment and isinstance(config.grpo.reward, str)}
+
+
+class _Slots:
+    """A step's prompts by slot, looked up as the slots fill (dynamic sampling adds slots as it draws)."""
+
+    def __init__(self, get) -> None:
+        self._get = get
+
+    def __getitem__(self, slot: int):
+        return self._get(slot)
+
+
+def _flat(extra: dict) -> dict[str, float]:
+    """A scorer's or the episodes' stats as metrics: their extra numbers as reward/NAME."""
+    flat = {name: value for name, value in extra.items() if name != "reward_metrics"}
+    flat.update({f"reward/{name}": value for name, value in extra.get("reward_metrics", {}).items()})
+    return flat
 
 
 def run(config: EngineConfig, config_path: Path, comm_policy) -> int:

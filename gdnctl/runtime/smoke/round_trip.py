@@ -67,7 +67,7 @@ def state_checksums(model: torch.nn.Module, optimizer) -> Checksums:
 
 
 def count(sums: Checksums, kind: str) -> int:
-    return sum(name.startswith(f"{kind}/") or name.startswith(f"{kind}[") for name in sums)
+    return sum(name.startswith((f"{kind}/", f"{kind}[")) for name in sums)
 
 
 def differences(before: Checksums, after: Checksums) -> list[str]:

@@ -32,7 +32,7 @@ from gdnctl.errors import GdnctlError
 from gdnctl.files import replace_text
 from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch
-from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, synthetic_documents
+from gdnctl.runtime.data import DataPipeline, MicroBatch, read_documents, training_documents
 from gdnctl.runtime.model import checkpoint, lora_checkpoint
 from gdnctl.runtime.train.cuda_graphs import LayerGraphs
 from gdnctl.runtime.train.gc_policy import collector_between_steps, no_collection
@@ -45,8 +45,6 @@ from gdnctl.schema import EngineConfig
 KERNEL_WARM_UP_FILE = "kernel_warm_up.json"
 # Warm kernel calls whose median is logged beside the first two (one call can catch an allocator hiccup).
 WARM_CALLS = 3
-# Synthetic documents: lengths log-uniform between these fractions of seq_length.
-SYNTHETIC_LENGTH_FRACTIONS = (0.125, 1.0)
 CLIP_GRAD = 1.0
 WEIGHT_DECAY = 0.01
 ADAM_BETAS = (0.9, 0.95)
@@ -106,15 +104,6 @@ class KernelWarmUp:
             f"first call {self.first_call_s:.3f} s, next call {self.next_call_s * 1e3:.2f} ms, "
             f"warm {self.warm_call_s * 1e3:.2f} ms (median of {WARM_CALLS})"
         )
-
-
-def _documents(config: EngineConfig):
-    train, arch = config.train, config.model
-    if train.data_path:
-        return read_documents(train.data_path, vocab_size=arch.vocab_size, tokenizer_path=train.tokenizer_path)
-    low, high = (max(2, int(train.seq_length * f)) for f in SYNTHETIC_LENGTH_FRACTIONS)
-    count = max(64, 4 * train.global_batch_size)
-    return synthetic_documents(count, vocab_size=arch.vocab_size, min_length=low, max_length=high + 1, seed=train.seed)
 
 
 def _packed_seq_params(batch: MicroBatch):
@@ -441,14 +430,16 @@ class Trainer:
         from gdnctl.runtime.kernels import compile_quietly, expected_kernels, fwd_bwd_seconds, watch_compiles
 
         report = self._log if self.rank == 0 else None
-        with compile_quietly(
-            [shape],
-            report,
-            header=f"gdnctl trainer {self.config.name} rank {self.rank}",
-            prewarm="gdnctl prewarm PRESET",
-        ) as say:
-            with watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say):
-                return fwd_bwd_seconds(self.kernel, shape)
+        with (
+            compile_quietly(
+                [shape],
+                report,
+                header=f"gdnctl trainer {self.config.name} rank {self.rank}",
+                prewarm="gdnctl prewarm PRESET",
+            ) as say,
+            watch_compiles(shape.name, expected_kernels(shape.qk_heads, shape.v_heads), say),
+        ):
+            return fwd_bwd_seconds(self.kernel, shape)
 
     # --- training ----------------------------------------------------------------------------------------
     def train(self) -> None:
@@ -457,7 +448,7 @@ class Trainer:
         from gdnctl.runtime.kernels import compiles_logged
 
         config, train = self.config, self.config.train
-        pipeline = DataPipeline.from_engine_config(config, _documents(config))
+        pipeline = DataPipeline.from_engine_config(config, training_documents(config))
         dp_rank = self.ps.get_data_parallel_rank()
         stream = pipeline.micro_batches(dp_rank, self.consumed_samples, self.ps.get_context_parallel_rank())
         forward_backward = get_forward_backward_func()

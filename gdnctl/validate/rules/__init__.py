@@ -4,7 +4,19 @@
 from __future__ import annotations
 
 from gdnctl.validate.findings import RULES, Finding, sort_findings
-from gdnctl.validate.rules import bridge, comm, heads, kernels, launch, layout, memory, parallel, rollout, train  # noqa: F401
+from gdnctl.validate.rules import (  # noqa: F401
+    bridge,
+    comm,
+    heads,
+    kernels,
+    launch,
+    layout,
+    memory,
+    parallel,
+    rollout,
+    train,
+    user_code,
+)
 
 __all__ = ["check"]
 

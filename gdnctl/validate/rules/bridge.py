@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
-def _bridge_version(run) -> str | None:
+def _bridge_version(run: Run) -> str | None:
     return run.stack.get("megatron_bridge")
 
 
 @rule("BRG003", Severity.ERROR, "megatron-bridge too old for the model")
-def bridge_supports_model(run):
+def bridge_supports_model(run: Run) -> Iterator[Issue]:
     """
     What it checks: runtime.megatron_bridge has a bridge for the model class: Qwen3.5 vision-language
     checkpoints (the released ones) need >= 0.4.0, text-only Qwen3.5 classes (`Qwen3_5ForCausalLM`,
@@ -20,14 +23,15 @@ def bridge_supports_model(run):
     Why: older releases have no Qwen35VLBridge / Qwen35Bridge and AutoBridge fails at start-up.
 
     Source: megatron-bridge releases: Qwen35VLBridge / Qwen35VLMoEBridge from v0.4.0, Qwen35Bridge / Qwen35MoEBridge
-    from v0.5.0 (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/stack.py).
+    from v0.5.0 (docs/sources.md "Megatron-Bridge"; gdnctl/knowledge/model_families.py).
 
     Fix: upgrade megatron-bridge (0.6.2 is the pinned stack).
     """
-    if not (run.is_training and run.model.is_qwen35):
+    family = run.model.family
+    needed = family.bridge_text_since if run.model.text_only else family.bridge_vision_language_since
+    if not run.is_training or needed is None:
         return
     bridge = _bridge_version(run)
-    needed = stack.BRIDGE_QWEN35_TEXT if run.model.text_only else stack.BRIDGE_QWEN35_VL
     if versions.below(bridge, needed):
         kind = "text-only" if run.model.text_only else "vision-language"
         yield Issue(
@@ -38,7 +42,7 @@ def bridge_supports_model(run):
 
 
 @rule("BRG004", Severity.ERROR, "MTP with sequence or context parallel on an old megatron-bridge")
-def bridge_mtp_parallel(run):
+def bridge_mtp_parallel(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.mtp with sequence parallel needs megatron-bridge >= 0.5.0 (shadow-embedding
     bug, PR #3143), and with cp > 1 needs >= 0.6.0 (MTP + CP shape fix).
@@ -70,7 +74,7 @@ def bridge_mtp_parallel(run):
 
 
 @rule("BRG005", Severity.ERROR, "Virtual pipeline with tied embeddings under megatron-bridge")
-def vpp_tied_embeddings(run):
+def vpp_tied_embeddings(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.vpp on a model with tied input/output embeddings (Qwen3.5-0.8B, 2B, 4B)
     under megatron-bridge.
@@ -93,7 +97,7 @@ def vpp_tied_embeddings(run):
 
 
 @rule("BRG006", Severity.WARNING, "megatron-bridge and megatron-core releases do not match")
-def bridge_core_pairing(run):
+def bridge_core_pairing(run: Run) -> Iterator[Issue]:
     """
     What it checks: the megatron-bridge minor release is paired with the megatron-core it was built for
     (bridge 0.4 -> core 0.17, 0.5 -> 0.18, 0.6 -> 0.19).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 
+from gdnctl.plan import Run
 from gdnctl.schema import comm_ops
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
-def skip_op_names(run):
+def skip_op_names(run: Run) -> Iterator[Issue]:
     """
     What it checks: every name in comm.skip_ops, add_skip_ops and remove_skip_ops is a torch.distributed
     collective function or a ProcessGroup communication method that the guard wraps
@@ -43,7 +45,7 @@ rule("COM001", Severity.ERROR, "Unknown op in the comm skip set")(skip_op_names)
 
 
 @rule("COM002", Severity.ERROR, "Guard threshold at or above the GPU memory")
-def threshold_fits_gpu(run):
+def threshold_fits_gpu(run: Run) -> Iterator[Issue]:
     """
     What it checks: comm.free_gb_threshold is below the GPU's memory (error) and at most a quarter of it
     (warning above).
@@ -81,7 +83,7 @@ def threshold_fits_gpu(run):
 
 
 @rule("COM003", Severity.WARNING, "Skip-set edit that changes nothing")
-def skip_set_edits(run):
+def skip_set_edits(run: Run) -> Iterator[Issue]:
     """
     What it checks: comm.add_skip_ops names already skipped, or comm.remove_skip_ops names not skipped.
 

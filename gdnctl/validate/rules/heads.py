@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
@@ -11,7 +14,7 @@ def _divisors(n: int) -> str:
 
 
 @rule("HEAD001", Severity.ERROR, "TP divides the attention heads")
-def tp_divides_attention_heads(run):
+def tp_divides_attention_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.tp divides the full-attention query heads.
 
@@ -34,7 +37,7 @@ def tp_divides_attention_heads(run):
 
 
 @rule("HEAD002", Severity.ERROR, "TP divides the KV heads, or is a multiple of them where the stack takes it")
-def tp_divides_kv_heads(run):
+def tp_divides_kv_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.tp divides the KV heads (`num_key_value_heads`, Megatron's query groups), or is a
     multiple of them on a stack that builds that: megatron-core >= 0.16 and, for the megatron-bridge builder on
@@ -55,7 +58,7 @@ def tp_divides_kv_heads(run):
     Run: tests/gpu/test_tp_above_kv_heads_gpu.py builds tiny Qwen3.5 (2 KV heads) at TP 4 through both builders
     and tiny Qwen3-Next (1 KV head) at TP 2 through megatron-bridge (megatron-core 0.19.2, TE 2.20.2,
     megatron-bridge 0.6.2), writes the HF checkpoint over TP, matches transformers' logits, reloads it and runs a
-    backward pass (BENCHMARKS.md, "Trainer: what trains right").
+    backward pass (benchmarks/results/trains-right-2026-11-24.md).
 
     Where it was read: megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__: lines
     939-946 of megatron-core 0.16.1 (TP 4 and 8 over 2 query groups construct on CPU:
@@ -99,23 +102,20 @@ def tp_divides_kv_heads(run):
         )
         return
     bridge = run.stack.get("megatron_bridge")
-    if (
-        run.model_builder.value == "megatron-bridge"
-        and run.model.is_qwen35
-        and versions.below(bridge, stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS)
-    ):
+    family = run.model.family
+    since = family.bridge_tp_above_kv_heads_since
+    if run.model_builder.value == "megatron-bridge" and since is not None and versions.below(bridge, since):
         yield Issue(
             "parallel.tp",
             f"tp={tp} is above the {kv} KV heads of {model}, and megatron-bridge {bridge}'s "
-            'Qwen3.5 provider refuses that ("TP size should be less than or equal to '
+            f'{family.label} provider refuses that ("TP size should be less than or equal to '
             'num_query_groups"; Megatron-Core itself takes it).',
-            f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= "
-            f"{stack.BRIDGE_QWEN35_TP_ABOVE_KV_HEADS} (runtime.megatron_bridge).",
+            f"Use tp in {{{_divisors(kv)}}}, or megatron-bridge >= {since} (runtime.megatron_bridge).",
         )
 
 
 @rule("HEAD003", Severity.ERROR, "TP x CP divides the GDN key heads")
-def tp_cp_divide_gdn_key_heads(run):
+def tp_cp_divide_gdn_key_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: tp x cp divides `linear_num_key_heads`.
 
@@ -138,7 +138,7 @@ def tp_cp_divide_gdn_key_heads(run):
 
 
 @rule("HEAD004", Severity.ERROR, "TP x CP divides the GDN value heads")
-def tp_cp_divide_gdn_value_heads(run):
+def tp_cp_divide_gdn_value_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: tp x cp divides `linear_num_value_heads`.
 
@@ -160,7 +160,7 @@ def tp_cp_divide_gdn_value_heads(run):
 
 
 @rule("HEAD005", Severity.ERROR, "GDN value heads are a multiple of key heads")
-def value_heads_multiple_of_key_heads(run):
+def value_heads_multiple_of_key_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: `linear_num_value_heads % linear_num_key_heads == 0` (grouped value attention).
 

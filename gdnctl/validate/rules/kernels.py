@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import FLA, FLASHQLA, sm_label, stack, versions
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 _SUPPORTED = ", ".join(sm_label(sm) for sm in sorted(FLASHQLA.gpus or ()))
 
 
-def _flashqla(run) -> bool:
+def _flashqla(run: Run) -> bool:
     return run.preset.kernels.gdn_backend == FLASHQLA.name
 
 
-def _fla(run) -> bool:
+def _fla(run: Run) -> bool:
     return run.preset.kernels.gdn_backend == FLA.name
 
 
 @rule("KRN001", Severity.ERROR, "FlashQLA on an unsupported GPU")
-def flashqla_gpu(run):
+def flashqla_gpu(run: Run) -> Iterator[Issue]:
     """
     What it checks: kernels.gdn_backend: flashqla only on SM90, SM100, SM103, SM120 or SM121 GPUs.
 
@@ -38,7 +41,7 @@ def flashqla_gpu(run):
 
 
 @rule("KRN002", Severity.ERROR, "FlashQLA training on a GPU its release has no backward for")
-def flashqla_forward_only(run):
+def flashqla_forward_only(run: Run) -> Iterator[Issue]:
     """
     What it checks: FlashQLA training jobs on SM120/SM121 (RTX PRO 6000, RTX 5090, GB10) with a flash-qla older
     than 0.1.3.
@@ -72,7 +75,7 @@ def flashqla_forward_only(run):
 
 
 @rule("KRN003", Severity.ERROR, "FlashQLA needs GDN head dims of 128")
-def flashqla_head_dim(run):
+def flashqla_head_dim(run: Run) -> Iterator[Issue]:
     """
     What it checks: linear_key_head_dim and linear_value_head_dim are 128 when FlashQLA is chosen.
 
@@ -95,7 +98,7 @@ def flashqla_head_dim(run):
 
 
 @rule("KRN004", Severity.WARNING, "flash-qla <= 0.1.2 for training")
-def flashqla_training_version(run):
+def flashqla_training_version(run: Run) -> Iterator[Issue]:
     """
     What it checks: runtime.flash_qla >= 0.1.3 when FlashQLA trains.
 
@@ -116,7 +119,7 @@ def flashqla_training_version(run):
 
 
 @rule("KRN005", Severity.ERROR, "FlashQLA chosen but not installed")
-def flashqla_installed(run):
+def flashqla_installed(run: Run) -> Iterator[Issue]:
     """
     What it checks: kernels.gdn_backend: flashqla with runtime.flash_qla: none.
 
@@ -136,7 +139,7 @@ def flashqla_installed(run):
 
 
 @rule("KRN006", Severity.INFO, "FLA would silently dispatch to FlashQLA")
-def fla_pins_own_kernels(run):
+def fla_pins_own_kernels(run: Run) -> Iterator[Issue]:
     """
     What it checks: kernels.gdn_backend: fla while the preset's runtime pins flash-qla (runtime.flash_qla, or
     the pinned stack's default; what this machine has installed is `gdnctl doctor`'s) on a GPU FlashQLA supports.
@@ -167,7 +170,7 @@ def fla_pins_own_kernels(run):
 
 
 @rule("KRN007", Severity.ERROR, "FLA's GDN backward on Hopper with Triton 3.4-3.7.0")
-def fla_hopper_triton_backward(run):
+def fla_hopper_triton_backward(run: Run) -> Iterator[Issue]:
     """
     What it checks: training with kernels.gdn_backend: fla on a Hopper GPU (SM90) when runtime.triton is
     >= 3.4.0 and < 3.7.1, by runtime.fla: error for FLA <= 0.4.1 (wrong gradients, silently); warning for
@@ -233,7 +236,7 @@ def fla_hopper_triton_backward(run):
 
 
 @rule("KRN008", Severity.ERROR, "FLA's GDN backward on Blackwell before FLA 0.5.2")
-def fla_blackwell_backward(run):
+def fla_blackwell_backward(run: Run) -> Iterator[Issue]:
     """
     What it checks: training with kernels.gdn_backend: fla on a Blackwell GPU (SM100/103/120/121) with
     runtime.fla < 0.5.2.
@@ -263,7 +266,7 @@ def fla_blackwell_backward(run):
 
 
 @rule("KRN009", Severity.ERROR, "flash-qla release has no kernels for this GPU")
-def flashqla_release_gpu(run):
+def flashqla_release_gpu(run: Run) -> Iterator[Issue]:
     """
     What it checks: kernels.gdn_backend: flashqla with a runtime.flash_qla older than the first release with
     kernels for the GPU: SM120 needs flash-qla >= 0.1.2; SM103 and SM121 need >= 0.1.3 (SM90 and SM100: every
@@ -279,7 +282,7 @@ def flashqla_release_gpu(run):
     Fix: install a flash-qla release that has kernels for this GPU and set runtime.flash_qla, or use fla.
     """
     version = run.stack.get(FLASHQLA.runtime_field)
-    since = stack.FLASHQLA_FORWARD_SINCE.get(run.gpu.sm)
+    since = None if run.gpu.sm is None else stack.FLASHQLA_FORWARD_SINCE.get(run.gpu.sm)
     if _flashqla(run) and since is not None and versions.below(version, since):
         yield Issue(
             "runtime.flash_qla",

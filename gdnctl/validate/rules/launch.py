@@ -6,15 +6,17 @@ from __future__ import annotations
 import os
 import re
 import typing
+from collections.abc import Iterator
 
 from gdnctl.knowledge import slurm
+from gdnctl.plan import Run
 from gdnctl.validate.filesystem import preset_interpreters, replaceable_by_others
 from gdnctl.validate.findings import Issue, Severity, rule
 from gdnctl.validate.sbatch import exported, extra_options
 
 
 @rule("LCH001", Severity.ERROR, "The local executor runs on one node")
-def local_single_node(run):
+def local_single_node(run: Run) -> Iterator[Issue]:
     """
     What it checks: launch.executor: local with cluster.nodes > 1.
 
@@ -70,7 +72,7 @@ SEARCH_PATHS = {
 
 
 @rule("LCH002", Severity.ERROR, "An environment name that bash, the loader or Python executes or obeys")
-def obeyed_env_names(run):
+def obeyed_env_names(run: Run) -> Iterator[Issue]:
     """
     What it checks: launch.env, launch.pass_env and the --export lines of launch.slurm.extra_sbatch (the names
     it sets and the names it passes on) name none of the variables that bash, the dynamic loader or Python
@@ -109,7 +111,7 @@ def obeyed_env_names(run):
 
 
 @rule("LCH003", Severity.WARNING, "launch.env replaces PATH, LD_LIBRARY_PATH or PYTHONPATH")
-def search_path_override(run):
+def search_path_override(run: Run) -> Iterator[Issue]:
     """
     What it checks: launch.env, or an --export line of launch.slurm.extra_sbatch, sets PATH, LD_LIBRARY_PATH or
     PYTHONPATH.
@@ -190,7 +192,7 @@ ENVIRONMENT_SOURCES = {
 
 
 @rule("LCH004", Severity.ERROR, "An extra #SBATCH line that overrides gdnctl's or sets the environment unchecked")
-def extra_sbatch_options(run):
+def extra_sbatch_options(run: Run) -> Iterator[Issue]:
     """
     What it checks: each line of launch.slurm.extra_sbatch, as sbatch reads it (an abbreviation such as --outp
     counts as the option it names): it sets none of the options the script sets itself (--job-name, --nodes,
@@ -287,7 +289,7 @@ def looks_like_credential(name: str) -> bool:
 
 
 @rule("LCH005", Severity.WARNING, "A credential's value written into the run dir")
-def credential_values(run):
+def credential_values(run: Run) -> Iterator[Issue]:
     """
     What it checks: launch.env, and --export NAME=value lines of launch.slurm.extra_sbatch, set no variable
     whose name has a part (split at `_`, `-`, `.` and lower-to-upper case changes; any case) that is KEY or
@@ -317,7 +319,7 @@ def credential_values(run):
 
 
 @rule("LCH006", Severity.WARNING, "An interpreter another user could replace")
-def interpreter_replaceable(run):
+def interpreter_replaceable(run: Run) -> Iterator[Issue]:
     """
     What it checks: launch.python and (rl) rollout.python, looked up on the machine that validates (a bare name
     in PATH): no directory on the way to the file, nor the file, is owned by a user other than you or root, and
@@ -348,7 +350,7 @@ def interpreter_replaceable(run):
 
 
 @rule("LCH007", Severity.WARNING, "A local file the local executor needs is not on this machine")
-def local_paths_exist(run):
+def local_paths_exist(run: Run) -> Iterator[Issue]:
     """
     What it checks: with launch.executor: local, model.tokenizer, train.data_path and eval.data_path (when set)
     exist on the machine that validates (model.path's config.json is PRE003's).
@@ -382,7 +384,7 @@ def local_paths_exist(run):
 
 
 @rule("LCH008", Severity.INFO, "model.path is read on the cluster; the checks used the catalog's architecture")
-def model_path_on_cluster(run):
+def model_path_on_cluster(run: Run) -> Iterator[Issue]:
     """
     What it checks: model.path does not exist on the machine that validates, launch.executor is slurm and model.id
     names a catalog model. The other rules then check the catalog's architecture of model.id, and the job reads

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
-def _mcore(run) -> str | None:
+def _mcore(run: Run) -> str | None:
     return run.stack.get("megatron_core")
 
 
 @rule("LAY001", Severity.ERROR, "Megatron-Core has GatedDeltaNet")
-def mcore_has_gdn(run):
+def mcore_has_gdn(run: Run) -> Iterator[Issue]:
     """
     What it checks: runtime.megatron_core is at least 0.16, the first release with GatedDeltaNet.
 
@@ -32,7 +35,7 @@ def mcore_has_gdn(run):
 
 
 @rule("LAY002", Severity.ERROR, "Packed (THD) sequences need Megatron-Core >= 0.18")
-def thd_needs_018(run):
+def thd_needs_018(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.layout: thd is only used with megatron-core >= 0.18.
 
@@ -55,7 +58,7 @@ def thd_needs_018(run):
 
 
 @rule("LAY003", Severity.ERROR, "GDN context parallel needs Megatron-Core >= 0.18")
-def cp_needs_018(run):
+def cp_needs_018(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.cp > 1 only with megatron-core >= 0.18.
 
@@ -77,7 +80,7 @@ def cp_needs_018(run):
 
 
 @rule("LAY004", Severity.ERROR, "Padded (BSHD) layout cannot use context parallel")
-def bshd_no_cp(run):
+def bshd_no_cp(run: Run) -> Iterator[Issue]:
     """
     What it checks: a bshd layout with parallel.cp > 1.
 
@@ -99,7 +102,7 @@ def bshd_no_cp(run):
 
 
 @rule("LAY005", Severity.WARNING, "Padded (BSHD) layout with micro batch > 1")
-def bshd_micro_batch(run):
+def bshd_micro_batch(run: Run) -> Iterator[Issue]:
     """
     What it checks: a bshd layout with train.micro_batch_size > 1, unless the rows are concatenated documents
     (train.packing: concat: full rows, none padded).
@@ -132,7 +135,7 @@ def bshd_micro_batch(run):
 
 
 @rule("LAY006", Severity.INFO, "Context parallel without the fused GDN all-to-all")
-def cp_without_fused_a2a(run):
+def cp_without_fused_a2a(run: Run) -> Iterator[Issue]:
     """
     What it checks: parallel.cp > 1 on megatron-core 0.18.x.
 
@@ -160,7 +163,7 @@ def cp_without_fused_a2a(run):
 
 
 @rule("LAY007", Severity.ERROR, "Packed (THD) layout packs a micro-batch into one row")
-def thd_micro_batch(run):
+def thd_micro_batch(run: Run) -> Iterator[Issue]:
     """
     What it checks: a thd layout with train.micro_batch_size > 1.
 
@@ -181,7 +184,7 @@ def thd_micro_batch(run):
 
 
 @rule("LAY009", Severity.ERROR, "Sequence length splits into 2 x cp chunks")
-def seq_length_cp(run):
+def seq_length_cp(run: Run) -> Iterator[Issue]:
     """
     What it checks: with cp > 1, train.seq_length is a multiple of 2 x cp.
 
@@ -204,7 +207,7 @@ def seq_length_cp(run):
 
 
 @rule("LAY010", Severity.WARNING, "Transformer Engine's packed attention at head_dim 256 on Hopper")
-def te_packed_attention_head_dim(run):
+def te_packed_attention_head_dim(run: Run) -> Iterator[Issue]:
     """
     What it checks: packed (THD) training on Hopper whose full-attention layers run Transformer Engine's attention
     (parallel.cp > 1, which only TE's attention splits, or kernels.attention: te) at a head_dim above 128 (Qwen3.5
@@ -218,10 +221,10 @@ def te_packed_attention_head_dim(run):
     torch bundles, so torch's cuDNN version says nothing about it. With cp 1, `kernels.attention: auto` runs packed
     rows on torch's varlen FlashAttention instead (within 0.3%); context parallel has no such alternative.
 
-    Source: gdnctl's measurement above (BENCHMARKS.md, "Packed rows trained on NaN"); NVIDIA/Megatron-LM PR #2644's
-    description (Qwen3.5 and Qwen3-Next THD training on Hopper needs cuDNN >= 9.19.0; up to 9.18.0 the gradients go
-    NaN) and Megatron-LM issue #5044, where a maintainer names it the SM90 varlen fused-attention gradient bug
-    (docs/sources.md "Megatron-Core"). This rule replaced LAY008, which demanded cuDNN >= 9.19 for every packed run
+    Source: gdnctl's measurement above (benchmarks/results/packed-rows-nan-h100-2026-11-25.md); NVIDIA/Megatron-LM PR
+    #2644's description (Qwen3.5 and Qwen3-Next THD training on Hopper needs cuDNN >= 9.19.0; up to 9.18.0 the
+    gradients go NaN) and Megatron-LM issue #5044, where a maintainer names it the SM90 varlen fused-attention gradient
+    bug (docs/sources.md "Megatron-Core"). This rule replaced LAY008, which demanded cuDNN >= 9.19 for every packed run
     on Hopper, also where torch's FlashAttention, not cuDNN, runs the attention.
 
     Fix: run parallel.cp 1 with kernels.attention: auto (or torch), or train.layout: bshd; for context parallel,
@@ -257,7 +260,7 @@ def te_packed_attention_head_dim(run):
 
 
 @rule("LAY011", Severity.ERROR, "Filled packing needs packed (THD) rows")
-def fill_needs_thd(run):
+def fill_needs_thd(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.packing: fill with a padded (BSHD) layout.
 
@@ -279,7 +282,7 @@ def fill_needs_thd(run):
 
 
 @rule("LAY012", Severity.WARNING, "Filled or concatenated packing cuts sft examples")
-def fill_cuts_sft(run):
+def fill_cuts_sft(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.packing: fill or concat in an sft job.
 

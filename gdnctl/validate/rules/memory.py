@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from gdnctl.plan import memory
+from collections.abc import Iterator
+
+from gdnctl.plan import Run, memory
 from gdnctl.validate.findings import Issue, Severity, rule
 
 WARN_USAGE = 0.9
 
 
 @rule("MEM001", Severity.ERROR, "Trainer does not fit the GPU")
-def trainer_fits(run):
+def trainer_fits(run: Run) -> Iterator[Issue]:
     """
     What it checks: the per-GPU training estimate (`gdnctl explain` prints the table: weights, gradients,
     optimizer, activations, logits, rl log-probs for rl jobs, overhead) against the GPU's memory: error above
@@ -45,7 +47,7 @@ def trainer_fits(run):
 
 
 @rule("MEM002", Severity.ERROR, "Rollout weights do not fit vLLM's memory share")
-def rollout_weights_fit(run):
+def rollout_weights_fit(run: Run) -> Iterator[Issue]:
     """
     What it checks: the bf16 weights on one rollout GPU (all parameters / rollout.tp) against
     rollout.gpu_memory_utilization x GPU memory: error when they exceed it, warning above 80% of it
@@ -97,7 +99,7 @@ def rollout_weights_fit(run):
 
 
 @rule("MEM003", Severity.ERROR, "Colocated rollout does not fit beside the trainer's model")
-def colocated_rollout_fits(run):
+def colocated_rollout_fits(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job whose vLLM shares the trainer's GPUs, in the phase where vLLM is awake (`gdnctl
     explain` prints its table): the trainer's weights, gradients and optimizer state, which stay on the GPU
@@ -119,13 +121,14 @@ def colocated_rollout_fits(run):
     hold), or shard the trainer further (ep/tp/pp, distributed optimizer, train.optimizer_cpu_offload: true).
     """
     estimate = memory.estimate_rollout_phase(run)
-    if estimate is None:
+    rollout = run.preset.rollout
+    if estimate is None or rollout is None:
         return
     summary = (
         f"while vLLM generates, the trainer's resident state and vLLM's share come to "
         f"{estimate.total_gib:.1f} GiB per GPU vs {estimate.capacity_gib:g} GiB ({estimate.usage:.0%})"
     )
-    fixed_kv_cache = run.preset.rollout.kv_cache_gib is not None
+    fixed_kv_cache = rollout.kv_cache_gib is not None
     share = "kv_cache_gib" if fixed_kv_cache else "gpu_memory_utilization"
     fix = (
         f"Lower rollout.{share}, or shard the trainer further (ep/tp/pp, "
@@ -135,6 +138,8 @@ def colocated_rollout_fits(run):
     if fixed_kv_cache:
         # With a fixed KV cache vLLM holds less than gpu_memory_utilization, but still wants that much free to start.
         startup = memory.estimate_rollout_phase(run, memory.rollout_startup_free(run))
+        if startup is None:  # the same colocated rollout as above: always estimated
+            return
         summary = (
             f"vLLM wants gpu_memory_utilization of the GPU free when it starts beside the trainer's "
             f"resident state: {startup.total_gib:.1f} GiB per GPU vs {startup.capacity_gib:g} GiB "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+from gdnctl.plan import Run
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
 @rule("PAR001", Severity.ERROR, "World size divisible by tp x pp x cp")
-def world_size_divisible(run):
+def world_size_divisible(run: Run) -> Iterator[Issue]:
     """
     What it checks: the trainer's world size (nodes x gpus_per_node, less the rollout GPUs when the rollout
     is not colocated) is a multiple of tp x pp x cp. The quotient is the data-parallel size (dp).
@@ -36,7 +39,7 @@ def world_size_divisible(run):
 
 
 @rule("PAR002", Severity.ERROR, "Expert parallel size divides the expert count")
-def ep_divides_experts(run):
+def ep_divides_experts(run: Run) -> Iterator[Issue]:
     """
     What it checks: for MoE models, `parallel.ep` divides the number of routed experts.
 
@@ -58,7 +61,7 @@ def ep_divides_experts(run):
 
 
 @rule("PAR003", Severity.ERROR, "Expert parallel group fits the world")
-def ep_fits_world(run):
+def ep_fits_world(run: Run) -> Iterator[Issue]:
     """
     What it checks: etp x ep x pp divides the trainer's world size.
 
@@ -81,7 +84,7 @@ def ep_fits_world(run):
 
 
 @rule("PAR004", Severity.ERROR, "Expert parallelism on a dense model")
-def ep_on_dense(run):
+def ep_on_dense(run: Run) -> Iterator[Issue]:
     """
     What it checks: ep and etp stay 1 on dense models (no `num_experts`).
 
@@ -103,7 +106,7 @@ def ep_on_dense(run):
 
 
 @rule("PAR005", Severity.ERROR, "MoE with tensor parallelism needs sequence parallel")
-def moe_tp_needs_sp(run):
+def moe_tp_needs_sp(run: Run) -> Iterator[Issue]:
     """
     What it checks: a MoE model with tp > 1 runs with sequence parallel on.
 
@@ -124,7 +127,7 @@ def moe_tp_needs_sp(run):
 
 
 @rule("PAR006", Severity.ERROR, "Virtual pipeline needs pipeline parallelism")
-def vpp_needs_pp(run):
+def vpp_needs_pp(run: Run) -> Iterator[Issue]:
     """
     What it checks: `parallel.vpp` is only set when pp > 1.
 
@@ -142,7 +145,7 @@ def vpp_needs_pp(run):
 
 
 @rule("PAR007", Severity.ERROR, "Layers divisible by pp (x vpp)")
-def layers_divisible(run):
+def layers_divisible(run: Run) -> Iterator[Issue]:
     """
     What it checks: the number of layers divides evenly into pp stages, and into pp x vpp model chunks when
     vpp is set.
@@ -168,7 +171,7 @@ def layers_divisible(run):
 
 
 @rule("PAR008", Severity.ERROR, "Global batch divisible by micro batch x dp")
-def global_batch_divisible(run):
+def global_batch_divisible(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.global_batch_size is a multiple of micro_batch_size x dp.
 
@@ -193,7 +196,7 @@ def global_batch_divisible(run):
 
 
 @rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
-def cpu_only_selftest(run):
+def cpu_only_selftest(run: Run) -> Iterator[Issue]:
     """
     What it checks: `cluster.gpu: cpu` is used only with `job: selftest` or `job: rl`.
 
@@ -216,7 +219,7 @@ def cpu_only_selftest(run):
 
 
 @rule("PAR011", Severity.ERROR, "Sequence parallel needs tensor parallelism")
-def sp_needs_tp(run):
+def sp_needs_tp(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on GPUs (the jobs whose runtime builds Megatron-Core's TransformerConfig)
     with parallel.sequence_parallel: true and tp == 1.

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import stack, versions
+from gdnctl.plan import Run
+from gdnctl.schema import RolloutSpec
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
-def _rollout(run):
+def _rollout(run: Run) -> RolloutSpec | None:
     return run.preset.rollout if run.preset.job == "rl" else None
 
 
 @rule("RLT001", Severity.ERROR, "rl job without a rollout section")
-def rl_needs_rollout(run):
+def rl_needs_rollout(run: Run) -> Iterator[Issue]:
     """
     What it checks: job: rl has a `rollout:` section.
 
@@ -31,7 +35,7 @@ def rl_needs_rollout(run):
 
 
 @rule("RLT002", Severity.WARNING, "rollout section on a job that does not roll out")
-def rollout_ignored(run):
+def rollout_ignored(run: Run) -> Iterator[Issue]:
     """
     What it checks: a `rollout:` section on sft, pretrain or selftest jobs.
 
@@ -50,7 +54,7 @@ def rollout_ignored(run):
 
 
 @rule("RLT003", Severity.ERROR, "gdn_prefill_backend not available in this vLLM")
-def prefill_backend_supported(run):
+def prefill_backend_supported(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.gdn_prefill_backend is accepted by runtime.vllm: vLLM < 0.18 has no
     `--gdn-prefill-backend` flag; 0.18-0.21 accept flashinfer and triton; 0.22 adds cutedsl; 0.32 adds
@@ -86,7 +90,7 @@ def prefill_backend_supported(run):
 
 
 @rule("RLT004", Severity.WARNING, "FlashInfer GDN prefill on Hopper can hang")
-def prefill_hang_sm90(run):
+def prefill_hang_sm90(run: Run) -> Iterator[Issue]:
     """
     What it checks: on SM90 GPUs, rollout.gdn_prefill_backend left to vLLM's default (null/auto, which
     picks FlashInfer on SM90) or set to flashinfer, by runtime.vllm: a warning for vLLM 0.18-0.25, an info
@@ -135,7 +139,7 @@ def prefill_hang_sm90(run):
 
 
 @rule("RLT015", Severity.WARNING, "Qwen3.5 through vLLM's vision-language class, before the vLLM gdnctl ran it on")
-def vision_language_rollout(run):
+def vision_language_rollout(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on a Qwen3.5 model whose rollout vLLM is older than the first release gdnctl has
     served Qwen3.5 on through the vision-language class (0.26.0).
@@ -148,25 +152,25 @@ def vision_language_rollout(run):
     CPU build 0.32; older releases may build the tower, or lack the class.
 
     Source: vllm/model_executor/models/qwen3_5.py and interfaces.py (vLLM 0.26.0); runs:
-    tests/gpu/test_rl_vllm_gpu.py on an H100 (BENCHMARKS.md "Weight sync: rl on GPU vLLM").
+    tests/gpu/test_rl_vllm_gpu.py on an H100 (benchmarks/results/rl-gpu-vllm-2026-11-24.md).
 
     Fix: use vLLM >= 0.26 in the rollout's environment (rollout.python), and say so in runtime.vllm.
     """
     rollout = _rollout(run)
     vllm = run.stack.get("vllm")
-    if rollout and run.model.is_qwen35 and versions.below(vllm, stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED):
+    family = run.model.family
+    checked = family.vllm_vision_language_checked
+    if rollout and checked is not None and versions.below(vllm, checked):
         yield Issue(
             "runtime.vllm",
-            f"vLLM {vllm} would serve Qwen3.5 through its vision-language class, which "
-            "gdnctl has run only from vLLM "
-            f"{stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} on.",
-            f"Use vLLM >= {stack.VLLM_QWEN35_VISION_LANGUAGE_CHECKED} in the rollout's environment and set "
-            "runtime.vllm to its version.",
+            f"vLLM {vllm} would serve {family.label} through its vision-language class, which "
+            f"gdnctl has run only from vLLM {checked} on.",
+            f"Use vLLM >= {checked} in the rollout's environment and set runtime.vllm to its version.",
         )
 
 
 @rule("RLT006", Severity.ERROR, "Rollout TP divides the attention and GDN heads")
-def rollout_tp_heads(run):
+def rollout_tp_heads(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.tp divides the attention heads and the GDN key and value heads.
 
@@ -195,7 +199,7 @@ def rollout_tp_heads(run):
 
 
 @rule("RLT007", Severity.ERROR, "Trainer and rollout GPUs fit the cluster")
-def rollout_gpus_fit(run):
+def rollout_gpus_fit(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout GPUs are a whole number of rollout.tp engines and fit the cluster: all GPUs
     at most when colocated; fewer than all when separate, so the trainer keeps some. An engine fits one node:
@@ -239,7 +243,7 @@ def rollout_gpus_fit(run):
 
 
 @rule("RLT008", Severity.ERROR, "Trainer and rollout cannot share one Python environment")
-def separate_environments(run):
+def separate_environments(run: Run) -> Iterator[Issue]:
     """
     What it checks: when the trainer stack (megatron-bridge) and the rollout stack (vLLM) pin incompatible
     dependencies, the rollout names its own environment (rollout.python or rollout.container_image).
@@ -272,7 +276,7 @@ def separate_environments(run):
 
 
 @rule("RLT009", Severity.ERROR, "A separate rollout on several nodes takes whole nodes")
-def separate_rollout_whole_nodes(run):
+def separate_rollout_whole_nodes(run: Run) -> Iterator[Issue]:
     """
     What it checks: with rollout.colocate: false on more than one node (or under Slurm), the rollout GPUs
     are a whole number of nodes.
@@ -300,7 +304,7 @@ def separate_rollout_whole_nodes(run):
 
 
 @rule("RLT010", Severity.ERROR, "The rl batch is whole prompt groups")
-def batch_of_groups(run):
+def batch_of_groups(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.global_batch_size (the samples of one rl step) is a multiple of
     rollout.n_samples_per_prompt.
@@ -325,7 +329,7 @@ def batch_of_groups(run):
 
 
 @rule("RLT011", Severity.ERROR, "rl needs a prompt dataset and a tokenizer")
-def prompts_and_tokenizer(run):
+def prompts_and_tokenizer(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job names its prompt dataset (train.data_path: a jsonl of {"prompt", "answer"}) and a
     tokenizer (model.tokenizer, or model.path holding one).
@@ -357,7 +361,7 @@ def prompts_and_tokenizer(run):
 
 
 @rule("RLT012", Severity.ERROR, "Responses fit the rollout's context")
-def response_fits_context(run):
+def response_fits_context(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len,
     default train.seq_length).
@@ -384,7 +388,7 @@ def response_fits_context(run):
 
 
 @rule("RLT013", Severity.WARNING, "an rl rollout layout gdnctl's GPU tests have not run")
-def rl_rollout_layout_untested(run):
+def rl_rollout_layout_untested(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on GPUs whose rollout is past the layouts gdnctl's GPU tests have run: more than two
     engines, several engines of rollout.tp > 1, one engine of rollout.tp > 1 on GPUs of its own (the broadcast to
@@ -399,11 +403,15 @@ def rl_rollout_layout_untested(run):
     trainer on four H100s (one NCCL broadcast from trainer rank 0 reaches every engine's worker). The broadcast to
     the workers of one tensor-parallel engine has run on vLLM's CPU build over gloo (tests/runtime/rl/
     test_rl_vllm.py), not on GPUs; colocated engines on two one-rank nodes have run there too, driven by each
-    node's first rank. A rollout step on other nodes reaches trainer rank 0's store by the node's name and NCCL
-    across the network; the tests' local Slurm has one node, so that step has not run.
+    node's first rank. The Slurm script's rollout step on another node has run, unchanged, on two CPU nodes of the
+    tests' local Slurm (network namespaces of one machine; tests/runtime/rl/test_rl_nodes.py): the server found
+    through the run dir by the node's name, the worker joining trainer rank 0's store across the nodes, every sync
+    broadcast over gloo and checked, a requeue resuming on the uninterrupted curve. On GPUs that broadcast is NCCL
+    across the network between nodes, which has not run.
 
-    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s (BENCHMARKS.md "Weight sync: rl on
-    GPU vLLM" and "Four GPUs of one host").
+    Source: runs: tests/gpu/test_rl_vllm_gpu.py on an H100, 2 H200s and 4 H100s
+    (benchmarks/results/rl-gpu-vllm-2026-11-24.md); tests/runtime/rl/test_rl_nodes.py on the two-node local Slurm
+    (CPU).
 
     Fix: try the preset at small scale first.
     """
@@ -424,7 +432,7 @@ def rl_rollout_layout_untested(run):
             (rollout.colocate and p.cluster.nodes > 1, "colocated engines on several nodes"),
             (
                 not rollout.colocate and p.launch.executor == "slurm",
-                "a rollout step on other nodes (the weight broadcast across the network)",
+                "a rollout step on other nodes over NCCL (that step has run on two CPU nodes, over gloo)",
             ),
         )
         if untested
@@ -440,7 +448,7 @@ def rl_rollout_layout_untested(run):
 
 
 @rule("RLT014", Severity.ERROR, "in-memory weight sync where it cannot run")
-def in_memory_weight_sync(run):
+def in_memory_weight_sync(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.weight_sync: cuda_ipc or broadcast on a run where that transport cannot serve.
     cuda_ipc: no GPU, or separate placement (rollout.colocate: false). broadcast: colocated on GPUs. Either: the
@@ -473,7 +481,7 @@ def in_memory_weight_sync(run):
 
 
 @rule("RLT016", Severity.ERROR, "The rl batch splits into the PPO mini-batches")
-def mini_batches_split(run):
+def mini_batches_split(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.global_batch_size (the samples of one rl step) is a multiple of grpo.mini_batches x
     the data-parallel size.
@@ -502,7 +510,7 @@ def mini_batches_split(run):
 
 
 @rule("RLT017", Severity.ERROR, "Held-out responses fit the rollout's context")
-def eval_response_fits_context(run):
+def eval_response_fits_context(run: Run) -> Iterator[Issue]:
     """
     What it checks: eval.max_response_tokens is below the rollout's max_model_len (rollout.max_model_len, default
     train.seq_length) in an rl job that evaluates.
@@ -529,7 +537,7 @@ def eval_response_fits_context(run):
 
 
 @rule("RLT018", Severity.ERROR, "GRPO needs more than one sample per prompt")
-def grpo_needs_groups(run):
+def grpo_needs_groups(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.n_samples_per_prompt is at least 2 in an rl job.
 
@@ -554,18 +562,21 @@ def grpo_needs_groups(run):
 
 
 @rule("RLT019", Severity.ERROR, "Off-policy rollouts need engines of their own")
-def staleness_needs_separate_engines(run):
+def staleness_needs_separate_engines(run: Run) -> Iterator[Issue]:
     """
-    What it checks: rollout.max_staleness >= 1 with rollout.colocate: true.
+    What it checks: rollout.max_staleness >= 1 with rollout.colocate: true, or with rollout.environment.
 
     Why: max_staleness lets the rollout of the next steps run while the trainer trains; colocated engines share
     the trainer's GPUs and sleep while it steps (vLLM's sleep mode frees their weights and KV cache), so nothing
-    could overlap, and the stale samples would buy nothing.
+    could overlap, and the stale samples would buy nothing. A multi-turn environment's episodes run turn by turn
+    through the collective generate after the step before has synced, so they cannot overlap either.
 
     Source: gdnctl's rl loop (gdnctl/runtime/rl/feed.py opens step k once the weights of step k - max_staleness are
-    on the engines; gdnctl/runtime/rl/job.py puts colocated engines to sleep before every update).
+    on the engines; gdnctl/runtime/rl/job.py puts colocated engines to sleep before every update and runs an
+    environment's episodes in RlJob._episode_batch, on-policy).
 
-    Fix: set rollout.colocate: false (with rollout.num_gpus for the engines), or rollout.max_staleness: 0.
+    Fix: set rollout.colocate: false (with rollout.num_gpus for the engines), or rollout.max_staleness: 0; with
+    rollout.environment, rollout.max_staleness: 0.
     """
     rollout = _rollout(run)
     if rollout is not None and rollout.max_staleness > 0 and rollout.colocate:
@@ -576,10 +587,18 @@ def staleness_needs_separate_engines(run):
             "Set rollout.colocate: false and give the engines GPUs of their own (rollout.num_gpus), or set "
             "rollout.max_staleness: 0.",
         )
+    if rollout is not None and rollout.max_staleness > 0 and rollout.environment is not None:
+        yield Issue(
+            "rollout.max_staleness",
+            f"max_staleness {rollout.max_staleness} overlaps the next steps' rollouts with the trainer's update, "
+            "but rollout.environment's episodes run turn by turn after the step before has synced, so nothing "
+            "can overlap.",
+            "Set rollout.max_staleness: 0 with rollout.environment.",
+        )
 
 
 @rule("RLT020", Severity.ERROR, "Partial rollouts need off-policy steps")
-def partial_needs_staleness(run):
+def partial_needs_staleness(run: Run) -> Iterator[Issue]:
     """
     What it checks: rollout.partial: true with rollout.max_staleness 0.
 
@@ -603,7 +622,7 @@ def partial_needs_staleness(run):
 
 
 @rule("RLT021", Severity.ERROR, "The over-long buffer fits the response")
-def overlong_buffer_fits_response(run):
+def overlong_buffer_fits_response(run: Run) -> Iterator[Issue]:
     """
     What it checks: grpo.overlong.buffer_tokens is below rollout.max_response_tokens.
 

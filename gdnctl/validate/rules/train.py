@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gdnctl.knowledge import lora, stack, versions
+from gdnctl.plan import Run
+from gdnctl.schema import LoraSpec
 from gdnctl.validate.findings import Issue, Severity, rule
 
 
 @rule("TRN001", Severity.WARNING, "A released model trained from random weights")
-def released_model_without_weights(run):
+def released_model_without_weights(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on a released checkpoint's architecture (model.id) with no model.path.
 
@@ -31,7 +35,7 @@ def released_model_without_weights(run):
 
 
 @rule("TRN002", Severity.ERROR, "The TE-free builder has no context parallel and no FP8")
-def te_free_trainer(run):
+def te_free_trainer(run: Run) -> Iterator[Issue]:
     """
     What it checks: a GPU training job (sft, pretrain, rl) built by gdnctl's TE-free spec
     (`runtime.transformer_engine: none`) with parallel.cp > 1 or train.precision fp8.
@@ -68,7 +72,7 @@ def te_free_trainer(run):
 
 
 @rule("TRN008", Severity.ERROR, "The rl policy does not shard sequences over context-parallel ranks")
-def context_parallel_not_sharded(run):
+def context_parallel_not_sharded(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on GPUs with parallel.cp > 1.
 
@@ -96,7 +100,7 @@ def context_parallel_not_sharded(run):
 
 
 @rule("TRN009", Severity.ERROR, "FP8 training needs an SM89+ GPU")
-def fp8_needs_sm89(run):
+def fp8_needs_sm89(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.precision fp8 on a GPU older than SM89 (A100 is SM80).
 
@@ -118,15 +122,8 @@ def fp8_needs_sm89(run):
         )
 
 
-def _transformers_model_type(model) -> str:
-    """The HF model_type whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py)."""
-    if model.is_qwen3_next:
-        return "qwen3_next"
-    return "qwen3_5_moe" if model.is_moe else "qwen3_5"
-
-
 @rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
-def trainer_transformers_model_type(run):
+def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on device cpu whose runtime.transformers is older than the first transformers
     release with the model's classes: qwen3_5 and qwen3_5_moe (Qwen3_5TextConfig, Qwen3_5ForCausalLM,
@@ -150,24 +147,25 @@ def trainer_transformers_model_type(run):
     found = run.stack.get("transformers")
     if run.preset.job != "rl" or run.gpu.sm is not None or found is None:
         return
-    model_type = _transformers_model_type(run.model)
-    since = stack.TRANSFORMERS_MODEL_TYPE_SINCE[model_type]
+    # The family whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py).
+    family = run.model.family
+    since = family.transformers_since
     if versions.below(found, since):
         yield Issue(
             "runtime.transformers",
-            f"transformers {found} has no {model_type} classes (added in {since}), "
+            f"transformers {found} has no {family.name} classes (added in {since}), "
             "and the rl policy on device cpu is transformers' model.",
             f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.",
         )
 
 
-def _builds_megatron_model(run) -> bool:
+def _builds_megatron_model(run: Run) -> bool:
     """The jobs whose runtime builds Megatron-Core's TransformerConfig: sft, pretrain and rl on GPUs."""
     return run.is_training and run.gpu.sm is not None
 
 
 @rule("TRN005", Severity.ERROR, "The trainer's MoE router cannot route to one expert per token")
-def moe_top1_router(run):
+def moe_top1_router(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on GPUs with a MoE model whose `num_experts_per_tok` (top-k) is 1.
 
@@ -195,7 +193,7 @@ def moe_top1_router(run):
 
 
 @rule("TRN006", Severity.ERROR, "The shared expert's size is positive")
-def shared_expert_size(run):
+def shared_expert_size(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on GPUs with a MoE model whose `shared_expert_intermediate_size` is 0 or
     negative (left out is fine: no shared expert).
@@ -224,7 +222,7 @@ def shared_expert_size(run):
 
 
 @rule("TRN004", Severity.ERROR, "gdnctl's trainer does not train the MTP layer (train.mtp)")
-def mtp_not_trained(run):
+def mtp_not_trained(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.mtp: true.
 
@@ -252,7 +250,7 @@ def mtp_not_trained(run):
 
 
 @rule("TRN007", Severity.ERROR, "gdnctl's trainer does not build virtual pipeline stages (parallel.vpp)")
-def vpp_not_built(run):
+def vpp_not_built(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with parallel.vpp set.
 
@@ -277,7 +275,7 @@ def vpp_not_built(run):
 
 
 @rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
-def lora_not_trained(run):
+def lora_not_trained(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
@@ -305,7 +303,7 @@ def lora_not_trained(run):
 
 
 @rule("TRN011", Severity.ERROR, "FP8 with padded rows needs seq_length a multiple of 16")
-def fp8_padded_row_length(run):
+def fp8_padded_row_length(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.precision fp8 with the padded (BSHD) layout and a seq_length that is not a multiple of 16.
 
@@ -315,8 +313,8 @@ def fp8_padded_row_length(run):
     by 8"). Packed (THD) rows are padded for it by the runtime (runtime/data/pipeline.py FP8_TOKEN_MULTIPLE);
     padded rows are exactly seq_length wide.
 
-    Source: transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; measured: H100, BENCHMARKS.md "Trainer: what
-    trains right" (the FP8 run that stopped at step 1 on a 995-token row).
+    Source: transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec; measured: H100,
+    benchmarks/results/trains-right-2026-11-24.md (the FP8 run that stopped at step 1 on a 995-token row).
 
     Fix: make train.seq_length a multiple of 16, or use train.layout: thd.
     """
@@ -330,7 +328,7 @@ def fp8_padded_row_length(run):
 
 
 @rule("TRN013", Severity.ERROR, "The lr decays to a minimum above its peak")
-def min_lr_above_lr(run):
+def min_lr_above_lr(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.min_lr above train.lr with a cosine or linear decay (train.lr_decay).
 
@@ -353,7 +351,7 @@ def min_lr_above_lr(run):
 
 
 @rule("TRN014", Severity.WARNING, "The lr warmup lasts the whole run")
-def warmup_outlasts_run(run):
+def warmup_outlasts_run(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lr_warmup_steps at or above train.train_iters.
 
@@ -376,7 +374,7 @@ def warmup_outlasts_run(run):
 
 
 @rule("TRN015", Severity.WARNING, "An eval section the job does not run")
-def eval_not_run(run):
+def eval_not_run(run: Run) -> Iterator[Issue]:
     """
     What it checks: an eval section in a selftest job.
 
@@ -397,7 +395,7 @@ def eval_not_run(run):
 
 
 @rule("TRN016", Severity.ERROR, "LoRA needs the Transformer Engine builder")
-def lora_te_free(run):
+def lora_te_free(run: Run) -> Iterator[Issue]:
     """
     What it checks: a GPU training job with train.lora set that the TE-free builder would build
     (`runtime.transformer_engine: none`).
@@ -437,7 +435,7 @@ _MISSING_TARGET = {
 
 
 @rule("TRN017", Severity.ERROR, "A LoRA target names linears the model does not have")
-def lora_target_absent(run):
+def lora_target_absent(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job whose train.lora.targets names linears the model lacks: mlp on a MoE model,
     experts on a dense one, shared_expert on a model without a shared expert.
@@ -466,7 +464,7 @@ def lora_target_absent(run):
             )
 
 
-def _routed_expert_lora(run):
+def _routed_expert_lora(run: Run) -> LoraSpec | None:
     """The preset's train.lora where a training job adapts a MoE model's routed experts, else None."""
     spec = run.preset.train.lora
     if run.is_training and spec is not None and run.model.is_moe and "experts" in run.lora_targets.value:
@@ -475,7 +473,7 @@ def _routed_expert_lora(run):
 
 
 @rule("TRN018", Severity.ERROR, "One LoRA adapter per routed expert needs megatron-bridge >= 0.5.0")
-def lora_per_expert_adapters(run):
+def lora_per_expert_adapters(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora targeting experts, one adapter per expert
     (train.lora.expert_adapters per_expert, set or picked by auto), on a megatron-bridge older than 0.5.0.
@@ -514,7 +512,7 @@ def lora_per_expert_adapters(run):
 
 
 @rule("TRN019", Severity.WARNING, "peft cannot load a Qwen3-Next shared expert's LoRA adapter")
-def lora_qwen3_next_shared_expert(run):
+def lora_qwen3_next_shared_expert(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job on Qwen3-Next whose LoRA targets (set, or the default) include shared_expert.
 
@@ -534,10 +532,16 @@ def lora_qwen3_next_shared_expert(run):
     merged export.
     """
     spec = run.preset.train.lora
-    if run.is_training and spec is not None and run.model.is_qwen3_next and "shared_expert" in run.lora_targets.value:
+    family = run.model.family
+    if (
+        run.is_training
+        and spec is not None
+        and family.peft_fuses_shared_expert_adapter
+        and "shared_expert" in run.lora_targets.value
+    ):
         yield Issue(
             "train.lora.targets" if spec.targets is not None else "train.lora",
-            "peft cannot load a Qwen3-Next adapter on the shared expert: it reads the shared expert's "
+            f"peft cannot load a {family.label} adapter on the shared expert: it reads the shared expert's "
             "gate_proj, up_proj and down_proj as the routed experts' fused parameters.",
             "Set train.lora.targets without shared_expert if the adapter is to be loaded with peft, or "
             "load the merged export.",
@@ -545,7 +549,7 @@ def lora_qwen3_next_shared_expert(run):
 
 
 @rule("TRN020", Severity.ERROR, "megatron-bridge does not support LoRA on Qwen3-Next")
-def lora_qwen3_next(run):
+def lora_qwen3_next(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora on a Qwen3-Next model.
 
@@ -561,18 +565,19 @@ def lora_qwen3_next(run):
 
     Fix: remove train.lora (full-parameter training of Qwen3-Next), or train LoRA on a Qwen3.5 model.
     """
-    if run.is_training and run.preset.train.lora is not None and run.model.is_qwen3_next:
+    family = run.model.family
+    if run.is_training and run.preset.train.lora is not None and not family.bridge_lora:
         yield Issue(
             "train.lora",
-            f"megatron-bridge does not support LoRA on {run.model.label}: its Qwen3-Next PEFT "
-            'recipe raises NotImplementedError ("PEFT is not currently supported for '
-            'Qwen3-Next models").',
-            "Remove train.lora for full-parameter training of Qwen3-Next, or train LoRA on a Qwen3.5 model.",
+            f"megatron-bridge does not support LoRA on {run.model.label}: its {family.label} PEFT "
+            "recipe raises NotImplementedError.",
+            f"Remove train.lora for full-parameter training of {family.label}, or train LoRA on a model "
+            "megatron-bridge trains LoRA on.",
         )
 
 
 @rule("TRN022", Severity.ERROR, "LoRA needs a base checkpoint (model.path)")
-def lora_needs_base(run):
+def lora_needs_base(run: Run) -> Iterator[Issue]:
     """
     What it checks: a training job with train.lora and no model.path.
 
@@ -599,7 +604,7 @@ def lora_needs_base(run):
 
 
 @rule("TRN021", Severity.ERROR, "CUDA graphs asked for where they cannot be captured")
-def cuda_graphs_cannot_capture(run):
+def cuda_graphs_cannot_capture(run: Run) -> Iterator[Issue]:
     """
     What it checks: `speed.cuda_graphs: on` in a preset whose run gdnctl cannot capture the layers' graphs for
     (plan/speed.py cuda_graphs_blocker, the same test `auto` makes).
@@ -628,7 +633,7 @@ def cuda_graphs_cannot_capture(run):
 
 
 @rule("TRN023", Severity.WARNING, "CUTLASS grouped GEMM asked for where Transformer Engine does not use it")
-def cutlass_grouped_gemm_not_taken(run):
+def cutlass_grouped_gemm_not_taken(run: Run) -> Iterator[Issue]:
     """
     What it checks: `speed.cutlass_grouped_gemm: on` in a preset whose experts Transformer Engine would not run
     through its CUTLASS grouped GEMM (plan/speed.py cutlass_grouped_gemm_blocker, the same test `auto` makes).
@@ -654,7 +659,7 @@ def cutlass_grouped_gemm_not_taken(run):
 
 
 @rule("TRN024", Severity.ERROR, "Shared expert LoRA adapters need one expert-parallel rank")
-def lora_shared_expert_adapters_need_one_ep_rank(run):
+def lora_shared_expert_adapters_need_one_ep_rank(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lora.expert_adapters: shared on the routed experts with parallel.ep > 1.
 
@@ -691,7 +696,7 @@ def lora_shared_expert_adapters_need_one_ep_rank(run):
 
 
 @rule("TRN025", Severity.WARNING, "LoRA on the routed experts with expert tensor parallel")
-def lora_experts_with_expert_tensor_parallel(run):
+def lora_experts_with_expert_tensor_parallel(run: Run) -> Iterator[Issue]:
     """
     What it checks: train.lora with experts among its targets and parallel.etp > 1.
 

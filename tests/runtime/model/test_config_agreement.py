@@ -25,7 +25,7 @@ import os
 import tempfile
 import warnings
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 
@@ -125,7 +125,7 @@ STACKS = [
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def checkpoint_dir(root: Path, name: str) -> str:
     text = {k: v for k, v in {**TINY_MOE_TEXT, **CHECKPOINTS[name]}.items() if v is not None}
     architecture = "Qwen3_5MoeForCausalLM" if "num_experts" in text else "Qwen3_5ForCausalLM"
@@ -137,7 +137,7 @@ def checkpoint_dir(root: Path, name: str) -> str:
     return str(directory)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _arch(kind: str, model: str, root: Path):
     return catalog.from_catalog(model) if kind == "id" else catalog.from_checkpoint(checkpoint_dir(root, model))
 

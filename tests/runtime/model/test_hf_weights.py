@@ -90,7 +90,7 @@ def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
         if arch.layer_is_gdn(i):
             a = f"{p}.linear_attn"
-            if arch.is_qwen3_next:
+            if arch.family.gdn_in_projection == "per_key_head":
                 shapes.update(
                     {
                         f"{a}.in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h),
@@ -164,7 +164,7 @@ def test_every_tensor_survives_sharding_and_gathering(arch, tp):
     names = megatron_names(arch.model_copy(update={"num_experts": arch.num_experts // ep}) if arch.is_moe else arch)
     for e in range(ep):
         rules = rules_for(arch, names, ShardPlace(tp_size=tp, ep_rank=e, ep_size=ep))
-        for name, rule in rules.items():
+        for rule in rules.values():
             shards = []
             for t in range(tp):
                 place = ShardPlace(tp_rank=t, tp_size=tp, ep_rank=e, ep_size=ep)

@@ -64,6 +64,22 @@ def test_bad_lines_are_reported_with_file_and_line(tmp_path, bad_line, message):
     assert isinstance(error.value, GdnctlError) and str(error.value).count("\n") == 0
 
 
+def test_every_field_travels_with_its_record_and_only_the_needed_ones_are_required(tmp_path):
+    """A reward function of the user's needs no answer, an environment not even a prompt; whatever the line has
+    reaches them as the record's fields."""
+    path = write_jsonl(
+        tmp_path / "tasks.jsonl",
+        [json.dumps({"prompt": "Write f.", "tests": ["assert f() == 1"]}), json.dumps({"question": "2 + 3"})],
+    )
+    with pytest.raises(PromptDatasetError, match="no 'answer' field"):
+        load_prompts(path)
+    with pytest.raises(PromptDatasetError, match=r"tasks.jsonl:2: no 'prompt' field"):
+        load_prompts(path, needs_answer=False)
+    first, second = load_prompts(path, needs_prompt=False, needs_answer=False)
+    assert first.prompt == "Write f." and first.answer == "" and first.fields["tests"] == ["assert f() == 1"]
+    assert second.prompt is None and second.fields == {"question": "2 + 3"} and second.line == 2
+
+
 def test_missing_unreadable_and_empty_files(tmp_path):
     with pytest.raises(PromptDatasetError, match=r"Cannot read the prompt dataset .*missing\.jsonl"):
         load_prompts(tmp_path / "missing.jsonl")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gdnctl.errors import GdnctlError
-from gdnctl.runtime.rl.algorithm.rewards import REWARDS, extract_answer, get_reward, math_exact_reward
+from gdnctl.runtime.rl.rewards.shipped import REWARDS, extract_answer, get_reward, math_exact_reward
 
 CASES = [
     # boxed, including nested braces and the last of several boxes

@@ -8,7 +8,7 @@ import torch
 
 from gdnctl.runtime.rl.algorithm import batch as rl_batch
 from gdnctl.runtime.rl.algorithm.batch import Sample
-from gdnctl.runtime.rl.algorithm.rewards import digit_fraction_reward, get_reward
+from gdnctl.runtime.rl.rewards.shipped import digit_fraction_reward, get_reward
 from gdnctl.runtime.rl.weights import sync as weight_sync
 
 
@@ -150,10 +150,10 @@ def test_digit_fraction_reward_counts_digits_among_visible_characters():
 def test_the_preset_schema_offers_exactly_the_shipped_rewards():
     from typing import get_args
 
-    from gdnctl.runtime.rl.algorithm.rewards import REWARDS
-    from gdnctl.schema.preset import GrpoSpec
+    from gdnctl.runtime.rl.rewards.shipped import REWARDS
+    from gdnctl.schema.preset import ShippedReward
 
-    assert set(get_args(GrpoSpec.model_fields["reward"].annotation)) == set(REWARDS)
+    assert set(get_args(ShippedReward)) == set(REWARDS)
 
 
 def test_the_probe_check_fails_a_rollout_scoring_with_other_weights():

@@ -43,7 +43,8 @@ with listen(Path(sys.argv[1]), local=True, engine=engine, handshake_seconds=floa
         request = connection.recv()
         if request["op"] == "shutdown":
             sys.exit(0)
-        if behaviour == "answer":
+        if behaviour in ("answer", "slow"):
+            time.sleep(2 if behaviour == "slow" else 0)
             connection.send({"echo": request["value"]} if request["op"] == "echo" else {"error": "no such op"})
         elif behaviour == "die":
             sys.exit(3)
@@ -135,6 +136,18 @@ def test_every_engines_answer_comes_back_in_engine_order(tmp_path):
     assert answer_all(clients, "echo", timeout=30) == [{"echo": 0}, {"echo": 1}]
 
 
+def test_each_answer_is_handed_on_as_it_arrives_while_another_engine_still_works(tmp_path):
+    """What lets the rewards of one engine's samples start before the other engines answer."""
+    clients = engines(tmp_path, "slow", "answer")
+    for engine, client in enumerate(clients):
+        client.send("echo", value=engine)
+    arrived: list[tuple[int, dict, float]] = []
+    answers = answer_all(clients, "echo", timeout=30, on_answer=lambda i, a: arrived.append((i, a, time.monotonic())))
+    assert answers == [{"echo": 0}, {"echo": 1}]
+    assert [(index, answer) for index, answer, _ in arrived] == [(1, {"echo": 1}), (0, {"echo": 0})]
+    assert arrived[1][2] - arrived[0][2] > 1.0  # engine 1's answer was handed on while engine 0 slept
+
+
 def test_an_engine_that_dies_is_reported_while_another_still_works(tmp_path):
     clients = engines(tmp_path, "hang", "die")
     for client in clients:
@@ -182,6 +195,21 @@ def test_a_hung_server_is_stopped_after_the_timeout(tmp_path):
         client.request("generate", timeout=2)
     assert time.monotonic() - began < 10
     assert process.poll() is not None, "the hung server must be stopped, not left running"
+
+
+def test_a_server_the_address_file_names_by_a_node_name_is_named_with_it(tmp_path):
+    """The Slurm script's rollout step publishes its node's name (rollout_protocol.listen, local=False): the
+    trainer's messages about that server say which node it is on."""
+    process, log = start(tmp_path, "hang")
+    published = address_file(tmp_path)
+    deadline = time.monotonic() + 30
+    while not published.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    host = socket.gethostname()  # resolves on this machine, as a node's name does on its cluster
+    published.write_text(json.dumps({**json.loads(published.read_text()), "host": host}))
+    client = RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=log)
+    with pytest.raises(RolloutError, match=f"the rollout server on {re.escape(host)} did not answer 'generate'"):
+        client.request("generate", timeout=1)
 
 
 def test_a_server_that_never_comes_up_is_reported(tmp_path):

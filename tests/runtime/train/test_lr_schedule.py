@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -31,7 +32,7 @@ def test_cosine_falls_from_lr_to_min_lr_over_the_steps_after_the_warmup():
 
 def test_linear_falls_by_the_same_amount_every_step():
     lrs = schedule("linear")
-    assert [round(a - b, 9) for a, b in zip(lrs[4:], lrs[5:])] == [0.09] * 9
+    assert [round(a - b, 9) for a, b in itertools.pairwise(lrs[4:])] == [0.09] * 9
     assert lrs[-1] == pytest.approx(0.19)
 
 

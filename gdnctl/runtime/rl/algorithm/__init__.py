@@ -1,16 +1,15 @@
 """The learning rule, torch-only and engine-free: samples and their training rows (`batch`), GRPO's advantages,
-losses, KL and log-probs (`grpo`), the shipped rewards (`rewards`), PPO's mini-batches and epochs over a rollout
-batch (`updates`), the step-0 check that trainer and rollout score the same policy (`logprob_gap`), the samples'
-seeds, DAPO's over-long penalty and the staleness bound (`sampling`), and one step's batch as its samples arrive,
-with dynamic sampling (`step_batch`)."""
+losses, KL and log-probs (`grpo`), PPO's mini-batches and epochs over a rollout batch (`updates`), the step-0
+check that trainer and rollout score the same policy (`logprob_gap`), the samples' seeds, DAPO's over-long penalty
+and the staleness bound (`sampling`), and one step's batch as its samples arrive, with dynamic sampling
+(`step_batch`). What scores the samples is rl/rewards/."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
     "RlBatch": "batch",
     "Sample": "batch",
-    "REWARDS": "rewards",
-    "get_reward": "rewards",
+    "Turn": "batch",
     "LogprobGapError": "logprob_gap",
     "check_step0_gap": "logprob_gap",
     "Request": "step_batch",
@@ -19,18 +18,16 @@ _HOMES = {
 }
 __all__ = [
     "LogprobGapError",
-    "REWARDS",
     "Request",
     "RlBatch",
     "Sample",
     "StepBatch",
     "StepStats",
+    "Turn",
     "batch",
     "check_step0_gap",
-    "get_reward",
     "grpo",
     "logprob_gap",
-    "rewards",
     "sampling",
     "step_batch",
     "updates",

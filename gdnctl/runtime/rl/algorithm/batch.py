@@ -6,6 +6,10 @@ token, so the tensors that go with them have T - 1 columns: column t scores toke
 t. A response token at row position p is therefore column p - 1; the prompt's tokens and padding are masked out.
 Right padding never reaches a real token's logits (the model is causal). A sample that takes no loss
 (`Sample.trained` False) keeps its row, with an empty response mask.
+
+A multi-turn sample's response holds the environment's tokens between the model's turns (rollout/episodes.py):
+its `loss_mask` says which response tokens the model sampled, and only those are in `response_mask`, so the
+environment's tokens take no loss (their rollout log-probs are placeholders, never read).
 """
 
 from __future__ import annotations
@@ -14,6 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a multi-turn sample: who wrote response tokens [start, stop)."""
+
+    role: str  # "assistant" for the model's turns; the environment's messages' role(s) otherwise
+    start: int
+    stop: int
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,10 @@ class Sample:
     # False: the sample is in the batch but takes no loss (a truncated response under grpo.overlong.mask_truncated,
     # a group dynamic sampling kept only to fill the batch): none of its tokens is in the loss or its means.
     trained: bool = True
+    # Multi-turn only (None: every response token is the model's): per response token, whether the model sampled
+    # it and so takes the loss, and the turns the response is made of.
+    loss_mask: tuple[bool, ...] | None = None
+    turns: tuple[Turn, ...] | None = None
 
     @property
     def version(self) -> int | None:
@@ -79,9 +96,17 @@ def build_batch(samples: Sequence[Sample], pad_id: int, multiple: int = 1) -> Rl
             raise ValueError(
                 f"sample {row} has {response} response tokens but {len(sample.rollout_logprobs)} rollout log-probs."
             )
+        if sample.loss_mask is not None and len(sample.loss_mask) != response:
+            raise ValueError(
+                f"sample {row} has {response} response tokens but {len(sample.loss_mask)} loss-mask entries."
+            )
         tokens[row, : prompt + response] = torch.tensor(sample.prompt + sample.response, dtype=torch.long)
         attention[row, : prompt + response] = 1
-        response_mask[row, prompt - 1 : prompt - 1 + response] = sample.trained
+        if not sample.trained:
+            trained: bool | torch.Tensor = False
+        else:
+            trained = True if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.bool)
+        response_mask[row, prompt - 1 : prompt - 1 + response] = trained
         rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return RlBatch(tokens, attention, response_mask, rollout_logprobs, advantages)

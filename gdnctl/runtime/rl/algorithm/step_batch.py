@@ -92,6 +92,10 @@ class StepBatch:
     def dynamic(self) -> bool:
         return self.max_rounds > 1
 
+    def record_of(self, slot: int):
+        """The record of the prompt in `slot` (every round's slots counted)."""
+        return self.groups[slot].record
+
     def take_requests(self) -> list[Request]:
         """The requests this batch needs that have not been handed out yet."""
         out, self._open = self._open, []

@@ -30,18 +30,11 @@ from gdnctl.schema import EngineConfig
 
 
 def hf_model_classes(arch):
-    """(config class, model class) of transformers' text-only class for this architecture."""
-    if arch.is_qwen3_next:
-        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    """(config class, model class) of transformers' text-only class for this architecture (its family's)."""
+    import transformers
 
-        return Qwen3NextConfig, Qwen3NextForCausalLM
-    if arch.is_moe:
-        from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-
-        return Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    return Qwen3_5TextConfig, Qwen3_5ForCausalLM
+    family = arch.family
+    return getattr(transformers, family.text_config_class), getattr(transformers, family.text_class)
 
 
 class TorchPolicy:

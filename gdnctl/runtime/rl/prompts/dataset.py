@@ -2,7 +2,10 @@
 
 The prompt is a string or a chat (a list of `{"role": ..., "content": ...}` messages, for a chat template);
 the answer is the reference a reward compares against (numbers are taken as their text). Blank lines are
-skipped; anything else that is not such an object is an error naming the file and line.
+skipped; anything else that is not such an object is an error naming the file and line. Every other field of a
+line travels with its record (`fields`: the whole object), for a reward function or an environment of the user's;
+those need no answer (`needs_answer=False`), and an environment, which starts the conversation itself, no prompt
+either (`needs_prompt=False`).
 
 Order: each epoch is a fresh seeded permutation of the records, cut into rollout batches of
 `prompts_per_step`. The few records left over at an epoch's end are skipped for that epoch only (the next
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +34,10 @@ class PromptDatasetError(GdnctlError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    prompt: Prompt
-    answer: str
+    prompt: Prompt | None  # None only where the dataset needs none (an environment starts the conversation)
+    answer: str  # "" where the dataset needs none and the line has none
     line: int  # 1-based line in the file, for messages about this record
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)  # the line's whole JSON object
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,16 @@ def _parse_answer(value: Any, where: str, key: str) -> str:
     raise PromptDatasetError(f"{where}: '{key}' must be a string or a number, not {type(value).__name__}.")
 
 
-def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: str = "answer") -> list[PromptRecord]:
-    """Every record of the jsonl file at `path`, in file order; PromptDatasetError on the first bad line."""
+def load_prompts(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    needs_prompt: bool = True,
+    needs_answer: bool = True,
+) -> list[PromptRecord]:
+    """Every record of the jsonl file at `path`, in file order; PromptDatasetError on the first bad line. A field
+    the job does not need may be missing; where it is there, it is read as a needed one is."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -87,7 +99,8 @@ def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
             raise PromptDatasetError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
         if not isinstance(item, dict):
             raise PromptDatasetError(f"{where}: expected a JSON object, got {type(item).__name__}.")
-        missing = [key for key in (prompt_key, answer_key) if key not in item]
+        needed = [key for key, need in ((prompt_key, needs_prompt), (answer_key, needs_answer)) if need]
+        missing = [key for key in needed if key not in item]
         if missing:
             fields = ", ".join(map(repr, item)) or "none"
             raise PromptDatasetError(
@@ -96,9 +109,10 @@ def load_prompts(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
             )
         records.append(
             PromptRecord(
-                _parse_prompt(item[prompt_key], where, prompt_key),
-                _parse_answer(item[answer_key], where, answer_key),
+                _parse_prompt(item[prompt_key], where, prompt_key) if prompt_key in item else None,
+                _parse_answer(item[answer_key], where, answer_key) if answer_key in item else "",
                 number,
+                item,
             )
         )
     if not records:

@@ -2,11 +2,14 @@
 and which trainer rank drives each (`engine_layout`), the trainer's side of every engine (`engines`), trainer rank
 0's stream of requests to them and their restarts (`stream`), the wire between them (`protocol`: stdlib only, shared
 by both environments; its docstring is the contract an engine fills), the server that runs one engine (`server`, in
-vLLM's environment) and the engine itself, on vLLM's asynchronous engine (`vllm_engine`)."""
+vLLM's environment) and the engine itself, on vLLM's asynchronous engine (`vllm_engine`), and multi-turn episodes
+with the user's environment through the engines (`episodes`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
+    "EpisodeError": "episodes",
+    "Episodes": "episodes",
     "RolloutEngines": "engines",
     "EXTERNAL": "protocol",
     "LOCAL": "protocol",
@@ -19,6 +22,8 @@ _HOMES = {
 }
 __all__ = [
     "EXTERNAL",
+    "EpisodeError",
+    "Episodes",
     "LOCAL",
     "Outgoing",
     "ROLLOUT_ENV",
@@ -28,6 +33,7 @@ __all__ = [
     "RolloutStream",
     "engine_layout",
     "engines",
+    "episodes",
     "protocol",
     "rollout_dir",
     "server",

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,21 +179,41 @@ class RolloutEngines:
         """Every engine runs `op` with the same fields, all at once; rank 0 gets the answers in engine order."""
         return self.request_each(op, {engine: fields for engine in self.clients})
 
-    def request_each(self, op: str, fields: dict[int, dict]) -> list[dict] | None:
+    def request_each(
+        self, op: str, fields: dict[int, dict], on_answer: Callable[[int, dict], None] | None = None
+    ) -> list[dict] | None:
         """Engine k runs `op` with fields[k] (engines this rank drives that fields leaves out are skipped), all at
-        once; rank 0 gets {engine: answer} merged over the drivers, in engine order."""
+        once; rank 0 gets {engine: answer} merged over the drivers, in engine order. On rank 0, `on_answer(engine,
+        answer)` is called as each answer reaches it (those of engines other ranks drive, after the gather)."""
+        mine = {engine: fields[engine] for engine in self.clients if engine in fields}
+        engines = list(mine)
+        told: set[int] = set()
+
+        def tell(index: int, answer: dict) -> None:
+            told.add(engines[index])
+            on_answer(engines[index], answer)
+
         with self.lock:
-            mine = {engine: fields[engine] for engine in self.clients if engine in fields}
             for engine, engine_fields in mine.items():
                 self.clients[engine].send(op, **engine_fields)
             answers = dict(
                 zip(
                     mine,
-                    answer_all([self.clients[engine] for engine in mine], op, timeout=self.config.rollout.timeout_s),
+                    answer_all(
+                        [self.clients[engine] for engine in mine],
+                        op,
+                        timeout=self.config.rollout.timeout_s,
+                        on_answer=tell if on_answer is not None and self.rank == 0 else None,
+                    ),
                     strict=True,
                 )
             )
-        return self._on_rank_0(answers)
+        merged = self._on_rank_0(answers)
+        if merged is not None and on_answer is not None:
+            for engine, answer in zip(sorted(fields), merged, strict=True):
+                if engine not in told:
+                    on_answer(engine, answer)
+        return merged
 
     def send(self, op: str, **fields: Any) -> None:
         """Rank 0, driving every engine: send `op` to each without waiting (a collective request the trainer
@@ -228,10 +249,13 @@ class RolloutEngines:
         temperature: float,
         seeds: list[list[int]],
         stop_token_ids: list[int],
+        on_samples: Callable[[int, list], None] | None = None,
     ) -> dict | None:
         """Every engine samples its share of `prompts` (engine_layout.shares), sample j of prompt i seeded
         seeds[i][j], so the draw does not depend on how many engines there are. Rank 0 gets the samples in prompt
-        order, the slowest engine's seconds, and engine 0's GPU memory in use."""
+        order, the slowest engine's seconds, and engine 0's GPU memory in use. On rank 0, `on_samples(first,
+        groups)` gets each engine's samples as they arrive: groups[i] are prompt first + i's."""
+        shares = dict(enumerate(engine_layout.shares(len(prompts), self.count)))
         fields = {
             engine: {
                 "prompts": prompts[share.start : share.stop],
@@ -241,10 +265,13 @@ class RolloutEngines:
                 "seeds": seeds[share.start : share.stop],
                 "stop_token_ids": stop_token_ids,
             }
-            for engine, share in enumerate(engine_layout.shares(len(prompts), self.count))
+            for engine, share in shares.items()
             if len(share)
         }
-        answers = self.request_each("generate", fields)
+        tell = (
+            None if on_samples is None else lambda engine, answer: on_samples(shares[engine].start, answer["samples"])
+        )
+        answers = self.request_each("generate", fields, on_answer=tell)
         if answers is None:
             return None
         return {

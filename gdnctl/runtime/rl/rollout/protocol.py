@@ -68,6 +68,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from multiprocessing.connection import (
     AuthenticationError,
     Client,
@@ -293,9 +294,14 @@ class RolloutClient:
         deadline = time.monotonic() + timeout
         while True:
             _check_alive(process, "starting", log_path, who=who)
-            connection = _try_connect(published)
-            if connection is not None:
-                return cls(connection, process, log_path, engine if named else None)
+            connected = _try_connect(published)
+            if connected is not None:
+                connection, host = connected
+                client = cls(connection, process, log_path, engine if named else None)
+                if host != LOOPBACK:
+                    # A server on another node (the Slurm script's rollout step): messages say which node.
+                    client.who = f"{client.who} on {host}"
+                return client
             if time.monotonic() > deadline:
                 if process is not None:
                     process.kill()
@@ -382,16 +388,31 @@ class RolloutClient:
             self._process.wait()
 
 
-def answer_all(clients: list[RolloutClient], op: str, *, timeout: float) -> list[dict[str, Any]]:
+def answer_all(
+    clients: list[RolloutClient],
+    op: str,
+    *,
+    timeout: float,
+    on_answer: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Each client's answer to `op`, which was sent to each, in the clients' order, within `timeout` s: a server
     that dies or answers with an error while another is still working is reported then, not once the others are
-    done. At the deadline every server still working is stopped as hung, and the sentence names them all."""
+    done. At the deadline every server still working is stopped as hung, and the sentence names them all.
+    `on_answer(index, answer)` is called as each answer arrives, in arrival order (the rewards of one engine's
+    samples start while the others still generate)."""
     if len(clients) == 1:
-        return [clients[0].answer(op, timeout=timeout)]
+        answers = [clients[0].answer(op, timeout=timeout)]
+        if on_answer is not None:
+            on_answer(0, answers[0])
+        return answers
     deadline = time.monotonic() + timeout
+    delivered: set[int] = set()
     while True:
-        for client in clients:
+        for index, client in enumerate(clients):
             client.check(op)
+            if on_answer is not None and client._early is not None and index not in delivered:
+                delivered.add(index)
+                on_answer(index, client._early)
         pending = [client for client in clients if client._early is None]
         if not pending:
             return [client.answer(op, timeout=0) for client in clients]
@@ -413,17 +434,18 @@ def server_name(engine: int | None) -> str:
     return "the rollout server" if engine is None else f"rollout engine {engine}'s server"
 
 
-def _try_connect(path: Path) -> Connection | None:
-    """A connection to the server the address file names; None while there is no file or nobody listens
-    there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
+def _try_connect(path: Path) -> tuple[Connection, str] | None:
+    """A connection to the server the address file names, and its host; None while there is no file or nobody
+    listens there yet (a file left by an earlier server that is gone, until the new one replaces it)."""
     try:
         address = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     try:
-        return Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
+        connection = Client((address["host"], address["port"]), authkey=bytes.fromhex(address["authkey"]))
     except ConnectionRefusedError:
         return None
+    return connection, address["host"]
 
 
 # The rollout server's first line in its log (rollout_server.serve), once it listens.

@@ -1,4 +1,6 @@
-"""Rule-based rewards that ship with gdnctl; a preset names one from `REWARDS`.
+"""Rule-based rewards that ship with gdnctl; a preset names one from `REWARDS` (grpo.reward: NAME), one entry each.
+Each is a function of the decoded response and the record's reference answer, cheap enough to run inline on
+trainer rank 0 as each sample arrives (scoring.py's ShippedScorer).
 
 `math_exact`: 1.0 when the response's final answer equals the reference after normalisation, else 0.0 (or
 `format_reward` for a wrong answer that was at least given in `\\boxed{}`). No network, no sympy: answers are
@@ -179,7 +181,10 @@ def digit_fraction_reward(response: str, reference: str) -> float:
     return sum(c in "0123456789" for c in characters) / len(characters)
 
 
-REWARDS: dict[str, RewardFn] = {"math_exact": math_exact_reward, "digit_fraction": digit_fraction_reward}
+REWARDS: dict[str, RewardFn] = {
+    "math_exact": math_exact_reward,
+    "digit_fraction": digit_fraction_reward,
+}
 
 
 def get_reward(name: str) -> RewardFn:
