@@ -117,6 +117,8 @@ SLOW_MODULES = {
     "tests/runtime/rl/test_checkpoint_full_disk.py",
     "tests/runtime/rl/test_rl_vllm.py",
     "tests/runtime/rl/test_rollout_processes.py",
+    "tests/runtime/rl/test_rl_async.py",
+    "tests/runtime/rl/test_policy_contract.py",
     "tests/runtime/rl/test_rl_requeue.py",
     "tests/runtime/rl/test_hf_export.py",
     "tests/runtime/rl/test_torch_policy.py",
@@ -138,6 +140,9 @@ SLOW_MODULES = {
 }
 SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},
+    "tests/runtime/rl/test_rollout_streaming.py": {
+        "test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_anew"
+    },
     "tests/runtime/data/test_context_parallel.py": {
         "test_the_ranks_hold_every_position_once_and_equal_shares_of_each_sequence",
         "test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata",

@@ -67,6 +67,7 @@ RL_RANK = {
     "rollout": 2,
     "policy": 2,
     "evaluation": 3,
+    "feed": 3,
     "job": 4,
 }
 

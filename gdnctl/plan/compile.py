@@ -16,6 +16,7 @@ from gdnctl.schema import (
     DEFAULT_PROFILE_SUBDIR,
     EngineComm,
     EngineConfig,
+    EngineDynamicSampling,
     EngineEnvironment,
     EngineEstimate,
     EngineEval,
@@ -23,6 +24,7 @@ from gdnctl.schema import (
     EngineKernels,
     EngineLora,
     EngineMetrics,
+    EngineOverlong,
     EngineParallel,
     EngineRewardFunction,
     EngineRewardServer,
@@ -31,7 +33,6 @@ from gdnctl.schema import (
     EngineSpeed,
     EngineTrain,
     EngineUserCode,
-    GrpoSpec,
     RewardFunctionSpec,
     RewardServerSpec,
     RolloutSpec,
@@ -67,7 +68,8 @@ def _environment(rollout: RolloutSpec) -> EngineEnvironment | None:
     return EngineEnvironment(code=user_code("rollout.environment.class", spec.class_), max_turns=spec.max_turns)
 
 
-def _grpo(grpo: GrpoSpec) -> EngineGrpo:
+def _grpo(run: Run) -> EngineGrpo:
+    grpo = run.preset.grpo
     reward: str | EngineRewardFunction | EngineRewardServer
     if isinstance(grpo.reward, RewardFunctionSpec):
         spec = grpo.reward
@@ -84,7 +86,15 @@ def _grpo(grpo: GrpoSpec) -> EngineGrpo:
         reward = EngineRewardServer(**grpo.reward.model_dump())
     else:
         reward = grpo.reward
-    return EngineGrpo(reward=reward, **grpo.model_dump(exclude={"reward", "reward_workers"}))
+    return EngineGrpo(
+        reward=reward,
+        **grpo.model_dump(exclude={"reward", "reward_workers", "rollout_correction", "dynamic_sampling", "overlong"}),
+        rollout_correction=run.importance_weight.value,
+        dynamic_sampling=None
+        if grpo.dynamic_sampling is None
+        else EngineDynamicSampling(**grpo.dynamic_sampling.model_dump()),
+        overlong=None if grpo.overlong is None else EngineOverlong(**grpo.overlong.model_dump()),
+    )
 
 
 def engine_env(run: Run, kernel_cache_dir: str | None) -> dict[str, str]:
@@ -128,6 +138,11 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             sleep_between_phases=r.colocate and run.gpu.sm is not None,
             vision_language_class=run.rollout_class.value == "vision-language",
             overlong_prompts=r.overlong_prompts,
+            max_staleness=r.max_staleness,
+            partial=r.partial,
+            max_engine_restarts=run.engine_restarts.value,
+            engine_restarts_reason=run.engine_restarts.reason,
+            stall_timeout_s=r.stall_timeout_s,
             environment=_environment(r),
         )
     return EngineConfig(
@@ -172,7 +187,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             data_path=t.data_path,
             tokenizer_path=preset.model.tokenizer or preset.model.path,
             save_dir=t.save_dir,
-            save_interval=t.save_interval,
+            save_interval=run.save_interval.value,
             skip_nonfinite_steps=t.skip_nonfinite_steps,
         ),
         kernels=EngineKernels(
@@ -191,7 +206,7 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             profile_dir=DEFAULT_PROFILE_SUBDIR,
         ),
         rollout=rollout,
-        grpo=_grpo(preset.grpo) if rollout is not None else None,
+        grpo=_grpo(run) if rollout is not None else None,
         eval=_eval(run),
         selftest=EngineSelftest(steps=preset.selftest.steps) if preset.job == "selftest" else None,
         metrics=EngineMetrics(

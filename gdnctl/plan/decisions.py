@@ -528,3 +528,93 @@ def lora_targets(preset: Preset, model: ModelArch) -> Decision:
         "linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear but "
         "the GDN layers') that this model has",
     )
+
+
+# The default save interval: a tenth of the run, so a failure late in a run loses at most a tenth of it.
+DEFAULT_SAVES_PER_RUN = 10
+
+
+def save_interval(preset: Preset) -> Decision:
+    """How often a training job saves a resumable checkpoint into train.save_dir (runtime/train/trainer.py,
+    runtime/rl/job.py); the last step always saves."""
+    t = preset.train
+    if t.save_dir is None:
+        return Decision(t.save_interval, "no train.save_dir: the job saves nothing")
+    if t.save_interval is not None:
+        return Decision(t.save_interval, "set in the preset (train.save_interval)")
+    steps = max(1, -(-t.train_iters // DEFAULT_SAVES_PER_RUN))
+    return Decision(
+        steps,
+        f"a tenth of train_iters {t.train_iters}, rounded up: a job that fails loses at most that many steps "
+        "(it resumes from the last checkpoint), and saving takes ten checkpoints' time per run",
+    )
+
+
+def rl_rows(preset: Preset) -> Decision:
+    """What an rl job trains on: each sample is one padded row (runtime/rl/algorithm/batch.py build_batch), whatever
+    train.layout and train.packing say (those shape sft and pretrain data)."""
+    if preset.job != "rl":
+        return Decision(None, "not rl")
+    return Decision(
+        "padded rows (bshd)",
+        "each rollout sample is one row, its prompt and response right-padded to the micro-batch's longest row "
+        "(runtime/rl/algorithm/batch.py), so the rows change length every step; train.layout and train.packing "
+        "shape sft and pretrain documents and are not read here",
+    )
+
+
+def importance_weight(preset: Preset) -> Decision:
+    """Whether each token's loss is weighted by the trainer's probability over the engine's (truncated importance
+    sampling, runtime/rl/algorithm/grpo.py policy_loss with tis_cap): the preset's rollout_correction, and always
+    off-policy, where it is the decoupled objective's behaviour correction."""
+    g, rollout = preset.grpo, preset.rollout
+    cap = g.rollout_correction_cap
+    if rollout is not None and (rollout.max_staleness > 0 or rollout.partial):
+        why = f"rollout.max_staleness {rollout.max_staleness}" if rollout.max_staleness else "rollout.partial"
+        return Decision(
+            True,
+            f"{why}: the decoupled objective (AReaL's): the PPO ratio is against the policy's own log-probs at the "
+            f"start of the update (the proximal policy) and each token's loss is weighted by min(p_proximal / "
+            f"p_engine, {cap:g}), the engine's log-probs being those of the older weights that sampled it",
+        )
+    if g.rollout_correction:
+        return Decision(
+            True,
+            f"truncated importance sampling: each token's loss is weighted by min(p_trainer / p_rollout, {cap:g}), "
+            "the trainer's probability of the sampled token over vLLM's, so the gap between the two engines' "
+            "numerics does not bias the update (slime's --use-tis, verl's rollout importance sampling)",
+        )
+    return Decision(
+        False,
+        "grpo.rollout_correction is false and the loop is on-policy: the loss takes the rollout's samples as "
+        "drawn from the trainer's policy",
+    )
+
+
+def engine_restarts(preset: Preset) -> Decision:
+    """How many times the job restarts a rollout engine that died or stopped making progress
+    (runtime/rl/rollout/stream.py): the preset's bound where trainer rank 0 spawned and drives every engine."""
+    rollout = preset.rollout
+    if preset.job != "rl" or rollout is None:
+        return Decision(0, "no rollout: the job is not rl")
+    if not rollout.colocate and preset.launch.executor == "slurm":
+        return Decision(
+            0,
+            "the Slurm script's rollout step starts the engines on nodes of their own, and the trainer cannot start "
+            "one there again: an engine that fails ends the step and the job (a requeue resumes it)",
+        )
+    if rollout.colocate and preset.cluster.nodes > 1:
+        return Decision(
+            0,
+            "colocated engines on several nodes are driven by each node's first trainer rank, which waits for "
+            "its engines inside the rollout's collective: an engine that fails ends the job (it resumes from the "
+            "last checkpoint)",
+        )
+    if rollout.max_engine_restarts == 0:
+        return Decision(0, "set in the preset (rollout.max_engine_restarts: 0): the first failure ends the job")
+    return Decision(
+        rollout.max_engine_restarts,
+        f"rollout.max_engine_restarts: an engine that exits, or has requests in flight and produces no token for "
+        f"rollout.stall_timeout_s {rollout.stall_timeout_s:g} s, is stopped and started again on the current "
+        "weights, its requests sent again, up to this many times over the job",
+    )

@@ -33,7 +33,11 @@ def derived_values(run: Run) -> list[Derived]:
         Derived("gpu", run.gpu.name, f"{run.gpu.description}, {run.gpu.sm_label}, {run.gpu.memory_gib:g} GiB"),
         Derived("world_size", run.world_size.value, run.world_size.reason),
         Derived("dp", run.dp, f"world_size / (tp x pp x cp) = {run.world_size.value} / ({p.tp} x {p.pp} x {p.cp})"),
-        Derived("layout", run.layout.value, run.layout.reason),
+        (
+            Derived("layout", run.rl_rows.value, run.rl_rows.reason)
+            if preset.job == "rl"
+            else Derived("layout", run.layout.value, run.layout.reason)
+        ),
         *(
             [Derived("packing", run.packing.value, run.packing.reason)]
             if (run.layout.value == "thd" or run.packing.value == "concat") and preset.job in ("sft", "pretrain")
@@ -56,6 +60,8 @@ def derived_values(run: Run) -> list[Derived]:
         )
     if run.is_training:
         out.append(_lr_schedule(run))
+        if t.save_dir is not None:
+            out.append(Derived("save_interval", run.save_interval.value, run.save_interval.reason))
         if preset.eval is not None:
             out.append(_eval(run))
     if m.is_moe:
@@ -94,6 +100,7 @@ def derived_values(run: Run) -> list[Derived]:
         out.extend(_ppo(run))
         if preset.rollout is not None:
             r = preset.rollout
+            out.extend(_rollout_flow(run))
             limit = (r.max_model_len or t.seq_length) - r.max_response_tokens
             out.append(
                 Derived(
@@ -214,26 +221,91 @@ def _ppo(run: Run) -> list[Derived]:
             ),
         )
     ]
-    if g.rollout_correction:
+    weight = run.importance_weight
+    out.append(
+        Derived("rollout_correction", f"on, cap {g.rollout_correction_cap:g}" if weight.value else "off", weight.reason)
+    )
+    rollout = run.preset.rollout
+    if rollout is not None:
+        t = rollout.temperature
         out.append(
             Derived(
-                "rollout_correction",
-                f"on, cap {g.rollout_correction_cap:g}",
-                "truncated importance sampling: each token's loss is weighted by min(p_trainer / "
-                f"p_rollout, {g.rollout_correction_cap:g}), the trainer's probability of the sampled token "
-                "over vLLM's, so the gap between the two engines' numerics does not bias the update "
-                "(slime's --use-tis, verl's rollout importance sampling)",
+                "logprobs",
+                f"at temperature {t:g}",
+                "trainer and engine score the distribution the rollout sampled: the trainer's logits / "
+                "rollout.temperature, and vLLM's processed log-probs (logprobs_mode processed_logprobs, after "
+                "temperature); the weight-sync probe scores at temperature 1 on both sides"
+                if t != 1
+                else "rollout.temperature 1: the trainer's log-softmax and vLLM's processed log-probs are the "
+                "same distribution",
             )
+        )
+    if g.dynamic_sampling is not None:
+        out.append(
+            Derived(
+                "dynamic_sampling",
+                f"up to {g.dynamic_sampling.max_rounds} rounds",
+                "groups whose rewards are all equal carry no advantage and are dropped (DAPO); further prompts, "
+                "drawn from (seed, step, round), are rolled out until the batch is whole or the rounds run out, "
+                "and what is still missing is filled with dropped groups that take no loss",
+            )
+        )
+    if g.overlong is not None:
+        o = g.overlong
+        limit = rollout.max_response_tokens if rollout is not None else 0
+        start = max(limit - o.buffer_tokens, 0)
+        out.append(
+            Derived(
+                "overlong",
+                f"penalty up to {o.penalty:g} over tokens {start + 1}-{limit}"
+                + (", truncated responses masked" if o.mask_truncated else ""),
+                f"DAPO's soft over-long punishment: a response longer than {start} tokens loses "
+                f"(length - {start}) / {o.buffer_tokens} x {o.penalty:g} of its reward"
+                + (
+                    "; one cut at rollout.max_response_tokens takes no loss (DAPO's overlong filtering)"
+                    if o.mask_truncated
+                    else ""
+                ),
+            )
+        )
+    return out
+
+
+def _rollout_flow(run: Run) -> list[Derived]:
+    """How the rollout overlaps the trainer, and what happens to an engine that fails."""
+    r = run.preset.rollout
+    assert r is not None
+    if r.max_staleness == 0:
+        flow = Derived(
+            "max_staleness",
+            0,
+            "on-policy: each step's rollout starts after the weights of the step before it are synced, so the "
+            "trainer waits for the rollout and the rollout for the trainer",
         )
     else:
+        flow = Derived(
+            "max_staleness",
+            r.max_staleness,
+            f"the prompts of step k go to the engines once the weights of step k - {r.max_staleness} are there, so "
+            f"the next {r.max_staleness} step(s)' rollouts run while the trainer trains; every sample records the "
+            f"weight version that generated each token, and none more than {r.max_staleness} version(s) old is "
+            "trained on (it is dropped and regenerated)",
+        )
+    out = [flow]
+    if r.max_staleness:
         out.append(
             Derived(
-                "rollout_correction",
-                "off",
-                "grpo.rollout_correction is false: the loss takes the "
-                "rollout's samples as drawn from the trainer's policy",
+                "partial",
+                r.partial,
+                "a weight update stops the requests in flight and continues each under the new weights, "
+                "re-prefilled from its prompt and the tokens so far (a GDN layer's recurrent and conv state "
+                "summarise the prefix under the weights that computed it, so none is kept)"
+                if r.partial
+                else "a weight update waits for the requests in flight to finish on the old weights",
             )
         )
+    restarts = run.engine_restarts
+    out.append(Derived("engine_restarts", restarts.value, restarts.reason))
     return out
 
 

@@ -135,6 +135,22 @@ class Run:
     def weight_export(self) -> decide.Decision:
         return decide.weight_export(self.preset, self.stack, self.gpu)
 
+    @cached_property
+    def save_interval(self) -> decide.Decision:
+        return decide.save_interval(self.preset)
+
+    @cached_property
+    def rl_rows(self) -> decide.Decision:
+        return decide.rl_rows(self.preset)
+
+    @cached_property
+    def importance_weight(self) -> decide.Decision:
+        return decide.importance_weight(self.preset)
+
+    @cached_property
+    def engine_restarts(self) -> decide.Decision:
+        return decide.engine_restarts(self.preset)
+
     def gdn_rank_shapes(self) -> list[RankShape]:
         """The GDN kernel shapes one rank of this job calls (what doctor --kernels and prewarm run)."""
         p, t = self.preset.parallel, self.preset.train

@@ -14,12 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 16  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 17  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
 # 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm;
-# 15: train.lora.share_expert_adapters; 16: grpo.reward as a function or a server, rollout.environment
+# 15: train.lora.share_expert_adapters; 16: grpo.reward as a function or a server, rollout.environment;
+# 17: rollout.max_staleness, partial, max_engine_restarts (decided, with engine_restarts_reason) and
+# stall_timeout_s, grpo.dynamic_sampling and overlong
 
 
 class _Frozen(BaseModel):
@@ -173,8 +175,28 @@ class EngineRollout(_Frozen):
     vision_language_class: bool
     # Prompts longer than max_model_len - max_response_tokens: left out (drop) or the job stops (refuse).
     overlong_prompts: Literal["drop", "refuse"] = "drop"
+    # Off-policy with a bound (runtime/rl/feed.py): a trained sample lags the policy by at most this many weight
+    # versions; 0 is the on-policy loop. partial: a weight update stops the requests in flight and continues them
+    # under the new weights, re-prefilled (runtime/rl/rollout/server.py).
+    max_staleness: int = 0
+    partial: bool = False
+    # Restarts of an engine that died or stopped making progress, over the whole job (runtime/rl/rollout/stream.py),
+    # and the seconds without a token after which an engine with requests in flight counts as hung.
+    max_engine_restarts: int = 0
+    engine_restarts_reason: str = ""
+    stall_timeout_s: float = 300.0
     # Multi-turn episodes with the user's environment; None: one model turn per prompt.
     environment: EngineEnvironment | None = None
+
+
+class EngineDynamicSampling(_Frozen):
+    max_rounds: int
+
+
+class EngineOverlong(_Frozen):
+    buffer_tokens: int
+    penalty: float
+    mask_truncated: bool
 
 
 class EngineRewardFunction(_Frozen):
@@ -215,8 +237,13 @@ class EngineGrpo(_Frozen):
     mini_batches: int = 1
     epochs: int = 1
     # Truncated importance sampling against the rollout's log-probs (runtime/rl/algorithm/grpo.py), capped at the cap.
+    # Decided (plan/decisions.importance_weight): on when the preset asks, and always off-policy (the decoupled
+    # objective's importance weight against the engine's log-probs).
     rollout_correction: bool = False
     rollout_correction_cap: float = 2.0
+    # DAPO's dynamic sampling and over-long shaping (runtime/rl/algorithm/step_batch.py, sampling.py); None: off.
+    dynamic_sampling: EngineDynamicSampling | None = None
+    overlong: EngineOverlong | None = None
 
 
 class EngineEval(_Frozen):

@@ -48,6 +48,9 @@ MAX_LORA_RANK = 65_536  # past every hidden size: a LoRA rank cannot exceed the 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64; Megatron adds small per-rank offsets to the seed
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: no rollout request legitimately takes longer
 MAX_GPU_MEMORY_GIB = 4_096.0  # 4 TiB: past any one accelerator's memory (MEM002 checks the preset's GPU)
+MAX_STALENESS = 1_000  # weight versions a sample may lag: past any useful off-policy bound
+MAX_ENGINE_RESTARTS = 1_000
+MAX_SAMPLING_ROUNDS = 1_000
 MAX_HOST_MEMORY_GIB = 65_536.0  # 64 TiB: past any one host's memory
 MAX_WORKERS = 4_096  # processes or connections a reward keeps busy at once
 MAX_TURNS = 1_000  # model turns in one episode
@@ -199,7 +202,13 @@ class TrainSpec(_Section):
     )
     data_path: str | None = Field(None, description="local jsonl/parquet; synthetic tokens when unset")
     save_dir: str | None = None
-    save_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description=f"at most {MAX_STEPS:,}")
+    save_interval: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="save every this many steps (and after the last); default with a save_dir: a tenth of "
+        f"train_iters, so a failure loses at most a tenth of the run (`gdnctl explain` says; at most {MAX_STEPS:,})",
+    )
     skip_nonfinite_steps: int = Field(
         0,
         ge=0,
@@ -360,8 +369,9 @@ class RolloutSpec(_Section):
         600.0,
         gt=0,
         le=MAX_TIMEOUT_S,
-        description="seconds a rollout request may take before the rollout server is declared "
-        "hung and the job fails (at most a week)",
+        description="seconds a rollout server may take to start, to take a weight sync or to answer the held-out "
+        "evaluation's batch before it is declared hung and the job fails (at most a week); the samples' "
+        "generation has a deadline of its own, stall_timeout_s",
     )
     probe_tolerance: float = Field(
         0.1,
@@ -390,6 +400,67 @@ class RolloutSpec(_Section):
         description="largest mean |log p| gap (nats/token) between trainer and rollout on the sampled "
         "tokens of a fresh run's first step; above it the rl job stops at step 0, before "
         "anything is saved (weights not synced, dtype or kernel mismatch). 0 or null: off",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=MAX_STALENESS,
+        description="how many weight versions a trained sample may lag the policy it trains (off-policy "
+        "with a bound): with N >= 1 the rollout of the next N steps runs while the trainer trains, on "
+        "engines of their own (rollout.colocate: false). 0: on-policy, each step's rollout waits for the "
+        f"step before it (at most {MAX_STALENESS})",
+    )
+    partial: bool = Field(
+        False,
+        description="partial rollouts: a weight update stops the engines' requests in flight and continues "
+        "them under the new weights (re-prefilled: a GDN request never resumes on state computed under "
+        "the old weights), instead of waiting for the longest response; needs max_staleness >= 1",
+    )
+    max_engine_restarts: int = Field(
+        2,
+        ge=0,
+        le=MAX_ENGINE_RESTARTS,
+        description="times over the whole job a rollout engine that dies or stops making progress is "
+        "restarted (its requests sent again) before the job fails; 0: the first failure ends the job "
+        f"(at most {MAX_ENGINE_RESTARTS})",
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="seconds an engine with requests in flight may go without producing a token (or without "
+        "answering) before it is declared hung, stopped and restarted; each request's own deadline, not "
+        "a whole rollout's (rollout.timeout_s still bounds start-up and weight syncs)",
+    )
+
+
+class DynamicSamplingSpec(_Section):
+    """DAPO's dynamic sampling (runtime/rl/algorithm/step_batch.py)."""
+
+    max_rounds: int = Field(
+        3,
+        ge=1,
+        le=MAX_SAMPLING_ROUNDS,
+        description="generation rounds per step at most, the step's own prompts being the first; what is "
+        "still missing after the last is filled with dropped groups that take no loss "
+        f"(at most {MAX_SAMPLING_ROUNDS})",
+    )
+
+
+class OverlongSpec(_Section):
+    """DAPO's over-long reward shaping (runtime/rl/algorithm/sampling.py overlong_penalty)."""
+
+    buffer_tokens: int = Field(
+        ge=1,
+        le=MAX_TOKENS,
+        description="the last this many tokens before rollout.max_response_tokens, over which the penalty "
+        "grows linearly from 0 to penalty",
+    )
+    penalty: float = Field(1.0, ge=0, le=1e6, description="what a response of max_response_tokens loses")
+    mask_truncated: bool = Field(
+        False,
+        description="responses cut at rollout.max_response_tokens (finish reason length) take no loss "
+        "(DAPO's overlong filtering)",
     )
 
 
@@ -549,6 +620,17 @@ class GrpoSpec(_Section):
     )
     rollout_correction_cap: float = Field(
         2.0, ge=1, description="the largest weight rollout_correction gives a token (slime's --tis-clip default)"
+    )
+    dynamic_sampling: DynamicSamplingSpec | None = Field(
+        None,
+        description="DAPO's dynamic sampling: groups whose rewards are all equal (no advantage to learn "
+        "from) are dropped, and further prompts are drawn until the batch is full or max_rounds "
+        "generation rounds have run; null: every group is trained",
+    )
+    overlong: OverlongSpec | None = Field(
+        None,
+        description="DAPO's over-long reward shaping: a soft penalty over the last buffer_tokens before "
+        "rollout.max_response_tokens, and optionally no loss on truncated responses; null: off",
     )
 
 

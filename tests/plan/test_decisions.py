@@ -160,3 +160,32 @@ def test_a_torch_compile_set_in_the_preset_wins(value, expected):
     for software in ({"transformer_engine": "2.20.2"}, {"transformer_engine": None}):
         decided = decisions.torch_compile(preset, software, GPUS["h100"])
         assert decided.value is expected and "set in the preset" in decided.reason
+
+
+def test_a_save_dir_without_an_interval_saves_every_tenth_of_the_run():
+    assert decisions.save_interval(_preset()).value is None  # no save_dir: nothing to save
+    tenth = decisions.save_interval(_preset("train.save_dir=/ckpt", "train.train_iters=1000"))
+    assert tenth.value == 100 and "a tenth of train_iters 1000" in tenth.reason
+    assert decisions.save_interval(_preset("train.save_dir=/ckpt", "train.train_iters=7")).value == 1
+    assert decisions.save_interval(_preset("train.save_dir=/ckpt", "train.save_interval=3")).value == 3
+
+
+def test_the_importance_weight_is_on_whenever_the_loop_is_off_policy():
+    assert decisions.importance_weight(_preset()).value is False
+    assert decisions.importance_weight(_preset("grpo.rollout_correction=true")).value is True
+    off_policy = decisions.importance_weight(_preset("rollout.max_staleness=1", "rollout.colocate=false"))
+    assert off_policy.value is True and "proximal" in off_policy.reason
+
+
+def test_engines_are_restarted_only_where_trainer_rank_0_started_them():
+    assert decisions.engine_restarts(_preset()).value == 2
+    assert decisions.engine_restarts(_preset("rollout.max_engine_restarts=0")).value == 0
+    slurm_step = decisions.engine_restarts(_preset("rollout.colocate=false", "launch.executor=slurm"))
+    assert slurm_step.value == 0 and "rollout step" in slurm_step.reason
+    nodes = decisions.engine_restarts(_preset("cluster.nodes=2"))
+    assert nodes.value == 0 and "several nodes" in nodes.reason
+
+
+def test_an_rl_job_trains_padded_rows_whatever_train_layout_says():
+    rows = decisions.rl_rows(_preset("train.layout=thd"))
+    assert rows.value == "padded rows (bshd)" and "not read" in rows.reason

@@ -70,12 +70,15 @@ def test_explain_reasons_and_memory():
     data = json.loads(result.stdout)
     assert result.exit_code == 0
     derived = {d["name"]: d for d in data["derived"]}
-    assert derived["layout"]["value"] == "thd" and "0.18" in derived["layout"]["reason"]
+    # rl trains padded rows whatever train.layout says; sft takes the layout megatron-core allows.
+    assert derived["layout"]["value"] == "padded rows (bshd)" and "not read" in derived["layout"]["reason"]
     assert derived["dp"]["value"] == 4
     assert {r["name"] for r in data["memory"]["rows"]} >= {"weights", "gradients", "optimizer", "activations"}
+    sft = {d["name"]: d for d in json.loads(invoke("explain", "qwen3.5-35b-a3b-sft", "--json").stdout)["derived"]}
+    assert sft["layout"]["value"] == "thd" and "0.18" in sft["layout"]["reason"]
     text = invoke(
         "explain",
-        "qwen3.5-35b-a3b-grpo",
+        "qwen3.5-35b-a3b-sft",
         "--set",
         "runtime.megatron_core=0.17.0",
         "--set",

@@ -357,6 +357,19 @@ CASES = {
         {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 8192}},
         {"eval": {"data_path": "/x.jsonl", "max_response_tokens": 1024}},
     ),
+    "RLT018": ({"rollout": {"n_samples_per_prompt": 1}}, {"rollout": {"n_samples_per_prompt": 2}}),
+    "RLT019": (
+        {"rollout": {"max_staleness": 1}},
+        {"rollout": {"max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}},
+    ),
+    "RLT020": (
+        {"rollout": {"partial": True}},
+        {"rollout": {"partial": True, "max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}},
+    ),
+    "RLT021": (
+        {"grpo": {"overlong": {"buffer_tokens": 1024}}, "rollout": {"max_response_tokens": 1024}},
+        {"grpo": {"overlong": {"buffer_tokens": 256}}, "rollout": {"max_response_tokens": 1024}},
+    ),
     "TRN015": (
         {
             "job": "selftest",
@@ -398,6 +411,16 @@ def test_rule_trips(code, tmp_path):
 def test_rule_stays_quiet(code, tmp_path):
     found = codes(_changes(CASES[code][1], tmp_path))
     assert code not in found, found.get(code)
+
+
+def test_off_policy_steps_are_refused_with_an_environment_whose_episodes_cannot_overlap(tmp_path):
+    separate = {"max_staleness": 1, "colocate": False, "num_gpus": 4, "tp": 4}
+    changes = _environment(tmp_path)
+    changes["rollout"].update(separate)
+    (finding,) = codes(_changes(changes, tmp_path))["RLT019"]
+    assert "rollout.environment's episodes" in finding.message and finding.path == "rollout.max_staleness"
+    changes["rollout"]["max_staleness"] = 0
+    assert "RLT019" not in codes(_changes(changes, tmp_path))
 
 
 def test_concatenated_rows_are_full_so_micro_batches_of_several_warn_of_no_padding_but_cut_sft_examples():

@@ -4,9 +4,9 @@ each held-out prompt; their mean reward and pass@k go to metrics.jsonl (an `eval
 A response passes when its reward is the shipped rewards' full mark, 1.0 (math_exact's right answer, all of
 digit_fraction's characters digits; a reward function, server or environment of the user's counts 1.0 and above as
 passing too); pass@k is the share of prompts with at least one passing response among their k = samples_per_prompt
-(the unbiased estimator of Chen et al. 2021 at n = k). Every evaluation samples with the same seed, so two
-evaluations differ by the weights alone. The rewards are the training's: grpo.reward's scorer (the same worker pool
-or server), or, with rollout.environment, the environment's episodes.
+(the unbiased estimator of Chen et al. 2021 at n = k). Every evaluation samples with the same seeds (one per
+response, algorithm/sampling.py), so two evaluations differ by the weights alone. The rewards are the training's:
+grpo.reward's scorer (the same worker pool or server), or, with rollout.environment, the environment's episodes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from gdnctl.runtime.rl.algorithm import sampling as sample_seeds
 from gdnctl.runtime.rl.prompts import PromptRecord, check_prompts, describe, load_prompts
 from gdnctl.runtime.rl.rewards import StepRewards
 from gdnctl.schema import EngineConfig
@@ -95,14 +96,14 @@ class HeldOutEval:
         episodes' turns), `leader`: this is rank 0."""
         spec = self.spec
         started = time.perf_counter()
+        seed = self.config.train.seed + EVAL_SEED_OFFSET
         sampling = {
             "max_tokens": spec.max_response_tokens,
             "temperature": spec.temperature,
-            "seed": self.config.train.seed + EVAL_SEED_OFFSET,
             "stop_token_ids": stop_token_ids,
         }
         if self.episodes is not None:
-            rewards, tokens = self._episodes(generate, share, leader, sampling)
+            rewards, tokens = self._episodes(generate, share, leader, {**sampling, "seed": seed})
             if rewards is None:
                 return None
         else:
@@ -111,6 +112,10 @@ class HeldOutEval:
                 self.prompts,
                 n=spec.samples_per_prompt,
                 **sampling,
+                seeds=[
+                    [sample_seeds.sample_seed(seed, prompt, sample) for sample in range(spec.samples_per_prompt)]
+                    for prompt in range(len(self.prompts))
+                ],
                 on_samples=None if scoring is None else scoring.answered,
             )
             if reply is None:

@@ -1,26 +1,37 @@
-"""The rl job: GRPO steps that alternate vLLM rollouts and policy updates, with a weight sync after each.
+"""The rl job: GRPO steps whose rollouts stream from vLLM engines while the policy updates, with a checked weight
+sync after each update.
 
-One step, for the step's prompts (train.global_batch_size / n_samples_per_prompt of them, from the seeded
-PromptSchedule):
+One step s (train.global_batch_size / n_samples_per_prompt prompts from the seeded PromptSchedule):
 
-    rank 0: rollout server generates n samples per prompt -> grpo.reward per sample (a shipped rule, the user's
-            function in worker processes, or a reward server; each engine's samples submitted as they arrive:
-            runtime/rl/rewards) -> group-normalised advantages
+    rank 0: the rollout feed (runtime/rl/feed.py) has sent step s's prompts to the engines, one request per sample,
+            once weight version s - rollout.max_staleness was on them; each sample is scored the moment it
+            finishes (grpo.reward: a shipped rule, the user's function in worker processes, or a reward server,
+            one call per sample: runtime/rl/rewards), and the step's batch is whole when every group is (dynamic
+            sampling may draw more) -> group-normalised advantages
             (rollout.environment: n multi-turn episodes per prompt instead, each ending with the environment's
-            reward: runtime/rl/rollout/episodes.py)
+            reward, through the collective generate after the step before it: runtime/rl/rollout/episodes.py)
     every rank: its share of the samples, in mini-batches of micro-batches -> clipped policy loss (+ KL) against
-            the sampling policy's log-probs -> grpo.mini_batches x grpo.epochs optimizer steps (runtime/rl/updates)
-    rank 0: HF weights -> rollout server reloads them -> per-parameter checksums compared (weight_sync)
+            the policy's own log-probs at the start of the update, weighted by the importance of the engine's
+            (always off-policy) -> grpo.mini_batches x grpo.epochs optimizer steps (algorithm/updates.py)
+    rank 0: HF weights -> every engine reloads them (version s + 1) -> per-parameter checksums and the probe
+            compared (weights/sync.py); steps up to s + 1 + max_staleness are opened
 
-Rank 0 owns the rollout server: it spawns it with rollout.python (or, when the Slurm script started it as its
-own step, GDNCTL_ROLLOUT=external, finds it through the run dir). A server that dies or stops answering within
-rollout.timeout_s fails the job with a sentence; checkpoints are only marked `latest` once complete, so the last
-good one stays what a restart resumes from.
+With max_staleness 0 this is the on-policy loop: step s + 1's rollout starts after step s's sync. With N >= 1 the
+next N steps' rollouts run on the engines (their own GPUs) while the trainer trains.
+
+Rank 0 owns the rollout's servers: it spawns them with rollout.python (or, when the Slurm script started them as
+its own step, GDNCTL_ROLLOUT=external, finds them through the run dir), and a stream on a thread of its own
+(rollout/stream.py) sends the requests, collects the samples, and starts an engine that dies or stops making
+progress again, up to rollout.max_engine_restarts. A server that fails otherwise, or does not answer a start or
+sync within rollout.timeout_s, fails the job with a sentence; checkpoints are only marked `latest` once complete,
+so the last good one stays what a restart resumes from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,12 +44,19 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl.algorithm import Sample, check_step0_gap, grpo, updates
+from gdnctl.runtime.rl.algorithm import Sample, StepStats, check_step0_gap, grpo, updates
 from gdnctl.runtime.rl.evaluation import HeldOutEval
+from gdnctl.runtime.rl.feed import ReadyBatch, RolloutFeed
 from gdnctl.runtime.rl.policy import Policy, make_policy
-from gdnctl.runtime.rl.prompts import PromptSchedule, check_prompts, describe, load_chat_template, load_prompts
+from gdnctl.runtime.rl.prompts import (
+    PromptSchedule,
+    check_prompts,
+    describe,
+    load_chat_template,
+    load_prompts,
+)
 from gdnctl.runtime.rl.rewards import StepRewards, make_scorer
-from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, Episodes, RolloutEngines, rollout_dir
+from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, Episodes, RolloutEngines, RolloutStream, rollout_dir
 from gdnctl.runtime.rl.rollout import server as rollout_server
 from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
 from gdnctl.runtime.rl.weights import sync as weight_sync
@@ -93,6 +111,32 @@ class RlStepStats:
     wake_seconds: float | None = None
     gpu_used_gib_rollout: float | None = None
     gpu_used_gib_train: float | None = None
+    # The step's timeline, seconds since the job started (its rows' `time` is the wall clock): when its rollout's
+    # first requests went out and its last sample came back, and when the trainer trained on it and synced.
+    rollout_began_s: float = 0.0
+    rollout_ended_s: float = 0.0
+    train_began_s: float = 0.0
+    train_ended_s: float = 0.0
+    sync_began_s: float = 0.0
+    sync_ended_s: float = 0.0
+    wait_seconds: float = 0.0  # the trainer waiting for this step's batch
+    rollout_busy_s: float | None = None  # the engines' time with requests in flight since the job started
+    # Sampling: generation rounds, groups dynamic sampling dropped (and kept without loss to fill the batch), samples
+    # regenerated for the staleness bound, samples cut at max_response_tokens and samples taking no loss.
+    sampling_rounds: int = 1
+    dropped_groups: int = 0
+    filler_groups: int = 0
+    stale_regenerated: int = 0
+    truncated_samples: int = 0
+    masked_samples: int = 0
+    overlong_penalty: float = 0.0
+    # Off-policy: weight versions the trained samples lag the policy (by their oldest token), and samples a weight
+    # update stopped and continued (rollout.partial).
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    continued_samples: int = 0
+    engine_restarts: int = 0  # over the job so far
+    prompts_digest: str = ""  # the trained prompts' lines, hashed: which batch this step trained
     # A reward function's or server's numbers (rewards/scoring.py), an environment's (rollout/episodes.py), and the
     # extra ones either returned as reward/NAME: merged into the metrics row; none for a shipped reward.
     extra: dict[str, float] = field(default_factory=dict)
@@ -106,6 +150,9 @@ class RlStepStats:
             f"|logp train-rollout| {self.rollout_logprob_abs_diff:.4f} | lr {self.lr:.2e}"
             + (f" | clip {self.clip_fraction:.3f}" if self.updates > 1 else "")
             + (f" | kl {self.kl:.4f}" if self.kl is not None else "")
+            + (f" | stale {self.staleness_mean:.2f}" if self.staleness_max else "")
+            + (f" | dropped {self.dropped_groups} in {self.sampling_rounds} rounds" if self.dropped_groups else "")
+            + (f" | engine restarts {self.engine_restarts}" if self.engine_restarts else "")
             + (f" | turns {self.extra['episode_turns']:.2f}" if "episode_turns" in self.extra else "")
             + (f" | reward failures {self.extra['reward_failures']:g}" if self.extra.get("reward_failures") else "")
         )
@@ -115,6 +162,11 @@ class RlStepStats:
         values = asdict(self)
         values.update(values.pop("extra"))
         return values
+
+
+def prompts_digest(lines: tuple[int, ...]) -> str:
+    """12 hex digits naming a batch by its prompts' lines in order (two steps trained the same batch iff equal)."""
+    return hashlib.sha256(",".join(map(str, lines)).encode()).hexdigest()[:12]
 
 
 def engine_start_steps(config: EngineConfig) -> str:
@@ -211,9 +263,35 @@ class RlJob:
                 "0 must drive every engine it broadcasts to; set rollout.weight_sync: disk."
             )
         self.weight_group: broadcast.TrainerEnd | None = None  # rank 0, once the first broadcast sync built it
+        self._group_restarts = 0  # engine restarts when the weight group formed: one more rebuilds it
         self.first_minute = FirstMinuteWatch(config, self._log)
         self.nonfinite = NonFiniteGuard(train.skip_nonfinite_steps)
         self.reported: list[RlStepStats] = []  # rank 0: every step's stats (the smoke run's verdicts read them)
+        self.clock = time.monotonic()  # the timeline's zero
+        self.dir_version = -1  # the weight version the weights directory holds (what a restarted engine starts on)
+        # Rank 0: the requests to the engines (a stream on its own thread where rank 0 drives every engine; else
+        # each round through the collective generate, whose requests collect in `_outbox`) and the feed that opens
+        # steps and scores their samples.
+        self._outbox: list = []
+        self.stream: RolloutStream | None = None
+        self.feed: RolloutFeed | None = None
+        # Held while a sample is scored on the stream's thread and while the held-out evaluation (which shares the
+        # scorer) runs on the loop's.
+        self.score_lock = threading.Lock()
+        if self.rank == 0 and self.episodes is None:  # an environment's episodes go through the collective generate
+            self.feed = RolloutFeed(
+                config,
+                self.schedule,
+                self.encoded,
+                self._scoring,
+                self._outbox.extend if self.engines.gathers else self._stream_submit,
+                stop_token_ids=self.stop_token_ids,
+                first_step=self.step,
+                score_lock=self.score_lock,
+            )
+
+    def _stream_submit(self, outgoing: list) -> None:
+        self.stream.submit(outgoing)
 
     # --- rollout server ------------------------------------------------------------------------------------
     def start_rollout(self) -> tuple[weight_sync.SyncCheck, float] | None:
@@ -228,6 +306,17 @@ class RlJob:
                 f"weight sync checked: {checked.checked} of {checked.total} parameters match{unchecked}; "
                 f"probe log-probs within {gap:.4f} nats/token"
             )
+        if self.feed is not None and not self.engines.gathers:
+            rollout = self.config.rollout
+            self.stream = RolloutStream(
+                self.engines,
+                on_finished=self.feed.on_finished,
+                weights=lambda: (str(self.weights_dir), self.dir_version),
+                max_restarts=rollout.max_engine_restarts,
+                stall_timeout_s=rollout.stall_timeout_s,
+                log=self._log,
+            )
+            self.stream.start(self.step)
         return synced
 
     def _start_engines(self) -> None:
@@ -246,7 +335,7 @@ class RlJob:
             f"({engine_start_steps(self.config)})",
             self._log,
         ):
-            replies = self.engines.start(str(self.weights_dir))
+            replies = self.engines.start(str(self.weights_dir), version=self.step)
         if replies is not None:
             self._log(
                 f"rollout engine{'s' if len(replies) > 1 else ''} up in "
@@ -272,18 +361,30 @@ class RlJob:
             # The trainer's activations and cached blocks go back to the GPU before vLLM wakes into its share.
             torch.cuda.empty_cache()
             dist.barrier()
+        if self.stream is not None and not self.config.rollout.partial:
+            # The update waits for the requests in flight to finish on the old weights (each sample is one version's),
+            # watched by the stream for progress rather than held to one deadline inside the reload request.
+            self.stream.drain()
+        with self.engines.lock:  # the rollout stream waits while the engines take the weights
+            synced = self._sync(step)
+        if self.stream is not None:
+            self.stream.synced(step)
+        return synced
+
+    def _sync(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         transport = self.config.rollout.weight_transport
         if self.engines.started and transport == "cuda_ipc":
             return self._sync_in_memory(step)
         if self.engines.started and transport == "broadcast":
             return self._sync_broadcast(step)
         written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
+        self.dir_version = step
         if self.engines.gathers:
             dist.barrier()  # drivers on other nodes read the directory rank 0 wrote
         if not self.engines.started:
             self._start_engines()
         with progress(f"step {step}: the rollout reloads the weights", self._log if step == self.first_step else None):
-            replies = self.engines.request("load_weights", path=str(self.weights_dir), probe=self.probe)
+            replies = self.engines.request("load_weights", path=str(self.weights_dir), probe=self.probe, version=step)
         if replies is None:
             return None
         return self._check(replies, weight_sync.checksums_by_name(written.items()), probe, step, "disk")
@@ -306,7 +407,7 @@ class RlJob:
             self.engines.request("ipc_bucket", shared=dict(shared), entries=bucket.wire_entries())
             dist.barrier()  # no rank frees its bucket before the rollout has copied it out
             del bucket
-        replies = self.engines.request("reload_end", probe=self.probe)
+        replies = self.engines.request("reload_end", probe=self.probe, version=step)
         if replies is None:
             return None
         return self._check(replies, checksums, probe, step, "cuda_ipc")
@@ -325,7 +426,12 @@ class RlJob:
             for _ in names:  # the builders gather each tensor collectively
                 pass
             return None
+        if self.weight_group is not None and self.engines.restarted != self._group_restarts:
+            # A restarted engine's workers are not in the group: every worker joins a new one.
+            self.weight_group.close()
+            self.weight_group = None
         if self.weight_group is None:
+            self._group_restarts = self.engines.restarted
             self.weight_group = self._join_weight_group()
         checksums: weight_sync.Checksums = {}
         self.engines.request("reload_begin")
@@ -336,7 +442,7 @@ class RlJob:
             self.weight_group.send(bucket, check=lambda: self.engines.check("broadcast_bucket"))
             self.engines.answer("broadcast_bucket")
             del bucket
-        replies = self.engines.request("reload_end", probe=self.probe)
+        replies = self.engines.request("reload_end", probe=self.probe, version=step)
         return self._check(replies, checksums, probe, step, "broadcast")
 
     def _join_weight_group(self) -> broadcast.TrainerEnd:
@@ -374,48 +480,60 @@ class RlJob:
         return result, gap
 
     # --- one step --------------------------------------------------------------------------------------------
-    def rollout(self, step: int) -> tuple[list[Sample], float, int, dict] | None:
-        """Every rank (the engines' drivers generate); rank 0 gets the step's samples with rewards and advantages,
-        the generation seconds (the slowest engine's) and tokens, and colocated on GPUs, the GPU memory in use
-        while vLLM was awake and what its sleep then gave back (engine 0's GPUs)."""
+    def _next_batch(self, step: int) -> tuple[ReadyBatch, float]:
+        """Every rank: step `step`'s batch and the seconds the trainer waited for it. Rank 0 waits for the feed (the
+        other ranks for rank 0); a restarted engine behind the current weights has them synced again first."""
+        began = time.monotonic()
+        if self.episodes is not None:
+            return self._episode_batch(step), time.monotonic() - began
+        if self.engines.gathers:
+            return self._collective_batch(step), time.monotonic() - began
+        while True:
+            payload = [self.feed.wait(step, healthy=self._stream_healthy) if self.rank == 0 else None]
+            dist.broadcast_object_list(payload, src=0)
+            if payload[0] is not None:
+                return payload[0], time.monotonic() - began
+            self.sync(self.step)  # the weights of this step again, for the engine that restarted behind them
+
+    def _stream_healthy(self) -> bool:
+        self.stream.check()
+        return not self.stream.behind
+
+    def _collective_batch(self, step: int) -> ReadyBatch:
+        """Colocated engines on several nodes: each round's requests through the collective generate (every driver
+        its engines' share), the results scored by the feed on rank 0, until the batch is whole."""
+        rollout = self.config.rollout
+        while True:
+            outgoing = []
+            if self.rank == 0 and not self.feed.ready(step):
+                self.feed.take_outgoing(step)
+                outgoing, self._outbox[:] = list(self._outbox), []
+            payload = [[o.request for o in outgoing] if self.rank == 0 else None]
+            dist.broadcast_object_list(payload, src=0)
+            requests = payload[0]
+            if not requests:
+                break
+            reply = self.engines.generate(
+                [r["prompt"] for r in requests],
+                n=1,
+                max_tokens=rollout.max_response_tokens,
+                temperature=rollout.temperature,
+                seeds=[[r["seed"]] for r in requests],
+                stop_token_ids=self.stop_token_ids,
+            )
+            if self.rank == 0:
+                for item, (result,) in zip(outgoing, reply["samples"], strict=True):
+                    self.feed.on_finished(item.key, result)
+        payload = [self.feed.take(step) if self.rank == 0 else None]
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
+
+    def _episode_batch(self, step: int) -> ReadyBatch:
+        """rollout.environment: every prompt's n episodes through the engines (rollout/episodes.py), on every rank (the
+        engines' drivers generate), after the sync that ended the step before: on-policy (validate's RLT019)."""
         config, rollout = self.config, self.config.rollout
         records = self.schedule.batch(step).records
-        prompts = [self.encoded[record.line] for record in records]
-        sampling = {
-            "max_tokens": rollout.max_response_tokens,
-            "temperature": rollout.temperature,
-            "seed": config.train.seed + step * rollout.prompts_per_step,
-            "stop_token_ids": self.stop_token_ids,
-        }
-        if self.episodes is not None:
-            return self._episodes(step, records, sampling)
-        scoring = self._step_rewards(step, records, "train.data_path", timeline=True) if self.rank == 0 else None
-        reply = self.engines.generate(
-            prompts,
-            n=rollout.n_samples_per_prompt,
-            **sampling,
-            on_samples=None if scoring is None else scoring.answered,
-        )
-        slept = self.engines.request("sleep") if self.sleeps else None
-        if reply is None:
-            return None
-        scores, extra = scoring.finish(reply["samples"])
-        drawn = [
-            (group, prompt, output)
-            for group, (prompt, outputs) in enumerate(zip(prompts, reply["samples"], strict=True))
-            for output in outputs
-        ]
-        samples = [
-            Sample(
-                group, tuple(prompt), tuple(output["tokens"]), tuple(output["logprobs"]), output["finish_reason"], score
-            )
-            for (group, prompt, output), score in zip(drawn, scores, strict=True)
-        ]
-        return self._advantaged(samples, reply["seconds"], reply["gpu_used_bytes"], reply["engines"], slept, extra)
-
-    def _episodes(self, step: int, records, sampling: dict) -> tuple[list[Sample], float, int, dict] | None:
-        """rollout.environment: every prompt's n episodes through the engines (rollout/episodes.py)."""
-        rollout = self.config.rollout
+        began = time.monotonic()
         ran = self.episodes.run(
             records,
             n=rollout.n_samples_per_prompt,
@@ -423,13 +541,44 @@ class RlJob:
             share=self._share,
             leader=self.rank == 0,
             dataset="train.data_path",
-            **sampling,
+            max_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature,
+            seed=config.train.seed + step * rollout.prompts_per_step,
+            stop_token_ids=self.stop_token_ids,
         )
-        slept = self.engines.request("sleep") if self.sleeps else None
-        if ran is None:
-            return None
-        samples, seconds, extra = ran
-        return self._advantaged(samples, seconds, None, self.engines.count, slept, extra)
+        payload: list = [None]
+        if ran is not None:  # rank 0
+            samples, _, extra = ran
+            rewards = torch.tensor([s.reward for s in samples])
+            advantages = grpo.group_advantages(
+                rewards, rollout.n_samples_per_prompt, normalize_std=config.grpo.normalize_std
+            )
+            samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
+            payload[0] = ReadyBatch(
+                samples=samples,
+                stats=StepStats(
+                    rounds=1,
+                    dropped_groups=0,
+                    filler_groups=0,
+                    stale_regenerated=0,
+                    prompt_lines=tuple(record.line for record in records),
+                ),
+                reward_mean=float(rewards.mean()),
+                reward_std=float(rewards.std(correction=0)),
+                # The model's tokens: a multi-turn sample's environment tokens were not generated.
+                generated_tokens=sum(len(s.response) if s.loss_mask is None else sum(s.loss_mask) for s in samples),
+                began=began,
+                ended=time.monotonic(),
+                truncated=sum(s.finish_reason == "length" for s in samples),
+                masked=0,
+                overlong_penalty=0.0,
+                staleness_mean=0.0,
+                staleness_max=0,
+                continued=0,
+                extra=extra,
+            )
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
 
     def _share(self, value):
         """Rank 0's `value` on every rank (the episodes' next prompts)."""
@@ -439,42 +588,21 @@ class RlJob:
         dist.broadcast_object_list(payload, src=0)
         return payload[0]
 
-    def _step_rewards(self, step: int, records, dataset: str, *, timeline: bool) -> StepRewards:
-        """Rank 0: a batch's samples through grpo.reward's scorer, submitted as each engine's answer arrives."""
+    def _scoring(self, step: int, record_of) -> StepRewards:
+        """Rank 0: step `step`'s samples through grpo.reward's scorer, one `score` call per sample as it finishes
+        (the feed's); record_of(slot) is the record of the step's prompt in that slot."""
         return StepRewards(
             self.scorer,
             self.config.grpo.reward,
             decode=self.tokenizer.decode,
-            records=records,
-            prompt_texts=[self._prompt_text(record.prompt, record.line) for record in records],
-            dataset=dataset,
+            records=_Slots(record_of),
+            prompt_texts=_Slots(lambda slot: self._prompt_text(record_of(slot).prompt, record_of(slot).line)),
+            dataset="train.data_path",
             log=self._log,
             logs_dir=self.run_dir / "logs",
             step=step + 1,
-            timeline=timeline,
+            timeline=True,
         )
-
-    def _advantaged(
-        self, samples: list[Sample], seconds: float, gpu_used: int | None, engines: int, slept, extra: dict
-    ) -> tuple[list[Sample], float, int, dict]:
-        """Rank 0: the samples with their advantages, the generation seconds, the tokens the model generated, and
-        the step's other numbers."""
-        config, rollout = self.config, self.config.rollout
-        rewards = torch.tensor([s.reward for s in samples])
-        advantages = grpo.group_advantages(
-            rewards, rollout.n_samples_per_prompt, normalize_std=config.grpo.normalize_std
-        )
-        samples = [Sample(**{**asdict(s), "advantage": float(a)}) for s, a in zip(samples, advantages, strict=True)]
-        # The model's tokens: a multi-turn sample's environment tokens were not generated.
-        generated = sum(len(s.response) if s.loss_mask is None else sum(s.loss_mask) for s in samples)
-        phases: dict = {}
-        if slept is not None and gpu_used is not None:
-            phases["gpu_used_gib_rollout"] = gpu_used / 2**30
-        if slept is not None:
-            phases["sleep_freed_gib"] = slept[0]["freed_bytes"] / 2**30
-        phases["rollout_engines"] = engines
-        phases["extra"] = _flat(extra)
-        return samples, seconds, generated, phases
 
     def _encode_record(self, record) -> list[int]:
         """A record's prompt tokens (an environment's opening, with one); its text is kept for the reward."""
@@ -508,15 +636,24 @@ class RlJob:
     def train(self) -> None:
         config = self.config
         total = config.train.train_iters
+        if self.feed is not None:
+            self.feed.open_through(self.step)
         while self.step < total:
-            payload = [self.rollout(self.step)]
-            dist.broadcast_object_list(payload, src=0)
-            samples, rollout_seconds, generated, phases = payload[0]
+            ready, waited = self._next_batch(self.step)
+            samples = ready.samples
+            phases: dict = {"rollout_engines": self.engines.count}
+            if self.sleeps:  # nothing is in flight: on-policy (RLT019), and the step's batch is whole
+                slept = self.engines.request("sleep")
+                if slept is not None:
+                    phases["gpu_used_gib_rollout"] = slept[0]["used_bytes"] / 2**30
+                    phases["sleep_freed_gib"] = slept[0]["freed_bytes"] / 2**30
             started = time.perf_counter()
+            train_began = time.monotonic()
             lr = lr_of(config.train, self.step)
             stats = self._update(samples, lr)
-            self._check_finite(stats)
+            self._check_finite(stats, ready.stats.prompt_lines)
             train_seconds = time.perf_counter() - started
+            train_ended = time.monotonic()
             if self.sleeps:  # every process's use of the GPU while vLLM sleeps and the trainer steps
                 free, capacity = torch.cuda.mem_get_info()
                 phases["gpu_used_gib_train"] = (capacity - free) / 2**30
@@ -524,46 +661,25 @@ class RlJob:
                 check_step0_gap(stats["rollout_logprob_abs_diff"], config.rollout.max_step0_logprob_gap)
             self.step += 1
             began = time.perf_counter()
+            sync_began = time.monotonic()
             synced = self.sync(self.step)
             sync_seconds = time.perf_counter() - began
+            sync_ended = time.monotonic()
+            if self.feed is not None:
+                self.feed.open_through(self.step)
             if synced is not None:
-                result, probe_gap = synced
-                rewards = torch.tensor([s.reward for s in samples])
-                tflops = self._train_tflops(stats["tokens"], len(samples), train_seconds)
                 self._report(
-                    RlStepStats(
-                        step=self.step,
-                        reward_mean=float(rewards.mean()),
-                        reward_std=float(rewards.std(correction=0)),
-                        response_length=generated / len(samples),
-                        rollout_tokens_per_second=generated / max(rollout_seconds, 1e-9),
-                        train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
-                        rollout_seconds=rollout_seconds,
+                    self._stats(
+                        ready,
+                        stats,
+                        synced,
+                        phases,
+                        lr=lr,
+                        waited=waited,
                         train_seconds=train_seconds,
                         sync_seconds=sync_seconds,
-                        loss=stats["loss"],
-                        grad_norm=stats["grad_norm"],
-                        rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
-                        kl=stats.get("kl"),
-                        updates=stats["updates"],
-                        clip_fraction=stats["clip_fraction"],
-                        approx_kl=stats["approx_kl"],
-                        ratio_min=stats["ratio_min"],
-                        ratio_max=stats["ratio_max"],
-                        tis_mean=stats.get("tis_mean"),
-                        tis_capped_fraction=stats.get("tis_capped_fraction"),
-                        synced_parameters=result.checked,
-                        probe_logprob_abs_diff=probe_gap,
-                        lr=lr,
-                        tflops_per_gpu=tflops,
-                        mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
-                        peak_memory_gib=(
-                            torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda" else None
-                        ),
-                        gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
-                        weight_transport=self.last_sync["weight_transport"],
-                        wake_seconds=self.last_sync["wake_seconds"],
-                        **phases,
+                        train=(train_began, train_ended),
+                        sync=(sync_began, sync_ended),
                     )
                 )
             if self.evaluation is not None and self.evaluation.due(self.step):  # every rank: a collective
@@ -573,6 +689,80 @@ class RlJob:
             if self.save_dir and (self.step == total or (interval and self.step % interval == 0)):
                 self.policy.save(self.save_dir, self.step)
                 self._log(f"saved {self.save_dir / checkpoint.checkpoint_name(self.step)}")
+
+    def _stats(
+        self,
+        ready: ReadyBatch,
+        stats: dict,
+        synced: tuple[weight_sync.SyncCheck, float],
+        phases: dict,
+        *,
+        lr: float,
+        waited: float,
+        train_seconds: float,
+        sync_seconds: float,
+        train: tuple[float, float],
+        sync: tuple[float, float],
+    ) -> RlStepStats:
+        """Rank 0: the step's metrics row."""
+        config, samples = self.config, ready.samples
+        result, probe_gap = synced
+        rollout_seconds = ready.ended - ready.began
+        tflops = self._train_tflops(stats["tokens"], len(samples), train_seconds)
+        since = self.clock
+        return RlStepStats(
+            step=self.step,
+            reward_mean=ready.reward_mean,
+            reward_std=ready.reward_std,
+            response_length=sum(len(s.response) for s in samples) / len(samples),
+            rollout_tokens_per_second=ready.generated_tokens / max(rollout_seconds, 1e-9),
+            train_tokens_per_second=stats["tokens"] / max(train_seconds, 1e-9),
+            rollout_seconds=rollout_seconds,
+            train_seconds=train_seconds,
+            sync_seconds=sync_seconds,
+            loss=stats["loss"],
+            grad_norm=stats["grad_norm"],
+            rollout_logprob_abs_diff=stats["rollout_logprob_abs_diff"],
+            kl=stats.get("kl"),
+            updates=stats["updates"],
+            clip_fraction=stats["clip_fraction"],
+            approx_kl=stats["approx_kl"],
+            ratio_min=stats["ratio_min"],
+            ratio_max=stats["ratio_max"],
+            tis_mean=stats.get("tis_mean"),
+            tis_capped_fraction=stats.get("tis_capped_fraction"),
+            synced_parameters=result.checked,
+            probe_logprob_abs_diff=probe_gap,
+            lr=lr,
+            tflops_per_gpu=tflops,
+            mfu=mfu(tflops, config.metrics.peak_bf16_tflops),
+            peak_memory_gib=(torch.cuda.max_memory_allocated() / 2**30 if config.device == "cuda" else None),
+            gdn_backend=config.kernels.gdn_backend if config.device == "cuda" else "torch (cpu)",
+            weight_transport=self.last_sync["weight_transport"],
+            wake_seconds=self.last_sync["wake_seconds"],
+            rollout_began_s=ready.began - since,
+            rollout_ended_s=ready.ended - since,
+            train_began_s=train[0] - since,
+            train_ended_s=train[1] - since,
+            sync_began_s=sync[0] - since,
+            sync_ended_s=sync[1] - since,
+            wait_seconds=waited,
+            rollout_busy_s=self.stream.busy() if self.stream is not None else None,
+            sampling_rounds=ready.stats.rounds,
+            dropped_groups=ready.stats.dropped_groups,
+            filler_groups=ready.stats.filler_groups,
+            stale_regenerated=ready.stats.stale_regenerated,
+            truncated_samples=ready.truncated,
+            masked_samples=ready.masked,
+            overlong_penalty=ready.overlong_penalty,
+            staleness_mean=ready.staleness_mean,
+            staleness_max=ready.staleness_max,
+            continued_samples=ready.continued,
+            engine_restarts=self.stream.restarts if self.stream is not None else 0,
+            prompts_digest=prompts_digest(ready.stats.prompt_lines),
+            extra=_flat(ready.extra),
+            **phases,
+        )
 
     def _update(self, samples: list[Sample], lr: float) -> dict[str, float]:
         """This data-parallel rank's share of the step's updates at `lr` (grpo.mini_batches x grpo.epochs optimizer
@@ -584,14 +774,15 @@ class RlJob:
     def _evaluate(self) -> None:
         """The held-out prompts through the rollout's engines, on the weights just synced; rank 0 writes the
         `eval_reward` row."""
-        row = self.evaluation.run(
-            self.engines.generate,
-            self.tokenizer,
-            self.stop_token_ids,
-            self.step,
-            share=self._share,
-            leader=self.rank == 0,
-        )
+        with self.score_lock:  # the scorer is the training's, which the stream's thread may be using
+            row = self.evaluation.run(
+                self.engines.generate,
+                self.tokenizer,
+                self.stop_token_ids,
+                self.step,
+                share=self._share,
+                leader=self.rank == 0,
+            )
         if row is None:
             return
         self._log(
@@ -601,12 +792,11 @@ class RlJob:
         )
         self.metrics.log(self.step, row)
 
-    def _check_finite(self, stats: dict) -> None:
+    def _check_finite(self, stats: dict, prompt_lines: tuple[int, ...]) -> None:
         """Stop (or, within train.skip_nonfinite_steps, log and go on) after a step whose loss or gradients were not
         finite; the policy did not apply it. Every rank takes the same branch (the policy's checks are reduced)."""
-        records = self.schedule.batch(self.step).records
-        lines = ", ".join(str(record.line) for record in records[:8]) + (
-            f" and {len(records) - 8} more" if len(records) > 8 else ""
+        lines = ", ".join(str(line) for line in prompt_lines[:8]) + (
+            f" and {len(prompt_lines) - 8} more" if len(prompt_lines) > 8 else ""
         )
         line = self.nonfinite.after_step(
             StepVerdict(
@@ -630,6 +820,8 @@ class RlJob:
     # --- logs -------------------------------------------------------------------------------------------
     def close(self, failed: bool = False) -> None:
         """failed: the job is stopping on an error, so the rollout's servers are stopped at once."""
+        if self.stream is not None:
+            self.stream.stop()
         if self.weight_group is not None:
             self.weight_group.close()
         if self.scorer is not None:
@@ -654,6 +846,16 @@ def needed_fields(config: EngineConfig) -> dict[str, bool]:
     for a shipped reward (the user's function, server or environment reads whatever fields it wants)."""
     environment = config.rollout.environment is not None
     return {"needs_prompt": not environment, "needs_answer": not environment and isinstance(config.grpo.reward, str)}
+
+
+class _Slots:
+    """A step's prompts by slot, looked up as the slots fill (dynamic sampling adds slots as it draws)."""
+
+    def __init__(self, get) -> None:
+        self._get = get
+
+    def __getitem__(self, slot: int):
+        return self._get(slot)
 
 
 def _flat(extra: dict) -> dict[str, float]:

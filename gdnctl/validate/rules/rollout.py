@@ -534,3 +534,115 @@ def eval_response_fits_context(run: Run) -> Iterator[Issue]:
             f"a held-out prompt in a {context}-token context.",
             "Lower eval.max_response_tokens, or raise rollout.max_model_len.",
         )
+
+
+@rule("RLT018", Severity.ERROR, "GRPO needs more than one sample per prompt")
+def grpo_needs_groups(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: rollout.n_samples_per_prompt is at least 2 in an rl job.
+
+    Why: GRPO's advantage is a sample's reward against its group's mean (and std); a group of one sample is its
+    own mean, so every advantage is 0 and the job trains nothing while every step looks healthy.
+
+    Source: gdnctl's group-normalised advantages (gdnctl/runtime/rl/algorithm/grpo.py group_advantages: a group
+    whose rewards are all equal, one sample's among them, gets exactly zero advantages), as verl's and slime's
+    GRPO compute them.
+
+    Fix: set rollout.n_samples_per_prompt to 2 or more (8 is common), keeping train.global_batch_size a multiple
+    of it.
+    """
+    rollout = _rollout(run)
+    if rollout is not None and rollout.n_samples_per_prompt < 2:
+        yield Issue(
+            "rollout.n_samples_per_prompt",
+            "GRPO compares each sample with the other samples of its prompt, so with one sample per prompt "
+            "every advantage is 0 and nothing is learned.",
+            "Set rollout.n_samples_per_prompt to 2 or more, e.g. 8 (train.global_batch_size a multiple of it).",
+        )
+
+
+@rule("RLT019", Severity.ERROR, "Off-policy rollouts need engines of their own")
+def staleness_needs_separate_engines(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: rollout.max_staleness >= 1 with rollout.colocate: true, or with rollout.environment.
+
+    Why: max_staleness lets the rollout of the next steps run while the trainer trains; colocated engines share
+    the trainer's GPUs and sleep while it steps (vLLM's sleep mode frees their weights and KV cache), so nothing
+    could overlap, and the stale samples would buy nothing. A multi-turn environment's episodes run turn by turn
+    through the collective generate after the step before has synced, so they cannot overlap either.
+
+    Source: gdnctl's rl loop (gdnctl/runtime/rl/feed.py opens step k once the weights of step k - max_staleness are
+    on the engines; gdnctl/runtime/rl/job.py puts colocated engines to sleep before every update and runs an
+    environment's episodes in RlJob._episode_batch, on-policy).
+
+    Fix: set rollout.colocate: false (with rollout.num_gpus for the engines), or rollout.max_staleness: 0; with
+    rollout.environment, rollout.max_staleness: 0.
+    """
+    rollout = _rollout(run)
+    if rollout is not None and rollout.max_staleness > 0 and rollout.colocate:
+        yield Issue(
+            "rollout.max_staleness",
+            f"max_staleness {rollout.max_staleness} overlaps the next steps' rollouts with the trainer's update, "
+            "but colocated engines share the trainer's GPUs and sleep while it steps, so nothing can overlap.",
+            "Set rollout.colocate: false and give the engines GPUs of their own (rollout.num_gpus), or set "
+            "rollout.max_staleness: 0.",
+        )
+    if rollout is not None and rollout.max_staleness > 0 and rollout.environment is not None:
+        yield Issue(
+            "rollout.max_staleness",
+            f"max_staleness {rollout.max_staleness} overlaps the next steps' rollouts with the trainer's update, "
+            "but rollout.environment's episodes run turn by turn after the step before has synced, so nothing "
+            "can overlap.",
+            "Set rollout.max_staleness: 0 with rollout.environment.",
+        )
+
+
+@rule("RLT020", Severity.ERROR, "Partial rollouts need off-policy steps")
+def partial_needs_staleness(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: rollout.partial: true with rollout.max_staleness 0.
+
+    Why: a partial rollout continues the requests in flight at a weight update under the new weights; on-policy
+    (max_staleness 0) every request of a step has finished before its update, so there is never one to continue
+    and the setting would do nothing.
+
+    Source: gdnctl's rl loop (gdnctl/runtime/rl/feed.py: with max_staleness 0 a step's prompts go to the engines
+    only after the weights of the step before are synced, and the update waits for the step's batch).
+
+    Fix: set rollout.max_staleness: 1 (or more) with it, or remove rollout.partial.
+    """
+    rollout = _rollout(run)
+    if rollout is not None and rollout.partial and rollout.max_staleness == 0:
+        yield Issue(
+            "rollout.partial",
+            "partial rollouts continue requests that are in flight at a weight update, and with max_staleness 0 "
+            "every request has finished before its update.",
+            "Set rollout.max_staleness: 1 (or more), or remove rollout.partial.",
+        )
+
+
+@rule("RLT021", Severity.ERROR, "The over-long buffer fits the response")
+def overlong_buffer_fits_response(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: grpo.overlong.buffer_tokens is below rollout.max_response_tokens.
+
+    Why: DAPO's soft penalty grows over the last buffer_tokens before the longest response; a buffer as long as
+    the response would penalise every response from its first token, turning a length penalty into a reward for
+    saying nothing.
+
+    Source: DAPO's overlong reward shaping (arXiv 2503.14476, eq. 13: the penalty applies for L_max - L_cache <
+    |y| <= L_max); gdnctl/runtime/rl/algorithm/sampling.py overlong_penalty.
+
+    Fix: lower grpo.overlong.buffer_tokens below rollout.max_response_tokens (DAPO: 4,096 of 20,480).
+    """
+    rollout, overlong = _rollout(run), run.preset.grpo.overlong
+    if rollout is None or overlong is None:
+        return
+    if overlong.buffer_tokens >= rollout.max_response_tokens:
+        yield Issue(
+            "grpo.overlong.buffer_tokens",
+            f"buffer_tokens {overlong.buffer_tokens} is not below rollout.max_response_tokens "
+            f"{rollout.max_response_tokens}, so every response would be penalised from its first token.",
+            f"Lower grpo.overlong.buffer_tokens below {rollout.max_response_tokens} (DAPO used a fifth of the "
+            "response length).",
+        )

@@ -133,3 +133,14 @@ def test_schedule_rejects_impossible_batch_sizes():
         PromptSchedule(records(4), 0)
     with pytest.raises(ValueError, match="step must be >= 0"):
         PromptSchedule(records(4), 2).batch(-1)
+
+
+def test_dynamic_samplings_further_prompts_are_a_function_of_seed_step_and_round_past_the_lines_used():
+    schedule = PromptSchedule(records(20), 4, seed=3)
+    used = frozenset(record.line for record in schedule.batch(5).records)
+    drawn = schedule.draw(5, 1, 6, used)
+    assert len(drawn) == 6 and not {record.line for record in drawn} & used
+    assert len({record.line for record in drawn}) == 6
+    assert drawn == PromptSchedule(records(20), 4, seed=3).draw(5, 1, 6, used)  # a resumed job draws the same
+    assert drawn != schedule.draw(5, 2, 6, used) and drawn != schedule.draw(6, 1, 6, used)
+    assert len(schedule.draw(5, 1, 50, used)) == 16  # the dataset runs out: fewer

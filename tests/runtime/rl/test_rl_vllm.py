@@ -25,20 +25,16 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON, reason="GDNCTL_TEST_VLLM_PYTHON
 SMALL_STEPS = ("train.global_batch_size=16", "train.micro_batch_size=8", "rollout.n_samples_per_prompt=4")
 
 
-# vLLM's process layout in these tests. Its CPU build runs an engine as three processes, the LLM's (the rollout
-# server), its engine core's and its worker's, each importing vLLM and torch anew (spawn): ~25 s of a 2-core machine
-# per engine start, which every test here pays once or more. VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the engine core
-# and a tp-1 engine's worker in the rollout server's process: one import, the same gdnctl code on both sides of the
-# rollout protocol and the same vLLM calls, and the same numbers (a 2-step run's metrics.jsonl: equal rewards,
-# losses, grad norms and log-prob gaps, to the last bit). What only vLLM's own layout exercises, gdnctl's worker
-# functions pickled into other processes, stays covered: a tensor-parallel engine keeps a process per worker (the
-# broadcast to a tp-2 rollout sends them its join and receive functions), and the in-place reload of a dense model
-# passes processes=True (the directory sync's functions through the engine core's msgpack, which pickles them only
-# with VLLM_ALLOW_INSECURE_SERIALIZATION, rollout_server.py).
-def vllm_env(processes: bool = False, base: dict[str, str] | None = None) -> dict[str, str]:
-    """`base` (else this process's environment) for a job or rollout server on vLLM's CPU build: vLLM's own
-    process layout with `processes`, else each engine in its rollout server's process (see above)."""
-    return {**(os.environ if base is None else base), "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if processes else "0"}
+# vLLM's process layout in these tests. The rollout server runs vLLM's AsyncLLM, whose engine core is a process of its
+# own, with a worker process beside it on the CPU build (the server sets VLLM_ENABLE_V1_MULTIPROCESSING=1 for itself:
+# runtime/rl/rollout/vllm_engine.py), so gdnctl's worker functions always reach the workers pickled, as on GPUs
+# (through the engine core's msgpack, which pickles them only with VLLM_ALLOW_INSECURE_SERIALIZATION); an engine start
+# costs three imports of vLLM and torch (spawn). Scripts that run vLLM's own LLM in one process
+# (vllm_generate_check.py) keep its engine core and worker there with VLLM_ENABLE_V1_MULTIPROCESSING=0: one import.
+def vllm_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (else this process's environment) for a job or a vLLM script on vLLM's CPU build: a script's LLM keeps
+    its engine in its own process (see above)."""
+    return {**(os.environ if base is None else base), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subprocess.CompletedProcess:
@@ -368,8 +364,8 @@ def _transformers_logprobs(directory: Path, tokens: list[int], model_id: str) ->
 @needs_vllm
 @pytest.mark.parametrize("model", [DENSE, "gdnctl/tiny-qwen3.5-moe-bytes", "gdnctl/tiny-qwen3-next-bytes"])
 def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_new(tmp_path, model):
-    """The dense model's server runs vLLM in its own processes (engine core, worker), which the reload's worker
-    functions reach pickled, as on GPUs; the others run it in the server's process (vllm_env)."""
+    """The server's engine core and worker run in processes of their own, which the reload's worker functions reach
+    pickled, as on GPUs (see vllm_env)."""
     from gdnctl.runtime.rl.rollout.protocol import RolloutClient
     from gdnctl.runtime.rl.weights.sync import probe_gap
 
@@ -391,7 +387,7 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
             [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env=vllm_env(processes=model == DENSE),
+            env=vllm_env(),
         )
     client = RolloutClient.connect(run_dir, timeout=300, process=server, log_path=log)
     try:

@@ -4,7 +4,8 @@ and the split over data-parallel ranks and micro-batches.
 Row layout (padded, BSHD): row i is prompt_i + response_i, right-padded with `pad_id`. Log-probs are per next
 token, so the tensors that go with them have T - 1 columns: column t scores tokens[:, t + 1] from the logits at
 t. A response token at row position p is therefore column p - 1; the prompt's tokens and padding are masked out.
-Right padding never reaches a real token's logits (the model is causal).
+Right padding never reaches a real token's logits (the model is causal). A sample that takes no loss
+(`Sample.trained` False) keeps its row, with an empty response mask.
 
 A multi-turn sample's response holds the environment's tokens between the model's turns (rollout/episodes.py):
 its `loss_mask` says which response tokens the model sampled, and only those are in `response_mask`, so the
@@ -39,10 +40,21 @@ class Sample:
     finish_reason: str
     reward: float
     advantage: float = 0.0
+    # The weight version that generated each response token (the policy after that many updates); one version
+    # unless a partial rollout continued the response across a weight update. Empty: not recorded.
+    versions: tuple[int, ...] = ()
+    # False: the sample is in the batch but takes no loss (a truncated response under grpo.overlong.mask_truncated,
+    # a group dynamic sampling kept only to fill the batch): none of its tokens is in the loss or its means.
+    trained: bool = True
     # Multi-turn only (None: every response token is the model's): per response token, whether the model sampled
     # it and so takes the loss, and the turns the response is made of.
     loss_mask: tuple[bool, ...] | None = None
     turns: tuple[Turn, ...] | None = None
+
+    @property
+    def version(self) -> int | None:
+        """The oldest weight version among its tokens: what its staleness is measured by."""
+        return min(self.versions) if self.versions else None
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,10 @@ def build_batch(samples: Sequence[Sample], pad_id: int, multiple: int = 1) -> Rl
             )
         tokens[row, : prompt + response] = torch.tensor(sample.prompt + sample.response, dtype=torch.long)
         attention[row, : prompt + response] = 1
-        trained = True if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.bool)
+        if not sample.trained:
+            trained: bool | torch.Tensor = False
+        else:
+            trained = True if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.bool)
         response_mask[row, prompt - 1 : prompt - 1 + response] = trained
         rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)

@@ -4,10 +4,13 @@ The step's samples split into grpo.mini_batches contiguous mini-batches (each pr
 the counts divide); every epoch (grpo.epochs) takes one optimizer step per mini-batch, in order. Each data-parallel
 rank trains its share of every mini-batch, so all ranks take the same number of optimizer steps.
 
-The ratio in the clipped loss is against the policy that sampled: its log-probs of every sample ("old") are
-computed once, before the first update, and every later update compares with them. From the second update on,
-the policy has moved, so the ratio leaves 1 and the clip acts. With one update per step the old log-probs are the
-current ones, which the policy takes from the update's own forward (detached) instead of a second forward.
+The ratio in the clipped loss is against the proximal policy, the policy's own weights at the start of the update:
+its log-probs of every sample ("old") are computed once, before the first update, and every later update compares
+with them. From the second update on, the policy has moved, so the ratio leaves 1 and the clip acts. With one update
+per step the old log-probs are the current ones, which the policy takes from the update's own forward (detached)
+instead of a second forward. On-policy the proximal policy is the one that sampled; off-policy
+(rollout.max_staleness) the samples come from older weights, and the importance weight against the engine's
+log-probs (grpo.py, always on there) corrects for them: AReaL's decoupled objective.
 """
 
 from __future__ import annotations

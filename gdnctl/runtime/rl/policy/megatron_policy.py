@@ -5,10 +5,13 @@ module adds what rl needs on top: per-token log-probs of given rows, one optimiz
 loss, and the HF export the rollout reloads.
 
 Log-probs come from GPTModel's own loss path: with labels it returns the per-token cross entropy, computed
-vocab-parallel over tensor-parallel ranks, which is -log p(label). The loss uses Megatron's per-token mode
-(calculate_per_token_loss): each micro-batch returns the sum of its per-token (or per-sequence) losses and how
-many tokens (sequences) that is, and Megatron divides the gradients by the count summed over micro-batches and
-data-parallel ranks: exactly the token-mean (or sequence-mean) over the whole step's batch.
+vocab-parallel over tensor-parallel ranks, which is -log p(label). At a sampling temperature T other than 1 the output
+layer's logits are divided by T on their way to that cross entropy (a forward hook, `_tempered`), so the samples are
+scored under softmax(logits / T), the distribution vLLM sampled and reports processed log-probs of (the torch policy
+divides its logits the same way); the weight-sync probe scores at T = 1 on both sides. The loss uses Megatron's
+per-token mode (calculate_per_token_loss): each micro-batch returns the sum of its per-token (or per-sequence) losses
+and how many tokens (sequences) that is, and Megatron divides the gradients by the count summed over micro-batches
+and data-parallel ranks: exactly the token-mean (or sequence-mean) over the whole step's batch.
 
 The KL reference (grpo.kl_coef > 0) is the policy as the job first started: model.path, else the seeded random
 init, also after a resume. It is kept as a copy of this rank's parameters in pinned host memory, not as a second
@@ -72,20 +75,24 @@ class MegatronPolicy:
         # Steps already taken: the Trainer resumed from train.save_dir/latest when there is one.
         self.step = self.trainer.iteration
         self.optimizer = self.trainer.optimizer
+        self.temperature = config.rollout.temperature
 
     # --- log-probs ---------------------------------------------------------------------------------------
-    def _token_losses(self, model, tokens: torch.Tensor) -> torch.Tensor:
-        """-log p(tokens[:, t + 1]) at every t: `[B, T]`, the last column meaningless (no next token)."""
+    def _token_losses(self, model, tokens: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """-log p(tokens[:, t + 1]) at every t under softmax(logits / temperature) (None: the rollout's): `[B, T]`,
+        the last column meaningless (no next token)."""
         rows, width = tokens.shape
         labels = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
         positions = torch.arange(width, device=tokens.device).expand(rows, width)
-        return model(tokens, positions, None, labels=labels)
+        with _tempered(model, self.temperature if temperature is None else temperature):
+            return model(tokens, positions, None, labels=labels)
 
     @torch.no_grad()
     def probe_logprobs(self, tokens: list[int]) -> list[float]:
-        """log p of tokens[1:] given their prefix (every rank takes part: the forward is collective)."""
+        """log p of tokens[1:] given their prefix at temperature 1, as vLLM's prompt log-probs score them (every
+        rank takes part: the forward is collective)."""
         self.trainer.model.eval()
-        losses = self._token_losses(self.trainer.model, torch.tensor([tokens], device="cuda"))
+        losses = self._token_losses(self.trainer.model, torch.tensor([tokens], device="cuda"), temperature=1.0)
         self.trainer.model.train()
         return (-losses[0, :-1].float()).tolist()
 
@@ -258,6 +265,45 @@ class MegatronPolicy:
         self.trainer.save(save_dir)
 
 
+def _output_layer(model):
+    """The output layer of this pipeline stage's model chunk (under Megatron's DDP and fp16 wrappers), or None on a
+    stage before the last, which has none."""
+    while not hasattr(model, "output_layer") and hasattr(model, "module"):
+        model = model.module
+    return getattr(model, "output_layer", None)
+
+
+@contextmanager
+def _tempered(model, temperature: float) -> Iterator[None]:
+    """For the duration, the model's output layer returns logits / temperature, so its own loss path (Megatron's
+    vocab-parallel or fused cross entropy on the output layer's logits) scores tokens under softmax(logits / T).
+    A forward that never reached the output layer on the last stage (a fused path past it) would score the untempered
+    distribution, so that is an error, not a silent mismatch."""
+    layer = _output_layer(model)
+    if temperature == 1.0 or layer is None:
+        yield
+        return
+    reached: list[bool] = []
+
+    def divide(module, inputs, output):
+        reached.append(True)
+        if isinstance(output, tuple):  # ColumnParallelLinear: (output, bias)
+            return (output[0] / temperature, *output[1:])
+        return output / temperature
+
+    handle = layer.register_forward_hook(divide)
+    try:
+        yield
+    finally:
+        handle.remove()
+    if not reached:
+        raise RuntimeError(
+            "the model's forward did not go through its output layer, so its log-probs would ignore "
+            f"rollout.temperature {temperature:g}; turn off the fused cross-entropy path that skips the layer "
+            "or sample at rollout.temperature 1."
+        )
+
+
 @contextmanager
 def _adapters_off(model) -> Iterator[None]:
     """megatron-bridge's LoRA wrappers compute their base linear alone for the duration: LoRALinear.forward returns
@@ -295,12 +341,13 @@ def _grpo_loss(
     `reference`: the reference model's per-token losses for these rows, when the KL term is on; `old`: the
     behaviour policy's log-probs (runtime/rl/algorithm/updates.py), None when this is the rollout batch's only
     update."""
-    mask = batch.response_mask.cuda()
+    device = token_losses.device
+    mask = batch.response_mask.to(device)
     logprobs = -token_losses[:, :-1].float()
     ref_logprobs = None if reference is None else -reference[:, :-1].float()
-    advantages = grpo.token_advantages(batch.advantages.cuda(), mask)
+    advantages = grpo.token_advantages(batch.advantages.to(device), mask)
     old = logprobs.detach() if old is None else old
-    rollout = batch.rollout_logprobs.cuda()
+    rollout = batch.rollout_logprobs.to(device)
     loss, stats = grpo.grpo_loss(
         logprobs,
         old,

@@ -67,6 +67,10 @@ class TorchPolicy:
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
         self.tied = config.model.tie_word_embeddings
+        # The rollout samples softmax(logits / T): the samples' log-probs are scored under that distribution, as
+        # vLLM's processed log-probs are (rollout/server.py engine_kwargs). The probe is scored at T = 1 on both sides
+        # (vLLM's prompt log-probs are never tempered).
+        self.temperature = config.rollout.temperature
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.train.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY
         )
@@ -84,14 +88,14 @@ class TorchPolicy:
             yield from per_expert(name, tensor)
 
     def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
-        """log p of each next token `[N, T - 1]` under `model`."""
+        """log p of each next token `[N, T - 1]` under `model`, at the rollout's sampling temperature."""
         tokens = batch.tokens.to(self.device)
         logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(self.device)).logits
-        return grpo.logprobs_from_logits(logits[:, :-1].float(), tokens[:, 1:])
+        return grpo.logprobs_from_logits(logits[:, :-1].float(), tokens[:, 1:], temperature=self.temperature)
 
     @torch.no_grad()
     def probe_logprobs(self, tokens: list[int]) -> list[float]:
-        """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them."""
+        """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them (temperature 1)."""
         ids = torch.tensor([tokens], device=self.device)
         logits = self.module(input_ids=ids).logits
         return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()

@@ -12,7 +12,8 @@ string holding a lone surrogate that no tokenizer takes) with the same sentence.
 Order: each epoch is a fresh seeded permutation of the records, cut into rollout batches of
 `prompts_per_step`. The few records left over at an epoch's end are skipped for that epoch only (the next
 permutation puts other records last), so no batch repeats a prompt. Step s is therefore a pure function of
-(seed, s): a job resumed at step s gets exactly the batches the interrupted one would have.
+(seed, s): a job resumed at step s gets exactly the batches the interrupted one would have. Dynamic sampling's
+further prompts (`draw`) are a function of (seed, step, round) too.
 """
 
 from __future__ import annotations
@@ -151,6 +152,15 @@ class PromptSchedule:
         start = index * self.prompts_per_step
         chosen = self._permutation(epoch)[start : start + self.prompts_per_step]
         return RolloutBatch(step, epoch, tuple(self.records[i] for i in chosen))
+
+    def draw(self, step: int, round_: int, count: int, used: frozenset[int]) -> tuple[PromptRecord, ...]:
+        """`count` further prompts for step `step`'s dynamic-sampling round `round_` (>= 1): the first of a seeded
+        permutation of the dataset, a function of (seed, step, round), past the lines the step has used already.
+        Fewer when the dataset runs out."""
+        order = list(range(len(self.records)))
+        random.Random(f"gdnctl-prompts-extra:{self.seed}:{step}:{round_}").shuffle(order)
+        fresh = (self.records[i] for i in order if self.records[i].line not in used)
+        return tuple(record for record, _ in zip(fresh, range(count), strict=False))
 
     def batches(self, start_step: int = 0, stop_step: int | None = None) -> Iterator[RolloutBatch]:
         """Batches for steps start_step, start_step + 1, ... up to stop_step (exclusive; None: forever). A job

@@ -96,6 +96,7 @@ class StepRewards:
         self.order: list[tuple[int, int]] = []  # (prompt, sample) of every submission, in submission order
         self.submitted: set[int] = set()
         self.responses: dict[tuple[int, int], str] = {}
+        self.scored: list[RewardResult] = []  # what `score` returned, in order
 
     def answered(self, start: int, groups: Sequence[Sequence[dict]]) -> None:
         """An engine's samples for prompts start, start + 1, ...: each is decoded and submitted at once."""
@@ -105,20 +106,48 @@ class StepRewards:
 
     def _submit(self, prompt: int, outputs: Sequence[dict]) -> None:
         self.submitted.add(prompt)
-        record = self.records[prompt]
         for sample, output in enumerate(outputs):
-            text = self.decode(output["tokens"])
-            self.responses[(prompt, sample)] = text
-            self.order.append((prompt, sample))
-            self.scorer.submit(
-                RewardRequest(
-                    prompt=self.prompt_texts[prompt],
-                    response=text,
-                    response_ids=tuple(output["tokens"]),
-                    record=record.fields,
-                    where=f"{self.dataset} line {record.line}, sample {sample + 1} of {len(outputs)}",
-                )
+            self._submit_one(prompt, sample, output, f" of {len(outputs)}")
+
+    def _submit_one(self, prompt: int, sample: int, output: dict, of: str = "") -> None:
+        record = self.records[prompt]
+        text = self.decode(output["tokens"])
+        self.responses[(prompt, sample)] = text
+        self.order.append((prompt, sample))
+        self.scorer.submit(
+            RewardRequest(
+                prompt=self.prompt_texts[prompt],
+                response=text,
+                response_ids=tuple(output["tokens"]),
+                record=record.fields,
+                where=f"{self.dataset} line {record.line}, sample {sample + 1}{of}",
             )
+        )
+
+    # --- the streaming rollout: one sample at a time, as each finishes ------------------------------------------
+    def score(self, prompt: int, sample: int, output: dict) -> float:
+        """Sample `sample` of prompt `prompt` scored the moment it finished (the streaming rollout's call, once per
+        sample): submitted and collected at once, so the step's batch knows its reward; a failure under
+        grpo.reward.on_error: stop raises here. `finish_scored` gives the step's stats once its batch is whole."""
+        self.answers.append((prompt, 1, time.time()))
+        self._submit_one(prompt, sample, output)
+        (result,) = self.scorer.collect()
+        self.scored.append(result)
+        if result.failure and isinstance(self.spec, EngineRewardFunction) and self.spec.on_error == "stop":
+            self._failures([((prompt, sample), result)])
+        return result.score
+
+    def finish_scored(self) -> dict[str, Any]:
+        """The stats of the samples `score` scored (none for a shipped reward), their failures logged."""
+        generated = max((at for _, _, at in self.answers), default=time.time())
+        failed = [(key, result) for key, result in zip(self.order, self.scored, strict=True) if result.failure]
+        if failed:
+            self._failures(failed)
+        if isinstance(self.spec, str):
+            return {}
+        if self.timeline:
+            self._write_timeline(generated, self.scored)
+        return self._stats(self.scored, generated, len(failed))
 
     def finish(self, groups: Sequence[Sequence[dict]]) -> tuple[list[float], dict[str, Any]]:
         """Every prompt's samples (`groups`, in prompt order) scored -> their rewards in the same order (prompt by

@@ -3,7 +3,11 @@
 Every rank holds a RolloutEngines; the ranks rollout/engine_layout.py names as drivers spawn (or find) their engines'
 servers and talk to them, the others hold none. Every operation here is collective: all ranks call it, the
 drivers send their engines the request, and the answers come together on rank 0 in engine order (a gather only
-when some engine's driver is not rank 0: colocated engines on other nodes).
+when some engine's driver is not rank 0: colocated engines on other nodes). `restart` is the one exception: the
+driver of an engine that failed starts it again on its own (rollout/stream.py).
+
+Trainer rank 0 may talk to its engines from two threads (the rollout stream's, and the loop's for syncs, the
+held-out evaluation and sleep): `lock` makes each operation, and a sync that spans several, whole.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +79,8 @@ class RolloutEngines:
         # Every server this rank spawned, connected or not: each the leader of its engine's process group.
         self._processes: dict[int, server_group.ServerProcess] = {}
         self.started = False
+        self.lock = threading.RLock()
+        self.restarted = 0  # engines started again after a failure, over the job (the broadcast group rejoins)
 
     @property
     def gathers(self) -> bool:
@@ -86,25 +93,49 @@ class RolloutEngines:
         return engine_layout.visible_devices(torch.cuda.device_count())
 
     # --- start --------------------------------------------------------------------------------------------
-    def start(self, model: str) -> list[dict] | None:
-        """Start every engine on the HF checkpoint directory `model`: the drivers spawn their servers (unless the
-        launch script did), connect, and have them build their engines at once. Rank 0 gets the answers."""
-        timeout = self.config.rollout.timeout_s
+    def start(self, model: str, version: int) -> list[dict] | None:
+        """Start every engine on the HF checkpoint directory `model`, weight version `version`: the drivers spawn
+        their servers (unless the launch script did), connect, and have them build their engines at once. Rank 0
+        gets the answers."""
         if not self.external:
             for slot in self.slots:
                 self._processes[slot.engine] = self._spawn(slot)
         for slot in self.slots:
-            process = self._processes.get(slot.engine)
-            self.clients[slot.engine] = RolloutClient.connect(
-                self.run_dir,
-                timeout=timeout,
-                engine=slot.engine,
-                process=process,
-                named=self.count > 1,
-                log_path=None if process is None else rollout_log(self.run_dir, slot.engine),
-            )
+            self.clients[slot.engine] = self._connect(slot)
         self.started = True
-        return self.request("start", model=model)
+        return self.request("start", model=model, version=version)
+
+    def _connect(self, slot: engine_layout.EngineSlot) -> RolloutClient:
+        process = self._processes.get(slot.engine)
+        return RolloutClient.connect(
+            self.run_dir,
+            timeout=self.config.rollout.timeout_s,
+            engine=slot.engine,
+            process=process,
+            named=self.count > 1,
+            log_path=None if process is None else rollout_log(self.run_dir, slot.engine),
+        )
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether this rank spawned its servers, so it can start one again."""
+        return not self.external
+
+    def restart(self, engine: int, model: str, version: int) -> dict:
+        """This driver's engine `engine` failed: stop what is left of its server, start a new one on the HF
+        checkpoint directory `model` (weight version `version`) and wait for its engine. Not collective."""
+        with self.lock:
+            old = self.clients.pop(engine, None)
+            if old is not None:
+                old.kill()
+            process = self._processes.pop(engine, None)
+            if process is not None:
+                process.end()  # its whole group: what a server that died left of its engine goes too
+            slot = next(slot for slot in self.slots if slot.engine == engine)
+            self._processes[engine] = self._spawn(slot)
+            client = self.clients[engine] = self._connect(slot)
+            self.restarted += 1
+            return client.request("start", timeout=self.config.rollout.timeout_s, model=model, version=version)
 
     def _spawn(self, slot: engine_layout.EngineSlot) -> subprocess.Popen:
         address_file(self.run_dir, slot.engine).unlink(missing_ok=True)
@@ -159,8 +190,6 @@ class RolloutEngines:
         once; rank 0 gets {engine: answer} merged over the drivers, in engine order. On rank 0, `on_answer(engine,
         answer)` is called as each answer reaches it (those of engines other ranks drive, after the gather)."""
         mine = {engine: fields[engine] for engine in self.clients if engine in fields}
-        for engine, engine_fields in mine.items():
-            self.clients[engine].send(op, **engine_fields)
         engines = list(mine)
         told: set[int] = set()
 
@@ -168,18 +197,21 @@ class RolloutEngines:
             told.add(engines[index])
             on_answer(engines[index], answer)
 
-        answers = dict(
-            zip(
-                mine,
-                answer_all(
-                    [self.clients[engine] for engine in mine],
-                    op,
-                    timeout=self.config.rollout.timeout_s,
-                    on_answer=tell if on_answer is not None and self.rank == 0 else None,
-                ),
-                strict=True,
+        with self.lock:
+            for engine, engine_fields in mine.items():
+                self.clients[engine].send(op, **engine_fields)
+            answers = dict(
+                zip(
+                    mine,
+                    answer_all(
+                        [self.clients[engine] for engine in mine],
+                        op,
+                        timeout=self.config.rollout.timeout_s,
+                        on_answer=tell if on_answer is not None and self.rank == 0 else None,
+                    ),
+                    strict=True,
+                )
             )
-        )
         merged = self._on_rank_0(answers)
         if merged is not None and on_answer is not None:
             for engine, answer in zip(sorted(fields), merged, strict=True):
@@ -219,14 +251,14 @@ class RolloutEngines:
         n: int,
         max_tokens: int,
         temperature: float,
-        seed: int,
+        seeds: list[list[int]],
         stop_token_ids: list[int],
         on_samples: Callable[[int, list], None] | None = None,
     ) -> dict | None:
-        """Every engine samples its share of `prompts` (engine_layout.shares), each prompt seeded by its place in
-        the whole list, so the draw does not depend on how many engines there are. Rank 0 gets the samples in
-        prompt order, the slowest engine's seconds, and engine 0's GPU memory in use. On rank 0,
-        `on_samples(first, groups)` gets each engine's samples as they arrive: groups[i] are prompt first + i's."""
+        """Every engine samples its share of `prompts` (engine_layout.shares), sample j of prompt i seeded
+        seeds[i][j], so the draw does not depend on how many engines there are. Rank 0 gets the samples in prompt
+        order, the slowest engine's seconds, and engine 0's GPU memory in use. On rank 0, `on_samples(first,
+        groups)` gets each engine's samples as they arrive: groups[i] are prompt first + i's."""
         shares = dict(enumerate(engine_layout.shares(len(prompts), self.count)))
         fields = {
             engine: {
@@ -234,7 +266,7 @@ class RolloutEngines:
                 "n": n,
                 "max_tokens": max_tokens,
                 "temperature": temperature,
-                "seed": seed + share.start,
+                "seeds": seeds[share.start : share.stop],
                 "stop_token_ids": stop_token_ids,
             }
             for engine, share in shares.items()

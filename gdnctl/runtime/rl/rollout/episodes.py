@@ -33,6 +33,7 @@ from typing import Any
 
 from gdnctl.errors import GdnctlError
 from gdnctl.runtime.rl.algorithm import Sample, Turn
+from gdnctl.runtime.rl.algorithm import sampling as sample_seeds
 from gdnctl.runtime.rl.environments import (
     Ending,
     EnvironmentFailure,
@@ -44,8 +45,6 @@ from gdnctl.runtime.rl.environments import (
 from gdnctl.runtime.rl.user_code import UserCodeError, describe, load, raised
 from gdnctl.schema import EngineConfig
 
-# Turn t's generate request seeds its prompts from seed + t * SEED_STRIDE on, so no two turns share a seed.
-SEED_STRIDE = 1_000_003
 ASSISTANT = "assistant"
 
 
@@ -157,7 +156,7 @@ class Episodes:
         if not leader:
             turn = 0
             while prompts := share(None):
-                generate(prompts, seed=seed + turn * SEED_STRIDE, **sampling)
+                generate(prompts, seeds=_seeds(seed, turn, len(prompts)), **sampling)
                 turn += 1
             return None
         episodes = []
@@ -173,7 +172,7 @@ class Episodes:
                 break
             prompts = [episode.prompt + episode.tokens for episode in live]
             share(prompts)
-            reply = generate(prompts, seed=seed + turn * SEED_STRIDE, **sampling)
+            reply = generate(prompts, seeds=_seeds(seed, turn, len(prompts)), **sampling)
             seconds += reply["seconds"]
             began = time.perf_counter()
             for episode, (output,) in zip(live, reply["samples"], strict=True):
@@ -248,3 +247,8 @@ class Episodes:
             "environment_seconds": stepping,
             "reward_metrics": {name: sum(values) / len(values) for name, values in sums.items()},
         }
+
+
+def _seeds(seed: int, turn: int, prompts: int) -> list[list[int]]:
+    """Turn `turn`'s seeds, one per live episode: a function of (seed, turn, place), no two alike."""
+    return [[sample_seeds.sample_seed(seed, turn, place)] for place in range(prompts)]

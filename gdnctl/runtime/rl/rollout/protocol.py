@@ -14,6 +14,48 @@ A dead or hung server must fail the job with a sentence, never hang it: every re
 while waiting the client checks that a server it spawned is still alive. Whoever else reaches the port must not
 end the job either: a peer that fails the handshake, or stalls in it, is logged and dropped, and the server
 goes on waiting for the trainer.
+
+The contract an engine fills (OPERATIONS; rollout/server.py serves them on vLLM's asynchronous engine). Requests are
+answered in the order they came, one at a time; a sample's generation goes on between and during them.
+
+    start        {model, version}            build the engine on the HF checkpoint dir `model`, serving weight
+                                             version `version` (the trainer's steps taken)
+    submit       {requests}                  start generating each request, a dict of REQUEST_FIELDS (id, prompt:
+                                             token ids, max_tokens, temperature, seed, stop_token_ids); answered at
+                                             once ({accepted, version}): the samples come by collect
+    collect      {wait_s}                    the requests finished since the last collect, waiting up to wait_s for
+                                             one: {finished: [{id, tokens, logprobs, versions, finish_reason,
+                                             continued}], in_flight, progress: {id: tokens so far} of the running
+                                             ones, stalled_s, version}. logprobs: each token's,
+                                             after temperature (the distribution sampled); versions: the weight
+                                             version that generated each token; continued: how often a weight
+                                             update stopped and continued it; stalled_s: how long the engine has had
+                                             requests in flight without a new token (0 when idle)
+    generate     {prompts, n, max_tokens, temperature, seeds, stop_token_ids}
+                                             n samples per prompt, sample j of prompt i seeded seeds[i][j], answered
+                                             once all are done: {samples: [[{id, tokens, logprobs, versions,
+                                             finish_reason, continued}] per prompt], seconds, gpu_used_bytes}
+    load_weights {path, probe, version}      reload every weight from the safetensors in `path` and serve version
+                                             `version`; answers with per-parameter checksums (weight_sync), the
+                                             log-probs of the probe tokens for the trainer to compare with its own,
+                                             and how many requests were continued
+    reload_begin                             start an in-memory reload (weights/worker_reload.py); buckets follow
+    ipc_bucket   {shared, entries}           load one bucket the trainer ranks shared through CUDA IPC (GPU
+                                             UUID -> handle; the bucket's entries as tuples; weights/cuda_ipc.py)
+    group_join   {host, port, size, backend, timeout_s, first_rank}
+                                             every worker joins trainer rank 0's weight group (weights/broadcast.py)
+                                             as first_rank + its rank; answered once the trainer has joined too
+    broadcast_bucket {nbytes, entries}       every worker receives one bucket trainer rank 0 broadcasts, and loads
+                                             it; answered once every worker has loaded it
+    reload_end   {probe, version}            finish the reload; answers as load_weights does
+    sleep                                    colocated on GPUs: free the weights and the KV cache (vLLM sleep level
+                                             2) while the trainer steps; the next reload wakes it
+    shutdown                                 exit
+
+A weight update (load_weights, reload_begin) first quiets the engine: requests submitted meanwhile wait for the new
+weights, and those in flight finish on the old ones, or with rollout.partial stop, and continue after the update as
+requests of their prompt plus their tokens so far, prefilled anew under the new weights (a GDN request never resumes
+on state computed under the old ones); their later tokens carry the new version.
 """
 
 from __future__ import annotations
@@ -41,6 +83,24 @@ from typing import Any
 from gdnctl.errors import GdnctlError
 from gdnctl.files import replace_text
 from gdnctl.runtime.rl.network import LOOPBACK, remote_bind_address
+
+# The operations a rollout server serves (the contract above) and the fields each takes.
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "start": ("model", "version"),
+    "submit": ("requests",),
+    "collect": ("wait_s",),
+    "generate": ("prompts", "n", "max_tokens", "temperature", "seeds", "stop_token_ids"),
+    "load_weights": ("path", "probe", "version"),
+    "reload_begin": (),
+    "ipc_bucket": ("shared", "entries"),
+    "group_join": ("host", "port", "size", "backend", "timeout_s", "first_rank"),
+    "broadcast_bucket": ("nbytes", "entries"),
+    "reload_end": ("probe", "version"),
+    "sleep": (),
+    "shutdown": (),
+}
+# The fields of one request of `submit`.
+REQUEST_FIELDS = ("id", "prompt", "max_tokens", "temperature", "seed", "stop_token_ids")
 
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
 POLL_SECONDS = 1.0
@@ -272,20 +332,20 @@ class RolloutClient:
         if self._early is None and self._connection.poll(0):
             self._early = self._receive(op)
 
-    def answer(self, op: str, *, timeout: float) -> dict[str, Any]:
-        """The answer to the request `op` sent last, within `timeout` seconds."""
+    def answer(self, op: str, *, timeout: float, setting: str = "rollout.timeout_s") -> dict[str, Any]:
+        """The answer to the request `op` sent last, within `timeout` seconds (the preset's `setting`)."""
         if self._early is not None:
             reply, self._early = self._early, None
             return reply
         deadline = time.monotonic() + timeout
-        while not self._connection.poll(POLL_SECONDS):
+        while not self._connection.poll(min(POLL_SECONDS, timeout)):
             _check_alive(self._process, op, self._log_path, who=self.who)
             if time.monotonic() > deadline:
                 self.kill()
                 raise RolloutError(
                     f"{self.who} did not answer '{op}' within {timeout:g} s "
-                    "(rollout.timeout_s), so it was stopped as hung; "
-                    f"{_see_log(self._log_path)}or raise rollout.timeout_s if '{op}' is just slow."
+                    f"({setting}), so it was stopped as hung; "
+                    f"{_see_log(self._log_path)}or raise {setting} if '{op}' is just slow."
                 )
         return self._receive(op)
 

@@ -1,0 +1,111 @@
+"""The rollout server on vLLM's asynchronous engine (its CPU build), driven over the protocol as the trainer drives
+it: requests stream while others are taken, and a partial rollout's weight update stops a request and continues it
+re-prefilled under the new weights, so its later tokens are the new weights' and never the old state's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gdnctl.runtime.rl.rollout import server as rollout_server
+from gdnctl.runtime.rl.rollout.protocol import OPERATIONS, RolloutClient
+from gdnctl.runtime.rl.weights.sync import probe_gap
+from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm, vllm_env
+from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
+
+TEMPERATURE = 0.7
+PROMPT = list(b"Q: 12 + 30 = ? A:")
+
+
+def test_the_server_answers_every_operation_of_the_protocol_and_nothing_else():
+    assert set(rollout_server.HANDLERS) | {"shutdown"} == set(OPERATIONS)
+
+
+def _logprobs(directory: Path, tokens: list[int], temperature: float) -> list[float]:
+    """transformers' fp32 log-probs of tokens[1:] given their prefix, at `temperature`."""
+    import torch
+
+    from gdnctl.runtime.rl.algorithm.grpo import logprobs_from_logits
+
+    model = model_classes(DENSE)[2].from_pretrained(directory, dtype=torch.float32).eval()
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1]
+    return logprobs_from_logits(logits, ids[:, 1:], temperature=temperature)[0].tolist()
+
+
+@needs_vllm
+def test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_anew(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [
+        "rollout.partial=true",
+        "rollout.max_staleness=1",
+        "rollout.colocate=false",
+        "rollout.num_gpus=1",
+        "cluster.gpus_per_node=2",
+        f"rollout.temperature={TEMPERATURE}",
+    ]
+    command = [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir)]
+    rendered = subprocess.run(
+        [*command, *(arg for value in sets for arg in ("--set", value))],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    old, new = tmp_path / "old", tmp_path / "new"
+    random_checkpoint(old, seed=1)
+    random_checkpoint(new, seed=2)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    log = run_dir / "logs" / "rollout.log"
+    with log.open("w") as handle:
+        server = subprocess.Popen(
+            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=vllm_env(),
+        )
+    client = RolloutClient.connect(run_dir, timeout=600, process=server, log_path=log)
+    length = 200  # no stop token: every response runs to its length
+    try:
+        client.request("start", model=str(old), version=0, timeout=600)
+        request = {
+            "id": "r0",
+            "prompt": PROMPT,
+            "max_tokens": length,
+            "temperature": TEMPERATURE,
+            "seed": 7,
+            "stop_token_ids": [],
+        }
+        assert client.request("submit", requests=[request], timeout=60)["accepted"] == 1
+        # The weight update comes once the request is under way and well before its end.
+        deadline = time.monotonic() + 300
+        while True:
+            progress = client.request("collect", wait_s=0.05, timeout=60)
+            assert not progress["finished"], "the request finished before the update; lengthen it"
+            if progress["progress"].get("r0", 0) >= 8:
+                break
+            assert time.monotonic() < deadline
+        reloaded = client.request("load_weights", path=str(new), probe=PROMPT, version=1, timeout=600)
+        assert reloaded["continued"] == 1
+        finished = []
+        while not finished:
+            finished = client.request("collect", wait_s=1.0, timeout=60)["finished"]
+    finally:
+        client.close()
+    (result,) = finished
+    tokens, versions = result["tokens"], result["versions"]
+    assert len(tokens) == length and result["continued"] == 1 and result["finish_reason"] == "length"
+    cut = versions.index(1)
+    assert 0 < cut < length and versions == [0] * cut + [1] * (length - cut), versions
+    # Each token's engine log-prob is the one of the weights that generated it, at the sampling temperature:
+    # before the cut the old weights', after it the new weights' over the whole prefix prefilled anew.
+    sequence = PROMPT + tokens
+    under_old = _logprobs(old, sequence, TEMPERATURE)[len(PROMPT) - 1 :]
+    under_new = _logprobs(new, sequence, TEMPERATURE)[len(PROMPT) - 1 :]
+    engine = result["logprobs"]
+    assert probe_gap(under_old[:cut], engine[:cut]) < 0.02
+    assert probe_gap(under_new[cut:], engine[cut:]) < 0.02
+    assert probe_gap(under_old[cut:], engine[cut:]) > 0.1  # the two weights tell apart
