@@ -115,7 +115,7 @@ def test_every_yaml_block_parses_and_each_preset_validates(where, line, block, t
 # the instruction set has what they need (24 of the tiny model's 43 on one host, all 43 on another), so that
 # count and its note are compared as "#" as well.
 VLLM_PYTHON = os.environ.get("GDNCTL_TEST_VLLM_PYTHON")
-_MEASURED = re.compile(r"-?\d+\.\d+")
+_MEASURED = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")  # a loss near 0 prints in exponent form (-7.45e-10)
 _VISIBLE_PARAMETERS = re.compile(r"\d+ of (\d+) parameters match( \(the other \d+ are not visible whole[^)]*\))?")
 
 

@@ -53,7 +53,17 @@ def _worker(fields: dict, first_rank: int, plan: list, device: str, results) -> 
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
         broadcast._receive(group, buffer)
         received += [(name, tensor.cpu()) for name, tensor in packing.views(buffer, packing.entries_from_wire(wire))]
-    results.put((rank, received))
+    # As bytes, not tensors: a tensor put on a queue travels as a file descriptor that the receiver fetches from
+    # this process's resource sharer, which is gone once this process has exited (FileNotFoundError in the test).
+    results.put((rank, [(name, _as_bytes(tensor)) for name, tensor in received]))
+
+
+def _as_bytes(tensor: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], bytes]:
+    return tensor.dtype, tuple(tensor.shape), tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
 
 
 def _trainer_device(device: str) -> torch.device:
@@ -94,7 +104,7 @@ def test_every_bucket_reaches_every_engines_worker_byte_for_byte(device):
     for _, received in arrived:
         assert [name for name, _ in received] == [name for name, _ in tensors]
         for (_, sent), (_, got) in zip(tensors, received, strict=True):
-            assert torch.equal(got, sent.cpu().to(torch.bfloat16))
+            assert torch.equal(_from_bytes(*got), sent.cpu().to(torch.bfloat16))
 
 
 def test_a_worker_that_never_joins_stops_rank_0_with_a_sentence_at_the_deadline():

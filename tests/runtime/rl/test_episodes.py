@@ -13,6 +13,7 @@ import pytest
 from gdnctl.plan import compile_engine_config
 from gdnctl.runtime.data import load_tokenizer
 from gdnctl.runtime.rl.algorithm.batch import Sample, build_batch
+from gdnctl.runtime.rl.algorithm.sampling import sample_seed
 from gdnctl.runtime.rl.environments import EnvironmentFailure
 from gdnctl.runtime.rl.prompts import load_chat_template, load_prompts
 from gdnctl.runtime.rl.rollout.episodes import EpisodeError, Episodes, continuation
@@ -45,8 +46,8 @@ class ScriptedModel:
         self.tokenizer, self.reply, self.stop = tokenizer, reply, stop
         self.requests: list[dict] = []
 
-    def __call__(self, prompts, *, n, max_tokens, temperature, seed, stop_token_ids):
-        self.requests.append({"prompts": prompts, "n": n, "seed": seed, "stop_token_ids": stop_token_ids})
+    def __call__(self, prompts, *, n, max_tokens, temperature, seeds, stop_token_ids):
+        self.requests.append({"prompts": prompts, "n": n, "seeds": seeds, "stop_token_ids": stop_token_ids})
         samples = []
         for prompt in prompts:
             tokens = self.tokenizer.encode(self.reply(self.tokenizer.decode(prompt)))[:max_tokens]
@@ -110,7 +111,11 @@ def test_a_tool_call_episode_masks_the_tools_tokens_and_records_its_turns(tokeni
     assert sample.rollout_logprobs[tool.start : tool.stop] == (0.0,) * (tool.stop - tool.start)
     # Turn 2 saw the whole conversation, and each turn's request has its own seeds.
     assert model.requests[1]["prompts"][0] == list(sample.prompt + sample.response[: second.start])
-    assert [r["seed"] for r in model.requests] == [100, 100 + 1_000_003]
+    # One seed per live episode and turn, a function of (seed, turn, place) (the engines' per-request seeds).
+    assert [r["seeds"] for r in model.requests] == [
+        [[sample_seed(100, turn, place)] for place in range(4)] for turn in range(2)
+    ]
+    assert len({seed for r in model.requests for (seed,) in r["seeds"]}) == 8
 
 
 def test_the_tools_tokens_take_no_loss_in_the_training_rows(tokenizer):
