@@ -56,11 +56,13 @@ def _env(cluster: dict[str, str]) -> dict[str, str]:
     return vllm_env(base=slurm_env(cluster))
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
+def _wait_for(predicate, timeout: float, what: str, left=None) -> None:
+    """Wait for `predicate`; past `timeout` fail, saying what `left()` finds still there."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            still = f": {left()}" if left is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{still}")
         time.sleep(0.5)
 
 
@@ -167,7 +169,12 @@ def test_cancel_ends_every_nodes_processes_and_keeps_what_was_saved(tmp_path, lo
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert wait_for_job(job_id, env, timeout=120)[0] == "CANCELLED"
     # Slurm's KillWait (10 s) after its SIGTERM, then SIGKILL: nothing of the job is left on either node.
-    _wait_for(lambda: not any(_job_processes(node.namespace) for node in nodes), 60, "the job's processes to end")
+    _wait_for(
+        lambda: not any(_job_processes(node.namespace) for node in nodes),
+        60,
+        "the job's processes to end",
+        left=lambda: {node.name: _job_processes(node.namespace) for node in nodes},
+    )
     _saved_intact(run_dir / "checkpoints")
 
 
