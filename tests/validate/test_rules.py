@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gdnctl.validate.findings import RULES, Severity
@@ -41,6 +43,16 @@ ENV_FILE = (
 )
 
 
+def _image_data(tmp_path, image: str):
+    """A jsonl of one record whose image is `image` beside it; a real PNG is written as ok.png."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(tmp_path / "ok.png")
+    data = tmp_path / "images.jsonl"
+    data.write_text(json.dumps({"prompt": "<image> colour?", "response": "red", "images": [image]}) + "\n")
+    return str(data)
+
+
 def _code(directory, text: str, name: str = "code.py"):
     """A file of the user's code in `directory` (made if need be)."""
     directory.mkdir(exist_ok=True)
@@ -73,6 +85,20 @@ CASES = {
     "PAR010": (
         {"job": "sft", "cluster": {"gpu": "cpu"}, "rollout": None},
         {"job": "selftest", "cluster": {"gpu": "cpu"}, "rollout": None},
+    ),
+    "IMG001": (
+        lambda tmp: {"train": {"data_path": _image_data(tmp, "missing.png"), "images": {}}},
+        lambda tmp: {"train": {"data_path": _image_data(tmp, "ok.png"), "images": {}}},
+    ),
+    "IMG002": (
+        {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"images": {}}},
+        {"train": {"images": {}}},
+    ),
+    "IMG003": ({"train": {"images": {}}}, {}),
+    "IMG004": ({"train": {"images": {}}}, {"cluster": {"gpu": "cpu"}, "train": {"images": {}}}),
+    "IMG005": (
+        {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "thd"}},
+        {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "bshd"}},
     ),
     "PAR011": (
         {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},

@@ -127,13 +127,14 @@ def fp8_needs_sm89(run: Run) -> Iterator[Issue]:
 @rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
 def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     """
-    What it checks: an rl job on device cpu whose runtime.transformers is older than the first transformers
+    What it checks: an rl or sft job on device cpu whose runtime.transformers is older than the first transformers
     release with the model's classes: qwen3_5 and qwen3_5_moe (Qwen3_5TextConfig, Qwen3_5ForCausalLM,
     Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) need transformers >= 5.2.0, qwen3_next needs >= 4.57.0.
     Quiet while runtime.transformers is unset (unknown).
 
     Why: on device cpu the rl policy is transformers' text-only class (runtime/rl/policy/torch_policy.py imports it by
-    name), so an older transformers fails at start-up with an ImportError, the trainer-side half of verl #5937
+    name), and the sft job its vision-language class (runtime/train/cpu_sft.py), so an older transformers fails at
+    start-up with an ImportError, the trainer-side half of verl #5937
     ("model type qwen3_5 ... Transformers does not recognize this architecture"; upgrading transformers in the
     same environment then broke vLLM, which RLT008 keeps apart). The GPU trainer does not import transformers:
     it builds Megatron-Core modules and writes HF checkpoints with its own safetensors writer, so sft, pretrain
@@ -147,7 +148,7 @@ def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     rl tests run) in the trainer's environment and set runtime.transformers.
     """
     found = run.stack.get("transformers")
-    if run.preset.job != "rl" or run.gpu.sm is not None or found is None:
+    if run.preset.job not in ("rl", "sft") or run.gpu.sm is not None or found is None:
         return
     # The family whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py).
     family = run.model.family
@@ -156,7 +157,7 @@ def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
         yield Issue(
             "runtime.transformers",
             f"transformers {found} has no {family.name} classes (added in {since}), "
-            "and the rl policy on device cpu is transformers' model.",
+            f"and the {run.preset.job} job on device cpu is transformers' model.",
             f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.",
         )
 
