@@ -189,13 +189,12 @@ class CpuSft:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss per trained token over the held-out records (eval.batches micro-batches of them, at most)."""
+        """Mean loss per trained token over the held-out records: the file's first eval.batches global batches of
+        them (all, when it holds fewer), split over the ranks."""
         self.model.eval()
         loss_sum = torch.zeros(2, dtype=torch.float64)
-        share = self.eval_documents[self.rank :: self.world_size]
-        for index, batch in enumerate(self._micro_batches(share)):
-            if index >= self.config.eval.batches:
-                break
+        held_out = self.eval_documents[: self.config.eval.batches * self.config.train.global_batch_size]
+        for batch in self._micro_batches(held_out[self.rank :: self.world_size]):
             loss, tokens = self._loss_sum(self.module, batch)
             loss_sum += torch.tensor([float(loss), tokens], dtype=torch.float64)
         dist.all_reduce(loss_sum)

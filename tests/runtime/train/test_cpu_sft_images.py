@@ -19,11 +19,11 @@ REPO = Path(__file__).resolve().parents[3]
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
-def _dataset(directory: Path, count: int = 24) -> Path:
+def _dataset(directory: Path, count: int = 24, seed: int = 0) -> Path:
     """A square of one colour per record (its size varies, so records hold 4 to 16 image tokens), the colour to
     name."""
     directory.mkdir(parents=True, exist_ok=True)
-    chooser = random.Random(0)
+    chooser = random.Random(seed)
     lines = []
     for index in range(count):
         name = chooser.choice(sorted(COLOURS))
@@ -36,6 +36,7 @@ def _dataset(directory: Path, count: int = 24) -> Path:
 
 
 def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **train) -> Path:
+    evaluation = train.pop("eval", None)
     model = {"id": "gdnctl/tiny-qwen3.5-vl-bytes", "tokenizer": str(REPO / "examples/toy-rl/tokenizer")}
     preset = {
         "name": name,
@@ -54,11 +55,13 @@ def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **
         },
         "launch": {"executor": "local"},
     }
+    if evaluation is not None:
+        preset["eval"] = evaluation
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(preset))
     run_dir = tmp / f"{name}-run"
     result = subprocess.run(
-        [sys.executable, "-m", "gdnctl", "launch", str(path), "-o", str(run_dir)],
+        [sys.executable, "-m", "gdnctl", "launch", str(path), "-o", str(run_dir), "--force"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -68,8 +71,12 @@ def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **
     return run_dir
 
 
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = _rows(run_dir)
     assert all(row["image_tokens"] > 0 for row in rows)
     return [row["loss"] for row in rows]
 
@@ -86,10 +93,13 @@ def _tensors(directory: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
-    """12 steps from random weights, saved at the end: the start of the other runs."""
+    """12 steps from random weights, evaluated every 4 on held-out records and saved at the end: the start of the
+    other runs."""
     tmp = tmp_path_factory.mktemp("vl")
     data = _dataset(tmp / "data")
-    run_dir = _launch(tmp, "random", data, save_dir=str(tmp / "random-save"), save_interval=12)
+    held_out = _dataset(tmp / "held-out", count=8, seed=1)
+    evaluation = {"data_path": str(held_out), "interval": 4}
+    run_dir = _launch(tmp, "random", data, save_dir=str(tmp / "random-save"), save_interval=12, eval=evaluation)
     return tmp, data, run_dir, tmp / "random-save" / "iter_0000012"
 
 
@@ -97,6 +107,26 @@ def test_loss_falls_on_image_prompts(first_run):
     _, _, run_dir, _ = first_run
     losses = _losses(run_dir)
     assert len(losses) == 12 and losses[-1] < 0.5 * losses[0], losses
+
+
+def test_the_held_out_loss_falls_too(first_run):
+    _, _, run_dir, _ = first_run
+    held_out = [(row["step"], row["eval_loss"]) for row in _rows(run_dir) if "eval_loss" in row]
+    assert [step for step, _ in held_out] == [4, 8, 12] and held_out[-1][1] < held_out[0][1], held_out
+
+
+def test_a_resumed_run_continues_from_its_last_checkpoint(first_run, tmp_path):
+    _, data, _, _ = first_run
+    save_dir = tmp_path / "save"
+    run_dir = _launch(tmp_path, "resumed", data, train_iters=2, save_dir=str(save_dir), save_interval=1)
+    first = _losses(run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    # the same preset with two more steps: the job takes the weights, optimizer state and step of save_dir/latest
+    rows = _rows(_launch(tmp_path, "resumed", data, train_iters=4, save_dir=str(save_dir), save_interval=1))
+    assert [row["step"] for row in rows] == [3, 4]
+    uninterrupted = _launch(tmp_path, "straight", data, train_iters=4)
+    assert _losses(uninterrupted)[:2] == first
+    assert [round(loss, 4) for loss in _losses(uninterrupted)[2:]] == [round(row["loss"], 4) for row in rows]
 
 
 def test_a_run_from_random_weights_saves_the_vision_language_class_with_its_tower(first_run):
