@@ -8,6 +8,7 @@ The bottom layer: plain data and pure functions, importing nothing of gdnctl's b
 from gdnctl.knowledge import catalog, flops, hardware, lora, model_families, slurm, stack, versions
 from gdnctl.knowledge.catalog import (
     HF_CONFIG_KEYS,
+    PREPROCESSOR_FILE,
     ROPE_KEYS,
     VISION_CONFIG_KEYS,
     VISION_TOKEN_KEYS,
@@ -46,6 +47,7 @@ __all__ = [
     "KERNEL_DISTRIBUTIONS",
     "LORA_TARGETS",
     "MODEL_FAMILIES",
+    "PREPROCESSOR_FILE",
     "ROPE_KEYS",
     "VISION_CONFIG_KEYS",
     "VISION_TOKEN_KEYS",

@@ -61,6 +61,19 @@ class VisionArch(BaseModel):
         kept = min(max(pixels, self.min_pixels), self.max_pixels)
         return -(-kept // self.pixels_per_token)
 
+    def preprocessor_config(self) -> dict:
+        """preprocessor_config.json of the image processor these settings describe, in the keys transformers 5 writes
+        for Qwen-VL's (what catalog.from_checkpoint reads back)."""
+        return {
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.spatial_merge_size,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+        }
+
     def params(self) -> int:
         """Parameters of the tower: patch embedding, position embedding, `depth` blocks (two layer norms, QKV,
         output projection, a two-layer MLP, with biases), and the merger (a norm and a two-layer MLP from the

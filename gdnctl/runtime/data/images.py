@@ -50,14 +50,9 @@ def image_processor(vision: VisionArch):
     """transformers' Qwen-VL image processor (PIL, no torchvision) with the model's patch sizes and pixel bounds."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(
-        patch_size=vision.patch_size,
-        temporal_patch_size=vision.temporal_patch_size,
-        merge_size=vision.spatial_merge_size,
-        size={"shortest_edge": vision.min_pixels, "longest_edge": vision.max_pixels},
-        image_mean=list(vision.image_mean),
-        image_std=list(vision.image_std),
-    )
+    settings = vision.preprocessor_config()
+    settings.pop("image_processor_type")
+    return Qwen2VLImageProcessorPil(**settings)
 
 
 class ImageDocuments:

@@ -10,6 +10,7 @@ other tool read, so the trainer saves those. A checkpoint directory holds:
     model.safetensors.index.json      tensor name -> file
       (or model.safetensors alone)    the CPU rl policy's weights, which every rank holds whole, when nothing is
                                       carried over from a source
+    preprocessor_config.json          (the CPU image sft's) the image processor the run cut its images with
     optimizer/rank-RANK.pt            each rank's optimizer state (fp32 main params and Adam moments)
     trainer_state.json                iteration, consumed samples, and the size and sha256 of every file above
 

@@ -14,7 +14,7 @@ trained tokens (the responses: prompts and their image tokens take no loss).
 train.vision: frozen leaves the vision tower as loaded (no gradient, no optimizer state), and saves carry the
 source checkpoint's tower over byte for byte (runtime/model/passthrough.py); train trains it, and saves write it
 in its HF names (`model.visual.*`) beside the language model. A run from random weights has no source to carry
-from, so its saves write the tower either way.
+from, so its saves write the tower either way. Every save writes the image processor's preprocessor_config.json.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.errors import GdnctlError
+from gdnctl.knowledge import PREPROCESSOR_FILE
 from gdnctl.runtime.data import IGNORE_INDEX, PAD_TOKEN_ID, images, load_tokenizer
-from gdnctl.runtime.model import checkpoint, hf_weights
+from gdnctl.runtime.model import checkpoint, durable_files, hf_weights
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog
 from gdnctl.runtime.train.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
@@ -213,7 +214,12 @@ class CpuSft:
     def save(self, save_dir: Path) -> None:
         directory = save_dir / checkpoint.checkpoint_name(self.step)
         checkpoint.refuse_overwriting_source(directory, self.reads)
-        written = checkpoint.save_tensors(self.hf_tensors(), directory, self.source) if self.rank == 0 else {}
+        written = {}
+        if self.rank == 0:
+            written = checkpoint.save_tensors(self.hf_tensors(), directory, self.source)
+            # The image processor the run used, so that the checkpoint as model.path cuts images the same way.
+            processing = self.config.model.vision.preprocessor_config()
+            written[PREPROCESSOR_FILE] = durable_files.write_json(directory / PREPROCESSOR_FILE, processing)
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": self.step}, written)
         dist.barrier()
         if self.rank == 0:

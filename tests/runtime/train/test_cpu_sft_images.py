@@ -15,7 +15,10 @@ import yaml
 from PIL import Image
 from safetensors import safe_open
 
+from gdnctl.knowledge import catalog
+
 REPO = Path(__file__).resolve().parents[3]
+TINY_VL = "gdnctl/tiny-qwen3.5-vl-bytes"
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
@@ -37,7 +40,7 @@ def _dataset(directory: Path, count: int = 24, seed: int = 0) -> Path:
 
 def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **train) -> Path:
     evaluation = train.pop("eval", None)
-    model = {"id": "gdnctl/tiny-qwen3.5-vl-bytes", "tokenizer": str(REPO / "examples/toy-rl/tokenizer")}
+    model = {"id": TINY_VL, "tokenizer": str(REPO / "examples/toy-rl/tokenizer")}
     preset = {
         "name": name,
         "job": "sft",
@@ -135,6 +138,8 @@ def test_a_run_from_random_weights_saves_the_vision_language_class_with_its_towe
     assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"] and config["vision_config"]["depth"] == 2
     names = _tensors(saved)
     assert any(name.startswith("model.visual.") for name in names)
+    # read back as model.path alone (no model.id to fall back on), it is the same architecture, processor included
+    assert catalog.from_checkpoint(str(saved)).vision == catalog.from_catalog(TINY_VL).vision
     assert any(name.startswith("model.language_model.layers.") for name in names)
 
 
