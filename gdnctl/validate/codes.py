@@ -47,6 +47,7 @@ CODES: dict[str, str] = {
     "IMG003": "rl_images",
     "IMG004": "images_on_gpus",
     "IMG005": "images_in_packed_rows",
+    "IMG006": "cpu_sft_whole_model",
     "KRN001": "flashqla_gpu",
     "KRN002": "flashqla_forward_only",
     "KRN003": "flashqla_head_dim",

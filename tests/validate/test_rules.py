@@ -100,6 +100,16 @@ CASES = {
         {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "thd"}},
         {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "bshd"}},
     ),
+    "IMG006": (
+        {"job": "sft", "rollout": None, "cluster": {"gpu": "cpu"}, "train": {"images": {}}},
+        {
+            "job": "sft",
+            "rollout": None,
+            "cluster": {"gpu": "cpu"},
+            "parallel": {"tp": 1, "ep": 1},
+            "train": {"images": {}},
+        },
+    ),
     "PAR011": (
         {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},
         {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1}},
@@ -635,3 +645,16 @@ def test_shared_expert_adapters_ask_nothing_of_the_per_expert_adapters_bridge():
     shared = {"rank": 8, "alpha": 16, "expert_adapters": "shared"}
     found = codes({"train": {"lora": shared}, "parallel": {"ep": 1}, "runtime": {"megatron_bridge": "0.4.2"}})
     assert "TRN018" not in found and "TRN024" not in found  # one EP rank: an ordinary dense adapter
+
+
+def test_the_cpu_image_sft_refuses_lora_as_the_cpu_rl_policy_does():
+    found = codes(
+        {
+            "job": "sft",
+            "rollout": None,
+            "cluster": {"gpu": "cpu"},
+            "parallel": {"tp": 1, "ep": 1},
+            "train": {"images": {}, "lora": {"rank": 8, "alpha": 16}},
+        }
+    )
+    assert "sft job" in found["TRN010"][0].message and "PAR010" not in found

@@ -116,6 +116,7 @@ class CpuSft:
             weight_decay=WEIGHT_DECAY,
         )
         self._orders: dict[int, torch.Tensor] = {}
+        self.skipped = 0  # non-finite steps not applied (train.skip_nonfinite_steps)
         self.step = 0
         if resume is not None:
             self.step = checkpoint.read_training_state(resume, self.world_size)["iteration"]
@@ -173,12 +174,18 @@ class CpuSft:
             [param for param in self.module.parameters() if param.requires_grad], CLIP_GRAD
         )
         dist.all_reduce(loss_sum)
+        # Every rank sees the same sums and norm (DDP averaged the gradients), so all skip or stop together.
         finite = bool(torch.isfinite(loss_sum[0])) and bool(torch.isfinite(grad_norm))
-        if not finite:
+        if finite:
+            self.optimizer.step()
+        elif self.skipped < self.config.train.skip_nonfinite_steps:
+            self.skipped += 1
+        else:
             raise CpuSftError(
-                f"step {self.step + 1}'s loss or gradient is not finite; lower train.lr or check the data."
+                f"step {self.step + 1}'s loss or gradient is not finite (after {self.skipped} skipped step(s), "
+                f"train.skip_nonfinite_steps {self.config.train.skip_nonfinite_steps}); lower train.lr or check "
+                "the data."
             )
-        self.optimizer.step()
         self.step += 1
         return {
             "loss": float(loss_sum[0]) / total,
@@ -186,6 +193,7 @@ class CpuSft:
             "lr": self.optimizer.param_groups[0]["lr"],
             "trained_tokens": int(total),
             "image_tokens": int(loss_sum[1]),
+            "applied": finite,
         }
 
     @torch.no_grad()

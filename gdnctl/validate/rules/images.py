@@ -145,3 +145,35 @@ def images_in_packed_rows(run: Run) -> Iterator[Issue]:
             "multimodal rotary positions per row (get_rope_index), across every document packed into it.",
             "Set train.layout: bshd.",
         )
+
+
+@rule("IMG006", Severity.ERROR, "The CPU image sft keeps a whole model on each process")
+def cpu_sft_whole_model(run: Run) -> Iterator[Issue]:
+    """
+    What it checks: an sft job on cpu (the image sft) with parallel.tp, pp, cp or ep above 1, or train.mtp.
+
+    Why: the CPU sft job trains transformers' vision-language class with plain torch, a whole copy on every process
+    (data parallel over gloo, DDP); it splits nothing over tensor, pipeline, context or expert parallel ranks and
+    trains no MTP layer, so these settings would be ignored while the plan and the memory estimate count them.
+
+    Source: gdnctl/runtime/train/cpu_sft.py (DistributedDataParallel over every process, no model parallel groups).
+
+    Fix: set parallel.tp, pp, cp and ep to 1 and train.mtp to false (more processes add data parallel).
+    """
+    p = run.preset
+    if p.job != "sft" or run.gpu.sm is not None:
+        return
+    split = {name: size for name in ("tp", "pp", "cp", "ep") if (size := getattr(p.parallel, name)) > 1}
+    if split:
+        fields = ", ".join(f"{name} {size}" for name, size in split.items())
+        yield Issue(
+            "parallel",
+            f"sft on cpu keeps a whole model on each process, so parallel {fields} would split nothing.",
+            f"Set parallel.{', parallel.'.join(split)} to 1; more processes add data parallel.",
+        )
+    if p.train.mtp:
+        yield Issue(
+            "train.mtp",
+            "sft on cpu trains transformers' vision-language class, which has no MTP layer to train.",
+            "Set train.mtp: false.",
+        )

@@ -38,7 +38,7 @@ def _dataset(directory: Path, count: int = 24, seed: int = 0) -> Path:
     return path
 
 
-def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **train) -> Path:
+def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, fails: bool = False, **train) -> Path:
     evaluation = train.pop("eval", None)
     model = {"id": TINY_VL, "tokenizer": str(REPO / "examples/toy-rl/tokenizer")}
     preset = {
@@ -70,7 +70,7 @@ def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, **
         timeout=600,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.returncode != 0) == fails, result.stdout + result.stderr
     return run_dir
 
 
@@ -160,3 +160,13 @@ def test_a_frozen_tower_is_carried_over_unchanged_and_a_trained_one_saved_change
         assert {index[name] for name in tower} == {"passthrough.safetensors"}
     else:
         assert changed
+
+
+def test_non_finite_steps_are_skipped_up_to_the_limit_then_stop_the_job(first_run, tmp_path):
+    _, data, _, _ = first_run
+    # an lr of 1e30: the first update puts weights of about 1e30 in, whose products overflow: every later loss NaN
+    run_dir = _launch(tmp_path, "diverged", data, fails=True, lr=1.0e30, train_iters=6, skip_nonfinite_steps=2)
+    rows = _rows(run_dir)
+    assert [row["applied"] for row in rows] == [True, False, False]
+    log = "".join(path.read_text() for path in (run_dir / "logs").rglob("*") if path.is_file())
+    assert "step 4's loss or gradient is not finite (after 2 skipped step(s)" in log
