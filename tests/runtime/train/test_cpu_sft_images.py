@@ -38,14 +38,16 @@ def _dataset(directory: Path, count: int = 24, seed: int = 0) -> Path:
     return path
 
 
-def _launch(tmp: Path, name: str, data: Path, model_path: Path | None = None, fails: bool = False, **train) -> Path:
+def _launch(
+    tmp: Path, name: str, data: Path, model_path: Path | None = None, fails: bool = False, processes: int = 1, **train
+) -> Path:
     evaluation = train.pop("eval", None)
     model = {"id": TINY_VL, "tokenizer": str(REPO / "examples/toy-rl/tokenizer")}
     preset = {
         "name": name,
         "job": "sft",
         "model": {**model, "path": str(model_path) if model_path else None},
-        "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
+        "cluster": {"nodes": 1, "gpus_per_node": processes, "gpu": "cpu"},
         "train": {
             "data_path": str(data),
             "images": {"max_per_sample": 1},
@@ -170,3 +172,10 @@ def test_non_finite_steps_are_skipped_up_to_the_limit_then_stop_the_job(first_ru
     assert [row["applied"] for row in rows] == [True, False, False]
     log = "".join(path.read_text() for path in (run_dir / "logs").rglob("*") if path.is_file())
     assert "step 4's loss or gradient is not finite (after 2 skipped step(s)" in log
+
+
+def test_two_processes_take_the_same_steps_as_one(first_run, tmp_path):
+    _, data, _, _ = first_run
+    one = _losses(_launch(tmp_path, "one", data, train_iters=3, micro_batch_size=4))
+    two = _losses(_launch(tmp_path, "two", data, train_iters=3, micro_batch_size=4, processes=2))
+    assert [round(loss, 4) for loss in one] == [round(loss, 4) for loss in two], (one, two)
