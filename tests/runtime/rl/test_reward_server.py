@@ -46,12 +46,14 @@ class RewardServer:
                         "scores": [{"score": len(s["response"]) / 10, "line": s["record"]["line"]} for s in samples]
                     }
                 data = json.dumps(payload).encode() if status == 200 else b"busy, try later"
+                # Out of flight before the answer goes: once the client has read it, it may send the next request
+                # at once, which must not find this one still counted.
+                with test.lock:
+                    test.in_flight -= 1
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-                with test.lock:
-                    test.in_flight -= 1
 
             def log_message(self, *args) -> None:
                 pass

@@ -135,7 +135,7 @@ def test_an_engine_that_dies_or_hangs_is_restarted_and_the_job_goes_on(tmp_path)
     assert job.returncode == 0, output[-4000:]
     restarts = [line for line in output.splitlines() if "restarted it in" in line]
     assert len(restarts) == 2, restarts
-    assert "exited with code -9" in restarts[0] or "closed the connection" in restarts[0], restarts[0]
+    assert "was killed by SIGKILL" in restarts[0] or "closed the connection" in restarts[0], restarts[0]
     assert "rollout.stall_timeout_s" in restarts[1], restarts[1]
     assert all("(restart" in line and "rollout.max_engine_restarts 2" in line for line in restarts)
     steps = metrics(run_dir)

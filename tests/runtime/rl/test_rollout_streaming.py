@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from gdnctl.runtime.rl.rollout import server as rollout_server
-from gdnctl.runtime.rl.rollout.protocol import OPERATIONS, RolloutClient
+from gdnctl.runtime.rl.rollout.protocol import OPERATIONS
 from gdnctl.runtime.rl.weights.sync import probe_gap
-from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm, vllm_env
+from tests.runtime.rl.test_rl_vllm import PRESET, needs_vllm, serve_rollout
 from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
 
 TEMPERATURE = 0.7
@@ -58,16 +58,7 @@ def test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_a
     old, new = tmp_path / "old", tmp_path / "new"
     random_checkpoint(old, seed=1)
     random_checkpoint(new, seed=2)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    log = run_dir / "logs" / "rollout.log"
-    with log.open("w") as handle:
-        server = subprocess.Popen(
-            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=vllm_env(),
-        )
-    client = RolloutClient.connect(run_dir, timeout=600, process=server, log_path=log)
+    client = serve_rollout(run_dir, timeout=600)
     length = 200  # no stop token: every response runs to its length
     try:
         client.request("start", model=str(old), version=0, timeout=600)
