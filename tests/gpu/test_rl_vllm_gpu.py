@@ -327,7 +327,7 @@ def test_a_rollout_killed_mid_run_fails_the_job_and_keeps_the_last_checkpoint(tm
     )
     assert job.returncode != 0
     sentence = next(line for line in stderr.splitlines() if line.startswith("gdnctl runtime:"))
-    assert "the rollout server exited with code -9" in sentence and "resumes from the last checkpoint" in sentence
+    assert "the rollout server was killed by SIGKILL" in sentence and "resumes from the last checkpoint" in sentence
     latest = (save_dir / "latest").read_text().strip()
     assert latest in ("iter_0000002", "iter_0000004")
     assert (save_dir / latest / "trainer_state.json").is_file()

@@ -46,12 +46,14 @@ class RewardServer:
                         "scores": [{"score": len(s["response"]) / 10, "line": s["record"]["line"]} for s in samples]
                     }
                 data = json.dumps(payload).encode() if status == 200 else b"busy, try later"
+                # Out of flight before the answer goes: once the client has read it, it may send the next request
+                # at once, which must not find this one still counted.
+                with test.lock:
+                    test.in_flight -= 1
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-                with test.lock:
-                    test.in_flight -= 1
 
             def log_message(self, *args) -> None:
                 pass
@@ -161,6 +163,21 @@ def test_an_answer_outside_the_protocol_stops_the_job_with_a_sentence(server, an
     finally:
         scorer.close()
     assert said in str(caught.value)
+
+
+def test_an_answer_past_the_size_limit_stops_the_job_without_being_read_whole(server):
+    """A server that sends its scores with 17 MiB beside them: the job reads 16 MiB and a byte, stops, and never
+    asks again (a size is no transient failure)."""
+    scorer = ServerScorer(spec(server.url))
+    server.answer = lambda samples: {"scores": [1.0] * len(samples), "log": "x" * (17 * 2**20)}
+    try:
+        scorer.submit(request("abc"))
+        with pytest.raises(RewardServerError) as caught:
+            scorer.collect()
+    finally:
+        scorer.close()
+    assert str(caught.value).startswith(f"grpo.reward.url {server.url} answered more than 16 MiB to a batch of 1 ")
+    assert len(server.batches) == 2  # the start-up check and the one batch
 
 
 def test_backoff_doubles_from_half_a_second_to_its_cap_and_honours_retry_after():

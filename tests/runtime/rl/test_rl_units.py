@@ -246,3 +246,35 @@ def test_every_engine_is_checked_and_one_that_differs_is_named():
         weight_sync.check_engines([good, stale], checksums, [-1.0, -2.0], step=3, tolerance=0.5)
     with pytest.raises(weight_sync.WeightSyncError, match="step 3 the rollout's weights are not the trainer's"):
         weight_sync.check_engines([stale], checksums, [-1.0, -2.0], step=3, tolerance=0.5)
+
+
+def test_a_thread_waiting_for_the_engines_lock_has_it_by_the_streams_next_poll():
+    """The stream's thread polls under the lock back to back; another thread's `with lock:` waits for at most the
+    poll under way (and one that had already passed its wait), however often it asks."""
+    import threading
+    import time
+
+    from gdnctl.runtime.rl.rollout.engines import YieldingLock
+
+    lock, polls, stop = YieldingLock(), [0], threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            with lock.after_others():
+                polls[0] += 1
+                time.sleep(0.002)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        waits = []
+        for _ in range(50):
+            before = polls[0]
+            with lock, lock:  # re-entrant, as a sync's own requests take it again
+                waits.append(polls[0] - before)
+            time.sleep(0.005)  # the stream polls meanwhile
+    finally:
+        stop.set()
+        thread.join(5)
+    assert max(waits) <= 1, waits
+    assert polls[0] >= 50  # the stream was never shut out between the other thread's turns

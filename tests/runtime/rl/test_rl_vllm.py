@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gdnctl.runtime.rl.rollout.protocol import RolloutClient
 from tests.runtime.rl.conftest import SLURM_STEPS
 from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
 
@@ -52,6 +53,21 @@ def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subpr
         *(arg for value in sets for arg in ("--set", value)),
     ]
     return subprocess.run(command, text=True, capture_output=True, timeout=900, env=vllm_env(), check=False)
+
+
+def serve_rollout(run_dir: Path, timeout: float) -> RolloutClient:
+    """The rendered `run_dir`'s rollout server, started as the job's rollout step starts it (its output in
+    logs/rollout.log), and a client connected to it; the client's close shuts the server down."""
+    (run_dir / "logs").mkdir(exist_ok=True)
+    log = run_dir / "logs" / "rollout.log"
+    with log.open("w") as handle:
+        server = subprocess.Popen(
+            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=vllm_env(),
+        )
+    return RolloutClient.connect(run_dir, timeout=timeout, process=server, log_path=log)
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -109,7 +125,8 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
     two = launch(tmp_path / "dp2", "cluster.gpus_per_node=2", "train.train_iters=1")
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     (two_ranks,) = metrics(tmp_path / "dp2")
-    assert two_ranks["reward_mean"] == steps[0]["reward_mean"]
+    # The same rewards, their mean summed over the two ranks' shares (another order: the last bit may differ).
+    assert two_ranks["reward_mean"] == pytest.approx(steps[0]["reward_mean"], rel=1e-12, abs=1e-15)
     assert two_ranks["loss"] == pytest.approx(steps[0]["loss"], rel=1e-4)
     assert two_ranks["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=1e-4)
     # A resume from save_dir is the requeued rl job's (tests/runtime/rl/test_rl_requeue.py: the requeued job continues
@@ -366,7 +383,6 @@ def _transformers_logprobs(directory: Path, tokens: list[int], model_id: str) ->
 def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_new(tmp_path, model):
     """The server's engine core and worker run in processes of their own, which the reload's worker functions reach
     pickled, as on GPUs (see vllm_env)."""
-    from gdnctl.runtime.rl.rollout.protocol import RolloutClient
     from gdnctl.runtime.rl.weights.sync import probe_gap
 
     run_dir = tmp_path / "run"
@@ -380,16 +396,7 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
     first, second = tmp_path / "a", tmp_path / "b"
     random_checkpoint(first, seed=1, model_id=model)
     random_checkpoint(second, seed=2, model_id=model)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    log = run_dir / "logs" / "rollout.log"
-    with log.open("w") as handle:
-        server = subprocess.Popen(
-            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=vllm_env(),
-        )
-    client = RolloutClient.connect(run_dir, timeout=300, process=server, log_path=log)
+    client = serve_rollout(run_dir, timeout=300)
     try:
         client.request("start", model=str(first), timeout=300)
         probe = list(b"Q: 12 + 30 = ? A: 42. Q: 7 + 8 = ? A: 15.")

@@ -72,7 +72,7 @@ def launched(run_dir: Path, marker: str, *sets: str) -> Iterator[subprocess.Pope
     command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force"]
     for value in (f"rollout.python={VLLM_PYTHON}", *SMALL_STEPS, *sets):
         command += ["--set", value]
-    env = {**vllm_env(processes=True), MARKER: marker}
+    env = {**vllm_env(), MARKER: marker}
     job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield job

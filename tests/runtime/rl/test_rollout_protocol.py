@@ -220,6 +220,15 @@ def test_a_server_that_never_comes_up_is_reported(tmp_path):
         RolloutClient.connect(tmp_path, timeout=1)
 
 
+def test_a_server_killed_by_a_signal_is_reported_so_whoever_reports_its_end(tmp_path):
+    """Popen's own child reports a signal as -N; the server group's leader (the server's parent in a job) as a shell
+    does, 128 + N: both read as the signal's name."""
+    for command in ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "import sys; sys.exit(137)"):
+        process = subprocess.Popen([sys.executable, "-c", command])
+        with pytest.raises(RolloutError, match=r"was killed by SIGKILL \(exit code (-9|137)\) during 'starting'"):
+            RolloutClient.connect(tmp_path, timeout=30, process=process, log_path=tmp_path / "x.log")
+
+
 def test_an_address_left_by_a_gone_server_is_waited_past_until_the_new_one_listens(tmp_path):
     stale, log = start(tmp_path, "answer")
     RolloutClient.connect(tmp_path, timeout=30, process=stale, log_path=log).close()

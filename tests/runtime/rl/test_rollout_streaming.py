@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from gdnctl.runtime.rl.rollout import server as rollout_server
-from gdnctl.runtime.rl.rollout.protocol import OPERATIONS, RolloutClient
+from gdnctl.runtime.rl.rollout.protocol import OPERATIONS
 from gdnctl.runtime.rl.weights.sync import probe_gap
-from tests.runtime.rl.test_rl_vllm import PRESET, VLLM_PYTHON, needs_vllm, vllm_env
+from tests.runtime.rl.test_rl_vllm import PRESET, needs_vllm, serve_rollout
 from tests.runtime.rl.tiny_model import DENSE, model_classes, random_checkpoint
 
 TEMPERATURE = 0.7
@@ -58,16 +58,7 @@ def test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_a
     old, new = tmp_path / "old", tmp_path / "new"
     random_checkpoint(old, seed=1)
     random_checkpoint(new, seed=2)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    log = run_dir / "logs" / "rollout.log"
-    with log.open("w") as handle:
-        server = subprocess.Popen(
-            [VLLM_PYTHON, "-m", "gdnctl.runtime", "--config", str(run_dir / "engine.yaml"), "--role", "rollout"],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=vllm_env(),
-        )
-    client = RolloutClient.connect(run_dir, timeout=600, process=server, log_path=log)
+    client = serve_rollout(run_dir, timeout=600)
     length = 200  # no stop token: every response runs to its length
     try:
         client.request("start", model=str(old), version=0, timeout=600)
@@ -109,3 +100,41 @@ def test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_a
     assert probe_gap(under_old[:cut], engine[:cut]) < 0.02
     assert probe_gap(under_new[cut:], engine[cut:]) < 0.02
     assert probe_gap(under_old[cut:], engine[cut:]) > 0.1  # the two weights tell apart
+
+
+@needs_vllm
+def test_long_seeded_prompts_past_a_steps_token_budget_are_served_and_score_as_transformers_does(tmp_path):
+    """Three seeded prompts of 1,500 tokens: more than one engine step's 2,048-token budget. With chunked prefill
+    vLLM's CPU build split one over two steps and its engine died rewinding the request's CPU generator; the server
+    prefills each whole (rollout/server.py engine_kwargs), and their log-probs stay transformers' own."""
+    run_dir = tmp_path / "run"
+    rendered = subprocess.run(
+        [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--set", "train.seq_length=2048"],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    weights = tmp_path / "weights"
+    random_checkpoint(weights, seed=1)
+    prompts = [[65 + (index + position) % 26 for position in range(1500)] for index in range(3)]
+    client = serve_rollout(run_dir, timeout=600)
+    try:
+        client.request("start", model=str(weights), version=0, timeout=600)
+        requests = [
+            {"id": f"r{i}", "prompt": p, "max_tokens": 32, "temperature": 1.0, "seed": 11 + i, "stop_token_ids": []}
+            for i, p in enumerate(prompts)
+        ]
+        assert client.request("submit", requests=requests, timeout=60)["accepted"] == 3
+        finished: list[dict] = []
+        deadline = time.monotonic() + 300
+        while len(finished) < 3:
+            finished += client.request("collect", wait_s=1.0, timeout=120)["finished"]
+            assert time.monotonic() < deadline
+    finally:
+        client.close()
+    by_id = {result["id"]: result for result in finished}
+    assert all(len(by_id[f"r{i}"]["tokens"]) == 32 for i in range(3))
+    first = by_id["r0"]
+    reference = _logprobs(weights, prompts[0] + first["tokens"], 1.0)[len(prompts[0]) - 1 :]
+    assert probe_gap(reference, first["logprobs"]) < 0.02

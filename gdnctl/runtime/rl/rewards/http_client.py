@@ -20,8 +20,10 @@ socket's timeout: for the connection, and for the answer or each next part of it
 sent again up to grpo.reward.retries times, after an exponential backoff (half a second, doubling, at most 30 s,
 less a random part of up to half, so that retries from several requests spread out; a Retry-After header in
 seconds is honoured, up to a minute); any other status, an answer that is not the protocol's, or the retries
-running out, stops the job with a sentence. The client is the standard library's
-http.client: one keep-alive connection per request slot, and no package the trainer's image may lack.
+running out, stops the job with a sentence, as does an answer longer than MAX_ANSWER_BYTES (a score and a few
+numbers a sample take a few dozen bytes: an answer past that is a server gone wrong, not one to hold in memory).
+The client is the standard library's http.client: one keep-alive connection per request slot, and no package the
+trainer's image may lack.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ RETRY_AFTER_MAX_S = 60.0
 # How much of an answer's body a message shows.
 BODY_EXCERPT = 200
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_ANSWER_BYTES = 16 * 2**20
 
 
 class RewardServerError(GdnctlError):
@@ -58,6 +61,10 @@ def backoff_seconds(attempt: int, retry_after: str | None = None) -> float:
     if retry_after is not None and retry_after.strip().isdigit():
         return min(float(retry_after.strip()), RETRY_AFTER_MAX_S)
     return min(BACKOFF_FIRST_S * 2**attempt, BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+
+
+class _AnswerTooLong(Exception):
+    """The answer's body ran past MAX_ANSWER_BYTES (read no further)."""
 
 
 class _Connection:
@@ -79,7 +86,9 @@ class _Connection:
                 "POST", self.path, body, {"Content-Type": "application/json", "Accept": "application/json"}
             )
             answer = self._connection.getresponse()
-            data = answer.read()
+            data = answer.read(MAX_ANSWER_BYTES + 1)
+            if len(data) > MAX_ANSWER_BYTES:
+                raise _AnswerTooLong
         except BaseException:
             self.close()
             raise
@@ -151,6 +160,12 @@ class ServerScorer(Collector):
             retry_after = None
             try:
                 status, retry_after, data = connection.post(body)
+            except _AnswerTooLong:
+                raise RewardServerError(
+                    f"grpo.reward.url {url} answered more than {MAX_ANSWER_BYTES // 2**20} MiB to a batch of "
+                    f"{len(batch)} sample(s); an answer is one score (and a few numbers) per sample, so fix what the "
+                    "server sends back."
+                ) from None
             except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out, a broken answer
                 last = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             else:

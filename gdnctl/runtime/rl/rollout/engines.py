@@ -7,7 +7,9 @@ when some engine's driver is not rank 0: colocated engines on other nodes). `res
 driver of an engine that failed starts it again on its own (rollout/stream.py).
 
 Trainer rank 0 may talk to its engines from two threads (the rollout stream's, and the loop's for syncs, the
-held-out evaluation and sleep): `lock` makes each operation, and a sync that spans several, whole.
+held-out evaluation and sleep): `lock` makes each operation, and a sync that spans several, whole. The stream's
+thread takes it for each of its polls with `lock.after_others()`, behind any other thread that waits for it
+(YieldingLock).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,44 @@ class RolloutEngineError(GdnctlError):
     """The rollout's engines cannot be placed or started as the engine config says."""
 
 
+class YieldingLock:
+    """A re-entrant lock that one thread takes only when no other waits for it: `with lock:` for every thread,
+    `with lock.after_others():` for the rollout stream's polls.
+
+    The stream polls the engines under the lock in a loop, taking it again as soon as it has let it go, and
+    Python's locks are not fair: a sync that waited for it could lose every one of those races until nothing was
+    in flight, so a partial rollout's update waited for the very requests it was meant to stop and continue (seen
+    on CPU: a sync that began 2 s before the next step's requests finished reloaded the weights only after them).
+    With this lock a waiting thread has it by the stream's next poll at the latest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._state = threading.Condition()
+        self._wanted = 0  # threads in __enter__, waiting for the lock (or taking it again, re-entrantly)
+
+    def __enter__(self) -> YieldingLock:
+        with self._state:
+            self._wanted += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._state:
+                self._wanted -= 1
+                self._state.notify_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    @contextmanager
+    def after_others(self) -> Iterator[None]:
+        """The lock, once no thread waits for it in `with lock:`."""
+        with self._state:
+            self._state.wait_for(lambda: self._wanted == 0)
+        with self._lock:
+            yield
+
+
 class RolloutEngines:
     def __init__(self, config: EngineConfig, config_path: Path) -> None:
         self.config, self.config_path, self.run_dir = config, config_path, config_path.parent
@@ -79,7 +120,7 @@ class RolloutEngines:
         # Every server this rank spawned, connected or not: each the leader of its engine's process group.
         self._processes: dict[int, server_group.ServerProcess] = {}
         self.started = False
-        self.lock = threading.RLock()
+        self.lock = YieldingLock()
         self.restarted = 0  # engines started again after a failure, over the job (the broadcast group rejoins)
 
     @property

@@ -64,6 +64,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import struct
 import subprocess
@@ -482,6 +483,17 @@ def _see_log(log_path: Path | None) -> str:
     return f"its log is {log_path}; " if log_path else "see the rollout step's log; "
 
 
+def exit_description(code: int) -> str:
+    """How a server process ended, from its exit code: negative for a signal (Popen's own child), 128 + N for signal
+    N (the server group's leader reports the server's end as a shell does: rollout/server_group.py)."""
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        name = signal.Signals(signum).name if signum else None
+    except ValueError:
+        name = None
+    return f"was killed by {name} (exit code {code})" if name else f"exited with code {code}"
+
+
 def _check_alive(
     process: subprocess.Popen | None, op: str, log_path: Path | None, wait: float = 0.0, who: str = "the rollout server"
 ) -> None:
@@ -493,6 +505,6 @@ def _check_alive(
         code = None
     if code is not None:
         raise RolloutError(
-            f"{who} exited with code {code} during '{op}'; {_see_log(log_path)}"
+            f"{who} {exit_description(code)} during '{op}'; {_see_log(log_path)}"
             "fix what it reports and start the job again (it resumes from the last checkpoint)."
         )

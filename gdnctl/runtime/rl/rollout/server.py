@@ -35,6 +35,8 @@ from gdnctl.schema import EngineConfig, EngineRollout
 # vLLM's CPU build sizes its KV cache from this rather than from gpu_memory_utilization; rl runs on CPU are
 # tiny test models with a few hundred tokens per sequence.
 CPU_KV_CACHE_BYTES = 512 << 20
+# The token budget of a CPU engine's step, with chunked prefill off (at least max_model_len: vLLM's condition).
+CPU_MAX_BATCHED_TOKENS = 2048
 
 
 def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
@@ -58,8 +60,19 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
     kv_cache_bytes = None if rollout.kv_cache_gib is None else int(rollout.kv_cache_gib * 2**30)
     if config.device == "cpu":
         # CPU vLLM: eager (torch.compile on CPU costs minutes at start-up for no gain on a toy model) and a
-        # fixed KV cache.
-        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or CPU_KV_CACHE_BYTES)
+        # fixed KV cache. Every prompt prefilled in one step: a seeded request whose prefill is split over steps
+        # stops the engine on vLLM's CPU build (vLLM 0.32.0 gpu_model_runner._bookkeeping_sync rewinds the
+        # request's generator with set_offset, which a CPU generator refuses: "CPU Generator does not use offset").
+        # It splits prefills longer than a KV block (384 tokens for the tiny Qwen3.5) once a step's prompts pass
+        # its token budget, as a partial rollout's continuations (prompt and response so far) soon do. Chunked
+        # prefill can only be turned off with prefix caching (a GDN model's "align" state cache needs chunks).
+        kwargs.update(
+            enforce_eager=True,
+            kv_cache_memory_bytes=kv_cache_bytes or CPU_KV_CACHE_BYTES,
+            enable_chunked_prefill=False,
+            enable_prefix_caching=False,
+            max_num_batched_tokens=max(rollout.max_model_len, CPU_MAX_BATCHED_TOKENS),
+        )
     else:
         kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager)
         if kv_cache_bytes is not None:

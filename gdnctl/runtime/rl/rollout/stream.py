@@ -145,7 +145,7 @@ class RolloutStream:
         """Send what is pending, then collect from every engine (waiting up to POLL_SECONDS for a sample): an idle
         engine is asked too, so one that died or hung between steps is found before the loop's next sync needs it."""
         finished: list[tuple[Outgoing, dict]] = []
-        with self.engines.lock:
+        with self.engines.lock.after_others():  # a sync waiting for the engines goes first
             self._route()
             self._clock(any(self._flight.values()))
             engines = []
