@@ -15,14 +15,14 @@ from pathlib import Path
 
 from gdnctl.runtime.rl.job import prompts_digest
 from gdnctl.runtime.rl.prompts import PromptSchedule, load_prompts
-from gdnctl.runtime.rl.rollout.protocol import address_file
+from gdnctl.runtime.rl.rollout.protocol import address_file, rollout_dir
 from tests.runtime.rl.test_rl_vllm import PRESET, SMALL_STEPS, VLLM_PYTHON, launch, metrics, needs_vllm, vllm_env
 
 # The rollout on an engine of its own: the trainer on one CPU "GPU", the engine on the other.
 SEPARATE = ("cluster.gpus_per_node=2", "rollout.colocate=false", "rollout.num_gpus=1")
 PROMPTS = Path(__file__).resolve().parents[3] / "examples" / "toy-rl" / "prompts.jsonl"
-# How long the partial-rollout test holds the rollout server (see the test).
-HOLD_S = 10.0
+# How long the partial-rollout test holds the rollout server once the weights are written (see the test).
+HOLD_S = 3.0
 
 
 @needs_vllm
@@ -86,6 +86,41 @@ def _wait(predicate, timeout: float, what: str):
 def _logged_steps(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def _weights_written_after(run_dir: Path, moment: float) -> bool:
+    """Whether the weights the rollout reloads were written after `moment` (the export replaces the directory,
+    its config.json last)."""
+    try:
+        return (rollout_dir(run_dir) / "weights" / "config.json").stat().st_mtime > moment
+    except FileNotFoundError:  # between the old directory's removal and the new one's rename
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def _server_pid(run_dir: Path, other_than: int | None = None) -> int | None:
@@ -179,10 +214,13 @@ def test_a_partial_rollout_continues_the_next_steps_responses_across_the_update(
     The test makes sure the second sync finds step 3's requests running, which left to the two processes on 2
     shared cores was a race: step 3 goes out when the first sync ends and decodes while the trainer trains step 2
     and exports its weights, which took 0.5-3.6 s against 0.5-3 s of decoding, so a sync found nothing in flight
-    in about half the runs. So no response ends early (the preset's tokenizer without its end-of-text token: 1,000
-    tokens, about 3 s of decoding), and once step 1 is logged (its sync done, step 3 sent) the rollout server's
-    whole process group is stopped for HOLD_S, longer than the trainer's update and export have taken, so the
-    reload waits for it with step 3's requests still running; stall_timeout_s (300 s) is far off."""
+    in about half the runs. So no response ends early (the preset's tokenizer without its end-of-text token:
+    1,000 tokens, about 3 s of decoding), and once step 1 is logged (its sync done, step 3 sent) vLLM's engine
+    processes under the rollout server (its engine core and worker) are stopped, so step 3 decodes no further,
+    while the server itself goes on answering; they go on once the trainer has written step 2's weights and HOLD_S
+    later (its probe, then the reload request, which waits on the engine), and the reload finds step 3 running.
+    The server's whole group could not be stopped instead: the rollout stream waits on it under the engines' lock,
+    which the sync needs before it writes the weights. stall_timeout_s (300 s) is far off."""
     tokenizer = tmp_path / "tokenizer"
     shutil.copytree(PROMPTS.parent / "tokenizer", tokenizer)
     spec = json.loads((tokenizer / "tokenizer.json").read_text())
@@ -212,22 +250,20 @@ def test_a_partial_rollout_continues_the_next_steps_responses_across_the_update(
         text=True,
         env=vllm_env(),
     )
-    group = None
+    engine: list[int] = []
     try:
         _wait(lambda: _logged_steps(run_dir) >= 1, 900, "step 1")
-        group = os.getpgid(_server_pid(run_dir))
-        os.killpg(group, signal.SIGSTOP)
+        engine = _descendants(_server_pid(run_dir))
+        _signal_all(engine, signal.SIGSTOP)
+        held = time.time()
+        _wait(lambda: _weights_written_after(run_dir, held), 300, "step 2's weights for the rollout")
         time.sleep(HOLD_S)
-        os.killpg(group, signal.SIGCONT)
+        _signal_all(engine, signal.SIGCONT)
         output, _ = job.communicate(timeout=900)
     finally:
         if job.poll() is None:
             job.kill()
-        if group is not None:
-            try:
-                os.killpg(group, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _signal_all(engine, signal.SIGCONT)
     assert job.returncode == 0, output[-4000:]
     steps = metrics(run_dir)
     assert steps[2]["continued_samples"] == 2, [s["continued_samples"] for s in steps]  # step 3's two samples
