@@ -85,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # shared fixture (SHARED_FIXTURE_GROUPS: the local Slurm, a gloo or rl run), are slow as well.
 SLOW_MODULES = {
     # gdnctl launch, a job, a Slurm submission or doctor's probes in subprocesses
+    "tests/runtime/train/test_cpu_sft_images.py",
     "tests/launch/test_launch.py",
     "tests/launch/test_requeue.py",
     "tests/launch/test_run_dir_safety.py",

@@ -6,7 +6,15 @@ The bottom layer: plain data and pure functions, importing nothing of gdnctl's b
 """
 
 from gdnctl.knowledge import catalog, flops, hardware, lora, model_families, slurm, stack, versions
-from gdnctl.knowledge.catalog import HF_CONFIG_KEYS, ROPE_KEYS, ModelNotFound
+from gdnctl.knowledge.catalog import (
+    HF_CONFIG_KEYS,
+    PREPROCESSOR_FILE,
+    ROPE_KEYS,
+    VISION_CONFIG_KEYS,
+    VISION_TOKEN_KEYS,
+    ModelNotFound,
+    is_vision_language,
+)
 from gdnctl.knowledge.gdn_backends import (
     DEFAULT_GDN_BACKEND,
     FLA,
@@ -21,7 +29,7 @@ from gdnctl.knowledge.hardware import FLASHQLA_FORWARD_ONLY_SMS, FLASHQLA_SMS, G
 from gdnctl.knowledge.lora import DEFAULT_TARGETS as DEFAULT_LORA_TARGETS
 from gdnctl.knowledge.lora import TARGETS as LORA_TARGETS
 from gdnctl.knowledge.lora import LoraTargetName
-from gdnctl.knowledge.model_arch import ModelArch
+from gdnctl.knowledge.model_arch import ModelArch, VisionArch
 from gdnctl.knowledge.model_families import MODEL_FAMILIES, ModelFamily, family_of
 from gdnctl.knowledge.stack import DEFAULT_STACK
 
@@ -39,7 +47,11 @@ __all__ = [
     "KERNEL_DISTRIBUTIONS",
     "LORA_TARGETS",
     "MODEL_FAMILIES",
+    "PREPROCESSOR_FILE",
     "ROPE_KEYS",
+    "VISION_CONFIG_KEYS",
+    "VISION_TOKEN_KEYS",
+    "VisionArch",
     "GdnBackend",
     "GdnBackendName",
     "GpuSpec",
@@ -51,6 +63,7 @@ __all__ = [
     "catalog",
     "family_of",
     "flops",
+    "is_vision_language",
     "hardware",
     "kernel_heads",
     "lora",

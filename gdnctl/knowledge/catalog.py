@@ -26,9 +26,29 @@ class ModelNotFound(ValueError):
 
 
 @lru_cache(maxsize=1)
+def _catalog_file() -> dict:
+    return yaml.safe_load(_CATALOG_FILE.read_text())
+
+
 def _catalog() -> tuple[dict, dict[str, dict]]:
-    data = yaml.safe_load(_CATALOG_FILE.read_text())
+    data = _catalog_file()
     return data["defaults"], data["models"]
+
+
+def _vision_defaults() -> dict:
+    return _catalog_file()["vision"]
+
+
+def is_vision_language(architecture: str) -> bool:
+    """A vision-language class (`*ForConditionalGeneration`: a vision tower beside the language model)."""
+    return architecture.endswith("ForConditionalGeneration")
+
+
+def _catalog_vision(entry: dict) -> dict | None:
+    """The vision tower of a catalog entry: the catalog's common one under the entry's own `vision:` values."""
+    if not is_vision_language(entry["architecture"]):
+        return None
+    return {**_vision_defaults(), "out_hidden_size": entry["hidden_size"], **entry.get("vision", {})}
 
 
 def catalog_ids() -> list[str]:
@@ -62,7 +82,8 @@ def from_catalog(model_id: str) -> ModelArch:
             f"{', '.join(catalog_ids())}; or set model.path to a local checkpoint directory with a config.json."
         )
     defaults, models = _catalog()
-    return ModelArch(id=canonical, path=None, **{**defaults, **models[canonical]})
+    entry = {**defaults, **models[canonical]}
+    return ModelArch(id=canonical, path=None, **{**entry, "vision": _catalog_vision(entry)})
 
 
 # HF config.json key -> ModelArch field. Qwen3.5 vision-language configs nest the language model under
@@ -177,9 +198,89 @@ def from_checkpoint(path: str, fallback_id: str | None = None) -> ModelArch:
     fields["path"] = str(path)
     fields["id"] = fallback_id and _canonical_id(fallback_id)
     try:
+        fields["vision"] = _checkpoint_vision(raw, fields, Path(path).expanduser())
+    except _WrongType as err:
+        raise ModelNotFound(
+            f"{config_file} or its preprocessor_config.json has values gdnctl cannot use: {err}."
+        ) from None
+    try:
         return ModelArch(**fields)
     except ValueError as err:
         raise ModelNotFound(f"{config_file} has values gdnctl cannot use: {err}") from None
+
+
+# config.json's vision_config keys that VisionArch keeps (the same names), and the token ids at its top level.
+VISION_CONFIG_KEYS = (
+    "depth",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "patch_size",
+    "temporal_patch_size",
+    "spatial_merge_size",
+    "out_hidden_size",
+    "num_position_embeddings",
+    "in_channels",
+)
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+PREPROCESSOR_FILE = "preprocessor_config.json"
+MAX_PREPROCESSOR_BYTES = 1024**2
+
+
+def _checkpoint_vision(raw: dict, fields: dict, directory: Path) -> dict | None:
+    """The vision tower of a vision-language checkpoint: its config.json's vision_config and token ids and its
+    preprocessor_config.json's pixel bounds and normalisation, over the catalog's (the fallback entry's, else the
+    common one). None for a text-only class."""
+    if not is_vision_language(fields["architecture"]):
+        return None
+    vision = dict(fields.get("vision") or {**_vision_defaults(), "out_hidden_size": fields["hidden_size"]})
+    tower = _value(raw, "vision_config", "an object") or {}
+    for key in VISION_CONFIG_KEYS:
+        value = _value(tower, key, "an integer", "vision_config.")
+        if value is not None:
+            vision[key] = value
+    for key in VISION_TOKEN_KEYS:
+        value = _value(raw, key, "an integer")
+        if value is not None:
+            vision[key] = value
+    preprocessor = directory / PREPROCESSOR_FILE
+    if preprocessor.exists():
+        try:
+            processing = read_json(preprocessor, MAX_PREPROCESSOR_BYTES)
+        except UnreadableFile as err:
+            raise _WrongType(str(err)) from None
+        if not isinstance(processing, dict):
+            raise _WrongType(f"{preprocessor} is not a JSON object")
+        size = _value(processing, "size", "an object") or {}
+        # transformers 5 writes the bounds as size.shortest_edge / longest_edge (pixel counts); Qwen2-VL's older
+        # files as min_pixels / max_pixels.
+        for key, names in (
+            ("min_pixels", ("shortest_edge", "min_pixels")),
+            ("max_pixels", ("longest_edge", "max_pixels")),
+        ):
+            for name in names:
+                value = _value(size, name, "an integer", "size.") or _value(processing, name, "an integer")
+                if value is not None:
+                    vision[key] = value
+                    break
+        for key in ("patch_size", "temporal_patch_size"):
+            value = _value(processing, key, "an integer")
+            if value is not None:
+                vision[key] = value
+        merge = _value(processing, "merge_size", "an integer")
+        if merge is not None:
+            vision["spatial_merge_size"] = merge
+        for key in ("image_mean", "image_std"):
+            value = processing.get(key)
+            if value is not None:
+                if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
+                    raise _WrongType(f"{key} is {value!r}, not three numbers")
+                vision[key] = tuple(value)
+    return vision
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _fields_of(raw: dict, base: dict) -> dict:

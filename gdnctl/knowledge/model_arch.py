@@ -15,6 +15,75 @@ from gdnctl.knowledge.model_families import ModelFamily, family_of, known_model_
 # A size or count of the architecture: at least 1 (the rules and the memory estimate divide by them) and within
 # int32, as Megatron-Core and the kernels index them. A checkpoint's config.json outside this is refused (PRE003).
 Size = Annotated[int, Field(ge=1, le=2**31 - 1)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# Qwen's image processor normalises with these (preprocessor_config.json of the released Qwen3.5 checkpoints).
+QWEN_IMAGE_MEAN = (0.5, 0.5, 0.5)
+QWEN_IMAGE_STD = (0.5, 0.5, 0.5)
+
+
+class VisionArch(BaseModel):
+    """The vision tower of a vision-language checkpoint (config.json's `vision_config` and its image token ids) and
+    how its image processor cuts an image (preprocessor_config.json, or the catalog for random weights).
+
+    An image of w x h pixels is resized to within [min_pixels, max_pixels], both sides to multiples of
+    patch_size x spatial_merge_size; its patches (patch_size^2 pixels, temporal_patch_size frames: a still image is
+    repeated) go through `depth` blocks, and each spatial_merge_size^2 of them become one `image_token_id` in the
+    language model's input, between `vision_start_token_id` and `vision_end_token_id`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    depth: Size
+    hidden_size: Size
+    intermediate_size: Size
+    num_heads: Size
+    patch_size: Size
+    temporal_patch_size: Size
+    spatial_merge_size: Size
+    out_hidden_size: Size
+    num_position_embeddings: Size
+    in_channels: Size = 3
+    image_token_id: TokenId
+    video_token_id: TokenId
+    vision_start_token_id: TokenId
+    vision_end_token_id: TokenId
+    min_pixels: Size
+    max_pixels: Size
+    image_mean: tuple[float, float, float] = QWEN_IMAGE_MEAN
+    image_std: tuple[float, float, float] = QWEN_IMAGE_STD
+
+    @property
+    def pixels_per_token(self) -> int:
+        """Pixels of the resized image behind one image token (a merged block of patches)."""
+        return (self.patch_size * self.spatial_merge_size) ** 2
+
+    def tokens_for_pixels(self, pixels: int) -> int:
+        """Image tokens of an image of `pixels` pixels once resized into the processor's bounds (rounded up)."""
+        kept = min(max(pixels, self.min_pixels), self.max_pixels)
+        return -(-kept // self.pixels_per_token)
+
+    def preprocessor_config(self) -> dict:
+        """preprocessor_config.json of the image processor these settings describe, in the keys transformers 5 writes
+        for Qwen-VL's (what catalog.from_checkpoint reads back)."""
+        return {
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.spatial_merge_size,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+        }
+
+    def params(self) -> int:
+        """Parameters of the tower: patch embedding, position embedding, `depth` blocks (two layer norms, QKV,
+        output projection, a two-layer MLP, with biases), and the merger (a norm and a two-layer MLP from the
+        merged patches to the language model's width)."""
+        h, i = self.hidden_size, self.intermediate_size
+        patch = self.in_channels * self.temporal_patch_size * self.patch_size**2 * h + h
+        block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+        merged = h * self.spatial_merge_size**2
+        merger = 2 * h + (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
+        return patch + self.num_position_embeddings * h + self.depth * block + merger
 
 
 class ModelArch(BaseModel):
@@ -48,6 +117,8 @@ class ModelArch(BaseModel):
     rms_norm_eps: Annotated[float, Field(gt=0)]
     rope_theta: Annotated[float, Field(gt=0)]
     partial_rotary_factor: Annotated[float, Field(gt=0, le=1)]
+    # The vision tower of a vision-language class; None: the model reads text only.
+    vision: VisionArch | None = None
     # False for gdnctl's own test/benchmark architectures: no weights exist, so training starts from random ones.
     released: bool
 

@@ -21,6 +21,7 @@ from gdnctl.schema import (
     EngineEstimate,
     EngineEval,
     EngineGrpo,
+    EngineImages,
     EngineKernels,
     EngineLora,
     EngineMetrics,
@@ -189,6 +190,8 @@ def compile_engine_config(run: Run, kernel_cache_dir: str | None = None) -> Engi
             save_dir=t.save_dir,
             save_interval=run.save_interval.value,
             skip_nonfinite_steps=t.skip_nonfinite_steps,
+            images=EngineImages(**t.images.model_dump()) if t.images is not None else None,
+            vision=t.vision,
         ),
         kernels=EngineKernels(
             gdn_backend=preset.kernels.gdn_backend,

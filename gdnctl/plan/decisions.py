@@ -72,6 +72,11 @@ class Decision:
 
 def layout(preset: Preset, software: dict[str, str | None]) -> Decision:
     requested = preset.train.layout
+    if requested == "auto" and preset.cluster.gpu == "cpu":
+        return Decision(
+            "bshd",
+            "on CPU the model is transformers' class, which trains padded rows (it takes no per-document offsets)",
+        )
     if requested == "auto" and preset.parallel.cp == 1 and packing(preset, software).value == "concat":
         return Decision(
             "bshd",

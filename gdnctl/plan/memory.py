@@ -15,6 +15,11 @@ A coarse, documented model, good to tell "fits / tight / cannot fit" apart, not 
   cut by recompute; plus the logits and fp32 loss over the vocab shard on the last stage (rl jobs: over a row of
   the rollout's context, with the fp32 log-prob tensor as its own row: the 248k-vocabulary log-prob OOM of
   NVIDIA-NeMo/RL #2668 and NovaSky-AI/SkyRL #1610);
+- with train.images, the vision tower: its bf16 weights whole on every GPU (plus, with train.vision: train, its
+  gradients and Adam state), and the activations of the longest prompt's images: train.images.max_per_sample
+  images of train.images.max_pixels each (at most the processor's max_pixels once resized), their patches through
+  every block when the tower trains, only the merged image tokens it hands the language model when frozen; those
+  image tokens are inside seq_length, so the language model's rows above count them already;
 - a flat allowance for the CUDA context, NCCL buffers and allocator slack.
 
 The preset's sizes are bounded by its schema, so that every product here is a finite float. A checkpoint's
@@ -298,6 +303,7 @@ def _estimate_training(run) -> MemoryEstimate:
     )
     rows = (
         MemoryRow("weights", 2 * (params + (trainable if t.lora else 0.0)) / GIB, weights_note),
+        *_vision_rows(run, dense_shard),
         MemoryRow("gradients", grad_bytes * trainable / GIB, f"{grad_dtype} main grads{adapter_note}"),
         MemoryRow(
             "optimizer",
@@ -312,6 +318,36 @@ def _estimate_training(run) -> MemoryEstimate:
         MemoryRow("overhead", OVERHEAD_GIB, "CUDA context, NCCL buffers, allocator slack"),
     )
     return MemoryEstimate(rows, run.gpu.memory_gib)
+
+
+def image_tokens_of_longest_prompt(run) -> int:
+    """Image tokens of a prompt holding train.images.max_per_sample images of train.images.max_pixels each."""
+    images, vision = run.preset.train.images, run.model.vision
+    if images is None or vision is None:
+        return 0
+    return images.max_per_sample * vision.tokens_for_pixels(images.max_pixels)
+
+
+def _vision_rows(run, optimizer_shard: int) -> tuple[MemoryRow, ...]:
+    """The vision tower's row of a job on images (none for a text job)."""
+    vision, t = run.model.vision, run.preset.train
+    if t.images is None or vision is None:
+        return ()
+    params = vision.params()
+    trains = t.vision == "train"
+    tokens = image_tokens_of_longest_prompt(run)
+    patches = tokens * vision.spatial_merge_size**2 * t.micro_batch_size
+    if trains:
+        # bf16 per block: the two norms' inputs, q, k, v, the attention output, the MLP's two hidden activations
+        activations = patches * vision.depth * (6 * vision.hidden_size + 2 * vision.intermediate_size) * 2
+    else:
+        activations = tokens * t.micro_batch_size * vision.out_hidden_size * 2
+    state = (4 + 12 / optimizer_shard) * params if trains else 0.0
+    note = (
+        f"{params / 1e6:.0f}M params, {'trained' if trains else 'frozen'}; the longest prompt's "
+        f"{t.images.max_per_sample} image(s) give {tokens:,} image tokens ({patches:,} patches per micro-batch)"
+    )
+    return (MemoryRow("vision tower", (2 * params + state + activations) / GIB, note),)
 
 
 def rollout_weights_gib(run) -> float:

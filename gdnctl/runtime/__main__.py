@@ -155,6 +155,10 @@ def run_job(config: EngineConfig, config_path: Path, smoke: bool = False) -> int
             from gdnctl.runtime.rl import job as rl
 
             return rl.run(config, config_path, policy)
+        if config.device == "cpu":
+            from gdnctl.runtime.train import cpu_sft
+
+            return cpu_sft.run(config, config_path)
         from gdnctl.runtime.train import trainer
 
         return trainer.run(config, config_path, policy)

@@ -1,8 +1,8 @@
 """Every file format gdnctl reads or writes: the preset (what users write), the engine config (what the
 runtime reads), the communication ops the guard knows, the comm guard's profile files, a smoke run's report,
-how a local run ended, and a run dir's manifest as its readers take it."""
+how a local run ended, a run dir's manifest as its readers take it, and training records with images."""
 
-from gdnctl.schema import comm_ops
+from gdnctl.schema import comm_ops, image_data
 from gdnctl.schema.comm_profile import (
     DEFAULT_PROFILE_SUBDIR,
     PROFILE_FILE_PATTERN,
@@ -20,6 +20,7 @@ from gdnctl.schema.engine import (
     EngineEstimate,
     EngineEval,
     EngineGrpo,
+    EngineImages,
     EngineKernels,
     EngineLora,
     EngineMetrics,
@@ -63,6 +64,7 @@ __all__ = [
     "EngineEstimate",
     "EngineEval",
     "EngineGrpo",
+    "EngineImages",
     "EngineKernels",
     "EngineLora",
     "EngineMetrics",
@@ -99,5 +101,6 @@ __all__ = [
     "SmokeMeasured",
     "SmokeReport",
     "comm_ops",
+    "image_data",
     "parse_code_reference",
 ]

@@ -14,14 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 17  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 18  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
 # 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm;
 # 15: train.lora.share_expert_adapters; 16: grpo.reward as a function or a server, rollout.environment;
 # 17: rollout.max_staleness, partial, max_engine_restarts (decided, with engine_restarts_reason) and
-# stall_timeout_s, grpo.dynamic_sampling and overlong
+# stall_timeout_s, grpo.dynamic_sampling and overlong; 18: train.images and train.vision, model.vision
 
 
 class _Frozen(BaseModel):
@@ -56,6 +56,14 @@ class EngineLora(_Frozen):
     share_expert_adapters: bool = False
 
 
+class EngineImages(_Frozen):
+    """train.images: the records may carry images, each within these limits (schema/image_data.py)."""
+
+    max_per_sample: int
+    max_bytes: int
+    max_pixels: int
+
+
 class EngineTrain(_Frozen):
     precision: str
     # Who builds the Megatron model (runtime/model/builders.py), and why (from the preset's runtime:).
@@ -84,6 +92,9 @@ class EngineTrain(_Frozen):
     save_interval: int | None
     # Non-finite steps skipped before the job stops (runtime/train/nonfinite.py).
     skip_nonfinite_steps: int = 0
+    # None: text only. With images, whether the vision tower trains or keeps its loaded weights.
+    images: EngineImages | None = None
+    vision: Literal["frozen", "train"] = "frozen"
 
 
 class EngineComm(_Frozen):

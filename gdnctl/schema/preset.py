@@ -155,6 +155,34 @@ class LoraSpec(_Section):
         return value
 
 
+MAX_IMAGES_PER_SAMPLE = 1_024
+MAX_IMAGE_BYTES = 2**30  # 1 GiB: past any one image a training record holds
+MAX_IMAGE_PIXELS = 2**31 - 1
+
+
+class ImagesSpec(_Section):
+    """The job's records carry images (docs/images.md); the limits validate and the job's start hold every image to."""
+
+    max_per_sample: int = Field(
+        1,
+        ge=1,
+        le=MAX_IMAGES_PER_SAMPLE,
+        description=f"images one record may hold, at most {MAX_IMAGES_PER_SAMPLE:,}",
+    )
+    max_bytes: int = Field(
+        16 * 2**20,
+        ge=1,
+        le=MAX_IMAGE_BYTES,
+        description="bytes of one image file or inline image (16 MiB by default, at most 1 GiB)",
+    )
+    max_pixels: int = Field(
+        4096 * 4096,
+        ge=1,
+        le=MAX_IMAGE_PIXELS,
+        description="width x height of one image as stored (before the processor resizes it); 4096 x 4096 by default",
+    )
+
+
 class TrainSpec(_Section):
     precision: Literal["bf16", "fp8"] = "bf16"
     lora: LoraSpec | None = None
@@ -208,6 +236,16 @@ class TrainSpec(_Section):
         le=MAX_STEPS,
         description="save every this many steps (and after the last); default with a save_dir: a tenth of "
         f"train_iters, so a failure loses at most a tenth of the run (`gdnctl explain` says; at most {MAX_STEPS:,})",
+    )
+    images: ImagesSpec | None = Field(
+        None,
+        description="the records of train.data_path and eval.data_path may carry images, within these limits; null: "
+        "text only",
+    )
+    vision: Literal["frozen", "train"] = Field(
+        "frozen",
+        description="with images: frozen keeps the vision tower's weights as loaded (saves carry them over "
+        "unchanged), train trains it with the language model",
     )
     skip_nonfinite_steps: int = Field(
         0,

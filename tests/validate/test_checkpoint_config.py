@@ -116,3 +116,34 @@ def test_a_config_json_that_is_no_regular_file_is_refused_without_reading_it(tmp
     proc = _validate_in_a_process(checkpoint)
     finding = json.loads(proc.stdout)["findings"][0]
     assert proc.returncode == 1 and finding["code"] == "PRE003" and said in finding["message"]
+
+
+def test_a_vision_language_checkpoint_gives_its_tower_and_its_processors_bounds(tmp_path):
+    from gdnctl.knowledge import catalog
+
+    directory = write_checkpoint(tmp_path / "vl")
+    config = json.loads((directory / "config.json").read_text())
+    config.update(vision_config={"depth": 3, "patch_size": 14, "out_hidden_size": 256}, image_token_id=7)
+    (directory / "config.json").write_text(json.dumps(config))
+    processing = {"size": {"shortest_edge": 3136, "longest_edge": 12845056}, "merge_size": 2, "image_mean": [0.1] * 3}
+    (directory / "preprocessor_config.json").write_text(json.dumps(processing))
+    vision = catalog.from_checkpoint(str(directory)).vision
+    assert (vision.depth, vision.patch_size, vision.out_hidden_size, vision.image_token_id) == (3, 14, 256, 7)
+    assert (vision.min_pixels, vision.max_pixels, vision.image_mean) == (3136, 12845056, (0.1, 0.1, 0.1))
+    assert vision.hidden_size == 1152  # what the files leave out is the catalog's
+
+
+def test_a_preprocessor_config_of_the_wrong_shape_is_refused_with_its_key(tmp_path):
+    from gdnctl.knowledge import ModelNotFound, catalog
+
+    directory = write_checkpoint(tmp_path / "vl")
+    (directory / "preprocessor_config.json").write_text(json.dumps({"image_std": "wide"}))
+    with pytest.raises(ModelNotFound, match="image_std is 'wide', not three numbers"):
+        catalog.from_checkpoint(str(directory))
+
+
+def test_a_text_only_checkpoint_has_no_tower(tmp_path):
+    from gdnctl.knowledge import catalog
+
+    directory = write_checkpoint(tmp_path / "text", architectures=["Qwen3_5MoeForCausalLM"])
+    assert catalog.from_checkpoint(str(directory)).vision is None

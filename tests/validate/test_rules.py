@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gdnctl.validate.findings import RULES, Severity
@@ -41,6 +43,16 @@ ENV_FILE = (
 )
 
 
+def _image_data(tmp_path, image: str):
+    """A jsonl of one record whose image is `image` beside it; a real PNG is written as ok.png."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(tmp_path / "ok.png")
+    data = tmp_path / "images.jsonl"
+    data.write_text(json.dumps({"prompt": "<image> colour?", "response": "red", "images": [image]}) + "\n")
+    return str(data)
+
+
 def _code(directory, text: str, name: str = "code.py"):
     """A file of the user's code in `directory` (made if need be)."""
     directory.mkdir(exist_ok=True)
@@ -73,6 +85,30 @@ CASES = {
     "PAR010": (
         {"job": "sft", "cluster": {"gpu": "cpu"}, "rollout": None},
         {"job": "selftest", "cluster": {"gpu": "cpu"}, "rollout": None},
+    ),
+    "IMG001": (
+        lambda tmp: {"train": {"data_path": _image_data(tmp, "missing.png"), "images": {}}},
+        lambda tmp: {"train": {"data_path": _image_data(tmp, "ok.png"), "images": {}}},
+    ),
+    "IMG002": (
+        {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"images": {}}},
+        {"train": {"images": {}}},
+    ),
+    "IMG003": ({"train": {"images": {}}}, {}),
+    "IMG004": ({"train": {"images": {}}}, {"cluster": {"gpu": "cpu"}, "train": {"images": {}}}),
+    "IMG005": (
+        {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "thd"}},
+        {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "bshd"}},
+    ),
+    "IMG006": (
+        {"job": "sft", "rollout": None, "cluster": {"gpu": "cpu"}, "train": {"images": {}}},
+        {
+            "job": "sft",
+            "rollout": None,
+            "cluster": {"gpu": "cpu"},
+            "parallel": {"tp": 1, "ep": 1},
+            "train": {"images": {}},
+        },
     ),
     "PAR011": (
         {"model": {"id": "Qwen/Qwen3.5-9B"}, "parallel": {"tp": 1, "ep": 1, "sequence_parallel": True}},
@@ -609,3 +645,16 @@ def test_shared_expert_adapters_ask_nothing_of_the_per_expert_adapters_bridge():
     shared = {"rank": 8, "alpha": 16, "expert_adapters": "shared"}
     found = codes({"train": {"lora": shared}, "parallel": {"ep": 1}, "runtime": {"megatron_bridge": "0.4.2"}})
     assert "TRN018" not in found and "TRN024" not in found  # one EP rank: an ordinary dense adapter
+
+
+def test_the_cpu_image_sft_refuses_lora_as_the_cpu_rl_policy_does():
+    found = codes(
+        {
+            "job": "sft",
+            "rollout": None,
+            "cluster": {"gpu": "cpu"},
+            "parallel": {"tp": 1, "ep": 1},
+            "train": {"images": {}, "lora": {"rank": 8, "alpha": 16}},
+        }
+    )
+    assert "sft job" in found["TRN010"][0].message and "PAR010" not in found

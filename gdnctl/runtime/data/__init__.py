@@ -1,10 +1,11 @@
 """Training data: documents from jsonl / parquet / synthetic tokens, packed (THD) or padded (BSHD) micro-batches,
-sharded over data-parallel ranks and resumable."""
+sharded over data-parallel ranks and resumable; records with images as the vision-language class's inputs."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
     "DataPipeline": "pipeline",
+    "PAD_TOKEN_ID": "pipeline",
     "MicroBatch": "pipeline",
     "load_tokenizer": "pipeline",
     "read_documents": "pipeline",
@@ -22,7 +23,9 @@ __all__ = [
     "BshdBatch",
     "DataPipeline",
     "IGNORE_INDEX",
+    "images",
     "MicroBatch",
+    "PAD_TOKEN_ID",
     "ThdBatch",
     "TokenSequence",
     "layout",

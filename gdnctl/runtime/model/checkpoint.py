@@ -10,6 +10,7 @@ other tool read, so the trainer saves those. A checkpoint directory holds:
     model.safetensors.index.json      tensor name -> file
       (or model.safetensors alone)    the CPU rl policy's weights, which every rank holds whole, when nothing is
                                       carried over from a source
+    preprocessor_config.json          (the CPU image sft's) the image processor the run cut its images with
     optimizer/rank-RANK.pt            each rank's optimizer state (fp32 main params and Adam moments)
     trainer_state.json                iteration, consumed samples, and the size and sha256 of every file above
 
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gdnctl.files import UnreadableFile, read_json
-from gdnctl.knowledge import ModelArch
+from gdnctl.knowledge import VISION_CONFIG_KEYS, VISION_TOKEN_KEYS, ModelArch
 from gdnctl.runtime.model.checkpoint_layout import (  # noqa: F401 (re-exported: callers use checkpoint.NAME)
     CHECKPOINT_NAME,
     CHECKSUM,
@@ -64,6 +65,7 @@ from gdnctl.runtime.model.checkpoint_layout import (  # noqa: F401 (re-exported:
 )
 from gdnctl.runtime.model.durable_files import make_directory, write_file, write_json, write_safetensors
 from gdnctl.runtime.model.hf_weights import (
+    VISION_PREFIX,
     VL_PREFIX,
     Rule,
     ShardPlace,
@@ -353,20 +355,53 @@ def rollout_source(arch: ModelArch, vision_language: bool) -> HFSource:
     return HFSource(hf_vision_language_config(arch), language_model_prefix=VL_PREFIX)
 
 
-def hf_vision_language_config(arch: ModelArch) -> dict:
-    """config.json of Qwen3.5's vision-language class around the text config (vision_config left to the class's
-    defaults)."""
+def hf_vision_language_config(arch: ModelArch, *, with_tower: bool = False) -> dict:
+    """config.json of Qwen3.5's vision-language class around the text config: with_tower, the architecture's own
+    vision tower and image token ids (a run from random weights that trains on images); otherwise vision_config is
+    left to the class's defaults (the rollout's serving class, which builds no tower when images are off)."""
     text = hf_text_config(arch)
     family = arch.family
     if family.vision_language_class is None:
         raise ValueError(f"{family.label} has no vision-language class")
-    return {
+    config = {
         "architectures": [family.vision_language_class],
         "model_type": family.name,
         "text_config": {key: value for key, value in text.items() if key != "architectures"},
         "tie_word_embeddings": arch.tie_word_embeddings,
         "torch_dtype": "bfloat16",
     }
+    if with_tower:
+        if arch.vision is None:
+            raise ValueError(f"{arch.label} has no vision tower")
+        tower = arch.vision.model_dump(include=set(VISION_CONFIG_KEYS))
+        config["vision_config"] = {**tower, "model_type": f"{family.name}_vision"}
+        config.update(arch.vision.model_dump(include=set(VISION_TOKEN_KEYS)))
+    return config
+
+
+def vision_language_source(arch: ModelArch) -> HFSource:
+    """What the saves of an image run from random weights reproduce: the vision-language class with its tower
+    (nothing carried over; the tower is written with the language model)."""
+    return HFSource(hf_vision_language_config(arch, with_tower=True), language_model_prefix=VL_PREFIX)
+
+
+def read_vision_tower(directory: Path) -> dict[str, torch.Tensor]:
+    """The vision tower's tensors of an HF checkpoint by their stored names (`model.visual.*`); empty when it has
+    none."""
+    from safetensors import SafetensorError, safe_open
+
+    tensors = {}
+    by_file: dict[str, list[str]] = {}
+    for name, file in _weight_map(directory).items():
+        if name.startswith(VISION_PREFIX):
+            by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        try:
+            with safe_open(str(directory / file), framework="pt") as handle:
+                tensors.update({name: handle.get_tensor(name) for name in names})
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{directory / file} cannot give the vision tower ({error}); {RESTORE}") from None
+    return tensors
 
 
 def load_hf(model, arch: ModelArch, place: ShardPlace, directory: Path) -> int:

@@ -310,7 +310,8 @@ def group_rank_and_size(rule: Rule, place: ShardPlace) -> tuple[int, int]:
 # vision tower and the MTP head have no Megatron counterpart in the text model: they are not loaded, and every
 # save carries them over from the source checkpoint unchanged (passthrough.py).
 VL_PREFIX = "model.language_model."
-IGNORED_HF_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")
+VISION_PREFIX = "model.visual."
+IGNORED_HF_PREFIXES = (VISION_PREFIX, "mtp.", "model.mtp.")
 
 
 def canonical_hf_name(name: str) -> str | None:

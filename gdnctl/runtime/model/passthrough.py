@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, conlist
 
 from gdnctl.errors import GdnctlError
 from gdnctl.files import UnreadableFile, decode_json, open_regular, typed
-from gdnctl.runtime.model.hf_weights import canonical_hf_name
+from gdnctl.runtime.model.hf_weights import VISION_PREFIX, canonical_hf_name
 
 PASSTHROUGH_FILE = "passthrough.safetensors"
 # A tied model's LM head is its embedding: a source may still store a copy, which is stale once the embedding
@@ -77,9 +77,14 @@ class HFSource:
         """The name a save stores a trained tensor under: the source's own name for it."""
         if name in self.stored_names:
             return self.stored_names[name]
-        if self.language_model_prefix and name.startswith("model."):
+        # The vision tower keeps its own names: it sits beside the language model, not under it.
+        if self.language_model_prefix and name.startswith("model.") and not name.startswith(VISION_PREFIX):
             return self.language_model_prefix + name[len("model.") :]
         return name
+
+    @property
+    def has_vision_tower(self) -> bool:
+        return any(name.startswith(VISION_PREFIX) for name in self.files)
 
     def passthrough(self, written: Iterable[str]) -> dict[str, Path]:
         """The source's tensors a save carries over (stored name -> file): every one it does not write itself."""

@@ -1,5 +1,6 @@
-"""The sft / pretrain trainer on Megatron-Core (start-up order, GDN warm-up, steps, checkpoints), where every
-job's per-step metrics go (metrics.jsonl, TensorBoard, W&B), and every job's lr schedule."""
+"""The sft / pretrain trainer on Megatron-Core (start-up order, GDN warm-up, steps, checkpoints), the sft job on
+device cpu (transformers' vision-language class, images), where every job's per-step metrics go (metrics.jsonl,
+TensorBoard, W&B), and every job's lr schedule."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -33,6 +34,7 @@ __all__ = [
     "TENSORBOARD_DIR",
     "Trainer",
     "WEIGHT_DECAY",
+    "cpu_sft",
     "eta_text",
     "lr_at",
     "lr_of",

@@ -8,6 +8,7 @@ from gdnctl.validate.rules import (  # noqa: F401
     bridge,
     comm,
     heads,
+    images,
     kernels,
     launch,
     layout,

@@ -120,11 +120,11 @@ def bshd_micro_batch(run: Run) -> Iterator[Issue]:
     Fix: set train.micro_batch_size: 1 (and raise the global batch or dp instead).
     """
     mbs = run.preset.train.micro_batch_size
-    # The CPU rl policy (transformers' class) pads on the right, after every real token, so its causal layers
-    # never read padding into a real token's state.
-    cpu_rl = run.preset.job == "rl" and run.gpu.sm is None
+    # The CPU jobs (transformers' classes: the rl policy, the image sft) pad on the right, after every real token,
+    # so their causal layers never read padding into a real token's state.
+    on_cpu = run.gpu.sm is None
     full_rows = run.packing.value == "concat"
-    if run.is_training and run.layout.value == "bshd" and mbs > 1 and not cpu_rl and not full_rows:
+    if run.is_training and run.layout.value == "bshd" and mbs > 1 and not on_cpu and not full_rows:
         yield Issue(
             "train.micro_batch_size",
             f"micro_batch_size {mbs} with the padded (bshd) layout pads each "

@@ -195,26 +195,32 @@ def global_batch_divisible(run: Run) -> Iterator[Issue]:
         )
 
 
-@rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest and rl jobs")
+@rule("PAR010", Severity.ERROR, "CPU clusters run only the selftest, rl and image sft jobs")
 def cpu_only_selftest(run: Run) -> Iterator[Issue]:
     """
-    What it checks: `cluster.gpu: cpu` is used only with `job: selftest` or `job: rl`.
+    What it checks: `cluster.gpu: cpu` is used only with `job: selftest`, `job: rl`, or `job: sft` with
+    train.images.
 
     Why: Megatron-Core does not run on a CPU-only torch (it calls torch.cuda.current_device()), and the
-    GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, and the rl job trains
-    a tiny policy with torch beside vLLM's CPU build.
+    GDN kernels need a GPU. The selftest job exercises the runtime with gloo instead, the rl job trains
+    a tiny policy with torch beside vLLM's CPU build, and the sft job on records with images trains transformers'
+    vision-language class with torch.
 
     Source: docs/sources.md "Megatron-Core" (Megatron-Core calls torch.cuda.current_device(), so it does not run on
-    a CPU-only torch); gdnctl's gloo selftest (runtime/selftest.py) and CPU rl policy
-    (runtime/rl/policy/torch_policy.py).
+    a CPU-only torch); gdnctl's gloo selftest (runtime/selftest.py), CPU rl policy
+    (runtime/rl/policy/torch_policy.py) and CPU image sft (runtime/train/cpu_sft.py).
 
-    Fix: set cluster.gpu to the GPU of your nodes, or job: selftest.
+    Fix: set cluster.gpu to the GPU of your nodes, job: selftest, or (sft on images) train.images.
     """
-    if run.gpu.sm is None and run.preset.job not in ("selftest", "rl"):
+    job = run.preset.job
+    image_sft = job == "sft" and run.preset.train.images is not None
+    if run.gpu.sm is None and job not in ("selftest", "rl") and not image_sft:
         yield Issue(
             "cluster.gpu",
-            f"job '{run.preset.job}' needs GPUs, but cluster.gpu is cpu.",
-            "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest.",
+            f"job '{job}' needs GPUs, but cluster.gpu is cpu"
+            + (" (on CPU, sft trains records with images only)." if job == "sft" else "."),
+            "Set cluster.gpu to your GPU kind (e.g. h100), or job: selftest"
+            + ("; or train.images for records with images." if job == "sft" else "."),
         )
 
 

@@ -141,8 +141,8 @@ def prefill_hang_sm90(run: Run) -> Iterator[Issue]:
 @rule("RLT015", Severity.WARNING, "Qwen3.5 through vLLM's vision-language class, before the vLLM gdnctl ran it on")
 def vision_language_rollout(run: Run) -> Iterator[Issue]:
     """
-    What it checks: an rl job on a Qwen3.5 model whose rollout vLLM is older than the first release gdnctl has
-    served Qwen3.5 on through the vision-language class (0.26.0).
+    What it checks: an rl job on a Qwen3.5 model, its prompts text only, whose rollout vLLM is older than the first
+    release gdnctl has served Qwen3.5 on through the vision-language class (0.26.0). (Image prompts are IMG003's.)
 
     Why: vLLM before 0.27 registers Qwen3.5 only as `Qwen3_5ForConditionalGeneration` (and its MoE sibling).
     gdnctl's rollout then serves that class: the weight sync names the language model as its checkpoints do
@@ -160,7 +160,8 @@ def vision_language_rollout(run: Run) -> Iterator[Issue]:
     vllm = run.stack.get("vllm")
     family = run.model.family
     checked = family.vllm_vision_language_checked
-    if rollout and checked is not None and versions.below(vllm, checked):
+    text_only = run.preset.train.images is None
+    if rollout and text_only and checked is not None and versions.below(vllm, checked):
         yield Issue(
             "runtime.vllm",
             f"vLLM {vllm} would serve {family.label} through its vision-language class, which "

@@ -127,13 +127,14 @@ def fp8_needs_sm89(run: Run) -> Iterator[Issue]:
 @rule("TRN003", Severity.ERROR, "The trainer's transformers does not know the model")
 def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     """
-    What it checks: an rl job on device cpu whose runtime.transformers is older than the first transformers
+    What it checks: an rl or sft job on device cpu whose runtime.transformers is older than the first transformers
     release with the model's classes: qwen3_5 and qwen3_5_moe (Qwen3_5TextConfig, Qwen3_5ForCausalLM,
     Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) need transformers >= 5.2.0, qwen3_next needs >= 4.57.0.
     Quiet while runtime.transformers is unset (unknown).
 
     Why: on device cpu the rl policy is transformers' text-only class (runtime/rl/policy/torch_policy.py imports it by
-    name), so an older transformers fails at start-up with an ImportError, the trainer-side half of verl #5937
+    name), and the sft job its vision-language class (runtime/train/cpu_sft.py), so an older transformers fails at
+    start-up with an ImportError, the trainer-side half of verl #5937
     ("model type qwen3_5 ... Transformers does not recognize this architecture"; upgrading transformers in the
     same environment then broke vLLM, which RLT008 keeps apart). The GPU trainer does not import transformers:
     it builds Megatron-Core modules and writes HF checkpoints with its own safetensors writer, so sft, pretrain
@@ -147,7 +148,7 @@ def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
     rl tests run) in the trainer's environment and set runtime.transformers.
     """
     found = run.stack.get("transformers")
-    if run.preset.job != "rl" or run.gpu.sm is not None or found is None:
+    if run.preset.job not in ("rl", "sft") or run.gpu.sm is not None or found is None:
         return
     # The family whose text-only class the device-cpu rl policy builds (runtime/rl/policy/torch_policy.py).
     family = run.model.family
@@ -156,7 +157,7 @@ def trainer_transformers_model_type(run: Run) -> Iterator[Issue]:
         yield Issue(
             "runtime.transformers",
             f"transformers {found} has no {family.name} classes (added in {since}), "
-            "and the rl policy on device cpu is transformers' model.",
+            f"and the {run.preset.job} job on device cpu is transformers' model.",
             f"Install transformers >= {since} in the trainer's environment and set runtime.transformers.",
         )
 
@@ -276,31 +277,36 @@ def vpp_not_built(run: Run) -> Iterator[Issue]:
         )
 
 
-@rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy does not train LoRA adapters (train.lora)")
+@rule("TRN010", Severity.ERROR, "gdnctl's CPU rl policy and CPU sft do not train LoRA adapters (train.lora)")
 def lora_not_trained(run: Run) -> Iterator[Issue]:
     """
-    What it checks: an rl job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
+    What it checks: an rl or sft job on the CPU pseudo-device (cluster.gpu: cpu) with train.lora set.
 
-    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/policy/torch_policy.py), which wraps
-    nothing in adapters: it would update every parameter while explain and the memory estimate count the adapters
-    alone. On GPUs the rl policy is the trainer's megatron-bridge model, which wraps the base in megatron-bridge's
-    LoRA (runtime/model/lora_wrap.py); its weight sync sends the rollout megatron-bridge's export, which merges the
-    adapters into the base tensors, and its KL reference is the base with the adapters switched off
-    (runtime/rl/policy/megatron_policy.py). TRN016 refuses LoRA with the TE-free builder on GPUs.
+    Why: on CPU the rl policy is transformers' class in plain torch (runtime/rl/policy/torch_policy.py), and so is
+    the image sft job (runtime/train/cpu_sft.py); neither wraps anything in adapters: it would update every
+    parameter while explain and the memory estimate count the adapters alone. On GPUs the rl policy is the trainer's
+    megatron-bridge model, which wraps the base in megatron-bridge's LoRA (runtime/model/lora_wrap.py); its weight
+    sync sends the rollout megatron-bridge's export, which merges the adapters into the base tensors, and its KL
+    reference is the base with the adapters switched off (runtime/rl/policy/megatron_policy.py). TRN016 refuses LoRA
+    with the TE-free builder on GPUs.
 
-    Source: gdnctl's runtime/rl/policy/interface.py (device cpu takes TorchPolicy) and runtime/rl/policy/torch_policy.py
-    (no adapters); megatron-bridge 0.6.2 models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights
-    defaults to True) for the GPU policy's sync.
+    Source: gdnctl's runtime/rl/policy/interface.py (device cpu takes TorchPolicy),
+    runtime/rl/policy/torch_policy.py and runtime/train/cpu_sft.py (no adapters); megatron-bridge 0.6.2
+    models/conversion/auto_bridge.py export_hf_weights (merge_adapter_weights defaults to True) for the GPU policy's
+    sync.
 
-    Fix: run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter rl on CPU.
+    Fix: run the job on GPUs with the megatron-bridge builder, or remove train.lora for full-parameter training on
+    CPU.
     """
-    if run.preset.job == "rl" and run.preset.train.lora is not None and run.gpu.sm is None:
+    job = run.preset.job
+    if job in ("rl", "sft") and run.preset.train.lora is not None and run.gpu.sm is None:
+        what = "rl policy" if job == "rl" else "sft job"
         yield Issue(
             "train.lora",
-            "gdnctl's CPU rl policy (transformers in plain torch) adds no LoRA adapters, so it "
+            f"gdnctl's CPU {what} (transformers in plain torch) adds no LoRA adapters, so it "
             "would update every parameter while the memory estimate counts the adapters alone.",
-            "Run the rl job on GPUs with the megatron-bridge builder, or remove train.lora for "
-            "full-parameter rl on CPU.",
+            f"Run the {job} job on GPUs with the megatron-bridge builder, or remove train.lora for "
+            f"full-parameter {job} on CPU.",
         )
 
 
