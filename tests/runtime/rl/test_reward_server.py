@@ -131,15 +131,21 @@ def test_a_server_that_is_down_ends_in_a_sentence_after_its_retries():
     )
 
 
-def test_a_refused_request_is_not_retried_and_stops_the_job_with_the_servers_words(server):
+def _refusal(server: RewardServer) -> pytest.ExceptionInfo[RewardServerError]:
+    """What stops the job when `server`, set up to fail, is asked to score one sample."""
     scorer = ServerScorer(spec(server.url))
-    server.failures = [400]
     try:
         scorer.submit(request("abc"))
         with pytest.raises(RewardServerError) as caught:
             scorer.collect()
     finally:
         scorer.close()
+    return caught
+
+
+def test_a_refused_request_is_not_retried_and_stops_the_job_with_the_servers_words(server):
+    server.failures = [400]
+    caught = _refusal(server)
     assert str(caught.value).startswith(f"grpo.reward.url {server.url} answered HTTP 400: 'busy, try later'; ")
     assert len(server.batches) == 2
 
@@ -154,28 +160,16 @@ def test_a_refused_request_is_not_retried_and_stops_the_job_with_the_servers_wor
     ],
 )
 def test_an_answer_outside_the_protocol_stops_the_job_with_a_sentence(server, answer, said):
-    scorer = ServerScorer(spec(server.url))
     server.answer = answer
-    try:
-        scorer.submit(request("abc"))
-        with pytest.raises(RewardServerError) as caught:
-            scorer.collect()
-    finally:
-        scorer.close()
+    caught = _refusal(server)
     assert said in str(caught.value)
 
 
 def test_an_answer_past_the_size_limit_stops_the_job_without_being_read_whole(server):
     """A server that sends its scores with 17 MiB beside them: the job reads 16 MiB and a byte, stops, and never
     asks again (a size is no transient failure)."""
-    scorer = ServerScorer(spec(server.url))
     server.answer = lambda samples: {"scores": [1.0] * len(samples), "log": "x" * (17 * 2**20)}
-    try:
-        scorer.submit(request("abc"))
-        with pytest.raises(RewardServerError) as caught:
-            scorer.collect()
-    finally:
-        scorer.close()
+    caught = _refusal(server)
     assert str(caught.value).startswith(f"grpo.reward.url {server.url} answered more than 16 MiB to a batch of 1 ")
     assert len(server.batches) == 2  # the start-up check and the one batch
 

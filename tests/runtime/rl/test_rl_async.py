@@ -86,18 +86,6 @@ def _logged_steps(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def _started(run_dir: Path, sets: tuple[str, ...]) -> subprocess.Popen:
-    """`gdnctl launch` of the tiny CPU rl preset with `sets`, running (its output together on stdout)."""
-    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force"]
-    return subprocess.Popen(
-        [*command, *(arg for value in sets for arg in ("--set", value))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=vllm_env(),
-    )
-
-
 def _server_pid(run_dir: Path, other_than: int | None = None) -> int | None:
     try:
         pid = json.loads(address_file(run_dir).read_text())["pid"]
@@ -120,7 +108,14 @@ def test_an_engine_that_dies_or_hangs_is_restarted_and_the_job_goes_on(tmp_path)
         "rollout.stall_timeout_s=10",
         f"rollout.python={VLLM_PYTHON}",
     )
-    job = _started(run_dir, sets)
+    command = [sys.executable, "-m", "gdnctl", "launch", PRESET, "-o", str(run_dir), "--force"]
+    job = subprocess.Popen(
+        [*command, *(arg for value in sets for arg in ("--set", value))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=vllm_env(),
+    )
     stopped = None
     try:
         _wait(lambda: _logged_steps(run_dir) >= 1, 900, "step 1")
