@@ -27,11 +27,12 @@ SMALL_STEPS = ("train.global_batch_size=16", "train.micro_batch_size=8", "rollou
 
 
 # vLLM's process layout in these tests. The rollout server runs vLLM's AsyncLLM, whose engine core is a process of its
-# own, with a worker process beside it on the CPU build (the server sets VLLM_ENABLE_V1_MULTIPROCESSING=1 for itself:
-# runtime/rl/rollout/vllm_engine.py), so gdnctl's worker functions always reach the workers pickled, as on GPUs
-# (through the engine core's msgpack, which pickles them only with VLLM_ALLOW_INSECURE_SERIALIZATION); an engine start
-# costs three imports of vLLM and torch (spawn). Scripts that run vLLM's own LLM in one process
-# (vllm_generate_check.py) keep its engine core and worker there with VLLM_ENABLE_V1_MULTIPROCESSING=0: one import.
+# own; on the CPU build a one-worker engine's worker runs inside it (the server sets VLLM_ENABLE_V1_MULTIPROCESSING=0
+# for itself: runtime/rl/rollout/vllm_engine.py says why), a tensor-parallel engine's workers in processes of their
+# own. gdnctl's worker functions reach the engine core pickled either way, as on GPUs (through its msgpack, which
+# pickles them only with VLLM_ALLOW_INSECURE_SERIALIZATION); an engine start costs two imports of vLLM and torch
+# (spawn). Scripts that run vLLM's own LLM (vllm_generate_check.py) keep its engine core in their own process with
+# the same variable: one import.
 def vllm_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """`base` (else this process's environment) for a job or a vLLM script on vLLM's CPU build: a script's LLM keeps
     its engine in its own process (see above)."""
