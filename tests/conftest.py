@@ -34,6 +34,7 @@ SHARED_FIXTURE_GROUPS = {
     "local_slurm_nodes": "slurm-nodes",
     "gloo_run": "gloo",  # one 2-rank torchrun whose output both the comm guard and comm-report tests read
     "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
+    "ppo_run": "rl-ppo",  # one PPO rl job at temperature 0.7 that the PPO and temperature tests both read
     "coverage_run": "gloo-coverage",  # one 2-rank torchrun that the comm guard coverage tests read
 }
 

@@ -77,3 +77,19 @@ def slurm_rl_run(tmp_path_factory, local_slurm) -> tuple[Path, subprocess.Comple
     env = vllm_env(base=slurm_env(local_slurm))  # the requeue test's job runs vLLM the same way
     done = subprocess.run(command, text=True, capture_output=True, timeout=900, env=env, check=False)
     return run_dir, done
+
+
+# The PPO job's settings: four mini-batch updates per rollout batch, with rollout correction, sampled at temperature
+# 0.7. The PPO test (test_rl_vllm.py) reads its updates and clip, the temperature test (test_rl_async.py) its
+# trainer-vs-engine gaps, which are taken before the first update and so are the sampling policy's.
+PPO_SETTINGS = ("grpo.mini_batches=4", "grpo.rollout_correction=true", "rollout.temperature=0.7")
+
+
+@pytest.fixture(scope="session")
+def ppo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The tiny rl preset with PPO_SETTINGS, small steps, 3 steps and no evaluation: its run dir and the launch's
+    result. Run once for the two tests that read it (tests/conftest.py keeps them on one xdist worker)."""
+    from tests.runtime.rl.test_rl_vllm import SMALL_STEPS, launch
+
+    run_dir = tmp_path_factory.mktemp("ppo") / "run"
+    return run_dir, launch(run_dir, *SMALL_STEPS, *PPO_SETTINGS, "train.train_iters=3", "eval=null")

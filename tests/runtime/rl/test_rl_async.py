@@ -24,13 +24,15 @@ PROMPTS = Path(__file__).resolve().parents[3] / "examples" / "toy-rl" / "prompts
 
 
 @needs_vllm
-def test_trainer_and_engine_score_the_tempered_distribution_that_was_sampled(tmp_path):
-    """At temperature 0.7 the engine reports the processed (tempered) log-probs and the trainer divides its logits
-    by 0.7: the two agree on every sampled token as closely as at temperature 1 (the preset's, which the main test
-    in test_rl_vllm.py holds to the same bound). Untempered, the gap at 0.7 measured 0.5-0.6 nats/token."""
-    done = launch(tmp_path / "run", *SMALL_STEPS, "rollout.temperature=0.7", "train.train_iters=2", "eval=null")
+def test_trainer_and_engine_score_the_tempered_distribution_that_was_sampled(ppo_run):
+    """At temperature 0.7 (the PPO job's, tests/runtime/rl/conftest.py) the engine reports the processed (tempered)
+    log-probs and the trainer divides its logits by 0.7: the two agree on every sampled token as closely as at
+    temperature 1 (the preset's, which the main test in test_rl_vllm.py holds to the same bound). Untempered, the
+    gap at 0.7 measured 0.5-0.6 nats/token."""
+    run_dir, done = ppo_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    steps = metrics(tmp_path / "run")
+    steps = metrics(run_dir)
+    assert [s["step"] for s in steps] == [1, 2, 3]
     assert all(s["rollout_logprob_abs_diff"] < 0.01 for s in steps), [s["rollout_logprob_abs_diff"] for s in steps]
     assert all(s["probe_logprob_abs_diff"] < 0.01 for s in steps)  # the probe scores at temperature 1 on both sides
 

@@ -135,14 +135,11 @@ def test_reward_rises_with_real_vllm_rollouts_and_checked_weight_syncs(tmp_path)
 
 
 @needs_vllm
-def test_ppo_mini_batches_train_off_the_sampling_policy_and_the_clip_acts(tmp_path):
+def test_ppo_mini_batches_train_off_the_sampling_policy_and_the_clip_acts(ppo_run):
     """grpo.mini_batches 4: four optimizer steps per rollout batch against the sampling policy's log-probs; from
     the second on, the ratio leaves 1 and the clip cuts some tokens. The trainer-vs-rollout gap stays the
     sampling policy's (measured before the first update), and rollout correction reports its weights."""
-    run_dir = tmp_path / "run"
-    done = launch(
-        run_dir, *SMALL_STEPS, "grpo.mini_batches=4", "grpo.rollout_correction=true", "train.train_iters=3", "eval=null"
-    )
+    run_dir, done = ppo_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = metrics(run_dir)
     assert [s["updates"] for s in steps] == [4, 4, 4]
