@@ -126,5 +126,12 @@ def test_shell_completion_completes_commands_and_shipped_preset_names():
     assert "tiny-qwen3.5-rl-cpu" in _bash_completes("gdnctl presets cp tiny")
     # A path: nothing offered, so the script's `-o default` completes file names.
     assert _bash_completes("gdnctl launch examples/") == []
-    script = subprocess.run([*AS_GDNCTL, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    # typer's --show-completion takes no shell name: it writes the script of the shell it finds among its parent
+    # processes (shellingham), so it runs as a child of bash, whatever started pytest (a detached pytest has none).
+    script = subprocess.run(
+        ["bash", "-c", '"$@"; exit $?', "bash", *AS_GDNCTL, "--show-completion"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "complete -o default -F _gdnctl_completion gdnctl" in script.stdout, script.stdout + script.stderr
