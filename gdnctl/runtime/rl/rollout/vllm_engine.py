@@ -166,11 +166,12 @@ class VllmEngine:
             # AsyncLLM always runs its engine core in a process of its own. With VLLM_ENABLE_V1_MULTIPROCESSING=0
             # vLLM's CPU build runs a one-worker engine's worker inside that engine core (its uni-process executor)
             # instead of in a third process (vllm/platforms/cpu.py switches to its multiprocessing executor only when
-            # the variable is 1; tensor parallel engines keep one process a worker). A worker process of its own
+            # the variable is 1; tensor parallel engines keep a process per worker). A worker process of its own
             # busy-polls its message queue for a second after every request, on the cores the colocated trainer
             # trains on: a 5-step tiny preset job on 2 cores took 44.7 s that way against 32.9 s in-process, its
-            # trainer at 1,500 against 4,700 tokens/s, with the same samples and rewards (vLLM 0.32.0). The
-            # reloads' worker functions still reach the engine core pickled, as on GPUs.
+            # trainer at 1,500 against 4,700 tokens/s, with the same samples and rewards (vLLM 0.32.0;
+            # benchmarks/results/cpu-rollout-in-process-2026-12-02.md). The reloads' worker functions still reach
+            # the engine core pickled, as on GPUs.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         began = time.perf_counter()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**self.kwargs, "model": model}))
