@@ -168,9 +168,8 @@ class VllmEngine:
             # instead of in a third process (vllm/platforms/cpu.py switches to its multiprocessing executor only when
             # the variable is 1; tensor parallel engines keep a process per worker). A worker process of its own
             # busy-polls its message queue for a second after every request, on the cores the colocated trainer
-            # trains on: a 5-step tiny preset job on 2 cores took 44.7 s that way against 32.9 s in-process, its
-            # trainer at 1,500 against 4,700 tokens/s, with the same samples and rewards (vLLM 0.32.0;
-            # benchmarks/results/cpu-rollout-in-process-2026-12-02.md). The reloads' worker functions still reach
+            # trains on; in-process, the tiny preset's job ran 0.74x the time with the same samples and rewards
+            # (benchmarks/results/cpu-rollout-in-process-2026-12-02.md). The reloads' worker functions still reach
             # the engine core pickled, as on GPUs.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         began = time.perf_counter()
