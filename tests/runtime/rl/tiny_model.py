@@ -188,3 +188,44 @@ def checkpoint_tensors(directory: Path) -> dict:
             tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
     assert set(tensors) == set(weight_map)
     return tensors
+
+
+VL_BYTES = "gdnctl/tiny-qwen3.5-vl-bytes"
+
+
+def random_vision_rollout_checkpoint(directory: Path, seed: int, tower_seed: int, init_std: float | None = None):
+    """gdnctl/tiny-qwen3.5-vl-bytes with random weights, its language model from `seed` and its vision tower from
+    `tower_seed`, written as the rl trainer writes a rollout's weights on image prompts: bf16 under the
+    vision-language class's names (a tied LM head left out), its config.json with the tower, and the files vLLM
+    builds its input processor from. Returns the fp32 model (transformers' Qwen3_5ForConditionalGeneration)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from gdnctl.knowledge.catalog import from_catalog
+    from gdnctl.runtime.data.pipeline import load_tokenizer
+    from gdnctl.runtime.model.checkpoint import hf_vision_language_config
+    from gdnctl.runtime.rl.weights import processor_files
+    from gdnctl.runtime.rl.weights.sync import write_weights
+
+    arch = from_catalog(VL_BYTES)
+    config = hf_vision_language_config(arch, with_tower=True)
+    settings = {key: value for key, value in config.items() if key not in ("architectures", "model_type")}
+    if init_std is not None:
+        settings["text_config"] = {**settings["text_config"], "initializer_range": init_std}
+        settings["vision_config"] = {**settings["vision_config"], "initializer_range": init_std}
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**settings)).eval()
+    torch.manual_seed(tower_seed)
+    other = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**settings))
+    model.model.visual.load_state_dict(other.model.visual.state_dict())
+    tokenizer = load_tokenizer(Path(__file__).parents[3] / "examples" / "toy-rl" / "tokenizer")
+    write_weights(
+        ((name, tensor) for name, tensor in model.state_dict().items() if name != "lm_head.weight"),
+        directory,
+        config=config,
+        files=processor_files.processor_files(tokenizer, arch.vision),
+    )
+    # The trainer's fp32 copy holds the bf16 weights the engine serves.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    return model

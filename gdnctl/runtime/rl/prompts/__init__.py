@@ -1,5 +1,6 @@
 """The rl prompts: the jsonl dataset and its seeded schedule (`dataset`), every prompt encoded and length-checked
-before step 1 (`check`), and a tokenizer's chat template rendered as transformers renders it (`chat_template`)."""
+before step 1 (`check`), a tokenizer's chat template rendered as transformers renders it (`chat_template`), and a
+prompt with images as the trainer and vLLM each take it (`images`)."""
 
 from gdnctl.runtime.exports import lazy_attributes
 
@@ -13,9 +14,15 @@ _HOMES = {
     "describe": "check",
     "ChatTemplateError": "chat_template",
     "load_chat_template": "chat_template",
+    "ImagePrompt": "images",
+    "ImagePrompts": "images",
+    "engine_ids": "images",
+    "token_types": "images",
 }
 __all__ = [
     "ChatTemplateError",
+    "ImagePrompt",
+    "ImagePrompts",
     "PromptCheckError",
     "PromptDatasetError",
     "PromptRecord",
@@ -25,7 +32,10 @@ __all__ = [
     "check_prompts",
     "dataset",
     "describe",
+    "engine_ids",
+    "images",
     "load_chat_template",
     "load_prompts",
+    "token_types",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -21,7 +21,9 @@ answered in the order they came, one at a time; a sample's generation goes on be
     start        {model, version}            build the engine on the HF checkpoint dir `model`, serving weight
                                              version `version` (the trainer's steps taken)
     submit       {requests}                  start generating each request, a dict of REQUEST_FIELDS (id, prompt:
-                                             token ids, max_tokens, temperature, seed, stop_token_ids); answered at
+                                             token ids, max_tokens, temperature, seed, stop_token_ids, and for an
+                                             image prompt `images`: prompts/images.py WireImage each, one image token
+                                             in the prompt where each goes, which vLLM expands); answered at
                                              once ({accepted, version}): the samples come by collect
     collect      {wait_s}                    the requests finished since the last collect, waiting up to wait_s for
                                              one: {finished: [{id, tokens, logprobs, versions, finish_reason,
@@ -35,10 +37,12 @@ answered in the order they came, one at a time; a sample's generation goes on be
                                              n samples per prompt, sample j of prompt i seeded seeds[i][j], answered
                                              once all are done: {samples: [[{id, tokens, logprobs, versions,
                                              finish_reason, continued}] per prompt], seconds, gpu_used_bytes}
-    load_weights {path, probe, version}      reload every weight from the safetensors in `path` and serve version
+    load_weights {path, probe, probe_images, version}
+                                             reload every weight from the safetensors in `path` and serve version
                                              `version`; answers with per-parameter checksums (weight_sync), the
-                                             log-probs of the probe tokens for the trainer to compare with its own,
-                                             and how many requests were continued
+                                             log-probs of the probe tokens (with probe_images, an image prompt's, as
+                                             a request's images: its image tokens expanded) for the trainer to
+                                             compare with its own, and how many requests were continued
     reload_begin                             start an in-memory reload (weights/worker_reload.py); buckets follow
     ipc_bucket   {shared, entries}           load one bucket the trainer ranks shared through CUDA IPC (GPU
                                              UUID -> handle; the bucket's entries as tuples; weights/cuda_ipc.py)
@@ -47,7 +51,8 @@ answered in the order they came, one at a time; a sample's generation goes on be
                                              as first_rank + its rank; answered once the trainer has joined too
     broadcast_bucket {nbytes, entries}       every worker receives one bucket trainer rank 0 broadcasts, and loads
                                              it; answered once every worker has loaded it
-    reload_end   {probe, version}            finish the reload; answers as load_weights does
+    reload_end   {probe, probe_images, version}
+                                             finish the reload; answers as load_weights does
     sleep                                    colocated on GPUs: free the weights and the KV cache (vLLM sleep level
                                              2) while the trainer steps; the next reload wakes it
     shutdown                                 exit
@@ -91,17 +96,19 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "submit": ("requests",),
     "collect": ("wait_s",),
     "generate": ("prompts", "n", "max_tokens", "temperature", "seeds", "stop_token_ids"),
-    "load_weights": ("path", "probe", "version"),
+    "load_weights": ("path", "probe", "probe_images", "version"),
     "reload_begin": (),
     "ipc_bucket": ("shared", "entries"),
     "group_join": ("host", "port", "size", "backend", "timeout_s", "first_rank"),
     "broadcast_bucket": ("nbytes", "entries"),
-    "reload_end": ("probe", "version"),
+    "reload_end": ("probe", "probe_images", "version"),
     "sleep": (),
     "shutdown": (),
 }
 # The fields of one request of `submit`.
 REQUEST_FIELDS = ("id", "prompt", "max_tokens", "temperature", "seed", "stop_token_ids")
+# A request's field that only an image prompt has (absent: none).
+IMAGES_FIELD = "images"
 
 # How often a waiting client looks at the server process: a crash is reported within this many seconds.
 POLL_SECONDS = 1.0

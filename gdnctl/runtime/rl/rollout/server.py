@@ -9,7 +9,8 @@ rollout/protocol.py's OPERATIONS (its docstring is the contract), on vLLM's asyn
 them in order, one at a time, while the engine's requests stream their tokens meanwhile.
 
 Prompts and samples are token ids: the trainer owns the tokenizer, and vLLM runs with skip_tokenizer_init, so
-both sides cannot disagree about tokenization.
+both sides cannot disagree about tokenization. Image prompts carry their images beside the ids (rl/prompts/
+images.py), and vLLM gets the tokenizer written beside the weights, which only its multi-modal processor uses.
 """
 
 from __future__ import annotations
@@ -81,7 +82,13 @@ def engine_kwargs(config: EngineConfig, model: str) -> dict[str, Any]:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
     if rollout.sleep_between_phases:
         kwargs["enable_sleep_mode"] = True
-    if rollout.vision_language_class:
+    if config.job == "rl" and config.train.images is not None:
+        # Image prompts: vLLM's multi-modal processor expands each prompt's images and needs a tokenizer to build
+        # (the one written beside the weights, weights/processor_files.py); prompts stay token ids, tokenized by
+        # the trainer. At most train.images.max_per_sample images a prompt, as the dataset's checks hold them.
+        kwargs["skip_tokenizer_init"] = False
+        kwargs["limit_mm_per_prompt"] = {"image": config.train.images.max_per_sample, "video": 0}
+    elif rollout.vision_language_class:
         # Qwen3.5 on vLLM < 0.27: the vision-language class, whose vision tower vLLM does not build when no
         # prompt may carry an image or a video (the weight sync sends the language model only).
         kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 0}

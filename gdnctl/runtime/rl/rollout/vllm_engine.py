@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gdnctl.runtime.rl.algorithm import sampling
-from gdnctl.runtime.rl.rollout.protocol import REQUEST_FIELDS
+from gdnctl.runtime.rl.rollout.protocol import IMAGES_FIELD, REQUEST_FIELDS
 from gdnctl.runtime.rl.weights import broadcast, cuda_ipc, worker_reload
 from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.schema import EngineConfig
@@ -89,6 +89,20 @@ def refresh_cpu_moe_prepack(model) -> int:
             replace_parameter(module, "w2_weight", cpu_prepack_moe_weight(module.w2_weight, experts.isa))
             refreshed += 1
     return refreshed
+
+
+def token_prompt(tokens: list[int], images: list | None):
+    """vLLM's prompt of token ids, and an image prompt's images (prompts/images.py WireImage: width, height, RGB
+    bytes) as its multi-modal data, which vLLM's processor cuts into patches and expands the prompt's image tokens
+    for."""
+    from vllm.inputs import TokensPrompt
+
+    if not images:
+        return TokensPrompt(prompt_token_ids=tokens)
+    from PIL import Image
+
+    pictures = [Image.frombytes("RGB", (width, height), data) for width, height, data in images]
+    return TokensPrompt(prompt_token_ids=tokens, multi_modal_data={"image": pictures})
 
 
 class EngineFailed(RuntimeError):
@@ -182,7 +196,7 @@ class VllmEngine:
         """Start every request (each a dict of REQUEST_FIELDS); answered at once, the samples come by `collect`."""
         self._raise_failure()
         for spec in requests:
-            stream = _Stream({name: spec[name] for name in REQUEST_FIELDS})
+            stream = _Stream({name: spec[name] for name in REQUEST_FIELDS} | {IMAGES_FIELD: spec.get(IMAGES_FIELD)})
             if self._reloading:
                 self._held.append(stream)
             else:
@@ -255,7 +269,6 @@ class VllmEngine:
 
     async def _run(self, stream: _Stream) -> None:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         spec = stream.spec
@@ -271,7 +284,7 @@ class VllmEngine:
         )
         # A continuation's prompt is the request's prompt and every token so far: prefilled anew under the weights
         # the engine has now.
-        prompt = TokensPrompt(prompt_token_ids=list(spec["prompt"]) + stream.tokens)
+        prompt = token_prompt(list(spec["prompt"]) + stream.tokens, spec[IMAGES_FIELD])
         version, reason = self.version, None
         try:
             async for output in self.engine.generate(prompt, params, request_id=stream.engine_id()):
@@ -371,14 +384,16 @@ class VllmEngine:
     async def _free_gpu_memory(self) -> int:
         return sum(free for free, _ in await self._rpc(worker_reload.free_gpu_memory))
 
-    async def load_weights(self, path: str, probe: list[int], version: int | None = None) -> dict[str, Any]:
+    async def load_weights(
+        self, path: str, probe: list[int], probe_images: list | None = None, version: int | None = None
+    ) -> dict[str, Any]:
         """Reload from `path`, then serve weight version `version`; answer with parameter checksums and the
-        log-probs of `probe`'s tokens."""
+        log-probs of `probe`'s tokens (an image prompt's with `probe_images`)."""
         await self._quiet()
         began = time.perf_counter()
         wake_seconds = await self._wake(["weights"])
         await self._rpc("reload_weights", weights_path=path)
-        return await self._reloaded(probe, began, wake_seconds, version)
+        return await self._reloaded(probe, probe_images, began, wake_seconds, version)
 
     async def reload_begin(self) -> dict[str, Any]:
         """Start an in-memory reload: buckets follow (ipc_bucket or broadcast_bucket), then reload_end."""
@@ -404,12 +419,14 @@ class VllmEngine:
         """Every worker receives one bucket that trainer rank 0 broadcasts while this runs, and loads it."""
         return {"tensors": (await self._rpc(broadcast.receive_bucket, nbytes, entries))[0]}
 
-    async def reload_end(self, probe: list[int], version: int | None = None) -> dict[str, Any]:
+    async def reload_end(
+        self, probe: list[int], probe_images: list | None = None, version: int | None = None
+    ) -> dict[str, Any]:
         await self._rpc(worker_reload.end_reload)
-        return await self._reloaded(probe, self._reload_began, self._reload_wake_seconds, version)
+        return await self._reloaded(probe, probe_images, self._reload_began, self._reload_wake_seconds, version)
 
     async def _reloaded(
-        self, probe: list[int], began: float, wake_seconds: float, version: int | None
+        self, probe: list[int], probe_images: list | None, began: float, wake_seconds: float, version: int | None
     ) -> dict[str, Any]:
         """After any reload (directory or in memory): repack what vLLM's CPU build packed from the old weights
         (no-ops on GPUs; measured on a tiny Qwen3.5-MoE, in-memory weights without the MoE repack put the probe
@@ -422,6 +439,10 @@ class VllmEngine:
         # a continued request must prefill its whole prefix anew, so the cache must be empty before it starts.
         if await self.engine.reset_prefix_cache() is False:
             raise RuntimeError("vLLM did not reset its prefix cache after the reload (requests still running)")
+        if self.kwargs.get("limit_mm_per_prompt", {}).get("image"):
+            # The vision tower's outputs cached by image (the scheduler's encoder cache and the workers') are the old
+            # weights' too: an image seen before (the probe's, every sync) would skip the new tower.
+            await self.engine.reset_encoder_cache()
         seconds = time.perf_counter() - began
         # Worker 0's view: with rollout tp > 1 it holds shards of the split parameters, which the trainer
         # recognises by their element count and skips; the replicated ones (norms, A_log, dt_bias) are compared.
@@ -431,25 +452,26 @@ class VllmEngine:
         return {
             "checksums": checksums,
             "packed_modules": packed,
-            "probe_logprobs": await self._probe(probe),
+            "probe_logprobs": await self._probe(probe, probe_images),
             "seconds": seconds,
             "wake_seconds": wake_seconds,
             "continued": continued,
         }
 
-    async def _probe(self, probe: list[int]) -> list[float]:
-        """The log-probs of probe[1:] given their prefix (vLLM's prompt log-probs, untempered)."""
+    async def _probe(self, probe: list[int], images: list | None) -> list[float]:
+        """The log-probs of probe[1:] given their prefix (vLLM's prompt log-probs, untempered); an image prompt's
+        over its expanded tokens (as the trainer scores it)."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         scored = None
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         async for output in self.engine.generate(
-            TokensPrompt(prompt_token_ids=probe), params, request_id=f"probe-{time.perf_counter():.6f}"
+            token_prompt(probe, images), params, request_id=f"probe-{time.perf_counter():.6f}"
         ):
             scored = scored or output
-        # Entry t scores probe[t] given probe[:t]; the first token has no entry.
-        return [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], probe[1:], strict=True)]
+        # Entry t scores token t given the tokens before it; the first token has no entry.
+        tokens = scored.prompt_token_ids
+        return [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], tokens[1:], strict=True)]
 
     def shutdown(self) -> None:
         if self.engine is not None:

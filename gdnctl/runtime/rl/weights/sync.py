@@ -222,10 +222,11 @@ def write_weights(
     directory: Path,
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
+    files: dict[str, str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Write HF-named tensors as `directory/model.safetensors` (and `config`, when given, as config.json),
-    replacing the previous set whole; tensors are cast to `dtype` and made contiguous. Returns the tensors as
-    written (for checksums_by_name)."""
+    """Write HF-named tensors as `directory/model.safetensors` (and `config`, when given, as config.json, and
+    `files`, {name: text}, beside them), replacing the previous set whole; tensors are cast to `dtype` and made
+    contiguous. Returns the tensors as written (for checksums_by_name)."""
     from safetensors.torch import save_file
 
     prepared = {name: tensor.detach().to(dtype).contiguous().cpu() for name, tensor in tensors}
@@ -235,6 +236,8 @@ def write_weights(
     save_file(prepared, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
     if config is not None:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name, text in (files or {}).items():
+        (staging / name).write_text(text)
     _swap_in(staging, directory)
     return prepared
 

@@ -1,0 +1,116 @@
+"""An rl prompt with images, as both sides of the rollout take it: the trainer's token ids with every image's tokens
+in place and its patches, and vLLM's token prompt with the images as multi-modal data.
+
+vLLM (0.32.0) expands a token prompt's images itself: its Qwen3-VL processor (Qwen3.5's, vllm/model_executor/models/
+qwen3_vl.py `_get_prompt_updates`) replaces the n-th `image_token_id` of the prompt with as many image tokens as the
+n-th image's grid holds (grid t x h x w / spatial_merge_size^2), between the prompt's own `vision_start` and
+`vision_end`. So the engine gets each image as `vision_start, image_token_id, vision_end` (`engine_ids`) and the
+trainer the same with the image token repeated (`token_ids`, as runtime/data/images.py writes an sft record); both
+count the tokens from the same grid. Both also cut the same pixels: every image is resized here, once, to the size
+Qwen's image processor would resize it to (smart_resize, bicubic, as the PIL processor does), so neither processor
+resizes again (transformers' PIL one for the trainer, the torch one in vLLM's environment) and their patches agree.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gdnctl.knowledge import VisionArch
+from gdnctl.runtime.data import images as image_records
+from gdnctl.schema import image_data
+
+# One image on the rollout's wire: width, height and its RGB pixels, row by row (PIL's "RGB" raw bytes).
+WireImage = tuple[int, int, bytes]
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    token_ids: list[int]  # the trainer's: each image's tokens expanded
+    images: tuple[WireImage, ...]  # what vLLM gets as the prompt's multi-modal data
+    pixel_values: torch.Tensor  # float32 [patches, channels x temporal x patch x patch]
+    image_grid_thw: torch.Tensor  # int64 [images, 3]
+
+
+def engine_ids(token_ids: list[int], image_token_id: int) -> list[int]:
+    """vLLM's token prompt for the trainer's ids: every run of image tokens as one, which vLLM expands again."""
+    return [
+        token
+        for index, token in enumerate(token_ids)
+        if not (token == image_token_id and index and token_ids[index - 1] == image_token_id)
+    ]
+
+
+def token_types(token_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """mm_token_type_ids for transformers' vision-language class: 1 on image tokens, 0 elsewhere."""
+    return (token_ids == image_token_id).long()
+
+
+class ImagePrompts:
+    """Encodes rl records with images for a model's vision tower (its VisionArch) within train.images' limits."""
+
+    def __init__(self, vision: VisionArch, limits: image_data.ImageLimits) -> None:
+        self.vision = vision
+        self.limits = limits
+        self.processor = image_records.image_processor(vision)
+
+    def encode(self, prompt: str, images: object, encode, where: str, base_dir: Path) -> ImagePrompt:
+        """The prompt (one `<image>` where each image goes, as an sft record's) and its images; `encode` is the
+        tokenizer's text -> ids. ImageDataError naming the record where an image is missing, unreadable or too
+        large."""
+        sample = image_data.image_sample({"prompt": prompt, "response": "", "images": images}, where)
+        if len(sample.images) > self.limits.max_per_sample:
+            raise image_data.ImageDataError(
+                f"{where} holds {len(sample.images)} images, more than train.images.max_per_sample "
+                f"({self.limits.max_per_sample})"
+            )
+        pictures = [self._resized(self._picture(image, base_dir)) for image in sample.images]
+        processed = self.processor(images=pictures, return_tensors="pt")
+        grids = processed["image_grid_thw"].to(torch.int64)
+        merge = self.vision.spatial_merge_size**2
+        ids: list[int] = []
+        image = 0
+        for piece in sample.prompt:
+            if isinstance(piece, image_data.ImageRef):
+                count = int(grids[image].prod()) // merge
+                image += 1
+                ids += [self.vision.vision_start_token_id, *[self.vision.image_token_id] * count]
+                ids.append(self.vision.vision_end_token_id)
+            else:
+                ids += encode(piece)
+        return ImagePrompt(
+            token_ids=ids,
+            images=tuple((picture.width, picture.height, picture.tobytes()) for picture in pictures),
+            pixel_values=processed["pixel_values"].to(torch.float32),
+            image_grid_thw=grids,
+        )
+
+    def _picture(self, image: image_data.ImageRef, base_dir: Path):
+        from PIL import Image, UnidentifiedImageError
+
+        data, _ = image.read(base_dir, self.limits)
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                return opened.convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError) as error:
+            raise image_data.ImageDataError(f"{image.where}: {image.label} cannot be decoded ({error})") from None
+
+    def _resized(self, picture):
+        """The picture at the size Qwen's image processor resizes it to, so that no processor resizes it again."""
+        from PIL import Image
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        vision = self.vision
+        height, width = smart_resize(
+            picture.height,
+            picture.width,
+            factor=vision.patch_size * vision.spatial_merge_size,
+            min_pixels=vision.min_pixels,
+            max_pixels=vision.max_pixels,
+        )
+        if (width, height) == picture.size:
+            return picture
+        return picture.resize((width, height), Image.Resampling.BICUBIC)
