@@ -493,6 +493,7 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
     import yaml
 
     from gdnctl.runtime.rl.prompts import engine_ids
+    from gdnctl.runtime.rl.weights import sync as weight_sync
     from gdnctl.runtime.rl.weights.sync import probe_gap
 
     run_dir = tmp_path / "run"
@@ -515,7 +516,7 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
     assert served_ids.count(image_token) == 1
     first, second = tmp_path / "a", tmp_path / "b"
     # Larger weights than transformers' default make the tower's share of the logits visible (see the last assert).
-    model = random_vision_rollout_checkpoint(first, seed=1, tower_seed=1, init_std=0.1)
+    model, written = random_vision_rollout_checkpoint(first, seed=1, tower_seed=1, init_std=0.1)
     random_vision_rollout_checkpoint(second, seed=1, tower_seed=2, init_std=0.1)
     temperature = 0.7
     client = serve_rollout(run_dir, timeout=300)
@@ -550,6 +551,15 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
         "sampled": probe_gap(tempered[len(prompt.token_ids) - 1 :], sample["logprobs"]),
         "other_tower": probe_gap(trainer, other["probe_logprobs"]),
     }
+    # The tower's weights are checked by checksum like the language model's: every tower parameter vLLM's CPU
+    # build shows whole (its linear layers' weights go into packed kernels), as the trainer sent it, and a sync of
+    # another tower differs there.
+    sent = weight_sync.group_checksums(weight_sync.checksums_by_name(written.items()), same["packed_modules"])
+    synced = weight_sync.compare(sent, same["checksums"])
+    tower = [name for name in same["checksums"] if name.startswith("visual.")]
+    assert synced.problems == () and tower and set(tower) <= set(sent), synced
+    swapped = weight_sync.compare(sent, other["checksums"]).problems
+    assert swapped and all(problem.startswith("visual.") for problem in swapped)
     # vLLM scored every token of the trainer's expansion (the gap refuses sequences of different lengths).
     assert len(same["probe_logprobs"]) == len(prompt.token_ids) - 1
     assert len(sample["tokens"]) == 12

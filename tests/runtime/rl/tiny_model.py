@@ -197,7 +197,8 @@ def random_vision_rollout_checkpoint(directory: Path, seed: int, tower_seed: int
     """gdnctl/tiny-qwen3.5-vl-bytes with random weights, its language model from `seed` and its vision tower from
     `tower_seed`, written as the rl trainer writes a rollout's weights on image prompts: bf16 under the
     vision-language class's names (a tied LM head left out), its config.json with the tower, and the files vLLM
-    builds its input processor from. Returns the fp32 model (transformers' Qwen3_5ForConditionalGeneration)."""
+    builds its input processor from. Returns the fp32 model (transformers' Qwen3_5ForConditionalGeneration) and the
+    tensors as written."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     from gdnctl.knowledge.catalog import from_catalog
@@ -218,7 +219,7 @@ def random_vision_rollout_checkpoint(directory: Path, seed: int, tower_seed: int
     other = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**settings))
     model.model.visual.load_state_dict(other.model.visual.state_dict())
     tokenizer = load_tokenizer(Path(__file__).parents[3] / "examples" / "toy-rl" / "tokenizer")
-    write_weights(
+    written = write_weights(
         ((name, tensor) for name, tensor in model.state_dict().items() if name != "lm_head.weight"),
         directory,
         config=config,
@@ -228,4 +229,4 @@ def random_vision_rollout_checkpoint(directory: Path, seed: int, tower_seed: int
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.copy_(parameter.bfloat16().float())
-    return model
+    return model, written

@@ -82,6 +82,9 @@ _FUSED_MOE_PARAMETER = re.compile(r"(.+\.experts)\.(?:\w+\.)*(w13_weight|w2_weig
 # model.language_model.* and lm_head.*: both sides are compared under the text model's names.
 _VL_ROLLOUT_PREFIX = "language_model."
 _VL_HF_PREFIX = "model.language_model."
+# Its vision tower, served for image prompts, is `visual.` in vLLM (vllm/model_executor/models/qwen3_vl.py, 0.32.0)
+# and model.visual.* in the checkpoints: compared under vLLM's name.
+_VL_HF_TOWER_PREFIX = "model.visual."
 
 
 def canonical_rollout_name(name: str) -> str:
@@ -107,11 +110,14 @@ def rollout_name(hf_name: str, packed: dict[str, list[str]]) -> str:
 
 
 def checksums_by_name(tensors: Iterable[tuple[str, torch.Tensor]]) -> Checksums:
-    """Each HF tensor's checksum, under the text model's name (a vision-language name loses its prefix)."""
+    """Each HF tensor's checksum, under the text model's name (a vision-language name loses its prefix; the vision
+    tower's is vLLM's, visual.*)."""
     return {_text_name(name): checksum(tensor) for name, tensor in tensors}
 
 
 def _text_name(hf_name: str) -> str:
+    if hf_name.startswith(_VL_HF_TOWER_PREFIX):
+        return hf_name.removeprefix("model.")
     return "model." + hf_name[len(_VL_HF_PREFIX) :] if hf_name.startswith(_VL_HF_PREFIX) else hf_name
 
 
