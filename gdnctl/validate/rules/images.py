@@ -82,12 +82,13 @@ def rl_images(run: Run) -> Iterator[Issue]:
     """
     What it checks: job: rl with train.images.
 
-    Why: gdnctl's rollout sends vLLM token ids alone and starts it with limit_mm_per_prompt 0, and its policies
-    score prompts without their images: an rl job on image prompts would train on prompts whose images neither
-    the engine nor the trainer saw. Images train in sft jobs (on CPU).
+    Why: gdnctl's rollout can serve image prompts to vLLM with their images (runtime/rl/prompts/images.py), but
+    the rl job reads its records' prompts as text and sends none of their images, and its policies score the
+    samples without them: an rl job on image prompts would train on prompts whose images neither the engine nor
+    the trainer saw. Images train in sft jobs (on CPU).
 
-    Source: gdnctl/runtime/rl/rollout/vllm_engine.py (the engine's arguments) and runtime/rl/prompts (prompts are
-    text).
+    Source: gdnctl/runtime/rl/job.py (the records' prompts encoded as text) and runtime/rl/policy (the
+    policies' forward takes token ids alone).
 
     Fix: remove train.images from the rl preset, or train on the image records with job: sft.
     """
