@@ -39,5 +39,6 @@ __all__ = [
     "training_state",
     "transformer_config",
     "transformer_config_kwargs",
+    "vision_language",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

@@ -30,41 +30,15 @@ import torch.distributed as dist
 from gdnctl.errors import GdnctlError
 from gdnctl.knowledge import PREPROCESSOR_FILE
 from gdnctl.runtime.data import IGNORE_INDEX, PAD_TOKEN_ID, images, load_tokenizer
-from gdnctl.runtime.model import checkpoint, durable_files, hf_weights
+from gdnctl.runtime.model import checkpoint, durable_files, vision_language
 from gdnctl.runtime.train.lr_schedule import lr_of, set_lr
 from gdnctl.runtime.train.metrics import MetricsLog
 from gdnctl.runtime.train.trainer import ADAM_BETAS, CLIP_GRAD, WEIGHT_DECAY
 from gdnctl.schema import EngineConfig, image_data
 
-VISION_PREFIX, VL_PREFIX = hf_weights.VISION_PREFIX, hf_weights.VL_PREFIX
-
 
 class CpuSftError(GdnctlError):
     """The CPU sft job cannot run as configured."""
-
-
-def vision_language_model(config: EngineConfig) -> torch.nn.Module:
-    """transformers' vision-language class of the architecture, from its config (random init from train.seed)."""
-    import transformers
-
-    arch = config.model
-    family = arch.family
-    if arch.vision is None or family.vision_language_class is None:
-        raise CpuSftError(
-            f"{arch.label} has no vision tower; train.images needs a vision-language Qwen3.5 model "
-            "(architecture Qwen3_5ForConditionalGeneration)."
-        )
-    model_class = getattr(transformers, family.vision_language_class)
-    hf_config = checkpoint.hf_vision_language_config(arch, with_tower=True)
-    config_class = model_class.config_class
-    torch.manual_seed(config.train.seed)
-    return model_class(config_class(**{k: v for k, v in hf_config.items() if k != "architectures"})).float()
-
-
-def language_name(name: str) -> str:
-    """A vision-language parameter's checkpoint name as gdnctl's writers name it: the language model's under the
-    text model's `model.` (HFSource.stored_name puts them back), the tower's and the LM head's as they are."""
-    return "model." + name[len(VL_PREFIX) :] if name.startswith(VL_PREFIX) else name
 
 
 class CpuSft:
@@ -84,7 +58,7 @@ class CpuSft:
         self.documents = reader.read(train.data_path)
         self.eval_documents = reader.read(config.eval.data_path) if config.eval is not None else []
 
-        model = vision_language_model(config)
+        model = vision_language.vision_language_model(config)
         initial = Path(config.model.path) if config.model.path else None
         checkpoint.check_source_outside_save_dir(config.model.path, train.save_dir)
         save_dir = Path(train.save_dir) if train.save_dir else None
@@ -92,7 +66,7 @@ class CpuSft:
         self.reads = (initial, resume)
         for directory in (initial, resume):
             if directory is not None:
-                load_vision_language(model, directory)
+                vision_language.load_vision_language(model, directory)
         source = resume or initial
         self.source = (
             checkpoint.run_source(config.model, source)
@@ -213,11 +187,11 @@ class CpuSft:
         """The weights a save writes, under gdnctl's writer names: the language model, and the tower when it trains
         or has no source to be carried from. A tied LM head is the embedding, written once."""
         for name, tensor in self.module.state_dict().items():
-            if name.startswith(VISION_PREFIX) and not self.writes_tower:
+            if name.startswith(vision_language.VISION_PREFIX) and not self.writes_tower:
                 continue
             if self.config.model.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            yield language_name(name), tensor
+            yield vision_language.language_name(name), tensor
 
     def save(self, save_dir: Path) -> None:
         directory = save_dir / checkpoint.checkpoint_name(self.step)
@@ -254,31 +228,6 @@ class CpuSft:
             if save_dir is not None and (last or (train.save_interval and self.step % train.save_interval == 0)):
                 self.save(save_dir)
         self.metrics.close()
-
-
-def load_vision_language(model: torch.nn.Module, directory: Path) -> None:
-    """Copy an HF checkpoint's weights into the vision-language class: the language model by its text-model names
-    (a vision-language or text-only checkpoint), the tower by its own (a checkpoint without one leaves the tower
-    as initialised only when it is a text-only checkpoint)."""
-    reader = checkpoint.HFReader(directory)
-    tower = checkpoint.read_vision_tower(directory)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.startswith(VISION_PREFIX):
-                if name not in tower:
-                    raise CpuSftError(
-                        f"{directory} has no vision tower tensor {name}; point model.path at a Qwen3.5 "
-                        "vision-language checkpoint of the architecture the preset names."
-                    )
-                source = tower[name]
-            else:
-                source = reader.get(language_name(name))
-            if source.shape != param.shape:
-                raise CpuSftError(
-                    f"{directory}: {name} has the shape {tuple(source.shape)}, but the model has "
-                    f"{tuple(param.shape)}; the checkpoint's architecture differs from the preset's."
-                )
-            param.copy_(source.to(param.dtype))
 
 
 def run(config: EngineConfig, config_path: Path) -> int:

@@ -45,7 +45,7 @@ def test_an_image_becomes_its_tokens_between_vision_start_and_end_and_takes_no_l
 
 
 def test_the_tiny_model_takes_the_batch_and_the_catalog_counts_its_tower(reader, tmp_path):
-    from gdnctl.runtime.train.cpu_sft import vision_language_model
+    from gdnctl.runtime.model.vision_language import vision_language_model
     from tests.runtime.engine_fixture import tiny_engine_config
 
     Image.new("RGB", (16, 16), (0, 0, 200)).save(tmp_path / "b.png")
