@@ -118,6 +118,7 @@ SLOW_MODULES = {
     "tests/runtime/model/test_resume_choice.py",
     "tests/runtime/rl/test_checkpoint_full_disk.py",
     "tests/runtime/rl/test_rl_vllm.py",
+    "tests/runtime/rl/test_rl_images.py",
     "tests/runtime/rl/test_rollout_processes.py",
     "tests/runtime/rl/test_rl_async.py",
     "tests/runtime/rl/test_policy_contract.py",

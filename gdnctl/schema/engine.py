@@ -14,14 +14,15 @@ from pydantic import BaseModel, ConfigDict
 
 from gdnctl.knowledge import GdnBackendName, ModelArch
 
-ENGINE_CONFIG_VERSION = 18  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
+ENGINE_CONFIG_VERSION = 19  # 3: metrics (MFU peak, W&B); 4: estimate, rollout.max_step0_logprob_gap;
 # 5: rollout weight transport, sleep between phases, served class; 6: the broadcast weight transport;
 # 7: kernels.torch_compile; 8: the lr schedule, PPO mini-batches, eval, prompt checks; 9: packing;
 # 10: speed.cuda_graphs, kernels.torch_compile decided by the plan (auto); 11: train.lora (what the trainer wraps);
 # 12: packing concat, speed.cuda_graph_modules; 13: speed.overlap_grad_reduce; 14: speed.cutlass_grouped_gemm;
 # 15: train.lora.share_expert_adapters; 16: grpo.reward as a function or a server, rollout.environment;
 # 17: rollout.max_staleness, partial, max_engine_restarts (decided, with engine_restarts_reason) and
-# stall_timeout_s, grpo.dynamic_sampling and overlong; 18: train.images and train.vision, model.vision
+# stall_timeout_s, grpo.dynamic_sampling and overlong; 18: train.images and train.vision, model.vision;
+# 19: train.images in rl jobs (the rollout serves the vision tower), grpo.reward digit_answer
 
 
 class _Frozen(BaseModel):

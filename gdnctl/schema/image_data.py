@@ -12,7 +12,8 @@ A record of a jsonl file carries images in one of two forms:
 An IMAGE is a path relative to the dataset file (or absolute), a `data:image/...;base64,...` URI, or
 `{"path": ...}` / `{"bytes": BASE64}`.
 
-Only the response trains: the prompt's text and its image tokens take no loss.
+Only the response trains: the prompt's text and its image tokens take no loss. An rl job's prompt records carry
+images the first way, beside a prompt and its answer (prompt_sample).
 """
 
 from __future__ import annotations
@@ -275,26 +276,44 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def check_dataset(path: Path, limits: ImageLimits | None) -> Iterator[str]:
+def check_dataset(path: Path, limits: ImageLimits | None, *, prompts: bool = False) -> Iterator[str]:
     """Every problem of the images of a jsonl dataset, each a sentence naming the file and line: a record whose
     images are malformed, missing, unreadable, not an image, or past `limits` (None: the preset sets no
-    train.images, so a record with images is itself the problem). A file that cannot be read yields nothing: the
-    rules about the file itself say so."""
+    train.images, so a record with images is itself the problem). `prompts`: an rl job's prompt records
+    (prompt_sample). A file that cannot be read yields nothing: the rules about the file itself say so."""
     try:
         for number, record in read_jsonl(path, MAX_IMAGE_RECORD_BYTES):
-            yield from _record_problems(record, f"{path} line {number}", path.parent, limits)
+            yield from _record_problems(record, f"{path} line {number}", path.parent, limits, prompts)
     except UnreadableFile:
         return
 
 
-def _record_problems(record: Any, where: str, base_dir: Path, limits: ImageLimits | None) -> Iterator[str]:
+def prompt_sample(record: Any, where: str) -> ImageSample:
+    """An rl prompt record with images: `{"prompt": ..., "answer": ..., "images": [IMAGE, ...]}`, the prompt a string
+    or chat messages with string contents, one `<image>` in its text for each image; ImageDataError naming the
+    field. Its response is empty (the rollout samples it)."""
+    prompt = record.get("prompt") if isinstance(record, dict) else None
+    if isinstance(prompt, list) and all(
+        isinstance(message, dict) and isinstance(message.get("content"), str) for message in prompt
+    ):
+        prompt = "".join(message["content"] for message in prompt)
+    if not isinstance(prompt, str):
+        raise ImageDataError(
+            f'{where} has images but its "prompt" is neither a string nor chat messages with string contents'
+        )
+    return image_sample({"prompt": prompt, "response": "", "images": record.get("images")}, where)
+
+
+def _record_problems(
+    record: Any, where: str, base_dir: Path, limits: ImageLimits | None, prompts: bool
+) -> Iterator[str]:
     if not has_images(record):
         return
     if limits is None:
         yield f"{where} holds images, but the preset sets no train.images"
         return
     try:
-        sample = image_sample(record, where)
+        sample = prompt_sample(record, where) if prompts else image_sample(record, where)
     except ImageDataError as error:
         yield str(error)
         return

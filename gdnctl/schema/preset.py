@@ -503,7 +503,7 @@ class OverlongSpec(_Section):
 
 
 # The shipped rule-based rewards (runtime/rl/rewards/shipped.py holds them, one entry each).
-ShippedReward = Literal["math_exact", "digit_fraction"]
+ShippedReward = Literal["math_exact", "digit_fraction", "digit_answer"]
 
 
 class RewardFunctionSpec(_Section):
@@ -606,7 +606,7 @@ RewardSetting = Annotated[
     Discriminator(
         _reward_form,
         custom_error_type="reward_form",
-        custom_error_message="the reward is a shipped reward's name (math_exact, digit_fraction), "
+        custom_error_message="the reward is a shipped reward's name (math_exact, digit_fraction, digit_answer), "
         "{function: 'file.py:name'} or {url: 'http://host:port/path'}",
     ),
 ]
@@ -617,7 +617,7 @@ class GrpoSpec(_Section):
 
     reward: RewardSetting = Field(
         "math_exact",
-        description="a shipped rule-based reward (math_exact, digit_fraction), a function of yours "
+        description="a shipped rule-based reward (math_exact, digit_fraction, digit_answer), a function of yours "
         "({function: ...}) or a reward server ({url: ...}); docs/rl.md says how to write each",
     )
     reward_workers: int = Field(

@@ -31,11 +31,11 @@ def test_the_tower_row_counts_its_params_and_the_longest_prompts_image_tokens():
     assert "vision tower" not in _rows(run_of({}))
 
 
-def test_the_areal_shaped_example_explains_and_is_refused_only_for_images_in_rl():
+def test_the_areal_shaped_example_explains_and_is_refused_only_for_images_on_gpus():
     preset = load_preset(EXAMPLE).preset
     assert preset is not None
     run = facts.resolve(preset)
     assert run.model.id == "Qwen/Qwen3.5-2B" and run.world_size.value == 8 and preset.train.images is not None
     assert "vision tower" in _rows(run)
     errors = {finding.code for finding in rules.check(run) if finding.severity.value == "error"}
-    assert errors == {"IMG003", "IMG004"}
+    assert errors == {"IMG004"}

@@ -94,7 +94,10 @@ CASES = {
         {"model": {"id": "Qwen/Qwen3-Next-80B-A3B"}, "train": {"images": {}}},
         {"train": {"images": {}}},
     ),
-    "IMG003": ({"train": {"images": {}}}, {}),
+    "IMG003": (
+        lambda tmp: {**_environment(tmp), "train": {"images": {}}},
+        {"cluster": {"gpu": "cpu"}, "train": {"images": {}}},
+    ),
     "IMG004": ({"train": {"images": {}}}, {"cluster": {"gpu": "cpu"}, "train": {"images": {}}}),
     "IMG005": (
         {"job": "sft", "rollout": None, "train": {"images": {}, "layout": "thd"}},

@@ -53,7 +53,7 @@ def test_a_files_path_is_made_absolute_from_the_preset_and_a_modules_name_is_lef
         ("{function: rewards.py:2x}", "grpo.reward.function", "is not a Python name"),
         ("{url: ftp://host/score}", "grpo.reward.url", "is not an http:// or https:// url with a host"),
         ("{url: http://host/score, retry: 2}", "grpo.reward.retry", "Did you mean 'retries'?"),
-        ("nearest", "grpo.reward", "Input should be 'math_exact' or 'digit_fraction'"),
+        ("nearest", "grpo.reward", "Input should be 'math_exact', 'digit_fraction' or 'digit_answer'"),
         ("3", "grpo.reward", "The reward is a shipped reward's name"),
     ],
 )

@@ -346,10 +346,13 @@ def text_only_source(arch: ModelArch) -> HFSource:
     return HFSource(hf_text_config(arch))
 
 
-def rollout_source(arch: ModelArch, vision_language: bool) -> HFSource:
+def rollout_source(arch: ModelArch, vision_language: bool, *, images: bool = False) -> HFSource:
     """What the rollout's weight sync writes: the text-only class, or for Qwen3.5 on vLLM < 0.27 the
     vision-language class (its config with the default vision config, which vLLM needs to construct the class
-    but builds no tower from when images are off; the language model under model.language_model.)."""
+    but builds no tower from when images are off; the language model under model.language_model.). With `images`
+    (an rl job on image prompts) the vision-language class with its tower, which the sync sends too."""
+    if images:
+        return vision_language_source(arch)
     if not vision_language:
         return text_only_source(arch)
     return HFSource(hf_vision_language_config(arch), language_model_prefix=VL_PREFIX)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gdnctl.runtime.rl.algorithm import sampling as sample_seeds
-from gdnctl.runtime.rl.prompts import PromptRecord, check_prompts, describe, load_prompts
+from gdnctl.runtime.rl.prompts import ImagePrompt, PromptRecord, check_prompts, describe, engine_ids, load_prompts
 from gdnctl.runtime.rl.rewards import StepRewards
 from gdnctl.schema import EngineConfig
 
@@ -41,9 +41,11 @@ class HeldOutEval:
         scorer=None,
         episodes=None,
         prompt_text: Callable[[PromptRecord], str] | None = None,
+        images: dict[int, ImagePrompt] | None = None,
     ) -> None:
         """Load, encode and length-check the held-out prompts (over-long ones are left out and named). `scorer`:
-        rank 0's grpo.reward scorer; `episodes`: the environment's runner, which scores instead."""
+        rank 0's grpo.reward scorer; `episodes`: the environment's runner, which scores instead; `images`: where
+        `encode` keeps an image prompt's images by its line, which go to the engines with it."""
         spec, rollout = config.eval, config.rollout
         self.config, self.spec, self.log = config, spec, log
         self.scorer, self.episodes, self.prompt_text = scorer, episodes, prompt_text
@@ -77,6 +79,16 @@ class HeldOutEval:
             )
         self.records = checked.records[: spec.max_prompts] if spec.max_prompts else checked.records
         self.prompts = [checked.encoded[record.line] for record in self.records]
+        # An image prompt goes to vLLM with one image token per image, which it expands (prompts/images.py).
+        self.images: list | None = None
+        if images:
+            image_token = config.model.vision.image_token_id
+            pictured = [images.get(record.line) for record in self.records]
+            self.prompts = [
+                prompt if image is None else engine_ids(image.token_ids, image_token)
+                for prompt, image in zip(self.prompts, pictured, strict=True)
+            ]
+            self.images = [None if image is None else list(image.images) for image in pictured]
 
     def due(self, step: int) -> bool:
         return step % self.spec.interval == 0 or step == self.config.train.train_iters
@@ -117,6 +129,7 @@ class HeldOutEval:
                     for prompt in range(len(self.prompts))
                 ],
                 on_samples=None if scoring is None else scoring.answered,
+                images=self.images,
             )
             if reply is None:
                 return None

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gdnctl.runtime.rl.algorithm import Request, Sample, StepBatch, StepStats, sampling
-from gdnctl.runtime.rl.prompts import PromptRecord, PromptSchedule
+from gdnctl.runtime.rl.algorithm import PromptPixels, Request, Sample, StepBatch, StepStats, sampling
+from gdnctl.runtime.rl.prompts import ImagePrompt, PromptRecord, PromptSchedule, engine_ids
 from gdnctl.runtime.rl.rollout import Outgoing
 from gdnctl.schema import EngineConfig
 
@@ -69,11 +69,14 @@ class RolloutFeed:
         stop_token_ids: list[int],
         first_step: int,
         score_lock: threading.Lock,
+        images: dict[int, ImagePrompt] | None = None,
     ) -> None:
         """encoded: prompt line -> token ids; scoring(step, record_of): the step's scorer, whose score(slot, index,
         result) is one sample's task reward, record_of(slot) the record of the step's prompt in that slot; submit:
         hands requests to the engines (the rollout stream's submit, or the collective path's outbox); score_lock:
-        held while a sample is scored (the held-out evaluation shares the scorer)."""
+        held while a sample is scored (the held-out evaluation shares the scorer); images: an image prompt's line
+        -> its images (prompts/images.py), which go to the engine with its request and to the trainer with its
+        samples."""
         self.config = config
         rollout, grpo = config.rollout, config.grpo
         self.schedule, self.encoded = schedule, encoded
@@ -90,6 +93,11 @@ class RolloutFeed:
         self._ended: dict[int, float] = {}
         self._generated: dict[int, int] = {}
         self._cond = threading.Condition()
+        self._images = images or {}
+        self._pixels = {  # one object per prompt, which its samples share
+            line: PromptPixels(image.pixel_values, image.image_grid_thw) for line, image in self._images.items()
+        }
+        self._image_token = config.model.vision.image_token_id if self._images else None
 
     # --- opening steps --------------------------------------------------------------------------------------
     def open_through(self, version: int) -> None:
@@ -121,23 +129,22 @@ class RolloutFeed:
         requests = batch.take_requests()
         if not requests:
             return
-        self.submit(
-            [
-                Outgoing(
-                    key=request,
-                    request={
-                        "id": request.id,
-                        "prompt": list(request.prompt),
-                        "max_tokens": rollout.max_response_tokens,
-                        "temperature": rollout.temperature,
-                        "seed": request.seed,
-                        "stop_token_ids": self.stop_token_ids,
-                    },
-                    min_version=request.step - self.max_staleness,
-                )
-                for request in requests
-            ]
-        )
+        outgoing = []
+        for request in requests:
+            spec = {
+                "id": request.id,
+                "prompt": list(request.prompt),
+                "max_tokens": rollout.max_response_tokens,
+                "temperature": rollout.temperature,
+                "seed": request.seed,
+                "stop_token_ids": self.stop_token_ids,
+            }
+            image = self._images.get(batch.record_of(request.slot).line)
+            if image is not None:
+                # vLLM expands each image's tokens itself: it gets one image token per image (prompts/images.py).
+                spec.update(prompt=engine_ids(image.token_ids, self._image_token), images=list(image.images))
+            outgoing.append(Outgoing(key=request, request=spec, min_version=request.step - self.max_staleness))
+        self.submit(outgoing)
 
     # --- samples as they finish -------------------------------------------------------------------------------
     def on_finished(self, request: Request, result: dict) -> None:
@@ -167,6 +174,7 @@ class RolloutFeed:
             reward=reward,
             versions=tuple(result["versions"]),
             trained=trained,
+            images=self._pixels.get(batch.record_of(request.slot).line),
         )
         with self._cond:
             batch.add(request, sample)

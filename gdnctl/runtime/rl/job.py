@@ -44,16 +44,20 @@ from gdnctl.knowledge import flops
 from gdnctl.runtime.checks import FirstMinuteWatch, verdicts
 from gdnctl.runtime.data import load_tokenizer, sequence_padding_multiple
 from gdnctl.runtime.model import checkpoint, hold_save_dir
-from gdnctl.runtime.rl.algorithm import Sample, StepStats, check_step0_gap, grpo, updates
+from gdnctl.runtime.rl.algorithm import PromptPixels, Sample, StepStats, check_step0_gap, grpo, updates
 from gdnctl.runtime.rl.evaluation import HeldOutEval
 from gdnctl.runtime.rl.feed import ReadyBatch, RolloutFeed
 from gdnctl.runtime.rl.policy import Policy, make_policy
 from gdnctl.runtime.rl.prompts import (
+    ImagePrompt,
+    ImagePrompts,
     PromptSchedule,
     check_prompts,
     describe,
+    engine_ids,
     load_chat_template,
     load_prompts,
+    probe_prefix,
 )
 from gdnctl.runtime.rl.rewards import StepRewards, make_scorer
 from gdnctl.runtime.rl.rollout import EXTERNAL, ROLLOUT_ENV, Episodes, RolloutEngines, RolloutStream, rollout_dir
@@ -61,7 +65,7 @@ from gdnctl.runtime.rl.rollout import server as rollout_server
 from gdnctl.runtime.rl.weights import broadcast, buckets, cuda_ipc
 from gdnctl.runtime.rl.weights import sync as weight_sync
 from gdnctl.runtime.train import MetricsLog, NonFiniteGuard, StepVerdict, eta_text, lr_of, mfu, progress
-from gdnctl.schema import EngineConfig
+from gdnctl.schema import EngineConfig, image_data
 
 # Tokens of the weight-sync probe: enough for a mean log-prob gap to be stable, cheap to score on both sides.
 PROBE_TOKENS = 64
@@ -137,6 +141,7 @@ class RlStepStats:
     continued_samples: int = 0
     engine_restarts: int = 0  # over the job so far
     prompts_digest: str = ""  # the trained prompts' lines, hashed: which batch this step trained
+    images: int = 0  # images in the step's rows (train.images), each through the vision tower on both sides
     # A reward function's or server's numbers (rewards/scoring.py), an environment's (rollout/episodes.py), and the
     # extra ones either returned as reward/NAME: merged into the metrics row; none for a shipped reward.
     extra: dict[str, float] = field(default_factory=dict)
@@ -194,6 +199,14 @@ class RlJob:
             Episodes(config, self.tokenizer, self.chat_template, self.stop_token_ids) if rollout.environment else None
         )
         self.prompt_texts: dict = {}  # a prompt (its messages as tuples) -> its text as the model is given it
+        # train.images: records with images are encoded with them (prompts/images.py), their line -> its images.
+        self.image_prompts = (
+            ImagePrompts(config.model.vision, image_data.ImageLimits(**train.images.model_dump()))
+            if train.images is not None
+            else None
+        )
+        self.images: dict[int, ImagePrompt] = {}
+        self.eval_images: dict[int, ImagePrompt] = {}  # eval.data_path's
         checked = check_prompts(
             load_prompts(train.data_path, **needed_fields(config)),
             self._encode_record,
@@ -217,13 +230,9 @@ class RlJob:
         records = list(checked.records)
         self.encoded = checked.encoded  # line -> token ids: every prompt is encoded once, here
         self.schedule = PromptSchedule(records, rollout.prompts_per_step, seed=train.seed)
-        # The weight-sync probe: the dataset's first prompt, which both sides score after every sync.
-        self.probe = self.encoded[records[0].line][:PROBE_TOKENS]
-        if len(self.probe) < 2:
-            raise RlSetupError(
-                f"{train.data_path}:{records[0].line}: the first prompt encodes to fewer than two "
-                "tokens; the weight-sync probe scores it, so make it a sentence."
-            )
+        # The weight-sync probe: the dataset's first prompt (its first with images, when it has any, so that the
+        # probe goes through the vision tower too), which both sides score after every sync.
+        self._set_probe(next((record for record in records if record.line in self.images), records[0]))
         # Rank 0 scores: grpo.reward's worker pool starts (its import checked) or its server is asked once, here,
         # before the policy takes a GPU. An environment scores its own episodes.
         self.scorer = make_scorer(config.grpo.reward) if self.rank == 0 and self.episodes is None else None
@@ -231,11 +240,12 @@ class RlJob:
         if config.eval is not None:
             self.evaluation = HeldOutEval(
                 config,
-                self._encode_record,
+                lambda record: self._encode_record(record, self.eval_images, config.eval.data_path),
                 self._log,
                 scorer=self.scorer,
                 episodes=self.episodes,
                 prompt_text=lambda record: self._prompt_text(record.prompt, record.line),
+                images=self.eval_images,
             )
         self.save_dir = Path(train.save_dir) if train.save_dir else None
         # One running job per checkpoint directory (rank 0 holds the lock until the job's process ends).
@@ -251,8 +261,10 @@ class RlJob:
         self.first_step = self.step  # steps before this one were taken by an earlier start (resume)
         self.weights_dir = rollout_dir(self.run_dir) / "weights"  # what the rollout reloads after every step
         # The rollout's names for the trainer's HF tensors (the vision-language class's, for Qwen3.5 on vLLM
-        # < 0.27), for the in-memory sync; the disk export names them through the policy's own source.
-        self.rollout_names = checkpoint.rollout_source(config.model, rollout.vision_language_class)
+        # < 0.27 or image prompts), for the in-memory sync; the disk export names them through the policy's own source.
+        self.rollout_names = checkpoint.rollout_source(
+            config.model, rollout.vision_language_class, images=train.images is not None
+        )
         self.sleeps = rollout.sleep_between_phases
         self.last_sync: dict = {}  # the last sync's transport and wake-up seconds, for the step's stats
         self.engines = RolloutEngines(config, config_path)
@@ -288,6 +300,30 @@ class RlJob:
                 stop_token_ids=self.stop_token_ids,
                 first_step=self.step,
                 score_lock=self.score_lock,
+                images=self.images,
+            )
+
+    def _set_probe(self, record) -> None:
+        """The probe: the record's first PROBE_TOKENS tokens (an image prompt's through its first image at least,
+        and never into an image's tokens), as the trainer scores it and as the engines get it."""
+        image = self.images.get(record.line)
+        self.probe_pixels: PromptPixels | None = None
+        if image is None:
+            self.probe = self.encoded[record.line][:PROBE_TOKENS]
+            self.probe_request: dict = {"probe": self.probe}
+        else:
+            vision = self.config.model.vision
+            prefix = probe_prefix(image, PROBE_TOKENS, vision)
+            self.probe = prefix.token_ids
+            self.probe_pixels = PromptPixels(prefix.pixel_values, prefix.image_grid_thw)
+            self.probe_request = {
+                "probe": engine_ids(prefix.token_ids, vision.image_token_id),
+                "probe_images": list(prefix.images),
+            }
+        if len(self.probe) < 2:
+            raise RlSetupError(
+                f"{self.config.train.data_path}:{record.line}: the first prompt encodes to fewer than two "
+                "tokens; the weight-sync probe scores it, so make it a sentence."
             )
 
     def _stream_submit(self, outgoing: list) -> None:
@@ -377,14 +413,16 @@ class RlJob:
             return self._sync_in_memory(step)
         if self.engines.started and transport == "broadcast":
             return self._sync_broadcast(step)
-        written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe)
+        written, probe = self.policy.export(self.weights_dir), self.policy.probe_logprobs(self.probe, self.probe_pixels)
         self.dir_version = step
         if self.engines.gathers:
             dist.barrier()  # drivers on other nodes read the directory rank 0 wrote
         if not self.engines.started:
             self._start_engines()
         with progress(f"step {step}: the rollout reloads the weights", self._log if step == self.first_step else None):
-            replies = self.engines.request("load_weights", path=str(self.weights_dir), probe=self.probe, version=step)
+            replies = self.engines.request(
+                "load_weights", path=str(self.weights_dir), version=step, **self.probe_request
+            )
         if replies is None:
             return None
         return self._check(replies, weight_sync.checksums_by_name(written.items()), probe, step, "disk")
@@ -392,7 +430,7 @@ class RlJob:
     def _sync_in_memory(self, step: int) -> tuple[weight_sync.SyncCheck, float] | None:
         """Every rank shares its GPU's copy of the HF weights bucket by bucket (weights/cuda_ipc.py); rank 0 has the
         rollout load each bucket before any rank frees it."""
-        probe = self.policy.probe_logprobs(self.probe)
+        probe = self.policy.probe_logprobs(self.probe, self.probe_pixels)
         checksums: weight_sync.Checksums = {}
         self.engines.request("reload_begin")
         uuid = cuda_ipc.device_uuid()
@@ -407,7 +445,7 @@ class RlJob:
             self.engines.request("ipc_bucket", shared=dict(shared), entries=bucket.wire_entries())
             dist.barrier()  # no rank frees its bucket before the rollout has copied it out
             del bucket
-        replies = self.engines.request("reload_end", probe=self.probe, version=step)
+        replies = self.engines.request("reload_end", version=step, **self.probe_request)
         if replies is None:
             return None
         return self._check(replies, checksums, probe, step, "cuda_ipc")
@@ -420,7 +458,7 @@ class RlJob:
         """Rank 0 broadcasts every HF tensor to every engine's workers, bucket by bucket, over the weight group
         (weights/broadcast.py); the other ranks only take part in gathering the tensors. Rank 0 drives every engine
         here: the broadcast serves separate rollouts, and colocated ones only on CPU, on one node."""
-        probe = self.policy.probe_logprobs(self.probe)
+        probe = self.policy.probe_logprobs(self.probe, self.probe_pixels)
         names = self._rollout_named_tensors()
         if self.rank != 0:
             for _ in names:  # the builders gather each tensor collectively
@@ -442,7 +480,7 @@ class RlJob:
             self.weight_group.send(bucket, check=lambda: self.engines.check("broadcast_bucket"))
             self.engines.answer("broadcast_bucket")
             del bucket
-        replies = self.engines.request("reload_end", probe=self.probe, version=step)
+        replies = self.engines.request("reload_end", version=step, **self.probe_request)
         return self._check(replies, checksums, probe, step, "broadcast")
 
     def _join_weight_group(self) -> broadcast.TrainerEnd:
@@ -520,6 +558,7 @@ class RlJob:
                 temperature=rollout.temperature,
                 seeds=[[r["seed"]] for r in requests],
                 stop_token_ids=self.stop_token_ids,
+                images=[r.get("images") for r in requests] if self.images else None,
             )
             if self.rank == 0:
                 for item, (result,) in zip(outgoing, reply["samples"], strict=True):
@@ -604,11 +643,34 @@ class RlJob:
             timeline=True,
         )
 
-    def _encode_record(self, record) -> list[int]:
-        """A record's prompt tokens (an environment's opening, with one); its text is kept for the reward."""
+    def _encode_record(self, record, images: dict | None = None, data_path: str | None = None) -> list[int]:
+        """A record's prompt tokens (an environment's opening, with one); its text is kept for the reward. An image
+        prompt's images go to `images` by its line (train.data_path's: self.images, unless `data_path` says
+        otherwise)."""
         if self.episodes is not None:
             return self.episodes.opening(record, f"{self.config.train.data_path}:{record.line}")[2]
+        if self.image_prompts is not None and image_data.has_images(record.fields):
+            data_path = data_path or self.config.train.data_path
+            return self._encode_images(record, self.images if images is None else images, Path(data_path))
         return self._encode(record.prompt, record.line)
+
+    def _encode_images(self, record, images: dict, data_path: Path) -> list[int]:
+        """An image prompt's tokens, its images' expanded (prompts/images.py); its images are kept by its line."""
+        where = f"{data_path}:{record.line}"
+        try:
+            image = self.image_prompts.encode(
+                self._prompt_text(record.prompt, record.line),
+                record.fields["images"],
+                self.tokenizer.encode,
+                where,
+                data_path.parent,
+            )
+        except image_data.ImageDataError as error:
+            raise RlSetupError(
+                f"{error}; fix the record or raise the limit in train.images (docs/images.md)."
+            ) from None
+        images[record.line] = image
+        return image.token_ids
 
     def _prompt_text(self, prompt, line: int) -> str:
         """A string prompt is used verbatim; a chat goes through the tokenizer's chat template, ending with the
@@ -760,6 +822,7 @@ class RlJob:
             continued_samples=ready.continued,
             engine_restarts=self.stream.restarts if self.stream is not None else 0,
             prompts_digest=prompts_digest(ready.stats.prompt_lines),
+            images=sum(len(s.images.image_grid_thw) for s in samples if s.images is not None),
             extra=_flat(ready.extra),
             **phases,
         )

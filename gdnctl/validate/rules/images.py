@@ -38,7 +38,7 @@ def images_readable(run: Run) -> Iterator[Issue]:
     for field, value in datasets:
         if value is None or not value.endswith(".jsonl") or not Path(value).is_file():
             continue
-        problems = list(image_data.check_dataset(Path(value), limits))
+        problems = list(image_data.check_dataset(Path(value), limits, prompts=run.preset.job == "rl"))
         if not problems:
             continue
         listed = problems[: image_data.MAX_LISTED_PROBLEMS]
@@ -77,26 +77,27 @@ def images_need_vision_tower(run: Run) -> Iterator[Issue]:
     )
 
 
-@rule("IMG003", Severity.ERROR, "rl jobs take no images yet")
+@rule("IMG003", Severity.ERROR, "An rl environment's episodes take no images")
 def rl_images(run: Run) -> Iterator[Issue]:
     """
-    What it checks: job: rl with train.images.
+    What it checks: job: rl with train.images and rollout.environment.
 
-    Why: gdnctl's rollout can serve image prompts to vLLM with their images (runtime/rl/prompts/images.py), but
-    the rl job reads its records' prompts as text and sends none of their images, and its policies score the
-    samples without them: an rl job on image prompts would train on prompts whose images neither the engine nor
-    the trainer saw. Images train in sft jobs (on CPU).
+    Why: an rl job on image prompts sends each prompt's images to vLLM as multi-modal data and scores its samples
+    through the vision tower (runtime/rl/prompts/images.py, runtime/rl/policy/torch_vision_policy.py), but an
+    environment opens each episode with messages of its own (runtime/rl/rollout/episodes.py), which carry text
+    only: the records' images would reach neither the engine nor the trainer.
 
-    Source: gdnctl/runtime/rl/job.py (the records' prompts encoded as text) and runtime/rl/policy (the
-    policies' forward takes token ids alone).
+    Source: gdnctl/runtime/rl/environments/contract.py (an environment's opening and turns are chat messages with
+    string contents).
 
-    Fix: remove train.images from the rl preset, or train on the image records with job: sft.
+    Fix: score the image prompts with grpo.reward instead of an environment, or remove train.images.
     """
-    if run.preset.job == "rl" and run.preset.train.images is not None:
+    p = run.preset
+    if p.job == "rl" and p.train.images is not None and p.rollout is not None and p.rollout.environment is not None:
         yield Issue(
-            "train.images",
-            "rl jobs take no images: the rollout would serve the prompts to vLLM without their images.",
-            "Remove train.images, or train on these records with job: sft.",
+            "rollout.environment",
+            "an environment's episodes are text only: the records' images would reach neither vLLM nor the trainer.",
+            "Score the image prompts with grpo.reward instead, or remove train.images.",
         )
 
 

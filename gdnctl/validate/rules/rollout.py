@@ -142,7 +142,8 @@ def prefill_hang_sm90(run: Run) -> Iterator[Issue]:
 def vision_language_rollout(run: Run) -> Iterator[Issue]:
     """
     What it checks: an rl job on a Qwen3.5 model, its prompts text only, whose rollout vLLM is older than the first
-    release gdnctl has served Qwen3.5 on through the vision-language class (0.26.0). (Image prompts are IMG003's.)
+    release gdnctl has served Qwen3.5 on through the vision-language class (0.26.0). (With image prompts the engine
+    builds the tower and the sync sends it: docs/images.md.)
 
     Why: vLLM before 0.27 registers Qwen3.5 only as `Qwen3_5ForConditionalGeneration` (and its MoE sibling).
     gdnctl's rollout then serves that class: the weight sync names the language model as its checkpoints do

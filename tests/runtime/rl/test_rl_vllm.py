@@ -45,13 +45,15 @@ def vllm_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if base is None else base), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def launch(run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON) -> subprocess.CompletedProcess:
+def launch(
+    run_dir: Path, *sets: str, python: str | None = VLLM_PYTHON, preset: str = PRESET
+) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         "-m",
         "gdnctl",
         "launch",
-        PRESET,
+        preset,
         "-o",
         str(run_dir),
         "--force",
@@ -466,12 +468,14 @@ def _image_prompt(tmp_path: Path):
     )
 
 
-def _image_logprobs(model, prompt, tokens: list[int], temperature: float = 1.0) -> list[float]:
-    """The trainer's log-probs of tokens[1:] through transformers' vision-language class, the tower included."""
+def _image_logprobs(model, prompt, tokens: list[int], temperature: float | None = None) -> list[float]:
+    """The trainer's log-probs of tokens[1:] through transformers' vision-language class, the tower included: as the
+    probe scores them, or (a `temperature`) as a response sampled at it, off the vision tokens (response_bias)."""
     import torch
 
+    from gdnctl.knowledge.catalog import from_catalog
     from gdnctl.runtime.rl.algorithm.grpo import logprobs_from_logits
-    from gdnctl.runtime.rl.prompts import token_types
+    from gdnctl.runtime.rl.prompts import response_bias, token_types
 
     ids = torch.tensor([tokens])
     types = token_types(ids, model.config.image_token_id)
@@ -482,7 +486,12 @@ def _image_logprobs(model, prompt, tokens: list[int], temperature: float = 1.0) 
             pixel_values=prompt.pixel_values,
             image_grid_thw=prompt.image_grid_thw,
         ).logits
-    return logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:], temperature=temperature)[0].tolist()
+    logits = logits[:, :-1].float()
+    if temperature is None:
+        return logprobs_from_logits(logits, ids[:, 1:])[0].tolist()
+    for token, bias in response_bias(from_catalog(VL_BYTES).vision).items():
+        logits[..., token] += bias
+    return logprobs_from_logits(logits, ids[:, 1:], temperature=temperature)[0].tolist()
 
 
 @needs_vllm
@@ -490,25 +499,26 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
     """An image prompt goes to vLLM as token ids with one image token per image and the image as multi-modal data;
     vLLM's expansion, its prompt log-probs and its tempered sample log-probs agree with the trainer's forward
     through the vision tower, and a sync that changed only the tower moves the probe past its tolerance."""
-    import yaml
-
-    from gdnctl.runtime.rl.prompts import engine_ids
-    from gdnctl.runtime.rl.weights import sync as weight_sync
-    from gdnctl.runtime.rl.weights.sync import probe_gap
-
     run_dir = tmp_path / "run"
+    # The engine config of the shipped rl preset on image prompts (its engine serves train.images' prompts).
     rendered = subprocess.run(
-        [sys.executable, "-m", "gdnctl", "render", PRESET, "-o", str(run_dir), "--set", f"model.id={VL_BYTES}"],
+        [sys.executable, "-m", "gdnctl", "render", "tiny-qwen3.5-vl-rl-cpu", "-o", str(run_dir)],
         text=True,
         capture_output=True,
         check=False,
     )
     assert rendered.returncode == 0, rendered.stderr
-    # The engine config of an rl job on image prompts (which validate does not render yet).
-    engine_yaml = run_dir / "engine.yaml"
-    config = yaml.safe_load(engine_yaml.read_text())
-    config["train"]["images"] = {"max_per_sample": 1, "max_bytes": 1 << 20, "max_pixels": 4096}
-    engine_yaml.write_text(yaml.safe_dump(config))
+    check_the_image_engine(run_dir, tmp_path)
+
+
+def check_the_image_engine(run_dir: Path, tmp_path: Path) -> dict[str, float]:
+    """Serve `run_dir`'s engine config (one whose train.images lets the engine take image prompts) and check one
+    image prompt through it against transformers' vision-language class on the same weights: the expansion, the
+    probe, a tempered sample, the tower's checksums, and a sync of another tower. Returns the gaps measured."""
+    from gdnctl.runtime.rl.prompts import engine_ids
+    from gdnctl.runtime.rl.weights import sync as weight_sync
+    from gdnctl.runtime.rl.weights.sync import probe_gap
+
     prompt = _image_prompt(tmp_path)
     image_token = 259
     assert prompt.token_ids.count(image_token) == 4
@@ -551,9 +561,9 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
         "sampled": probe_gap(tempered[len(prompt.token_ids) - 1 :], sample["logprobs"]),
         "other_tower": probe_gap(trainer, other["probe_logprobs"]),
     }
-    # The tower's weights are checked by checksum like the language model's: every tower parameter vLLM's CPU
-    # build shows whole (its linear layers' weights go into packed kernels), as the trainer sent it, and a sync of
-    # another tower differs there.
+    # The tower's weights are checked by checksum like the language model's: every tower parameter vLLM shows whole
+    # (its CPU build packs linear layers' weights for its kernels), as the trainer sent it, and a sync of another
+    # tower differs there.
     sent = weight_sync.group_checksums(weight_sync.checksums_by_name(written.items()), same["packed_modules"])
     synced = weight_sync.compare(sent, same["checksums"])
     tower = [name for name in same["checksums"] if name.startswith("visual.")]
@@ -563,8 +573,9 @@ def test_vllm_expands_an_image_prompt_as_the_trainer_does_and_the_probe_sees_its
     # vLLM scored every token of the trainer's expansion (the gap refuses sequences of different lengths).
     assert len(same["probe_logprobs"]) == len(prompt.token_ids) - 1
     assert len(sample["tokens"]) == 12
-    # bf16 in vLLM against the trainer's fp32 forward on the same bf16 weights: measured 0.024 (prompt) and 0.054
-    # (12 tokens at T = 0.7), the same size on the text before the image as on the tokens after it (rounding of
-    # these large-weight logits, no drift along the sequence).
+    # bf16 in vLLM against the trainer's fp32 forward on the same bf16 weights: measured on the CPU build 0.024
+    # (prompt) and 0.054 (12 tokens at T = 0.7), the same size on the text before the image as on the tokens
+    # after it (rounding of these large-weight logits, no drift along the sequence).
     assert gaps["probe"] < 0.05 and gaps["sampled"] < 0.1, gaps
     assert gaps["other_tower"] > 0.1, gaps  # rollout.probe_tolerance's default
+    return gaps

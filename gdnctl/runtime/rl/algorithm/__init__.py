@@ -7,6 +7,7 @@ and the staleness bound (`sampling`), and one step's batch as its samples arrive
 from gdnctl.runtime.exports import lazy_attributes
 
 _HOMES = {
+    "PromptPixels": "batch",
     "RlBatch": "batch",
     "Sample": "batch",
     "Turn": "batch",
@@ -18,6 +19,7 @@ _HOMES = {
 }
 __all__ = [
     "LogprobGapError",
+    "PromptPixels",
     "Request",
     "RlBatch",
     "Sample",

@@ -10,6 +10,9 @@ Right padding never reaches a real token's logits (the model is causal). A sampl
 A multi-turn sample's response holds the environment's tokens between the model's turns (rollout/episodes.py):
 its `loss_mask` says which response tokens the model sampled, and only those are in `response_mask`, so the
 environment's tokens take no loss (their rollout log-probs are placeholders, never read).
+
+A sample of an image prompt carries its prompt's patches (`PromptPixels`); a batch holds every row's, in row order,
+which is the order the vision-language class assigns images to the rows' image tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ class Turn:
     role: str  # "assistant" for the model's turns; the environment's messages' role(s) otherwise
     start: int
     stop: int
+
+
+@dataclass(frozen=True)
+class PromptPixels:
+    """An image prompt's images as its image processor cut them (runtime/data/images.py's tensors)."""
+
+    pixel_values: torch.Tensor  # float32 [patches, channels x temporal x patch x patch]
+    image_grid_thw: torch.Tensor  # int64 [images, 3]: frames, patch rows, patch columns
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,8 @@ class Sample:
     # it and so takes the loss, and the turns the response is made of.
     loss_mask: tuple[bool, ...] | None = None
     turns: tuple[Turn, ...] | None = None
+    # An image prompt's images (None: a text prompt). The group's samples share the one object.
+    images: PromptPixels | None = None
 
     @property
     def version(self) -> int | None:
@@ -64,6 +77,7 @@ class RlBatch:
     response_mask: torch.Tensor  # bool [N, T - 1]
     rollout_logprobs: torch.Tensor  # float [N, T - 1], 0 outside the response
     advantages: torch.Tensor  # float [N]
+    images: PromptPixels | None = None  # every image of the rows, in row order (None: no row has one)
 
     @property
     def num_response_tokens(self) -> int:
@@ -109,7 +123,13 @@ def build_batch(samples: Sequence[Sample], pad_id: int, multiple: int = 1) -> Rl
         response_mask[row, prompt - 1 : prompt - 1 + response] = trained
         rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(sample.rollout_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return RlBatch(tokens, attention, response_mask, rollout_logprobs, advantages)
+    pictured = [s.images for s in samples if s.images is not None]
+    images = (
+        PromptPixels(torch.cat([p.pixel_values for p in pictured]), torch.cat([p.image_grid_thw for p in pictured]))
+        if pictured
+        else None
+    )
+    return RlBatch(tokens, attention, response_mask, rollout_logprobs, advantages, images)
 
 
 def rank_share(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sample]:

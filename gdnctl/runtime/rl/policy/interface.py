@@ -1,6 +1,7 @@
 """The interface the rl job trains through, so the loop does not care which policy runs.
 
-`TorchPolicy` (device cpu: transformers' text class, plain torch) and `MegatronPolicy` (GPUs: the sft trainer's
+`TorchPolicy` (device cpu: transformers' text class, plain torch; `TorchVisionPolicy` its vision-language class, for
+image prompts) and `MegatronPolicy` (GPUs: the sft trainer's
 Megatron model and optimizer) both implement it; `make_policy` picks one from the engine config's device.
 
 What both promise the loop:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from gdnctl.runtime.rl.algorithm import RlBatch
+    from gdnctl.runtime.rl.algorithm import PromptPixels, RlBatch
     from gdnctl.schema import EngineConfig
 
 
@@ -36,8 +37,9 @@ class Policy(Protocol):
     dp_rank: int
     dp_size: int
 
-    def probe_logprobs(self, tokens: list[int]) -> list[float]:
-        """log p of tokens[1:] given their prefix: what the weight-sync probe compares with the rollout's."""
+    def probe_logprobs(self, tokens: list[int], images: PromptPixels | None = None) -> list[float]:
+        """log p of tokens[1:] given their prefix (an image prompt's with its images): what the weight-sync probe
+        compares with the rollout's."""
 
     def logprobs(self, micro_batches: list[RlBatch]) -> list[torch.Tensor | None]:
         """log p of every next token per micro-batch under the current weights at the rollout's temperature, without
@@ -72,6 +74,10 @@ class Policy(Protocol):
 
 def make_policy(config: EngineConfig, config_path: Path, comm_policy) -> Policy:
     if config.device == "cpu":
+        if config.train.images is not None:
+            from gdnctl.runtime.rl.policy.torch_vision_policy import TorchVisionPolicy
+
+            return TorchVisionPolicy(config)
         from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy
 
         return TorchPolicy(config)

@@ -88,9 +88,10 @@ class MegatronPolicy:
             return model(tokens, positions, None, labels=labels)
 
     @torch.no_grad()
-    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+    def probe_logprobs(self, tokens: list[int], images=None) -> list[float]:
         """log p of tokens[1:] given their prefix at temperature 1, as vLLM's prompt log-probs score them (every
-        rank takes part: the forward is collective)."""
+        rank takes part: the forward is collective). Never an image prompt's: images on GPUs are refused by
+        validate (IMG004), so `images` is always None here."""
         self.trainer.model.eval()
         losses = self._token_losses(self.trainer.model, torch.tensor([tokens], device="cuda"), temperature=1.0)
         self.trainer.model.train()

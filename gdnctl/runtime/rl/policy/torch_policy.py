@@ -41,14 +41,11 @@ class TorchPolicy:
     def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
         """Build the model from the architecture (random init from train.seed); load the weights of the latest
         checkpoint in train.save_dir (with its optimizer state and step), else of model.path, when there is one."""
-        config_class, model_class = hf_model_classes(config.model)
         self.device = torch.device(device)
-        self.hf_config = checkpoint.hf_text_config(config.model)
-        torch.manual_seed(config.train.seed)
-        model = model_class(config_class(**self.hf_config)).float()
+        model = self._new_model(config)
         initial = Path(config.model.path) if config.model.path else None
         if initial is not None:
-            _load(model, initial)
+            self._load_weights(model, initial)
         self.reference = None
         if config.grpo.kl_coef > 0:
             # The KL anchor is the policy as the job first started (model.path, else the seeded init), also
@@ -58,26 +55,55 @@ class TorchPolicy:
         resume = checkpoint.latest_checkpoint(Path(config.train.save_dir)) if config.train.save_dir else None
         self.reads = (initial, resume)  # the checkpoints its weights come from, which no save may replace
         if resume is not None:
-            _load(model, resume)
+            self._load_weights(model, resume)
         # What every save carries over (the MTP head, a vision tower) and the names and config.json it keeps.
-        self.source = checkpoint.run_source(config.model, resume or initial)
-        # What the rollout serves: the text-only class, or Qwen3.5's vision-language one on vLLM < 0.27.
-        self.rollout_source = checkpoint.rollout_source(config.model, config.rollout.vision_language_class)
+        self.source = self._save_source(config, resume or initial)
+        # What the rollout serves: the text-only class, or Qwen3.5's vision-language one (on vLLM < 0.27, or with
+        # its tower for image prompts).
+        self.rollout_source = checkpoint.rollout_source(
+            config.model, config.rollout.vision_language_class, images=config.train.images is not None
+        )
         self.module = model.to(self.device)
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
-        self.model = torch.nn.parallel.DistributedDataParallel(model) if self.dp_size > 1 else model
+        self.model = (
+            torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=self.unused_parameters)
+            if self.dp_size > 1
+            else model
+        )
         self.tied = config.model.tie_word_embeddings
         # The rollout samples softmax(logits / T): the samples' log-probs are scored under that distribution, as
         # vLLM's processed log-probs are (rollout/server.py engine_kwargs). The probe is scored at T = 1 on both sides
         # (vLLM's prompt log-probs are never tempered).
         self.temperature = config.rollout.temperature
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.train.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY
+            [param for param in model.parameters() if param.requires_grad],
+            lr=config.train.lr,
+            betas=ADAM_BETAS,
+            weight_decay=WEIGHT_DECAY,
         )
         self.step = 0
         if resume is not None:
             self.step = checkpoint.read_training_state(resume, self.dp_size)["iteration"]
             checkpoint.load_training_state(resume, self.optimizer, device=str(self.device))
+
+    # Whether a step may leave parameters without a gradient (DDP must then look for them).
+    unused_parameters = False
+
+    def _new_model(self, config: EngineConfig) -> torch.nn.Module:
+        """transformers' text class of the architecture, random init from train.seed."""
+        config_class, model_class = hf_model_classes(config.model)
+        torch.manual_seed(config.train.seed)
+        return model_class(config_class(**checkpoint.hf_text_config(config.model))).float()
+
+    def _load_weights(self, model: torch.nn.Module, directory: Path) -> None:
+        _load(model, directory)
+
+    def _save_source(self, config: EngineConfig, directory: Path | None):
+        return checkpoint.run_source(config.model, directory)
+
+    def _forward(self, model: torch.nn.Module, tokens: torch.Tensor, attention_mask, images) -> torch.Tensor:
+        """The logits of `tokens` (`images`: a text policy has none)."""
+        return model(input_ids=tokens, attention_mask=attention_mask).logits
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights under their checkpoint names (per-expert, see per_expert); a tied LM head is the
@@ -90,14 +116,21 @@ class TorchPolicy:
     def _logprobs(self, model: torch.nn.Module, batch: RlBatch) -> torch.Tensor:
         """log p of each next token `[N, T - 1]` under `model`, at the rollout's sampling temperature."""
         tokens = batch.tokens.to(self.device)
-        logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(self.device)).logits
-        return grpo.logprobs_from_logits(logits[:, :-1].float(), tokens[:, 1:], temperature=self.temperature)
+        logits = self._forward(model, tokens, batch.attention_mask.to(self.device), batch.images)
+        return grpo.logprobs_from_logits(
+            self._sampled_logits(logits[:, :-1].float()), tokens[:, 1:], temperature=self.temperature
+        )
+
+    def _sampled_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits the engine samples from, before its temperature (a text policy's: the model's)."""
+        return logits
 
     @torch.no_grad()
-    def probe_logprobs(self, tokens: list[int]) -> list[float]:
-        """log p of tokens[1:] given their prefix, as the rollout's prompt log-probs score them (temperature 1)."""
+    def probe_logprobs(self, tokens: list[int], images=None) -> list[float]:
+        """log p of tokens[1:] given their prefix (an image prompt's with its `images`), as the rollout's prompt
+        log-probs score them (temperature 1)."""
         ids = torch.tensor([tokens], device=self.device)
-        logits = self.module(input_ids=ids).logits
+        logits = self._forward(self.module, ids, None, images)
         return grpo.logprobs_from_logits(logits[:, :-1].float(), ids[:, 1:])[0].tolist()
 
     @torch.no_grad()
@@ -225,7 +258,21 @@ class TorchPolicy:
             ((rollout.stored_name(name), tensor) for name, tensor in self.hf_tensors()),
             directory,
             config=rollout.config,
+            files=self._rollout_files(),
         )
+
+    def _rollout_files(self) -> dict[str, str]:
+        """Files the rollout's engine reads beside the weights (a text policy's: none)."""
+        return {}
+
+    def _saved_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a save writes (the rest it carries over from its source)."""
+        return self.hf_tensors()
+
+    def _save_extras(self, directory: Path) -> dict:
+        """Files a save writes beside the weights, as save_training_state's `written` entries (a text policy's:
+        none)."""
+        return {}
 
     def save(self, save_dir: Path, step: int) -> None:
         """A checkpoint in the Megatron trainer's layout (HF weights in fp32 with what they carry over from the
@@ -233,7 +280,10 @@ class TorchPolicy:
         has written."""
         directory = save_dir / checkpoint.checkpoint_name(step)
         checkpoint.refuse_overwriting_source(directory, self.reads)
-        written = checkpoint.save_tensors(self.hf_tensors(), directory, self.source) if dist.get_rank() == 0 else {}
+        written = {}
+        if dist.get_rank() == 0:
+            written = checkpoint.save_tensors(self._saved_tensors(), directory, self.source)
+            written.update(self._save_extras(directory))
         checkpoint.save_training_state(directory, self.optimizer, {"iteration": step}, written)
         dist.barrier()
         if dist.get_rank() == 0:

@@ -16,6 +16,8 @@ _HOMES = {
     "load_chat_template": "chat_template",
     "ImagePrompt": "images",
     "ImagePrompts": "images",
+    "probe_prefix": "images",
+    "response_bias": "images",
     "engine_ids": "images",
     "token_types": "images",
 }
@@ -36,6 +38,8 @@ __all__ = [
     "images",
     "load_chat_template",
     "load_prompts",
+    "probe_prefix",
+    "response_bias",
     "token_types",
 ]
 __getattr__ = lazy_attributes(__name__, _HOMES)

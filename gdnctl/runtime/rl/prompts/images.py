@@ -25,6 +25,9 @@ from gdnctl.schema import image_data
 
 # One image on the rollout's wire: width, height and its RGB pixels, row by row (PIL's "RGB" raw bytes).
 WireImage = tuple[int, int, bytes]
+# The logit bias that keeps a response off the vision tokens: vLLM's floor (vllm/sampling_params.py clamps a bias
+# to [-100, 100]), which the engine adds before its temperature and the trainer adds likewise (response_bias).
+BANNED_BIAS = -100.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,15 @@ def engine_ids(token_ids: list[int], image_token_id: int) -> list[int]:
         for index, token in enumerate(token_ids)
         if not (token == image_token_id and index and token_ids[index - 1] == image_token_id)
     ]
+
+
+def response_bias(vision: VisionArch) -> dict[int, float]:
+    """The logit bias of every vision token, for the responses of an image job. The vision-language class takes
+    every image token of a row as an image's slot (transformers' get_placeholder_mask; vLLM's processor of a
+    continued prompt alike), so a response that sampled one would no longer match its images: neither side may
+    sample them, and both score the responses under the same biased distribution."""
+    tokens = (vision.vision_start_token_id, vision.vision_end_token_id, vision.image_token_id, vision.video_token_id)
+    return dict.fromkeys(tokens, BANNED_BIAS)
 
 
 def token_types(token_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
@@ -114,3 +126,25 @@ class ImagePrompts:
         if (width, height) == picture.size:
             return picture
         return picture.resize((width, height), Image.Resampling.BICUBIC)
+
+
+def probe_prefix(prompt: ImagePrompt, tokens: int, vision: VisionArch) -> ImagePrompt:
+    """The prompt's first `tokens` tokens, or more: at least through its first image, and never ending inside an
+    image's tokens (vLLM expands a prompt's images whole). The weight-sync probe scores this prefix, so that a
+    wrong vision tower in the engine moves it. Only the images inside the cut stay, with their patches."""
+    ids = prompt.token_ids
+    ends = [index + 1 for index, token in enumerate(ids) if token == vision.vision_end_token_id]
+    stop = max(tokens, ends[0]) if ends else tokens
+    starts = [index for index, token in enumerate(ids) if token == vision.vision_start_token_id]
+    for start, end in zip(starts, ends, strict=True):
+        if start < stop < end:
+            stop = end
+    kept = sum(end <= stop for end in ends)
+    grids = prompt.image_grid_thw[:kept]
+    patches = int(grids.prod(dim=1).sum()) if kept else 0
+    return ImagePrompt(
+        token_ids=ids[:stop],
+        images=prompt.images[:kept],
+        pixel_values=prompt.pixel_values[:patches],
+        image_grid_thw=grids,
+    )

@@ -181,9 +181,30 @@ def digit_fraction_reward(response: str, reference: str) -> float:
     return sum(c in "0123456789" for c in characters) / len(characters)
 
 
+# digit_answer's credit for a digit that is not the reference's.
+OTHER_DIGIT_CREDIT = 0.25
+
+
+def digit_answer_reward(response: str, reference: str) -> float:
+    """The mean over the response's non-space characters of 1.0 for the reference's digit, OTHER_DIGIT_CREDIT for
+    any other digit, 0.0 for anything else (0.0 for an empty response); the reference is one digit.
+
+    A toy task for image prompts (examples/toy-vision: how many squares an image shows): like digit_fraction, a model
+    with random weights gets a small, varied reward from its first rollouts, so GRPO has a signal at once; only the
+    digit the image shows earns the full mark."""
+    characters = [c for c in response if not c.isspace()]
+    if not characters:
+        return 0.0
+    answer = reference.strip()
+    return sum(1.0 if c == answer else OTHER_DIGIT_CREDIT if c in "0123456789" else 0.0 for c in characters) / len(
+        characters
+    )
+
+
 REWARDS: dict[str, RewardFn] = {
     "math_exact": math_exact_reward,
     "digit_fraction": digit_fraction_reward,
+    "digit_answer": digit_answer_reward,
 }
 
 

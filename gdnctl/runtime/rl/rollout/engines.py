@@ -295,11 +295,13 @@ class RolloutEngines:
         seeds: list[list[int]],
         stop_token_ids: list[int],
         on_samples: Callable[[int, list], None] | None = None,
+        images: list | None = None,
     ) -> dict | None:
         """Every engine samples its share of `prompts` (engine_layout.shares), sample j of prompt i seeded
         seeds[i][j], so the draw does not depend on how many engines there are. Rank 0 gets the samples in prompt
         order, the slowest engine's seconds, and engine 0's GPU memory in use. On rank 0, `on_samples(first,
-        groups)` gets each engine's samples as they arrive: groups[i] are prompt first + i's."""
+        groups)` gets each engine's samples as they arrive: groups[i] are prompt first + i's. `images`: each
+        prompt's images (the protocol's generate), None for text prompts."""
         shares = dict(enumerate(engine_layout.shares(len(prompts), self.count)))
         fields = {
             engine: {
@@ -309,6 +311,7 @@ class RolloutEngines:
                 "temperature": temperature,
                 "seeds": seeds[share.start : share.stop],
                 "stop_token_ids": stop_token_ids,
+                "images": images[share.start : share.stop] if images else None,
             }
             for engine, share in shares.items()
             if len(share)

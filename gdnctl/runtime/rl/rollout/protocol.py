@@ -33,8 +33,9 @@ answered in the order they came, one at a time; a sample's generation goes on be
                                              version that generated each token; continued: how often a weight
                                              update stopped and continued it; stalled_s: how long the engine has had
                                              requests in flight without a new token (0 when idle)
-    generate     {prompts, n, max_tokens, temperature, seeds, stop_token_ids}
-                                             n samples per prompt, sample j of prompt i seeded seeds[i][j], answered
+    generate     {prompts, n, max_tokens, temperature, seeds, stop_token_ids, images}
+                                             n samples per prompt (images: each prompt's, as a request's, or
+                                             None), sample j of prompt i seeded seeds[i][j], answered
                                              once all are done: {samples: [[{id, tokens, logprobs, versions,
                                              finish_reason, continued}] per prompt], seconds, gpu_used_bytes}
     load_weights {path, probe, probe_images, version}
@@ -95,7 +96,7 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "start": ("model", "version"),
     "submit": ("requests",),
     "collect": ("wait_s",),
-    "generate": ("prompts", "n", "max_tokens", "temperature", "seeds", "stop_token_ids"),
+    "generate": ("prompts", "n", "max_tokens", "temperature", "seeds", "stop_token_ids", "images"),
     "load_weights": ("path", "probe", "probe_images", "version"),
     "reload_begin": (),
     "ipc_bucket": ("shared", "entries"),

@@ -165,6 +165,11 @@ class VllmEngine:
         self._last_progress = time.monotonic()  # the last token, or when the engine last went from idle to busy
         self._failure: str | None = None
         self._reload_began = self._reload_wake_seconds = 0.0  # set by reload_begin, read by reload_end
+        self._response_bias = None  # image prompts: no response samples a vision token (prompts/images.py)
+        if config.job == "rl" and config.train.images is not None:
+            from gdnctl.runtime.rl.prompts import response_bias
+
+            self._response_bias = response_bias(config.model.vision)
 
     # --- start --------------------------------------------------------------------------------------------
     def start(self, model: str, version: int = 0) -> dict[str, Any]:
@@ -232,9 +237,11 @@ class VllmEngine:
         temperature: float,
         seeds: list[list[int]],
         stop_token_ids: list[int],
+        images: list | None = None,
     ) -> dict[str, Any]:
         """`n` samples of every prompt, sample j of prompt i seeded seeds[i][j], answered once all are done (the
-        held-out evaluation, and the rollout of colocated engines on several nodes)."""
+        held-out evaluation, and the rollout of colocated engines on several nodes); `images`: each prompt's
+        images as a request's (None for a text prompt, or for all)."""
         self._raise_failure()
         await self._wake(["weights", "kv_cache"])  # a sync always wakes it; this only guards the order of requests
         loop = asyncio.get_running_loop()
@@ -249,6 +256,7 @@ class VllmEngine:
                     "temperature": temperature,
                     "seed": row[sample],
                     "stop_token_ids": stop_token_ids,
+                    IMAGES_FIELD: images[index] if images else None,
                 }
                 stream = _Stream(spec, done=loop.create_future())
                 streams.append(stream)
@@ -281,6 +289,7 @@ class VllmEngine:
             detokenize=False,
             stop_token_ids=spec["stop_token_ids"],
             output_kind=RequestOutputKind.DELTA,
+            logit_bias=self._response_bias,
         )
         # A continuation's prompt is the request's prompt and every token so far: prefilled anew under the weights
         # the engine has now.
