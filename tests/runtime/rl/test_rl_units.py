@@ -233,6 +233,23 @@ def test_the_rollout_engine_gets_the_presets_kv_cache_size(tmp_path, gpu, kv_cac
     )
 
 
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        ((), 0.0),  # a one-worker CPU engine: its core is killed at once, nothing of it outlives the process
+        (("cluster.gpus_per_node=2", "rollout.tp=2"), None),  # CPU workers of their own: vLLM's default grace
+        (("cluster.gpu=h100",), None),  # GPUs: the core frees its device memory within vLLM's default grace
+    ],
+)
+def test_only_a_one_worker_cpu_engine_skips_vllms_shutdown_grace(tmp_path, sets, expected):
+    from gdnctl.launch.render import render
+    from gdnctl.runtime.rl.rollout.vllm_engine import engine_core_grace_s
+    from gdnctl.schema.engine import EngineConfig
+
+    render("tiny-qwen3.5-rl-cpu", tmp_path / "run", list(sets))
+    assert engine_core_grace_s(EngineConfig.from_file(tmp_path / "run" / "engine.yaml")) == expected
+
+
 def test_every_engine_is_checked_and_one_that_differs_is_named():
     tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     checksums = weight_sync.checksums_by_name([("model.norm.weight", tensor)])

@@ -484,4 +484,22 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=engine_core_grace_s(self.config))
+
+
+def engine_core_grace_s(config: EngineConfig) -> float | None:
+    """How long vLLM's shutdown lets the engine core end on its own before it kills the core's process tree; None
+    keeps vLLM's default.
+
+    vLLM 0.32.0's AsyncLLM.shutdown(timeout) reaches vllm/v1/utils.py `shutdown`: SIGTERM to the engine core, a join
+    of up to `timeout` s (5 s when None), then SIGKILL of what is left. On a GPU the core frees its device memory in
+    that window (vLLM's ROCm grace exists because a kill during teardown can leave VRAM resident), so GPUs keep the
+    default. A one-worker CPU engine's worker runs in the core (VLLM_ENABLE_V1_MULTIPROCESSING=0, see start), and
+    the core's teardown, measured on a 2-core machine, was 2 s of vLLM's own cleanup (gc, its gloo group) and then
+    3 s of the interpreter's: every rl job on CPU waited those 5 s after its last step. Killed at once, the core
+    leaves only its gloo group's file store (2 KB in the temp dir, vllm/utils/network_utils.py
+    get_file_store_init_method); the kernel frees the rest. A tensor-parallel CPU engine keeps the default: its
+    workers' shared-memory queues (/dev/shm) are unlinked only by their own teardown."""
+    if config.device == "cpu" and config.rollout.tp == 1:
+        return 0.0
+    return None
