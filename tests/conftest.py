@@ -36,6 +36,8 @@ SHARED_FIXTURE_GROUPS = {
     "rl_smoke_run": "rl-smoke",  # one rl smoke run with vLLM that the smoke and docs tests both read
     "ppo_run": "rl-ppo",  # one PPO rl job at temperature 0.7 that the PPO and temperature tests both read
     "coverage_run": "gloo-coverage",  # one 2-rank torchrun that the comm guard coverage tests read
+    "nonfinite_run": "rl-nonfinite",  # one rl job stopped by a non-finite step: the non-finite and process tests
+    "streaming_run": "rl-streaming",  # one rollout server that the partial-rollout and long-prompt tests read
 }
 
 
@@ -143,9 +145,6 @@ SLOW_MODULES = {
 }
 SLOW_TESTS = {  # module path -> test function names (every parametrization)
     "tests/launch/test_render.py": {"test_scripts_pass_bash_n_and_shellcheck"},
-    "tests/runtime/rl/test_rollout_streaming.py": {
-        "test_a_partial_rollout_continues_a_request_under_the_new_weights_prefilled_anew"
-    },
     "tests/runtime/data/test_context_parallel.py": {
         "test_the_ranks_hold_every_position_once_and_equal_shares_of_each_sequence",
         "test_a_cp_rank_is_handed_its_tokens_and_the_whole_rows_metadata",

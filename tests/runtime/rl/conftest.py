@@ -1,10 +1,12 @@
-"""Fixtures the rl tests share: the tiny CPU rl preset's engine config, a one-rank gloo group, and one rl job run
-as a real Slurm job."""
+"""Fixtures the rl tests share: the tiny CPU rl preset's engine config, a one-rank gloo group, one rl job run as a
+real Slurm job, and the jobs several tests read."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,35 @@ def ppo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
     run_dir = tmp_path_factory.mktemp("ppo") / "run"
     return run_dir, launch(run_dir, *SMALL_STEPS, *PPO_SETTINGS, "train.train_iters=3", "eval=null")
+
+
+# The job whose second step is not finite (lr 1e30: Adam's first update moves every weight by ~1e30, so the second
+# step's forward overflows fp32), saving after every step. The non-finite test (test_rl_vllm.py) reads where it
+# stopped and what it saved, the process test (test_rollout_processes.py) that no process of its engine outlived it.
+NONFINITE_SETTINGS = ("train.lr=1e30", "train.train_iters=4", "train.save_interval=1")
+
+
+@dataclass(frozen=True)
+class WatchedRun:
+    run_dir: Path
+    save_dir: Path
+    done: subprocess.CompletedProcess
+    seen: dict[int, str]  # pid -> command line of every process of the job seen while it ran
+    left: dict[int, str]  # those still alive once the launch had returned, after the grace a killed one takes
+
+
+@pytest.fixture(scope="session")
+def nonfinite_run(tmp_path_factory) -> WatchedRun:
+    """The tiny rl preset with small steps and NONFINITE_SETTINGS, its processes watched from the start to after the
+    launch returned. Run once for the two tests that read it (tests/conftest.py keeps them on one xdist worker)."""
+    from tests.runtime.rl.test_rollout_processes import Watch, after_the_job, launched
+
+    base = tmp_path_factory.mktemp("nonfinite")
+    run_dir, save_dir = base / "run", base / "checkpoints"
+    marker = uuid.uuid4().hex
+    watch = Watch(marker)
+    with launched(run_dir, marker, *NONFINITE_SETTINGS, f"train.save_dir={save_dir}") as job:
+        stdout, stderr = job.communicate(timeout=900)
+    seen = watch.stop()
+    done = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+    return WatchedRun(run_dir, save_dir, done, seen, after_the_job(marker))

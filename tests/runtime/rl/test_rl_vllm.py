@@ -417,18 +417,11 @@ def test_an_in_place_reload_serves_the_new_weights_and_the_probe_tells_old_from_
 
 
 @needs_vllm
-def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_good_checkpoint(tmp_path):
-    """lr 1e30: Adam's first update moves every weight by ~1e30, so the second step's forward overflows fp32 and its
-    loss and gradients are NaN. The job stops there with a sentence; the update and no checkpoint are written."""
-    save_dir = tmp_path / "checkpoints"
-    done = launch(
-        tmp_path / "run",
-        *SMALL_STEPS,
-        "train.lr=1e30",
-        "train.train_iters=4",
-        f"train.save_dir={save_dir}",
-        "train.save_interval=1",
-    )
+def test_a_step_that_is_not_finite_stops_the_job_and_latest_stays_on_the_last_good_checkpoint(nonfinite_run, tmp_path):
+    """lr 1e30 (the job of tests/runtime/rl/conftest.py nonfinite_run, which saves after every step): Adam's first
+    update moves every weight by ~1e30, so the second step's forward overflows fp32 and its loss and gradients are
+    NaN. The job stops there with a sentence; the update and no checkpoint are written."""
+    done, save_dir = nonfinite_run.done, nonfinite_run.save_dir
     assert done.returncode != 0
     sentence = next(line for line in done.stderr.splitlines() if line.startswith("gdnctl runtime:"))
     assert "Stopped at step 2:" in sentence and "was not finite" in sentence, sentence

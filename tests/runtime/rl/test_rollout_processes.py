@@ -38,7 +38,7 @@ def marked(marker: str) -> dict[int, str]:
     return found
 
 
-def _after_the_job(marker: str, grace: float = 15.0) -> dict[int, str]:
+def after_the_job(marker: str, grace: float = 15.0) -> dict[int, str]:
     """The marked processes still alive `grace` seconds after the launch returned (a killed process takes a moment
     to go; the group's leader looks for its parent every half second)."""
     deadline = time.monotonic() + grace
@@ -90,16 +90,13 @@ def _vllms_own(seen: dict[int, str]) -> list[str]:
 
 
 @needs_vllm
-def test_a_failed_job_leaves_no_process_of_its_engine(tmp_path):
-    """lr 1e30: the second step is not finite and the job stops with a sentence (RlJob's close after a failure)."""
-    marker = uuid.uuid4().hex
-    watch = Watch(marker)
-    with launched(tmp_path / "run", marker, "train.lr=1e30", "train.train_iters=4") as job:
-        _, stderr = job.communicate(timeout=900)
-    seen = watch.stop()
-    assert job.returncode != 0 and "Stopped at step 2:" in stderr, stderr[-3000:]
-    assert _vllms_own(seen), seen  # vLLM's own processes ran beside the server
-    assert _after_the_job(marker) == {}
+def test_a_failed_job_leaves_no_process_of_its_engine(nonfinite_run):
+    """lr 1e30: the second step is not finite and the job stops with a sentence (RlJob's close after a failure). The
+    job is the one the non-finite test reads (tests/runtime/rl/conftest.py), watched from its start."""
+    done = nonfinite_run.done
+    assert done.returncode != 0 and "Stopped at step 2:" in done.stderr, done.stderr[-3000:]
+    assert _vllms_own(nonfinite_run.seen), nonfinite_run.seen  # vLLM's own processes ran beside the server
+    assert nonfinite_run.left == {}
 
 
 @needs_vllm
@@ -124,4 +121,4 @@ def test_a_trainer_rank_killed_outright_takes_its_engine_with_it(tmp_path):
         os.kill(rank, signal.SIGKILL)
         job.communicate(timeout=300)
     assert job.returncode != 0
-    assert _after_the_job(marker) == {}
+    assert after_the_job(marker) == {}
