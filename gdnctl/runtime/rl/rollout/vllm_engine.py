@@ -495,11 +495,12 @@ def engine_core_grace_s(config: EngineConfig) -> float | None:
     of up to `timeout` s (5 s when None), then SIGKILL of what is left. On a GPU the core frees its device memory in
     that window (vLLM's ROCm grace exists because a kill during teardown can leave VRAM resident), so GPUs keep the
     default. A one-worker CPU engine's worker runs in the core (VLLM_ENABLE_V1_MULTIPROCESSING=0, see start), and
-    the core's teardown, measured on a 2-core machine, was 2 s of vLLM's own cleanup (gc, its gloo group) and then
-    3 s of the interpreter's: every rl job on CPU waited those 5 s after its last step. Killed at once, the core
-    leaves only its gloo group's file store (2 KB in the temp dir, vllm/utils/network_utils.py
-    get_file_store_init_method); the kernel frees the rest. A tensor-parallel CPU engine keeps the default: its
-    workers' shared-memory queues (/dev/shm) are unlinked only by their own teardown."""
+    the core's teardown, measured on a 2-core machine, took 4-5 s: about 2 s of vLLM's own cleanup (gc, its gloo
+    group), then the interpreter's. Every rl job on CPU waited them out after its last step. Killed at once, the core
+    leaves its gloo group's file store (2 KB in the temp dir, vllm/utils/network_utils.py
+    get_file_store_init_method) and a multiprocessing semaphore, which multiprocessing's resource tracker removes
+    (with a warning in the rollout log); the kernel frees the rest. A tensor-parallel CPU engine keeps the default:
+    its workers' shared-memory queues (/dev/shm) are unlinked only by their own teardown."""
     if config.device == "cpu" and config.rollout.tp == 1:
         return 0.0
     return None
