@@ -390,6 +390,15 @@ def rollout_class(preset: Preset, model, software: dict[str, str | None]) -> Dec
     vllm = software.get("vllm")
     family = model.family
     since = family.vllm_text_class_since
+    if preset.job == "rl" and preset.train.images is not None and family.vision_language_class is not None:
+        # The engine config's vision_language_class stays false: the runtime serves image prompts from
+        # train.images (rollout/server.py engine_kwargs, checkpoint.rollout_source).
+        return Decision(
+            "vision-language with its tower",
+            f"image prompts: vLLM serves {family.vision_language_class} with its vision tower, at most "
+            f"{preset.train.images.max_per_sample} image(s) a prompt (limit_mm_per_prompt, no videos), and every "
+            "sync sends the tower with the language model and checks it by checksum (docs/images.md)",
+        )
     if preset.job != "rl" or since is None or not versions.below(vllm, since):
         return Decision(
             "text",

@@ -228,18 +228,21 @@ def _ppo(run: Run) -> list[Derived]:
     rollout = run.preset.rollout
     if rollout is not None:
         t = rollout.temperature
-        out.append(
-            Derived(
-                "logprobs",
-                f"at temperature {t:g}",
-                "trainer and engine score the distribution the rollout sampled: the trainer's logits / "
-                "rollout.temperature, and vLLM's processed log-probs (logprobs_mode processed_logprobs, after "
-                "temperature); the weight-sync probe scores at temperature 1 on both sides"
-                if t != 1
-                else "rollout.temperature 1: the trainer's log-softmax and vLLM's processed log-probs are the "
-                "same distribution",
-            )
+        reason = (
+            "trainer and engine score the distribution the rollout sampled: the trainer's logits / "
+            "rollout.temperature, and vLLM's processed log-probs (logprobs_mode processed_logprobs, after "
+            "temperature); the weight-sync probe scores at temperature 1 on both sides"
+            if t != 1
+            else "rollout.temperature 1: the trainer's log-softmax and vLLM's processed log-probs are the "
+            "same distribution"
         )
+        if run.preset.train.images is not None:
+            reason += (
+                "; image prompts: the vision tokens take a logit bias of -100 on both sides before the "
+                "temperature, so no response samples one (the vision-language class reads every image token as "
+                "an image's place)"
+            )
+        out.append(Derived("logprobs", f"at temperature {t:g}", reason))
     if g.dynamic_sampling is not None:
         out.append(
             Derived(

@@ -89,6 +89,15 @@ def test_qwen35_is_served_as_the_vision_language_class_before_vllm_027():
     assert decisions.rollout_class(next_preset, resolve(next_preset).model, {"vllm": "0.26.0"}).value == "text"
 
 
+def test_image_prompts_are_served_by_the_vision_language_class_with_its_tower_on_any_vllm():
+    preset = load_preset("tiny-qwen3.5-vl-rl-cpu", []).preset
+    model = resolve(preset).model
+    for vllm in ("0.26.0", "0.32.0"):
+        decision = decisions.rollout_class(preset, model, {"vllm": vllm})
+        assert decision.value == "vision-language with its tower"
+        assert "Qwen3_5ForConditionalGeneration" in decision.reason and "1 image(s) a prompt" in decision.reason
+
+
 def test_explain_shows_both_phases_of_a_colocated_rl_job():
     from gdnctl.plan.memory import estimate_rollout_phase
 
