@@ -55,6 +55,41 @@ def image_processor(vision: VisionArch):
     return Qwen2VLImageProcessorPil(**settings)
 
 
+def read_picture(image: image_data.ImageRef, base_dir: Path, limits: image_data.ImageLimits):
+    """The image as an RGB PIL picture, within `limits`; ImageDataError naming where it is, when it cannot be
+    read or decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    data, _ = image.read(base_dir, limits)
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            return opened.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        raise image_data.ImageDataError(f"{image.where}: {image.label} cannot be decoded ({error})") from None
+
+
+def prompt_ids(
+    sample: image_data.ImageSample, grids: torch.Tensor, vision: VisionArch, encode
+) -> tuple[list[int], list[int]]:
+    """The prompt's token ids and their modality: each text piece through `encode` (text -> ids), each image as
+    `vision_start`, one image token per merged block of its grid's patches, `vision_end`."""
+    merge = vision.spatial_merge_size**2
+    ids: list[int] = []
+    types: list[int] = []
+    image = 0
+    for piece in sample.prompt:
+        if isinstance(piece, image_data.ImageRef):
+            count = int(grids[image].prod()) // merge
+            image += 1
+            ids += [vision.vision_start_token_id, *[vision.image_token_id] * count, vision.vision_end_token_id]
+            types += [TEXT_TYPE, *[IMAGE_TYPE] * count, TEXT_TYPE]
+        else:
+            piece_ids = encode(piece)
+            ids += piece_ids
+            types += [TEXT_TYPE] * len(piece_ids)
+    return ids, types
+
+
 class ImageDocuments:
     """Reads a jsonl dataset of records with images (and plain prompt/response records beside them)."""
 
@@ -89,44 +124,16 @@ class ImageDocuments:
                     f"{where} holds {len(sample.images)} images, more than train.images.max_per_sample "
                     f"({self.limits.max_per_sample})"
                 )
-            pictures = [self._picture(image, base_dir) for image in sample.images]
+            pictures = [read_picture(image, base_dir, self.limits) for image in sample.images]
         except image_data.ImageDataError as error:
             raise DataError(f"{error}; fix the record or raise the limit in train.images (docs/images.md).") from None
         processed = self.processor(images=pictures, return_tensors="pt")
         grids = processed["image_grid_thw"]
-        merge = self.vision.spatial_merge_size**2
-        ids: list[int] = []
-        types: list[int] = []
-        image = 0
-        for piece in sample.prompt:
-            if isinstance(piece, image_data.ImageRef):
-                count = int(grids[image].prod()) // merge
-                image += 1
-                piece_ids = [
-                    self.vision.vision_start_token_id,
-                    *[self.vision.image_token_id] * count,
-                    self.vision.vision_end_token_id,
-                ]
-                ids += piece_ids
-                types += [TEXT_TYPE, *[IMAGE_TYPE] * count, TEXT_TYPE]
-            else:
-                piece_ids = self.tokenizer.encode(piece)
-                ids += piece_ids
-                types += [TEXT_TYPE] * len(piece_ids)
+        ids, types = prompt_ids(sample, grids, self.vision, self.tokenizer.encode)
         response = self.tokenizer.with_eos(self.tokenizer.encode(sample.response))
         return self._checked(
             ids, response, types, where, processed["pixel_values"].to(torch.float32), grids.to(torch.int64)
         )
-
-    def _picture(self, image: image_data.ImageRef, base_dir: Path):
-        from PIL import Image, UnidentifiedImageError
-
-        data, _ = image.read(base_dir, self.limits)
-        try:
-            with Image.open(io.BytesIO(data)) as opened:
-                return opened.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError) as error:
-            raise image_data.ImageDataError(f"{image.where}: {image.label} cannot be decoded ({error})") from None
 
     def _text_document(self, record: object, where: str) -> ImageDocument:
         if not (

@@ -42,6 +42,14 @@ def vision_language_model(config: EngineConfig) -> torch.nn.Module:
     return model_class(config_class(**{k: v for k, v in hf_config.items() if k != "architectures"})).float()
 
 
+def run_source(arch, directory: Path | None):
+    """What every save of a run on images reproduces: the checkpoint it loads its weights from, or for random
+    weights the vision-language class with its tower (nothing to carry over: the tower is written too)."""
+    if directory is None:
+        return checkpoint.vision_language_source(arch)
+    return checkpoint.run_source(arch, directory)
+
+
 def language_name(name: str) -> str:
     """A vision-language parameter's checkpoint name as gdnctl's writers name it: the language model's under the
     text model's `model.` (HFSource.stored_name puts them back), the tower's and the LM head's as they are."""

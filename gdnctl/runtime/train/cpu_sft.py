@@ -68,11 +68,7 @@ class CpuSft:
             if directory is not None:
                 vision_language.load_vision_language(model, directory)
         source = resume or initial
-        self.source = (
-            checkpoint.run_source(config.model, source)
-            if source is not None
-            else checkpoint.vision_language_source(config.model)
-        )
+        self.source = vision_language.run_source(config.model, source)
         self.train_tower = train.vision == "train"
         # A frozen tower is carried over from the source; with none to carry from, it is written.
         self.writes_tower = self.train_tower or not self.source.has_vision_tower

@@ -22,7 +22,7 @@ import torch
 
 from gdnctl.knowledge import PREPROCESSOR_FILE
 from gdnctl.runtime.data import load_tokenizer
-from gdnctl.runtime.model import checkpoint, durable_files, vision_language
+from gdnctl.runtime.model import durable_files, vision_language
 from gdnctl.runtime.rl.policy.torch_policy import TorchPolicy, per_expert
 from gdnctl.runtime.rl.prompts import response_bias, token_types
 from gdnctl.runtime.rl.weights import processor_files
@@ -53,9 +53,7 @@ class TorchVisionPolicy(TorchPolicy):
         vision_language.load_vision_language(model, directory)
 
     def _save_source(self, config: EngineConfig, directory: Path | None):
-        if directory is None:
-            return checkpoint.vision_language_source(config.model)
-        return checkpoint.run_source(config.model, directory)
+        return vision_language.run_source(config.model, directory)
 
     def _forward(self, model: torch.nn.Module, tokens: torch.Tensor, attention_mask, images) -> torch.Tensor:
         inputs = {"input_ids": tokens, "mm_token_type_ids": token_types(tokens, self.vision.image_token_id)}

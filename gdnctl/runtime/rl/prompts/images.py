@@ -13,7 +13,6 @@ resizes again (transformers' PIL one for the trainer, the torch one in vLLM's en
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,36 +78,16 @@ class ImagePrompts:
                 f"{where} holds {len(sample.images)} images, more than train.images.max_per_sample "
                 f"({self.limits.max_per_sample})"
             )
-        pictures = [self._resized(self._picture(image, base_dir)) for image in sample.images]
+        pictures = [self._resized(image_records.read_picture(image, base_dir, self.limits)) for image in sample.images]
         processed = self.processor(images=pictures, return_tensors="pt")
         grids = processed["image_grid_thw"].to(torch.int64)
-        merge = self.vision.spatial_merge_size**2
-        ids: list[int] = []
-        image = 0
-        for piece in sample.prompt:
-            if isinstance(piece, image_data.ImageRef):
-                count = int(grids[image].prod()) // merge
-                image += 1
-                ids += [self.vision.vision_start_token_id, *[self.vision.image_token_id] * count]
-                ids.append(self.vision.vision_end_token_id)
-            else:
-                ids += encode(piece)
+        ids, _ = image_records.prompt_ids(sample, grids, self.vision, encode)
         return ImagePrompt(
             token_ids=ids,
             images=tuple((picture.width, picture.height, picture.tobytes()) for picture in pictures),
             pixel_values=processed["pixel_values"].to(torch.float32),
             image_grid_thw=grids,
         )
-
-    def _picture(self, image: image_data.ImageRef, base_dir: Path):
-        from PIL import Image, UnidentifiedImageError
-
-        data, _ = image.read(base_dir, self.limits)
-        try:
-            with Image.open(io.BytesIO(data)) as opened:
-                return opened.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError) as error:
-            raise image_data.ImageDataError(f"{image.where}: {image.label} cannot be decoded ({error})") from None
 
     def _resized(self, picture):
         """The picture at the size Qwen's image processor resizes it to, so that no processor resizes it again."""
