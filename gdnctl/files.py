@@ -1,5 +1,6 @@
 """Reading the files a preset, a run dir or a job points at, within bounds and of the shape their readers use; a
-sentence for an OSError; names made safe for a terminal (`printable`); the process's umask.
+sentence for an OSError; names made safe for a terminal (`printable`); the process's umask; temporary files that a
+stop signal does not leave behind (`removed_when_stopped`).
 
 A path gdnctl is given can name a FIFO (opening it blocks until a writer comes), a device (/dev/zero never
 ends) or a file far larger than its format ever is: read as is, each hangs or takes the machine's memory.
@@ -24,9 +25,12 @@ import functools
 import json
 import os
 import re
+import signal
 import stat
 import sys
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -285,13 +289,47 @@ def replace_text(path: Path, text: str, mode: int = 0o644) -> None:
 
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(descriptor, mode)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
+        with removed_when_stopped(Path(temporary)):
+            os.fchmod(descriptor, mode)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(text)
+            os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+# The signals whose default action ends a process without Python unwinding (torchrun's and Slurm's SIGTERM on a
+# cancel, a requeue or a time limit; a closed terminal's SIGHUP). SIGINT raises KeyboardInterrupt, which a writer's
+# own `except BaseException` already sees.
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def removed_when_stopped(temporary: Path) -> Iterator[None]:
+    """Within the block, a stop signal removes `temporary` and then ends the process by that same signal (so
+    torchrun and the shell report what they did before), rather than leaving a half-written `.name.tmp` beside a
+    checkpoint for nobody, or only the next save of the same file, to remove. Python runs the handler between two
+    bytecodes of the main thread, so a write in C (torch.save's zip writer) finishes its call first; only the
+    main thread may set handlers, so elsewhere this does nothing; a signal with a handler of its own keeps it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        temporary.unlink(missing_ok=True)
+        signal.signal(signum, signal.SIG_DFL)
+        # A signal a thread sends itself is delivered before the call returns: the default action ends the process
+        # here. The exit is for the case nothing else ever reaches.
+        signal.pthread_kill(threading.get_ident(), signum)
+        os._exit(128 + signum)
+
+    taken = {sig: signal.signal(sig, stop) for sig in _ENDING_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for sig, handler in taken.items():
+            signal.signal(sig, handler)
 
 
 def _reason(error: BaseException) -> str:

@@ -1,10 +1,11 @@
-"""Durable writes: every file of a checkpoint under its real name is whole and on disk (a temporary name, fsync,
-rename, fsync of the directory), and the checksums a resume checks them against.
+"""Durable writes: every file of a checkpoint under its real name is whole and on disk (a temporary name, fsync, rename,
+fsync of the directory), and the checksums a resume checks them against.
 
-A write that fails leaves nothing behind under either name: the temporary file is removed, and the name keeps
-what it held (for `latest`, the last complete checkpoint). A full disk or quota is one sentence naming the directory
-and its free space, whichever writer met it: safetensors reports it as a SafetensorError, torch.save as a
-RuntimeError ("unexpected pos ..." from its zip writer), plain writes as OSError 28 or 122.
+A write that fails, or that a stop signal (a cancel's SIGTERM) cuts short, leaves nothing behind under either name:
+the temporary file is removed, and the name keeps what it held (for `latest`, the last complete checkpoint). A full
+disk or quota is one sentence naming the directory and its free space, whichever writer met it: safetensors reports
+it as a SafetensorError, torch.save as a RuntimeError ("unexpected pos ..." from its zip writer), plain writes as
+OSError 28 or 122.
 
 Every file of a checkpoint follows the process's umask (0644 under the usual 022), as the directories do:
 safetensors' own writer creates its file 0600, which would keep a team from reading, or serving, each other's
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from gdnctl.files import current_umask
+from gdnctl.files import current_umask, removed_when_stopped
 from gdnctl.runtime.model.checkpoint_layout import CHECKSUM, STATE_CHECKSUM, CheckpointError
 
 
@@ -37,14 +38,14 @@ def write_file(path: Path, write: Callable[[Path], object], durable: bool = True
     temporary = path.with_name(f".{path.name}.tmp")
     _claim_temporary(temporary)
     try:
-        with _full_disk_is_a_sentence(path.parent):
+        with removed_when_stopped(temporary), _full_disk_is_a_sentence(path.parent):
             write(temporary)
             os.chmod(temporary, FILE_MODE & ~current_umask())
             record = _sync_and_describe(temporary) if durable else {"size": temporary.stat().st_size}
+            os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    os.replace(temporary, path)
     if durable:
         _fsync_directory(path.parent)
     return record

@@ -1,12 +1,12 @@
-"""The processes of test_checkpoint_durability: a tiny torch model trained with AdamW on a gloo group of one or
-two ranks, saved and resumed with gdnctl's checkpoint functions in the order the CPU rl policy calls them
+"""The processes of test_checkpoint_durability: a tiny torch model trained with AdamW on a gloo group of one or two
+ranks, saved and resumed with gdnctl's checkpoint functions in the order the CPU rl policy calls them
 (TorchPolicy.save: save_tensors on rank 0, save_training_state, barrier, mark_latest, barrier; TorchPolicy's resume:
 latest_checkpoint, the weights through HFReader, read_training_state, load_training_state).
 
-The test starts these through multiprocessing's forkserver: the server imports torch once and forks a new
-process per rank and case, so each save runs, and dies, in a process of its own, and each resume starts from
-nothing in memory. A save dies by SIGKILL at a chosen durability call (os.fsync or os.replace under the save
-dir); the wrappers that count those calls and pull the trigger live here, not in gdnctl.
+The test starts these through multiprocessing's forkserver: the server imports torch once and forks a new process per
+rank and case, so each save runs, and dies, in a process of its own, and each resume starts from nothing in memory. A
+save dies by SIGKILL at a chosen durability call (os.fsync or os.replace under the save dir), or by the SIGTERM a
+cancel sends; the wrappers that count those calls and pull the trigger live here, not in gdnctl.
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ Event = tuple[str, str, int]  # (call, path relative to the save dir, how many t
 @dataclass(frozen=True)
 class Kill:
     """Where a save dies: just before `event` (or just after it returns); `cut` first truncates the file being
-    fsynced to half its length, the state a write cut short leaves behind."""
+    fsynced to half its length, the state a write cut short leaves behind; `signum` is what it dies of (SIGKILL, or
+    the SIGTERM a cancel sends)."""
 
     event: Event
     after: bool = False
     cut: bool = False
+    signum: int = signal.SIGKILL
 
 
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -144,7 +146,7 @@ def _start(rank: int, world_size: int, store: Path, log: Path) -> None:
 
 def _arm(save_dir: Path, kill: Kill | None, events: list[Event]) -> None:
     """Wrap os.fsync and os.replace: every call on a path under `save_dir` is appended to `events`, and the
-    process is SIGKILLed at `kill`."""
+    process is sent `kill.signum` at `kill`."""
     real_fsync, real_replace = os.fsync, os.replace
     root = save_dir.resolve()
     counts: Counter = Counter()
@@ -161,10 +163,10 @@ def _arm(save_dir: Path, kill: Kill | None, events: list[Event]) -> None:
         if armed and not kill.after:
             if kill.cut:
                 os.truncate(target, target.stat().st_size // 2)
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), kill.signum)
         result = proceed()
         if armed:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), kill.signum)
         return result
 
     os.fsync = lambda fd: observe("fsync", os.readlink(f"/proc/self/fd/{fd}"), lambda: real_fsync(fd))

@@ -1,11 +1,11 @@
 """Checkpoints survive a save killed at any moment and files damaged afterwards.
 
-Real processes on real gloo groups (tests/runtime/model/checkpoint_worker.py, forked by multiprocessing's
-forkserver so that torch is imported once): checkpoint 1 is saved, then checkpoint 2, killed by SIGKILL before
-and after every fsync and rename of its save (and with the file being written cut short); a fresh process then
-resumes with gdnctl's own code. Checkpoint 2 must come back only when `latest` had moved to it, and what comes
-back must be exactly what was saved. Damaging any file of the newest checkpoint afterwards must make the resume
-fall back to checkpoint 1, with one line saying why, on every rank alike.
+Real processes on real gloo groups (tests/runtime/model/checkpoint_worker.py, forked by multiprocessing's forkserver
+so that torch is imported once): checkpoint 1 is saved, then checkpoint 2, killed by SIGKILL before and after every
+fsync and rename of its save (and with the file being written cut short); a fresh process then resumes with gdnctl's
+own code; a save stopped by SIGTERM instead leaves no temporary file. Checkpoint 2 must come back only when `latest`
+had moved to it, and what comes back must be exactly what was saved. Damaging any file of the newest checkpoint
+afterwards must make the resume fall back to checkpoint 1, with one line saying why, on every rank alike.
 """
 
 from __future__ import annotations
@@ -206,6 +206,25 @@ def test_a_rank_killed_while_writing_its_optimizer_state_leaves_latest_on_the_pr
         assert latest_verifies(job.save_dir) == FIRST
         codes, stderr = job.resume()
         assert codes == [0, 0] and stderr == "", job.logs()
+        assert_resumed(job, 1)
+
+
+def test_a_save_stopped_by_sigterm_leaves_no_temporary_file_and_dies_of_the_signal(forkserver, tmp_path):
+    """A cancel (torchrun's or Slurm's SIGTERM) while a rank writes a file: the half-written temporary is removed
+    at once, not left for the next save of that file, and the rank still ends by SIGTERM, as torchrun reports."""
+    temporary = f"{SECOND}/optimizer/.rank-00000.pt.tmp"
+    kills = [
+        Kill(("fsync", temporary, 1), cut=True, signum=signal.SIGTERM),
+        Kill(("fsync", temporary, 1), after=True, signum=signal.SIGTERM),
+        Kill(("replace", "latest", 1), signum=signal.SIGTERM),
+    ]
+    for number, kill in enumerate(kills):
+        job = Job(forkserver, tmp_path / f"stop-{number}", world_size=1)
+        assert job.save({0: kill}) == [-signal.SIGTERM], f"{kill}\n{job.logs()}"
+        assert temporary_files(job.save_dir) == [], kill
+        assert latest_verifies(job.save_dir) == FIRST
+        codes, stderr = job.resume()
+        assert codes == [0] and stderr == "", job.logs()
         assert_resumed(job, 1)
 
 
