@@ -324,12 +324,14 @@ def removed_when_stopped(temporary: Path) -> Iterator[None]:
         signal.pthread_kill(threading.get_ident(), signum)
         os._exit(128 + signum)
 
-    taken = {sig: signal.signal(sig, stop) for sig in _ENDING_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL}
+    taken = [sig for sig in _ENDING_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL]
+    for sig in taken:
+        signal.signal(sig, stop)
     try:
         yield
     finally:
-        for sig, handler in taken.items():
-            signal.signal(sig, handler)
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def _reason(error: BaseException) -> str:
